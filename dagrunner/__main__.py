@@ -1,0 +1,3 @@
+from dagrunner.cli import entry
+
+entry()

@@ -1,0 +1,225 @@
+"""The ``dagrunner`` command: argparse in front of library functions.
+
+Each subcommand parses, calls one API function, prints (text, or one JSON
+object with ``--json``) and returns an exit code.  ``run_cli`` turns a
+DagrunnerError into its code and message, an interrupt into 130, and anything
+else into an "unexpected error" report with the traceback saved to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dagrunner import __version__
+from dagrunner.console import Progress, summary_table
+from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.graph import build_graph, describe, expected_durations, render_dot, render_text
+from dagrunner.graph import select as select_gates
+from dagrunner.records import RunStatus
+from dagrunner.runner import RunOptions, load_step, release_check
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def emit_json(body: Any) -> None:
+    sys.stdout.write(orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    sys.stdout.flush()
+
+
+# -- release-check -------------------------------------------------------------
+
+
+def cmd_release_check(args: argparse.Namespace) -> int:
+    options = RunOptions(
+        repo=args.repo,
+        manifest=args.manifest,
+        report_dir=args.report_dir,
+        jobs=args.jobs,
+        only=tuple(args.only or ()),
+        fail_fast=args.fail_fast,
+        no_cache=args.no_cache,
+        executor=args.executor,
+    )
+    _repo, manifest = load_step(options)
+    progress = None if args.quiet else Progress(total=len(manifest.gates))
+    if progress is not None:
+        options = RunOptions(**{**options.__dict__, "listener": progress})
+    try:
+        record, run_dir = release_check(options)
+    finally:
+        if progress is not None:
+            progress.close()
+    if args.json:
+        body = record.to_json()
+        body["run_dir"] = str(run_dir)
+        body.pop("governor", None)  # samples belong in run.json, not on an orchestrator's stdout
+        emit_json(body)
+    else:
+        print(summary_table(record, str(run_dir)))
+    if record.status is RunStatus.INTERRUPTED:
+        return ExitCode.INTERRUPTED
+    return ExitCode.OK if record.status is RunStatus.PASSED else ExitCode.FAILED
+
+
+# -- graph ---------------------------------------------------------------------
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    _, manifest = load_step(RunOptions(repo=args.repo, manifest=args.manifest))
+    graph = build_graph(manifest)
+    if args.only:
+        graph = select_gates(graph, args.only, where=str(manifest.path))
+    durations = expected_durations(graph, {})
+    if args.format == "json" or args.json:
+        emit_json(describe(graph, durations))
+    elif args.format == "dot":
+        print(render_dot(graph, durations))
+    else:
+        print(render_text(graph, durations))
+    return ExitCode.OK
+
+
+# -- report ----------------------------------------------------------------------
+
+
+def cmd_report_html(args: argparse.Namespace) -> int:
+    from dagrunner.report import read_run_dir
+    from dagrunner.report.html import write_html
+
+    run_dir: Path = args.run_dir
+    if not (run_dir / "run.json").is_file():
+        raise DagrunnerError(
+            "run-dir-invalid",
+            "no run.json in this directory",
+            where=str(run_dir),
+            hint="pass a run directory written by release-check (reports/<run-id>)",
+        )
+    try:
+        record = read_run_dir(run_dir)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise DagrunnerError(
+            "run-dir-invalid",
+            f"run.json cannot be read: {exc}",
+            where=str(run_dir / "run.json"),
+            hint="re-run release-check to produce a fresh run directory",
+        ) from None
+    write_html(record, run_dir)
+    if args.json:
+        emit_json({"html": str(run_dir / "index.html")})
+    else:
+        print(run_dir / "index.html")
+    return ExitCode.OK
+
+
+# -- parser ------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dagrunner",
+        description="Run a repository's release gates as a DAG, and integrate parallel work safely.",
+    )
+    parser.add_argument("--version", action="version", version=f"dagrunner {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    rc = sub.add_parser("release-check", parents=[common], help="run the release gates")
+    rc.add_argument("manifest", nargs="?", type=Path, help="default: manifests/release.toml")
+    rc.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
+    rc.add_argument("--jobs", type=_positive_int, help="run at most N gates at once")
+    rc.add_argument("--report-dir", type=Path, help="the run directory (default reports/<run-id>)")
+    rc.add_argument("--no-cache", action="store_true", help="ignore stored gate results")
+    rc.add_argument("--only", action="append", metavar="GATE", help="run GATE and what it needs")
+    rc.add_argument("--fail-fast", action="store_true", help="stop at the first failure")
+    rc.add_argument("--executor", default="local", help="local (default) or dask://HOST:PORT")
+    rc.add_argument("--quiet", action="store_true", help="no progress lines")
+    rc.set_defaults(handler=cmd_release_check)
+
+    gr = sub.add_parser("graph", parents=[common], help="show order, levels, critical path")
+    gr.add_argument("manifest", nargs="?", type=Path)
+    gr.add_argument("--repo", type=Path)
+    gr.add_argument("--only", action="append", metavar="GATE")
+    gr.add_argument("--format", choices=["text", "json", "dot"], default="text")
+    gr.set_defaults(handler=cmd_graph)
+
+    rp = sub.add_parser("report", help="re-render a run's report")
+    rp_sub = rp.add_subparsers(dest="report_command", required=True)
+    html = rp_sub.add_parser("html", parents=[common], help="re-render RUN_DIR/index.html")
+    html.add_argument("run_dir", type=Path)
+    html.set_defaults(handler=cmd_report_html)
+
+    return parser
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    return "--json" in argv
+
+
+def run_cli(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: usage errors exit 2, --help/--version exit 0
+        code = exc.code if isinstance(exc.code, int) else ExitCode.BAD_INPUT
+        if code != 0 and wants_json(argv):
+            emit_json(
+                {
+                    "error": {
+                        "code": "bad-usage",
+                        "message": "invalid arguments",
+                        "hint": "see --help",
+                    }
+                }
+            )
+        return code
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except DagrunnerError as exc:
+        if getattr(args, "json", False):
+            emit_json({"error": exc.to_json()})
+        else:
+            print(exc.render(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    except Exception:
+        fd, path = tempfile.mkstemp(prefix="dagrunner-crash-", suffix=".log")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"dagrunner {__version__}, python {sys.version}\nargv: {argv}\n\n")
+            handle.write(traceback.format_exc())
+        message = f"unexpected error (a dagrunner bug): {sys.exc_info()[1]!r}; details in {path}"
+        if getattr(args, "json", False):
+            emit_json(
+                {"error": {"code": "internal-error", "message": message, "hint": "report it"}}
+            )
+        else:
+            print(message, file=sys.stderr)
+        return 70
+
+
+def entry() -> None:
+    raise SystemExit(run_cli())

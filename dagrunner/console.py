@@ -1,0 +1,114 @@
+"""Terminal output: live progress while gates run, and the final summary table.
+
+On a TTY a status line is redrawn in place under the finished gates; in CI
+(no TTY) every start and end is a plain line.  Progress goes to stderr so that
+``--json`` keeps stdout for the one JSON object.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from dagrunner.records import GateResult, RunRecord, Status
+from dagrunner.units import format_duration, format_size
+
+_MARK = {
+    Status.PASSED: "PASS",
+    Status.FLAKY: "FLAKY",
+    Status.CACHED: "CACHED",
+    Status.FAILED: "FAIL",
+    Status.TIMED_OUT: "TIMEOUT",
+    Status.SKIPPED: "SKIP",
+    Status.CANCELLED: "CANCEL",
+    Status.INTERRUPTED: "INTR",
+}
+
+
+class Progress:
+    """A scheduler listener that prints each gate's start and end."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, live: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty() if live is None else live
+        self.total = total
+        self.done = 0
+        self.running: dict[str, float] = {}
+        self.t0 = time.monotonic()
+
+    def __call__(self, event: str, result: GateResult) -> None:
+        now = time.monotonic() - self.t0
+        if event == "start":
+            self.running[result.id] = now
+            if not self.live:
+                self._line(f"[{now:7.1f}s] start  {result.id}")
+        else:
+            self.running.pop(result.id, None)
+            self.done += 1
+            took = f" ({format_duration(result.duration)})" if result.attempts else ""
+            why = f"  {result.reason}" if result.reason and not result.status.ok else ""
+            self._line(f"[{now:7.1f}s] {_MARK[result.status]:<7}{result.id}{took}{why}")
+        if self.live:
+            names = ", ".join(sorted(self.running)) or "-"
+            self.stream.write(f"\r\x1b[K  {self.done}/{self.total} done; running: {names}"[:200])
+            self.stream.flush()
+
+    def _line(self, text: str) -> None:
+        prefix = "\r\x1b[K" if self.live else ""
+        self.stream.write(f"{prefix}{text}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.live:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def summary_table(record: RunRecord, run_dir: str) -> str:
+    """The final table, failures first, and the speed evidence."""
+    order = {
+        Status.FAILED: 0,
+        Status.TIMED_OUT: 1,
+        Status.INTERRUPTED: 2,
+        Status.CANCELLED: 3,
+        Status.SKIPPED: 4,
+        Status.FLAKY: 5,
+        Status.PASSED: 6,
+        Status.CACHED: 7,
+    }
+    gates = sorted(record.gates, key=lambda g: (order[g.status], g.started or 0.0, g.id))
+    width = max([len(g.id) for g in gates] + [4])
+    lines = [f"{'gate':<{width}}  {'status':<11} {'time':>8} {'peak mem':>9}  note"]
+    for gate in gates:
+        mem = format_size(gate.peak_rss) if gate.attempts else "-"
+        took = format_duration(gate.duration) if gate.attempts else "-"
+        lines.append(
+            f"{gate.id:<{width}}  {gate.status!s:<11} {took:>8} {mem:>9}  {gate.reason}"[:220]
+        )
+    speed = record.speed
+    crit = speed.get("critical_path", {})
+    lines.append("")
+    lines.append(
+        f"{record.status.upper()}: {', '.join(f'{n} {k}' for k, n in sorted(record.counts().items()))}"
+        f" in {format_duration(record.wall)}"
+    )
+    if speed:
+        lines.append(
+            f"wall {format_duration(speed['wall'])}, serial sum {format_duration(speed['serial_sum'])}, "
+            f"speedup {speed['speedup'] or 0:.2f}x, lower bound {format_duration(speed['lower_bound'])} "
+            f"(efficiency {speed['efficiency'] or 0:.0%}), governor wait "
+            f"{format_duration(speed['governor_wait'])}"
+        )
+        lines.append(
+            f"critical path {format_duration(crit.get('duration', 0.0))}: "
+            f"{' -> '.join(crit.get('gates', []))}"
+        )
+        if speed.get("cache_hits"):
+            lines.append(
+                f"cache: {speed['cache_hits']} hit(s), {format_duration(speed['cache_saved'])} saved"
+            )
+    for miss in record.budget.get("misses", []):
+        lines.append(f"BUDGET MISSED: {miss['message']}")
+    lines.append(f"report: {run_dir}/index.html")
+    return "\n".join(lines)

@@ -1,0 +1,39 @@
+"""Where gate attempts run.  The scheduler sees only the :class:`Executor` protocol.
+
+``local`` runs processes on this machine; ``dask://HOST:PORT`` hands each
+attempt to a Dask distributed cluster (``executors/dask.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from dagrunner.errors import DagrunnerError
+from dagrunner.sandbox import AttemptResult, GateJob
+
+
+class Executor(Protocol):
+    name: str
+
+    async def execute(self, job: GateJob) -> AttemptResult:
+        """Run one attempt; cancellation must end the attempt's process tree."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def open_executor(spec: str) -> Executor:
+    """The executor named by ``--executor``: ``local`` or ``dask://HOST:PORT``."""
+    if spec == "local":
+        from dagrunner.executors.local import LocalExecutor
+
+        return LocalExecutor()
+    if spec.startswith(("dask://", "tcp://")):
+        from dagrunner.executors.dask import DaskExecutor
+
+        return DaskExecutor(spec)
+    raise DagrunnerError(
+        "bad-executor",
+        f"unknown executor {spec!r}",
+        hint="use --executor local or --executor dask://HOST:PORT (a Dask scheduler address)",
+    )

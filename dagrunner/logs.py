@@ -1,0 +1,71 @@
+"""A log file that keeps a gate's first and last bytes and says how many it left out.
+
+Memory stays bounded by the cap however much a gate prints: the head goes
+straight to disk, and only the tail is held, in a buffer trimmed as it grows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+
+ELISION = b"\n[dagrunner: %d bytes left out of this log; it keeps the first %d and last %d bytes]\n"
+
+
+class BoundedLog:
+    """Append-only log capped at ``limit`` bytes of the gate's own output."""
+
+    def __init__(self, path: Path, limit: int) -> None:
+        self.path = path
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.total = 0
+        self.head_written = 0
+        self._tail = bytearray()
+        self._file = path.open("wb")
+        self._notes: list[bytes] = []
+
+    def write(self, data: bytes | bytearray) -> None:
+        self.total += len(data)
+        room = self.head_limit - self.head_written
+        if room > 0:
+            self._file.write(data[:room])
+            self.head_written += min(room, len(data))
+            data = data[room:]
+        if data and self.tail_limit > 0:
+            self._tail += data
+            # Trim lazily so that many small writes do not each copy the buffer.
+            if len(self._tail) > 2 * self.tail_limit:
+                del self._tail[: len(self._tail) - self.tail_limit]
+
+    def note(self, text: str) -> None:
+        """A line of dagrunner's own (a timeout marker, say), kept after the gate's output."""
+        self._notes.append(f"\n[dagrunner: {text}]\n".encode())
+
+    @property
+    def elided(self) -> int:
+        return self.total - self.head_written - min(len(self._tail), self.tail_limit)
+
+    def close(self) -> None:
+        if self._file.closed:
+            return
+        tail = bytes(self._tail[-self.tail_limit :]) if self.tail_limit else b""
+        elided = self.elided
+        if elided > 0:
+            self._file.write(ELISION % (elided, self.head_limit, self.tail_limit))
+        self._file.write(tail)
+        for note in self._notes:
+            self._file.write(note)
+        self._file.close()
+        self._tail = bytearray()
+
+    def __enter__(self) -> BoundedLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,485 @@
+"""Load and validate a release manifest (TOML, or JSON of the same shape).
+
+The result is a tree of frozen records; nothing here runs anything.  Every
+mistake is a :class:`DagrunnerError` naming the file, the key path and what
+to do.  Cross-gate checks (unknown dependencies, cycles) live in ``graph.py``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dagrunner.errors import DagrunnerError
+from dagrunner.units import parse_duration, parse_size
+
+SCHEMA_VERSION = 1
+DEFAULT_MANIFEST = Path("manifests/release.toml")
+DEFAULT_LOG_LIMIT = 1024 * 1024
+DEFAULT_ESTIMATE = 1.0
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvSpec:
+    """Which caller variables pass into a gate, and which are set outright."""
+
+    passed: tuple[str, ...] = ()
+    values: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateSpec:
+    id: str
+    run: tuple[str, ...] | str  # a tuple is argv; a str runs under ``sh -c``
+    needs: tuple[str, ...] = ()
+    cpu: float = 1.0
+    memory: int = 256 * 1024 * 1024
+    timeout: float | None = None
+    retries: int = 0
+    env: EnvSpec = EnvSpec()
+    cwd: str = "."
+    inputs: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    estimate: float | None = None  # expected seconds, used until history knows better
+    max_duration: float | None = None
+    log_limit: int = DEFAULT_LOG_LIMIT
+    description: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GovernorSpec:
+    cpu: float | None = None  # None: the machine's cores
+    memory: int | None = None  # None: memory_fraction of available memory at start
+    memory_fraction: float = 0.8
+    max_load: float | None = None  # 1-minute load average per core; None: 2.0
+    min_available_memory: int | None = None  # None: 5% of total
+    sample_interval: float = 0.5
+    backfill_limit: float = 60.0  # longest a blocked top gate lets smaller ones pass it
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetSpec:
+    max_wall: float | None = None
+    min_speedup: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    path: Path
+    digest: str
+    name: str
+    description: str = ""
+    governor: GovernorSpec = GovernorSpec()
+    budget: BudgetSpec = BudgetSpec()
+    env: EnvSpec = EnvSpec()
+    cache_salt: str = ""
+    gates: Mapping[str, GateSpec] = field(default_factory=dict)
+
+
+class _TypeMismatch(Exception):
+    pass
+
+
+class _Table:
+    """Reads one table's keys, remembering which were used, so leftovers are errors."""
+
+    def __init__(self, data: object, key: str, file: str) -> None:
+        if not isinstance(data, dict):
+            raise DagrunnerError(
+                "manifest-type",
+                f"expected a table, got {_type_name(data)}",
+                where=file,
+                key=key or "(top level)",
+                hint="write it as a [section] in TOML or an object in JSON",
+            )
+        self.data: dict[str, Any] = data
+        self.key = key
+        self.file = file
+        self.used: set[str] = set()
+
+    def path(self, name: str) -> str:
+        return f"{self.key}.{name}" if self.key else name
+
+    def take(self, name: str, convert: Callable[[Any], T], default: T) -> T:
+        self.used.add(name)
+        if name not in self.data:
+            return default
+        return self.convert(name, self.data[name], convert)
+
+    def convert(self, name: str, raw: Any, convert: Callable[[Any], T]) -> T:
+        try:
+            return convert(raw)
+        except _TypeMismatch as exc:
+            raise DagrunnerError(
+                "manifest-type",
+                f"expected {exc}, got {_type_name(raw)} {raw!r}",
+                where=self.file,
+                key=self.path(name),
+                hint="see docs/manifest.md for each key's type",
+            ) from None
+        except ValueError as exc:
+            raise DagrunnerError(
+                "manifest-value",
+                str(exc),
+                where=self.file,
+                key=self.path(name),
+                hint="see docs/manifest.md for the accepted values",
+            ) from None
+
+    def table(self, name: str) -> _Table:
+        self.used.add(name)
+        return _Table(self.data.get(name, {}), self.path(name), self.file)
+
+    def finish(self) -> None:
+        for name in self.data:
+            if name not in self.used:
+                close = difflib.get_close_matches(name, sorted(self.used), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise DagrunnerError(
+                    "manifest-unknown-key",
+                    f"unknown key {name!r}",
+                    where=self.file,
+                    key=self.path(name),
+                    hint=f"{hint}known keys here: {', '.join(sorted(self.used))}",
+                )
+
+
+def _type_name(value: object) -> str:
+    return {dict: "table", list: "array", str: "string", bool: "boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _string(raw: Any) -> str:
+    if not isinstance(raw, str):
+        raise _TypeMismatch("a string")
+    return raw
+
+
+def _string_list(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+        raise _TypeMismatch("an array of strings")
+    return tuple(raw)
+
+
+def _number(raw: Any) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise _TypeMismatch("a number")
+    if raw < 0:
+        raise ValueError(f"{raw} is negative; use a number >= 0")
+    return float(raw)
+
+
+def _count(raw: Any) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise _TypeMismatch("a whole number")
+    if raw < 0:
+        raise ValueError(f"{raw} is negative; use a whole number >= 0")
+    return raw
+
+
+def _positive(raw: Any) -> float:
+    value = _number(raw)
+    if value == 0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+def _auto(convert: Callable[[Any], T]) -> Callable[[Any], T | None]:
+    def inner(raw: Any) -> T | None:
+        return None if raw == "auto" else convert(raw)
+
+    return inner
+
+
+def _duration(raw: Any) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise _TypeMismatch("a duration such as 90s or 5m")
+    return parse_duration(raw)
+
+
+def _size(raw: Any) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        raise _TypeMismatch("a size such as 512M or 2G")
+    return parse_size(raw)
+
+
+def _fraction(raw: Any) -> float:
+    value = _number(raw)
+    if not 0 < value <= 1:
+        raise ValueError(f"{value} is not a fraction in (0, 1]")
+    return value
+
+
+def _run(raw: Any) -> tuple[str, ...] | str:
+    if isinstance(raw, str):
+        if not raw.strip():
+            raise ValueError("empty")
+        return raw
+    argv = _string_list(raw) if isinstance(raw, list) else None
+    if argv is None:
+        raise _TypeMismatch("an array of strings (argv) or a string (run by sh -c)")
+    if not argv or not argv[0]:
+        raise ValueError("empty")
+    return argv
+
+
+def _relative_path(raw: Any) -> str:
+    text = _string(raw)
+    if Path(text).is_absolute():
+        raise ValueError(f"{text!r} is absolute; cwd is relative to the repository root")
+    return text
+
+
+def _env_names(raw: Any) -> tuple[str, ...]:
+    names = _string_list(raw)
+    for name in names:
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not an environment variable name")
+    return names
+
+
+def _env_values(raw: Any) -> dict[str, str]:
+    if not isinstance(raw, dict):
+        raise _TypeMismatch('a table of NAME = "value"')
+    for name, value in raw.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not an environment variable name")
+        if not isinstance(value, str):
+            raise _TypeMismatch(f"a string value for {name}")
+    return dict(raw)
+
+
+def _read_env(table: _Table) -> EnvSpec:
+    env = EnvSpec(
+        passed=table.take("pass", _env_names, ()), values=table.take("set", _env_values, {})
+    )
+    table.finish()
+    return env
+
+
+def _read_governor(table: _Table) -> GovernorSpec:
+    default = GovernorSpec()
+    spec = GovernorSpec(
+        cpu=table.take("cpu", _auto(_positive), None),
+        memory=table.take("memory", _auto(_size), None),
+        memory_fraction=table.take("memory_fraction", _fraction, default.memory_fraction),
+        max_load=table.take("max_load", _auto(_positive), None),
+        min_available_memory=table.take("min_available_memory", _auto(_size), None),
+        sample_interval=table.take("sample_interval", _duration, default.sample_interval),
+        backfill_limit=table.take("backfill_limit", _duration, default.backfill_limit),
+    )
+    table.finish()
+    return spec
+
+
+def _read_budget(table: _Table) -> BudgetSpec:
+    spec = BudgetSpec(
+        max_wall=table.take("max_wall", _duration, None),
+        min_speedup=table.take("min_speedup", _positive, None),
+    )
+    table.finish()
+    return spec
+
+
+def _read_gate(gate_id: str, table: _Table, defaults: GateSpec) -> GateSpec:
+    if not _ID.fullmatch(gate_id):
+        raise DagrunnerError(
+            "manifest-bad-id",
+            f"gate id {gate_id!r} is not a safe name",
+            where=table.file,
+            key=table.key,
+            hint="use letters, digits, '_', '-' and '.', starting with a letter or digit",
+        )
+    if "run" not in table.data:
+        raise DagrunnerError(
+            "manifest-empty-run",
+            "the gate has no 'run' command",
+            where=table.file,
+            key=table.path("run"),
+            hint='add run = ["program", "arg"] (argv) or run = "shell text"',
+        )
+    try:
+        run = table.take("run", _run, defaults.run)
+    except DagrunnerError as exc:
+        if exc.message != "empty":
+            raise
+        raise DagrunnerError(
+            "manifest-empty-run",
+            "the gate's 'run' command is empty",
+            where=table.file,
+            key=table.path("run"),
+            hint='give a command: run = ["program", "arg"] or run = "shell text"',
+        ) from None
+    env_table = table.table("env")
+    spec = GateSpec(
+        id=gate_id,
+        run=run,
+        needs=table.take("needs", _string_list, ()),
+        cpu=table.take("cpu", _positive, defaults.cpu),
+        memory=table.take("memory", _size, defaults.memory),
+        timeout=table.take("timeout", _duration, defaults.timeout),
+        retries=table.take("retries", _count, defaults.retries),
+        env=_read_env(env_table),
+        cwd=table.take("cwd", _relative_path, defaults.cwd),
+        inputs=table.take("inputs", _string_list, ()),
+        tools=table.take("tools", _string_list, ()),
+        estimate=table.take("estimate", _duration, defaults.estimate),
+        max_duration=table.take("max_duration", _duration, None),
+        log_limit=table.take("log_limit", _size, defaults.log_limit),
+        description=table.take("description", _string, ""),
+    )
+    table.finish()
+    if len(set(spec.needs)) != len(spec.needs):
+        raise DagrunnerError(
+            "manifest-value",
+            "a dependency is listed twice",
+            where=table.file,
+            key=table.path("needs"),
+            hint="list each gate once",
+        )
+    return spec
+
+
+def _read_defaults(table: _Table) -> GateSpec:
+    base = GateSpec(id="defaults", run=("true",))
+    spec = GateSpec(
+        id="defaults",
+        run=("true",),
+        cpu=table.take("cpu", _positive, base.cpu),
+        memory=table.take("memory", _size, base.memory),
+        timeout=table.take("timeout", _duration, base.timeout),
+        retries=table.take("retries", _count, base.retries),
+        cwd=table.take("cwd", _relative_path, base.cwd),
+        estimate=table.take("estimate", _duration, base.estimate),
+        log_limit=table.take("log_limit", _size, base.log_limit),
+    )
+    table.finish()
+    return spec
+
+
+def _no_duplicate_keys(file: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in result:
+                raise DagrunnerError(
+                    "manifest-duplicate-id",
+                    f"{key!r} is defined twice",
+                    where=file,
+                    key=key,
+                    hint="give each gate (and each key) one definition",
+                )
+            result[key] = value
+        return result
+
+    return hook
+
+
+def _parse(path: Path, data: bytes) -> dict[str, Any]:
+    file = str(path)
+    if path.suffix == ".json":
+        try:
+            parsed = json.loads(data, object_pairs_hook=_no_duplicate_keys(file))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DagrunnerError(
+                "manifest-parse", f"not valid JSON: {exc}", where=file, hint="fix the syntax"
+            ) from None
+        if not isinstance(parsed, dict):
+            raise DagrunnerError(
+                "manifest-type", "the top level must be an object", where=file, hint="wrap it in {}"
+            )
+        return parsed
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DagrunnerError(
+            "manifest-parse", f"not UTF-8: {exc}", where=file, hint="save the file as UTF-8"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        text = str(exc)
+        if "twice" in text or "overwrite" in text.lower():
+            raise DagrunnerError(
+                "manifest-duplicate-id",
+                f"a table or key is defined twice ({text})",
+                where=file,
+                hint="give each gate (and each key) one definition",
+            ) from None
+        raise DagrunnerError(
+            "manifest-parse", f"not valid TOML: {text}", where=file, hint="fix the syntax"
+        ) from None
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and validate the manifest at ``path``.
+
+    Raises DagrunnerError (exit 2) for a missing file, bad syntax, an unknown
+    key, a wrong type or value, a bad or duplicate id, or an empty ``run``.
+    """
+    file = str(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DagrunnerError(
+            "manifest-not-found",
+            "no such manifest",
+            where=file,
+            hint="pass a manifest path, or run from a repository with manifests/release.toml",
+        ) from None
+    except OSError as exc:
+        raise DagrunnerError(
+            "manifest-unreadable", exc.strerror or str(exc), where=file, hint="check the path"
+        ) from None
+    top = _Table(_parse(path, data), "", file)
+    schema = top.take("schema", _count, SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION:
+        raise DagrunnerError(
+            "manifest-schema",
+            f"schema {schema} is not supported (this dagrunner reads schema {SCHEMA_VERSION})",
+            where=file,
+            key="schema",
+            hint=f"set schema = {SCHEMA_VERSION}",
+        )
+    name = top.take("name", _string, path.stem)
+    description = top.take("description", _string, "")
+    cache_salt = top.take("cache_salt", _string, "")
+    governor = _read_governor(top.table("governor"))
+    budget = _read_budget(top.table("budget"))
+    env = _read_env(top.table("env"))
+    defaults = _read_defaults(top.table("defaults"))
+    gates_table = top.table("gates")
+    gates: dict[str, GateSpec] = {}
+    for gate_id in gates_table.data:
+        gates_table.used.add(gate_id)
+        gates[gate_id] = _read_gate(gate_id, gates_table.table(gate_id), defaults)
+    top.finish()
+    if not gates:
+        raise DagrunnerError(
+            "manifest-no-gates",
+            "the manifest defines no gates",
+            where=file,
+            key="gates",
+            hint="add at least one [gates.NAME] table with a run = [...] command",
+        )
+    return Manifest(
+        path=path,
+        digest=hashlib.sha256(data).hexdigest(),
+        name=name,
+        description=description,
+        governor=governor,
+        budget=budget,
+        env=env,
+        cache_salt=cache_salt,
+        gates=gates,
+    )

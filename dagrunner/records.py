@@ -1,0 +1,171 @@
+"""What a run produces: each gate's result and the run's own record.
+
+Times are seconds relative to the run's start (``started``/``finished``),
+so a report can draw a timeline without clock arithmetic.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Status(enum.StrEnum):
+    PASSED = "passed"
+    FLAKY = "flaky"  # failed at first, passed on a retry
+    CACHED = "cached"  # a stored pass with the same key; proof in ``cache``
+    FAILED = "failed"
+    TIMED_OUT = "timed-out"
+    SKIPPED = "skipped"  # an upstream gate did not pass, or the run stopped first
+    CANCELLED = "cancelled"  # stopped by --fail-fast after another gate failed
+    INTERRUPTED = "interrupted"  # stopped by Ctrl-C or SIGTERM
+
+    @property
+    def ok(self) -> bool:
+        return self in (Status.PASSED, Status.FLAKY, Status.CACHED)
+
+
+class RunStatus(enum.StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attempt:
+    number: int
+    started: float
+    finished: float
+    exit_code: int | None
+    timed_out: bool = False
+    error: str = ""
+    peak_rss: int = 0
+    cpu_seconds: float = 0.0
+    log_bytes: int = 0
+    log_elided: int = 0
+    leftover_killed: int = 0
+    survivors: tuple[int, ...] = ()
+    log: str = ""  # path relative to the run directory
+
+    @property
+    def duration(self) -> float:
+        return self.finished - self.started
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateResult:
+    id: str
+    status: Status
+    reason: str = ""  # one line: why it failed, was skipped or cached
+    needs: tuple[str, ...] = ()
+    cpu: float = 1.0
+    memory: int = 0
+    ready: float | None = None  # when all its needs had passed
+    started: float | None = None
+    finished: float | None = None
+    lane: int | None = None  # timeline row, for the report
+    attempts: tuple[Attempt, ...] = ()
+    memory_exceeded: bool = False
+    skipped_because: str | None = None
+    cache: dict[str, Any] | None = None
+    command: str = ""
+
+    @property
+    def duration(self) -> float:
+        if self.started is None or self.finished is None:
+            return 0.0
+        return self.finished - self.started
+
+    @property
+    def waited(self) -> float:
+        """Seconds between becoming ready and starting: time spent waiting on the governor."""
+        if self.ready is None or self.started is None:
+            return 0.0
+        return max(0.0, self.started - self.ready)
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.attempts[-1].exit_code if self.attempts else None
+
+    @property
+    def peak_rss(self) -> int:
+        return max((a.peak_rss for a in self.attempts), default=0)
+
+    @property
+    def log(self) -> str:
+        return self.attempts[-1].log if self.attempts else ""
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["status"] = str(self.status)
+        body["duration"] = round(self.duration, 4)
+        body["waited"] = round(self.waited, 4)
+        body["exit_code"] = self.exit_code
+        body["peak_rss"] = self.peak_rss
+        body["retries_used"] = max(0, len(self.attempts) - 1)
+        return body
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> GateResult:
+        fields = {k: v for k, v in body.items() if k in cls.__dataclass_fields__}
+        fields["status"] = Status(fields["status"])
+        fields["needs"] = tuple(fields.get("needs", ()))
+        fields["attempts"] = tuple(
+            Attempt(**{**a, "survivors": tuple(a.get("survivors", ()))})
+            for a in fields.get("attempts", ())
+        )
+        return cls(**fields)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GovernorSample:
+    t: float
+    cpu_percent: float
+    load1: float
+    memory_available: int
+    declared_cpu: float
+    declared_memory: int
+    running: int
+    pressured: bool
+
+
+@dataclass(kw_only=True)
+class RunRecord:
+    """Everything ``run.json`` says; the report renders from this alone."""
+
+    run_id: str
+    status: RunStatus
+    started_at: str
+    wall: float
+    manifest: dict[str, Any]
+    git: dict[str, Any]
+    machine: dict[str, Any]
+    governor: dict[str, Any]
+    gates: list[GateResult]
+    speed: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
+    integration: dict[str, Any] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        result: dict[str, int] = {}
+        for gate in self.gates:
+            result[str(gate.status)] = result.get(str(gate.status), 0) + 1
+        return result
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["status"] = str(self.status)
+        body["gates"] = [g.to_json() for g in self.gates]
+        body["counts"] = self.counts()
+        return body
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> RunRecord:
+        fields = {k: v for k, v in body.items() if k in cls.__dataclass_fields__}
+        fields["status"] = RunStatus(fields["status"])
+        fields["gates"] = [GateResult.from_json(g) for g in fields["gates"]]
+        return cls(**fields)

@@ -1,0 +1,77 @@
+"""junit.xml in the form GitHub, GitLab and Jenkins read: one test case per gate."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from dagrunner.records import RunRecord, Status
+from dagrunner.report.logtail import read_log, strip_ansi
+
+TAIL_BYTES = 16 * 1024
+
+
+def render_junit(record: RunRecord, run_dir: Path) -> bytes:
+    name = str(record.manifest.get("name", "dagrunner"))
+    counts = record.counts()
+    failures = counts.get("failed", 0) + counts.get("timed-out", 0)
+    errors = counts.get("interrupted", 0) + counts.get("cancelled", 0)
+    skipped = counts.get("skipped", 0)
+    suites = ET.Element(
+        "testsuites",
+        name=f"dagrunner {name}",
+        tests=str(len(record.gates)),
+        failures=str(failures),
+        errors=str(errors),
+        time=f"{record.wall:.3f}",
+    )
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name=name,
+        tests=str(len(record.gates)),
+        failures=str(failures),
+        errors=str(errors),
+        skipped=str(skipped),
+        time=f"{record.wall:.3f}",
+        timestamp=record.started_at.replace("+00:00", ""),
+        hostname=str(record.machine.get("hostname", "")),
+    )
+    for gate in record.gates:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"dagrunner.{name}",
+            name=gate.id,
+            time=f"{gate.duration:.3f}",
+        )
+        tail = _clean(strip_ansi(read_log(run_dir, gate.log, limit=TAIL_BYTES)))
+        if gate.status in (Status.FAILED, Status.TIMED_OUT):
+            element = ET.SubElement(
+                case, "failure", message=gate.reason or str(gate.status), type=str(gate.status)
+            )
+            element.text = tail
+        elif gate.status in (Status.INTERRUPTED, Status.CANCELLED):
+            element = ET.SubElement(
+                case, "error", message=gate.reason or str(gate.status), type=str(gate.status)
+            )
+            element.text = tail
+        elif gate.status is Status.SKIPPED:
+            ET.SubElement(case, "skipped", message=gate.reason or "skipped")
+        elif gate.status in (Status.FLAKY, Status.CACHED):
+            out = ET.SubElement(case, "system-out")
+            out.text = f"[dagrunner] {gate.status}: {gate.reason}\n{tail}"
+    ET.indent(suites)
+    body: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)
+    return body
+
+
+def _clean(text: str) -> str:
+    # XML 1.0 cannot carry most control characters even escaped.
+    return "".join(ch for ch in text if ch in "\t\n\r" or ord(ch) >= 0x20)
+
+
+def write_junit(record: RunRecord, run_dir: Path) -> None:
+    from dagrunner.fsutil import atomic_write
+
+    atomic_write(run_dir / "junit.xml", render_junit(record, run_dir))

@@ -1,0 +1,383 @@
+"""``release_check``: the run as a pipeline of named steps.
+
+load (manifest) -> plan (graph, capacity, priorities) -> schedule (trio, governor,
+executor) -> record (evidence, budget) -> report (run directory).
+Each step is a plain function, testable alone; ``release_check`` chains them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import shlex
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+import trio
+
+from dagrunner import __version__
+from dagrunner.errors import DagrunnerError
+from dagrunner.evidence import check_budget, speed_evidence
+from dagrunner.executors import Executor, open_executor
+from dagrunner.git import head_info, toplevel
+from dagrunner.governor import Capacity, Governor, check_fits, resolve_capacity
+from dagrunner.graph import Graph, build_graph, expected_durations, select, spec
+from dagrunner.history import history_path, read_history, record_history
+from dagrunner.manifest import DEFAULT_MANIFEST, GateSpec, Manifest, load_manifest
+from dagrunner.records import Attempt, GateResult, RunRecord, RunStatus, Status
+from dagrunner.report import write_run_dir
+from dagrunner.sandbox import AttemptResult, GateJob, gate_environment
+from dagrunner.scheduler import Listener, Outcome, Scheduler
+from dagrunner.units import format_duration
+
+MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """What ``dagrunner release-check`` takes; every field has the CLI's default."""
+
+    repo: Path | None = None
+    manifest: Path | None = None
+    report_dir: Path | None = None  # the run directory itself; default reports/<run-id>
+    jobs: int | None = None
+    only: tuple[str, ...] = ()
+    fail_fast: bool = False
+    no_cache: bool = False
+    executor: str = "local"
+    environ: Mapping[str, str] | None = None  # the caller's environment; default os.environ
+    listener: Listener | None = None
+    history_root: Path | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    repo: Path
+    manifest: Manifest
+    graph: Graph
+    capacity: Capacity
+    expected: dict[str, float]
+    history: Path
+    git: dict[str, Any] = field(default_factory=dict)
+
+
+# -- steps --------------------------------------------------------------------
+
+
+def resolve_repo(repo: Path | None) -> Path:
+    base = (repo or Path.cwd()).resolve()
+    if not base.is_dir():
+        raise DagrunnerError(
+            "repo-not-found", "no such directory", where=str(base), hint="check --repo"
+        )
+    return toplevel(base) or base
+
+
+def load_step(options: RunOptions) -> tuple[Path, Manifest]:
+    repo = resolve_repo(options.repo)
+    path = options.manifest if options.manifest is not None else repo / DEFAULT_MANIFEST
+    return repo, load_manifest(path)
+
+
+def plan_step(repo: Path, manifest: Manifest, options: RunOptions) -> Plan:
+    graph = build_graph(manifest)
+    if options.only:
+        graph = select(graph, options.only, where=str(manifest.path))
+    capacity = resolve_capacity(manifest.governor, jobs=options.jobs)
+    check_fits([spec(graph, n) for n in graph.nodes], capacity, where=str(manifest.path))
+    history = history_path(repo, manifest.name, options.history_root)
+    return Plan(
+        repo=repo,
+        manifest=manifest,
+        graph=graph,
+        capacity=capacity,
+        expected=expected_durations(graph, read_history(history)),
+        history=history,
+        git=head_info(repo),
+    )
+
+
+class GateRunner:
+    """Turns a gate into jobs for the executor, with retries, and judges the attempts."""
+
+    def __init__(self, plan: Plan, executor: Executor, run_dir: Path, environ: Mapping[str, str]):
+        self.plan = plan
+        self.executor = executor
+        self.run_dir = run_dir
+        self.environ = environ
+        commit_time = plan.git.get("commit_time")
+        self.source_date_epoch = int(commit_time) if isinstance(commit_time, int) else 0
+        self.sandbox_root = Path(tempfile.mkdtemp(prefix="dagrunner-sandbox-"))
+
+    def job(self, gate: GateSpec, attempt: int) -> GateJob:
+        argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
+        env = gate_environment(
+            common=self.plan.manifest.env,
+            gate=gate.env,
+            caller=self.environ,
+            source_date_epoch=self.source_date_epoch,
+        )
+        return GateJob(
+            gate=gate.id,
+            argv=argv,
+            cwd=os.path.normpath(self.plan.repo / gate.cwd),
+            env=env,
+            sandbox_dir=str(self.sandbox_root / f"{gate.id}.{attempt}"),
+            log_path=str(self.run_dir / "logs" / f"{gate.id}.try{attempt}.log"),
+            log_limit=gate.log_limit,
+            timeout=gate.timeout,
+            sample_interval=self.plan.manifest.governor.sample_interval,
+        )
+
+    async def __call__(self, node: str, t0: float) -> Outcome:
+        gate = spec(self.plan.graph, node)
+        command = gate.run if isinstance(gate.run, str) else shlex.join(gate.run)
+        attempts: list[Attempt] = []
+        result = AttemptResult(exit_code=None)
+        try:
+            for number in range(1, gate.retries + 2):
+                job = self.job(gate, number)
+                if not Path(job.cwd).is_dir():
+                    return Outcome(
+                        status=Status.FAILED,
+                        reason=f"cwd {gate.cwd!r} does not exist in {self.plan.repo}",
+                        command=command,
+                    )
+                started = trio.current_time()
+                result = await self.executor.execute(job)
+                attempts.append(_attempt(node, number, started, trio.current_time(), result))
+                if result.passed:
+                    break
+        finally:
+            _keep_final_log(self.run_dir, node, len(attempts) or 1)
+        if not attempts:
+            return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
+        attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")
+        return judge(gate, tuple(attempts), command)
+
+
+def _attempt(
+    node: str, number: int, started: float, finished: float, result: AttemptResult
+) -> Attempt:
+    return Attempt(
+        number=number,
+        started=started,
+        finished=finished,
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        error=result.error,
+        peak_rss=result.peak_rss,
+        cpu_seconds=result.cpu_seconds,
+        log_bytes=result.log_bytes,
+        log_elided=result.log_elided,
+        leftover_killed=result.leftover_killed,
+        survivors=result.survivors,
+        log=f"logs/{node}.try{number}.log",
+    )
+
+
+def _keep_final_log(run_dir: Path, node: str, final: int) -> None:
+    source = run_dir / "logs" / f"{node}.try{final}.log"
+    if source.exists():
+        source.replace(run_dir / "logs" / f"{node}.log")
+
+
+def judge(gate: GateSpec, attempts: tuple[Attempt, ...], command: str) -> Outcome:
+    """The gate's status and a one-line reason, from its attempts."""
+    last = attempts[-1]
+    peak = max(a.peak_rss for a in attempts)
+    exceeded = peak > gate.memory * MEMORY_FLAG_RATIO
+    notes = []
+    if exceeded:
+        notes.append(
+            f"peak memory {peak >> 20} MiB is well past the declared {gate.memory >> 20} MiB"
+        )
+    if last.leftover_killed:
+        notes.append(f"{last.leftover_killed} leftover process(es) ended after exit")
+    passed = last.exit_code == 0 and not last.timed_out and not last.survivors
+    if passed:
+        status = Status.PASSED if len(attempts) == 1 else Status.FLAKY
+        if status is Status.FLAKY:
+            first = attempts[0]
+            notes.insert(0, f"flaky: passed on attempt {len(attempts)} after {_failure(first)}")
+    else:
+        status = Status.TIMED_OUT if last.timed_out else Status.FAILED
+        notes.insert(0, _failure(last))
+    return Outcome(
+        status=status,
+        reason="; ".join(notes),
+        attempts=attempts,
+        memory_exceeded=exceeded,
+        command=command,
+    )
+
+
+def _failure(attempt: Attempt) -> str:
+    if attempt.error:
+        return attempt.error
+    if attempt.timed_out:
+        return f"timed out after {format_duration(attempt.duration)}; process tree ended"
+    if attempt.survivors:
+        return f"processes {list(attempt.survivors)} survived SIGKILL"
+    if attempt.exit_code is not None and attempt.exit_code < 0:
+        return f"killed by signal {-attempt.exit_code}"
+    return f"exit code {attempt.exit_code}"
+
+
+async def schedule_step(
+    plan: Plan, options: RunOptions, run_dir: Path
+) -> tuple[list[GateResult], Governor, float, bool]:
+    """Run the plan; returns (results, governor, wall seconds, interrupted)."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    governor = Governor(plan.capacity)
+    executor = open_executor(options.executor)
+    runner = GateRunner(plan, executor, run_dir, options.environ or dict(os.environ))
+    scheduler = Scheduler(
+        plan.graph,
+        governor,
+        run_gate=runner,
+        expected=plan.expected,
+        fail_fast=options.fail_fast,
+        sample_interval=plan.manifest.governor.sample_interval,
+        backfill_limit=plan.manifest.governor.backfill_limit,
+        listener=options.listener,
+    )
+    start = trio.current_time()
+    try:
+        if threading.current_thread() is threading.main_thread():
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_interrupt_on_signal, signals, scheduler)
+                    results = await scheduler.run()
+                    nursery.cancel_scope.cancel()
+        else:
+            results = await scheduler.run()
+    finally:
+        await executor.aclose()
+        shutil.rmtree(runner.sandbox_root, ignore_errors=True)
+    return results, governor, trio.current_time() - start, scheduler.interrupted
+
+
+async def _interrupt_on_signal(signals: Any, scheduler: Scheduler) -> None:
+    async for _ in signals:
+        scheduler.interrupt()
+        return
+
+
+def record_step(
+    plan: Plan,
+    options: RunOptions,
+    *,
+    run_id: str,
+    started_at: str,
+    results: list[GateResult],
+    governor: Governor,
+    wall: float,
+    interrupted: bool,
+) -> RunRecord:
+    speed = speed_evidence(plan.graph, results, wall=wall, capacity_cpu=plan.capacity.cpu)
+    budget = check_budget(plan.manifest.budget, plan.graph, results, speed)
+    if interrupted:
+        status = RunStatus.INTERRUPTED
+    elif all(r.status.ok for r in results) and budget["ok"]:
+        status = RunStatus.PASSED
+    else:
+        status = RunStatus.FAILED
+    memory = psutil.virtual_memory()
+    return RunRecord(
+        run_id=run_id,
+        status=status,
+        started_at=started_at,
+        wall=round(wall, 4),
+        manifest={
+            "path": str(plan.manifest.path),
+            "name": plan.manifest.name,
+            "digest": plan.manifest.digest,
+        },
+        git=plan.git,
+        machine={
+            "hostname": socket.gethostname(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "memory_total": memory.total,
+            "dagrunner": __version__,
+        },
+        governor={
+            "capacity": plan.capacity.to_json(),
+            "peak_declared_cpu": governor.peak_cpu,
+            "peak_declared_memory": governor.peak_memory,
+            "samples": [s.__dict__ for s in governor.samples],
+        },
+        gates=results,
+        speed=speed,
+        budget=budget,
+        options={
+            "jobs": options.jobs,
+            "only": list(options.only),
+            "fail_fast": options.fail_fast,
+            "no_cache": options.no_cache,
+            "executor": options.executor,
+            "expected": {k: round(v, 4) for k, v in plan.expected.items()},
+        },
+    )
+
+
+def new_run_id() -> str:
+    now = dt.datetime.now(dt.UTC)
+    return f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
+
+
+def prepare_run_dir(repo: Path, report_dir: Path | None, run_id: str) -> Path:
+    """The run directory, refusing to write into a non-empty one that is not a run's."""
+    run_dir = report_dir.resolve() if report_dir else repo / "reports" / run_id
+    if run_dir.exists() and any(run_dir.iterdir()) and not (run_dir / "run.json").exists():
+        raise DagrunnerError(
+            "report-dir-not-empty",
+            "the report directory holds files that are not a dagrunner run",
+            where=str(run_dir),
+            hint="pass an empty or new directory, or an earlier run's directory to replace it",
+        )
+    for sub in ("gates", "logs"):
+        folder = run_dir / sub
+        if folder.is_dir():
+            for old in folder.iterdir():
+                old.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
+    """Run the manifest's gates; the run's record and its directory.
+
+    Raises DagrunnerError for bad input before anything runs.
+    """
+    repo, manifest = load_step(options)
+    plan = plan_step(repo, manifest, options)
+    run_id = new_run_id()
+    run_dir = prepare_run_dir(repo, options.report_dir, run_id)
+    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    results, governor, wall, interrupted = trio.run(schedule_step, plan, options, run_dir)
+    record = record_step(
+        plan,
+        options,
+        run_id=run_id,
+        started_at=started_at,
+        results=results,
+        governor=governor,
+        wall=wall,
+        interrupted=interrupted,
+    )
+    write_run_dir(record, run_dir)
+    record_history(plan.history, results)
+    return record, run_dir

@@ -1,0 +1,188 @@
+"""Run one gate attempt hermetically: explicit environment, own HOME and TMPDIR,
+closed stdin, own session, bounded log, timeout that ends the whole tree.
+
+``GateJob`` and ``AttemptResult`` hold only plain values so that an executor
+can ship them to another machine (see ``executors/dask.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from dagrunner.logs import BoundedLog
+from dagrunner.manifest import EnvSpec
+from dagrunner.proctree import TOKEN_VAR, TreeWatch, become_subreaper
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+FIXED_ENV = {"TZ": "UTC", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+KILL_GRACE = 3.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateJob:
+    """Everything needed to run one attempt of one gate."""
+
+    gate: str
+    argv: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str]
+    sandbox_dir: str  # HOME and TMPDIR are made under it
+    log_path: str
+    log_limit: int
+    timeout: float | None = None
+    grace: float = KILL_GRACE
+    sample_interval: float = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptResult:
+    exit_code: int | None  # None when it never started or was killed by us
+    timed_out: bool = False
+    interrupted: bool = False
+    error: str = ""  # why it could not start
+    peak_rss: int = 0
+    cpu_seconds: float = 0.0
+    log_bytes: int = 0
+    log_elided: int = 0
+    leftover_killed: int = 0  # processes still running after the gate exited
+    survivors: tuple[int, ...] = ()  # pids that outlived SIGKILL (should never happen)
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.survivors
+
+
+def gate_environment(
+    *,
+    common: EnvSpec,
+    gate: EnvSpec,
+    caller: Mapping[str, str],
+    source_date_epoch: int,
+) -> dict[str, str]:
+    """The gate's environment, built from nothing (``run_job`` adds HOME and TMPDIR).
+
+    Only names listed in ``pass`` (manifest-wide or the gate's) come from the
+    caller; ``set`` values come next.
+    """
+    env = dict(FIXED_ENV)
+    env["PATH"] = DEFAULT_PATH
+    for name in (*common.passed, *gate.passed):
+        if name in caller:
+            env[name] = caller[name]
+    env.update(common.values)
+    env.update(gate.values)
+    env["SOURCE_DATE_EPOCH"] = str(source_date_epoch)
+    return env
+
+
+async def run_job(job: GateJob) -> AttemptResult:
+    """Run ``job`` once and report how it ended.  Cancellation ends the tree first."""
+    become_subreaper()
+    sandbox = Path(job.sandbox_dir)
+    home, tmp = sandbox / "home", sandbox / "tmp"
+    for folder in (home, tmp):
+        folder.mkdir(parents=True, exist_ok=True)
+    token = uuid.uuid4().hex
+    env = {**job.env, "HOME": str(home), "TMPDIR": str(tmp), "TMP": str(tmp), "TEMP": str(tmp)}
+    env[TOKEN_VAR] = token
+    log = BoundedLog(Path(job.log_path), job.log_limit)
+    try:
+        return await _run(job, env, token, log)
+    finally:
+        log.close()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(sandbox)
+
+
+async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -> AttemptResult:
+    try:
+        process = await trio.lowlevel.open_process(
+            list(job.argv),
+            cwd=job.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        message = f"could not start {job.argv[0]!r}: {exc.strerror or exc}"
+        log.note(message)
+        return AttemptResult(exit_code=None, error=message)
+    watch = TreeWatch(root_pid=process.pid, token=token)
+    timed_out = interrupted = False
+    leftover = 0
+    survivors: list[int] = []
+    assert process.stdout is not None
+    stdout = process.stdout
+    try:
+        async with trio.open_nursery() as nursery:
+            drained = trio.Event()
+            nursery.start_soon(_pump, stdout, log, drained)
+            nursery.start_soon(_monitor, watch, job.sample_interval)
+            with trio.move_on_after(job.timeout if job.timeout else float("inf")) as scope:
+                await process.wait()
+            if scope.cancelled_caught:
+                timed_out = True
+                log.note(f"timed out after {job.timeout:g}s; ending the whole process tree")
+                survivors = await trio.to_thread.run_sync(watch.end, job.grace)
+                await process.wait()
+            else:
+                left = await trio.to_thread.run_sync(watch.leftovers)
+                if left:
+                    leftover = len(left)
+                    log.note(f"{leftover} process(es) still running after the gate exited; ended")
+                    survivors = await trio.to_thread.run_sync(watch.end, job.grace)
+            # Output still held open by an escaped descendant must not keep us waiting.
+            with trio.move_on_after(job.grace):
+                await drained.wait()
+            nursery.cancel_scope.cancel()
+    except trio.Cancelled:
+        interrupted = True
+        with trio.CancelScope(shield=True):
+            log.note("interrupted; ending the whole process tree")
+            await trio.to_thread.run_sync(watch.end, job.grace)
+            await process.wait()
+        raise
+    finally:
+        with contextlib.suppress(trio.ClosedResourceError, OSError):
+            await stdout.aclose()
+    if survivors:
+        log.note(f"processes {survivors} survived SIGKILL")
+    return AttemptResult(
+        exit_code=None if timed_out else process.returncode,
+        timed_out=timed_out,
+        interrupted=interrupted,
+        peak_rss=watch.peak_rss,
+        cpu_seconds=round(watch.cpu_seconds, 3),
+        log_bytes=log.total,
+        log_elided=log.elided,
+        leftover_killed=leftover,
+        survivors=tuple(survivors),
+    )
+
+
+async def _pump(stream: trio.abc.ReceiveStream, log: BoundedLog, drained: trio.Event) -> None:
+    try:
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            while chunk := await stream.receive_some(65536):
+                log.write(chunk)
+    finally:
+        drained.set()
+
+
+async def _monitor(watch: TreeWatch, interval: float) -> None:
+    # Sample soon after start (short gates), then back off to the configured interval.
+    delay = 0.01
+    while True:
+        watch.sample()
+        await trio.sleep(delay)
+        delay = min(delay * 2, interval)
