@@ -1,0 +1,116 @@
+"""Shared fixtures: real temporary git repositories and an isolated home/cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zlib
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from dagrunner.cli import run_cli
+
+PY = sys.executable
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """Point HOME and every cache at a temporary folder, and fail a test that writes to the real home."""
+    home = tmp_path_factory.mktemp("home")
+    real_cache = Path.home() / ".cache" / "dagrunner"
+    before = real_cache.exists()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.setenv("DAGRUNNER_CACHE_DIR", str(home / "dagrunner-cache"))
+    monkeypatch.setenv("DAGRUNNER_WORKTREE_ROOT", str(home / "worktrees"))
+    for name in list(os.environ):
+        if name.startswith("GIT_"):
+            monkeypatch.delenv(name)
+    yield home
+    assert real_cache.exists() == before, "a test wrote to the real ~/.cache/dagrunner"
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
+    ).stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A real git repository with one commit, and a ``reports/`` folder git ignores."""
+    root = tmp_path / "repo with space"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / ".gitignore").write_text("reports/\n")
+    (root / "README").write_text("hello\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "init")
+    return root
+
+
+def write_manifest(repo: Path, body: str, name: str = "m.toml") -> Path:
+    path = repo / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    """Run the CLI in-process with --json; its exit code and the one JSON object it printed."""
+    code = run_cli([*argv, "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1, f"expected one JSON line, got {out!r}"
+    return code, orjson.loads(out[0])
+
+
+def gate_results(run_dir: Path) -> dict[str, dict[str, Any]]:
+    return {p.stem: orjson.loads(p.read_bytes()) for p in (run_dir / "gates").glob("*.json")}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--shard", default=None, help="K/N: run only the K-th of N stable shards")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--shard K/N`` keeps the tests whose id hashes to K; release.toml runs the shards in parallel."""
+    shard = config.getoption("--shard")
+    if not shard:
+        return
+    index, total = (int(part) for part in str(shard).split("/"))
+    keep = [item for item in items if zlib.crc32(item.nodeid.encode()) % total == index - 1]
+    config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+    items[:] = keep
+
+
+def check(
+    capsys: pytest.CaptureFixture[str], repo: Path, manifest: str, *args: str
+) -> tuple[int, dict[str, Any], Path]:
+    """Run ``release-check`` on ``manifest`` text in ``repo``: exit code, JSON summary, run dir."""
+    path = write_manifest(repo, manifest)
+    code, body = run_json(capsys, "release-check", str(path), "--repo", str(repo), "--quiet", *args)
+    run_dir = Path(body["run_dir"]) if "run_dir" in body else repo / "reports"
+    return code, body, run_dir
+
+
+def alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,226 @@
+"""Hermetic gates on real processes: environment, HOME/TMPDIR, stdin, timeouts, trees, logs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PY, alive, check, gate_results, git, write_manifest
+
+ENV_DUMP = f'run = ["{PY}", "-c", "import os, json; print(json.dumps(dict(os.environ)))"]'
+
+
+def env_of(run_dir: Path, gate: str) -> dict[str, str]:
+    import json
+
+    text = (run_dir / "logs" / f"{gate}.log").read_text()
+    return dict(json.loads(text.strip().splitlines()[0]))
+
+
+def test_secret_invisible_unless_named(
+    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEPLOY_TOKEN", "hunter2")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        f"""
+        [gates.plain]
+        {ENV_DUMP}
+        [gates.named]
+        {ENV_DUMP}
+        env = {{ pass = ["DEPLOY_TOKEN"], set = {{ MODE = "ci" }} }}
+    """,
+    )
+    assert code == 0
+    plain, named = env_of(run_dir, "plain"), env_of(run_dir, "named")
+    assert "DEPLOY_TOKEN" not in plain
+    assert "hunter2" not in (run_dir / "logs" / "plain.log").read_text()
+    assert "AWS_SECRET_ACCESS_KEY" not in plain and "AWS_SECRET_ACCESS_KEY" not in named
+    assert named["DEPLOY_TOKEN"] == "hunter2"
+    assert named["MODE"] == "ci"
+
+
+def test_fixed_environment_and_own_home(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    commit_time = int(git(repo, "log", "-1", "--format=%ct").strip())
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        f"""
+        [gates.a]
+        {ENV_DUMP}
+        [gates.b]
+        {ENV_DUMP}
+    """,
+    )
+    assert code == 0
+    a, b = env_of(run_dir, "a"), env_of(run_dir, "b")
+    assert a["TZ"] == "UTC" and a["LC_ALL"] == "C.UTF-8"
+    assert a["SOURCE_DATE_EPOCH"] == str(commit_time)
+    assert a["HOME"] != b["HOME"] and a["TMPDIR"] != b["TMPDIR"]
+    assert a["HOME"] != os.environ["HOME"]
+    assert not Path(a["HOME"]).exists(), "the per-gate sandbox should be removed after the gate"
+
+
+def test_stdin_is_closed(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        f"""
+        [gates.a]
+        run = ["{PY}", "-c", "import sys; print('stdin=' + repr(sys.stdin.read()))"]
+        timeout = "20s"
+    """,
+    )
+    assert code == 0
+    assert "stdin=''" in (run_dir / "logs" / "a.log").read_text()
+
+
+def test_timeout_ends_the_whole_tree_including_escapees(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = (
+        "sleep 300 & echo $! > grandchild.pid; setsid sleep 301 & echo $! > escaped.pid; sleep 302"
+    )
+    started = time.monotonic()
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        f"""
+        [gates.slow]
+        run = "{script}"
+        timeout = "1s"
+        [gates.after]
+        run = ["true"]
+        needs = ["slow"]
+    """,
+    )
+    assert code == 1
+    assert time.monotonic() - started < 30
+    gates = gate_results(run_dir)
+    assert gates["slow"]["status"] == "timed-out"
+    assert "timed out" in gates["slow"]["reason"]
+    assert gates["after"]["status"] == "skipped"
+    assert gates["after"]["skipped_because"] == "slow"
+    assert "timed out after 1s" in (run_dir / "logs" / "slow.log").read_text()
+    for name in ("grandchild.pid", "escaped.pid"):
+        pid = int((repo / name).read_text())
+        assert not alive(pid), f"{name} {pid} outlived the timed-out gate"
+
+
+def test_background_child_after_exit_is_ended_and_does_not_block(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = time.monotonic()
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        """
+        [gates.a]
+        run = "sleep 300 & echo $! > bg.pid; echo done"
+    """,
+    )
+    assert time.monotonic() - started < 20
+    assert code == 0
+    assert not alive(int((repo / "bg.pid").read_text()))
+    assert "leftover" in gate_results(run_dir)["a"]["reason"]
+
+
+def test_huge_output_is_bounded_and_runner_memory_stays_flat(repo: Path, tmp_path: Path) -> None:
+    write_manifest(
+        repo,
+        """
+        [gates.loud]
+        run = "head -c 314572800 /dev/zero | tr '\\\\0' x"
+        log_limit = "64K"
+    """,
+    )
+    report = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dagrunner",
+            "release-check",
+            "m.toml",
+            "--quiet",
+            "--report-dir",
+            str(report),
+        ],
+        cwd=repo,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, to read its rusage
+    assert proc.returncode == 0
+    log = (report / "logs" / "loud.log").read_bytes()
+    assert len(log) < 64 * 1024 + 512
+    assert b"314507264 bytes left out" in log  # 300 MiB minus the 64 KiB kept
+    assert log.startswith(b"x" * 1000) and log.endswith(b"x" * 1000)
+    # ru_maxrss (KiB on Linux) covers the runner and everything it waited for.
+    assert usage.ru_maxrss < 200 * 1024, f"runner peaked at {usage.ru_maxrss} KiB"
+
+
+def test_flaky_gate_is_reported_flaky(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        """
+        [gates.flaky]
+        run = "if [ -f once ]; then echo second; else touch once; echo first; exit 7; fi"
+        retries = 2
+        [gates.broken]
+        run = "echo nope; exit 3"
+        retries = 1
+    """,
+    )
+    assert code == 1
+    gates = gate_results(run_dir)
+    assert gates["flaky"]["status"] == "flaky"
+    assert "attempt 2 after exit code 7" in gates["flaky"]["reason"]
+    assert len(gates["flaky"]["attempts"]) == 2
+    assert (run_dir / "logs" / "flaky.try1.log").read_text().strip() == "first"
+    assert (run_dir / "logs" / "flaky.log").read_text().strip() == "second"
+    assert gates["broken"]["status"] == "failed"
+    assert len(gates["broken"]["attempts"]) == 2
+
+
+def test_missing_program_fails_with_a_reason(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        """
+        [gates.a]
+        run = ["no-such-program-xyz", "--flag"]
+    """,
+    )
+    assert code == 1
+    reason = gate_results(run_dir)["a"]["reason"]
+    assert "could not start 'no-such-program-xyz'" in reason
+
+
+def test_peak_memory_measured_and_flagged(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        f"""
+        [governor]
+        sample_interval = "50ms"
+        [gates.hog]
+        run = ["{PY}", "-c", "import time; b = bytearray(200 * 1024 * 1024); time.sleep(1.0)"]
+        memory = "32M"
+    """,
+    )
+    assert code == 0
+    hog = gate_results(run_dir)["hog"]
+    assert hog["peak_rss"] > 150 * 1024 * 1024
+    assert hog["memory_exceeded"] is True
+    assert "well past the declared" in hog["reason"]
