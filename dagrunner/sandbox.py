@@ -118,7 +118,7 @@ async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -
         log.note(message)
         return AttemptResult(exit_code=None, error=message)
     watch = TreeWatch(root_pid=process.pid, token=token)
-    timed_out = interrupted = False
+    timed_out = finished = False
     leftover = 0
     survivors: list[int] = []
     assert process.stdout is not None
@@ -145,14 +145,15 @@ async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -
             with trio.move_on_after(job.grace):
                 await drained.wait()
             nursery.cancel_scope.cancel()
-    except trio.Cancelled:
-        interrupted = True
-        with trio.CancelScope(shield=True):
-            log.note("interrupted; ending the whole process tree")
-            await trio.to_thread.run_sync(watch.end, job.grace)
-            await process.wait()
-        raise
+        finished = True
     finally:
+        # Cancelled (Ctrl-C, --fail-fast) or failed: the tree must not outlive us.
+        # (A flag, not `except Cancelled`: it arrives wrapped in an exception group.)
+        if not finished:
+            with trio.CancelScope(shield=True):
+                log.note("interrupted; ending the whole process tree")
+                await trio.to_thread.run_sync(watch.end, job.grace)
+                await process.wait()
         with contextlib.suppress(trio.ClosedResourceError, OSError):
             await stdout.aclose()
     if survivors:
@@ -160,7 +161,6 @@ async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -
     return AttemptResult(
         exit_code=None if timed_out else process.returncode,
         timed_out=timed_out,
-        interrupted=interrupted,
         peak_rss=watch.peak_rss,
         cpu_seconds=round(watch.cpu_seconds, 3),
         log_bytes=log.total,

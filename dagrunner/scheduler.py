@@ -79,6 +79,7 @@ class Scheduler:
     async def run(self) -> list[GateResult]:
         """Run every gate (or skip it) and return the results in topological order."""
         self._t0 = trio.current_time()
+        self.governor.sample(0.0)  # live pressure is known before the first start
         for node in self.graph.nodes:
             if self._waiting_needs[node] == 0:
                 self._make_ready(node)
@@ -185,25 +186,21 @@ class Scheduler:
     async def _run_one(self, node: str, ready_at: float) -> None:
         gate = spec(self.graph, node)
         started, lane = self._running[node]
+        outcome: Outcome | None = None
         try:
             outcome = await self.run_gate(node, self._t0)
-        except trio.Cancelled:
-            reason = "interrupted" if self.interrupted else f"cancelled: {self._stopping}"
-            status = Status.INTERRUPTED if self.interrupted else Status.CANCELLED
-            self._record(
-                node,
-                Outcome(status=status, reason=reason),
-                ready=ready_at,
-                started=started,
-                finished=self.now(),
-                lane=lane,
-            )
-            raise
         finally:
             self.governor.release(gate.cpu, gate.memory)
             del self._running[node]
             self._wake.set()
-        self._record(node, outcome, ready=ready_at, started=started, finished=self.now(), lane=lane)
+            if outcome is None:  # cancelled (or crashed): still accounted for
+                if self.interrupted:
+                    outcome = Outcome(status=Status.INTERRUPTED, reason="interrupted")
+                else:
+                    outcome = Outcome(status=Status.CANCELLED, reason=f"cancelled: {self._stopping}")
+            self._record(
+                node, outcome, ready=ready_at, started=started, finished=self.now(), lane=lane
+            )
 
     def _record(
         self,
@@ -291,8 +288,8 @@ class Scheduler:
 
     async def _sample_loop(self) -> None:
         while True:
+            await trio.sleep(self.sample_interval)
             was = self.governor.pressured
             self.governor.sample(self.now())
             if was and not self.governor.pressured:
                 self._wake.set()
-            await trio.sleep(self.sample_interval)

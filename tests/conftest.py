@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import zlib
 import textwrap
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
