@@ -96,6 +96,12 @@ class Governor:
             and self.used_memory + memory <= self.capacity.memory
         )
 
+    def full(self) -> bool:
+        """True when no gate at all could start now (every slot or the job cap is used)."""
+        if self.capacity.jobs is not None and self.running >= self.capacity.jobs:
+            return True
+        return self.used_cpu >= self.capacity.cpu - _EPS
+
     def acquire(self, cpu: float, memory: int) -> None:
         if not self.fits(cpu, memory):
             raise RuntimeError("acquire() without fits(): the scheduler broke its contract")

@@ -22,6 +22,8 @@ import psutil
 TOKEN_VAR = "DAGRUNNER_GATE_TOKEN"
 _PR_SET_CHILD_SUBREAPER = 36
 _subreaper_done = False
+# token -> gate id of every gate whose tree is running in this process; see sweep_orphans().
+RUNNING: dict[str, str] = {}
 
 
 def become_subreaper() -> bool:
@@ -48,9 +50,19 @@ class TreeWatch:
     cpu_by_pid: dict[int, float] = field(default_factory=dict)
     peak_rss: int = 0
 
-    def sample(self) -> None:
-        """Add the tree's current processes and usage to what has been seen."""
-        members = self._members()
+    def sample(self, *, full: bool = True) -> None:
+        """Add the tree's current processes and usage to what has been seen.
+
+        ``full=False`` reads only the root: finding descendants scans /proc,
+        which very short gates should not pay for.
+        """
+        if full:
+            members = self._members()
+        else:
+            try:
+                members = [self.procs.setdefault(self.root_pid, psutil.Process(self.root_pid))]
+            except psutil.Error:
+                return
         rss = 0
         for proc in members:
             with contextlib.suppress(psutil.Error):
@@ -79,6 +91,18 @@ class TreeWatch:
             if proc.pid not in found and _alive(proc):
                 found[proc.pid] = proc
         return list(found.values())
+
+    def leftovers_after_exit(self) -> list[psutil.Process]:
+        """``leftovers()`` once the root has exited, without a /proc scan when nothing is left.
+
+        A descendant that left the process group (setsid) and was never
+        sampled is caught later by :func:`sweep_orphans`.
+        """
+        if not _group_alive(self.root_pid) and not any(
+            _alive(p) for pid, p in self.procs.items() if pid != self.root_pid
+        ):
+            return []
+        return self.leftovers()
 
     def leftovers(self) -> list[psutil.Process]:
         """Live processes of this tree other than the (exited) root, escapees included."""
@@ -133,6 +157,35 @@ def _group_alive(pgid: int) -> bool:
     return any(_alive(p) for p in _group_members(pgid))
 
 
+def sweep_orphans(grace: float = 1.0) -> list[tuple[int, str]]:
+    """End orphans of finished gates that re-parented to this runner; (pid, gate) of each.
+
+    Catches a descendant that escaped its gate's process group (setsid) and
+    outlived the gate's own check.  Cheap when there are none.
+    """
+    if not _subreaper_done:
+        return []
+    me = psutil.Process()
+    strays: list[tuple[psutil.Process, str]] = []
+    with contextlib.suppress(psutil.Error):
+        for proc in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                token = proc.environ().get(TOKEN_VAR)
+                if token and token not in RUNNING and _alive(proc):
+                    strays.append((proc, token))
+    if not strays:
+        return []
+    procs = [p for p, _ in strays]
+    _signal_all(-1, procs, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(p) for p in procs):
+        _reap(procs)
+        time.sleep(0.02)
+    _signal_all(-1, [p for p in procs if _alive(p)], signal.SIGKILL)
+    _reap(procs)
+    return [(p.pid, token) for p, token in strays]
+
+
 def _group_members(pgid: int) -> list[psutil.Process]:
     try:
         os.killpg(pgid, 0)
@@ -160,8 +213,9 @@ def _token_orphans(token: str) -> list[psutil.Process]:
 
 
 def _signal_all(pgid: int, procs: list[psutil.Process], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+    if pgid > 0:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)

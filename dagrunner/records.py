@@ -7,7 +7,7 @@ so a report can draw a timeline without clock arithmetic.
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -97,7 +97,8 @@ class GateResult:
         return self.attempts[-1].log if self.attempts else ""
 
     def to_json(self) -> dict[str, Any]:
-        body = asdict(self)
+        body = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        body["attempts"] = [dict(a.__dict__) for a in self.attempts]
         body["status"] = str(self.status)
         body["duration"] = round(self.duration, 4)
         body["waited"] = round(self.waited, 4)
@@ -156,10 +157,11 @@ class RunRecord:
             result[str(gate.status)] = result.get(str(gate.status), 0) + 1
         return result
 
-    def to_json(self) -> dict[str, Any]:
-        body = asdict(self)
+    def to_json(self, gates: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The run.json body; ``gates`` passes the gates' bodies when already made."""
+        body = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "gates"}
         body["status"] = str(self.status)
-        body["gates"] = [g.to_json() for g in self.gates]
+        body["gates"] = gates if gates is not None else [g.to_json() for g in self.gates]
         body["counts"] = self.counts()
         return body
 

@@ -7,6 +7,7 @@ Each step is a plain function, testable alone; ``release_check`` chains them.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -34,6 +35,7 @@ from dagrunner.governor import Capacity, Governor, check_fits, resolve_capacity
 from dagrunner.graph import Graph, build_graph, expected_durations, select, spec
 from dagrunner.history import history_path, read_history, record_history
 from dagrunner.manifest import DEFAULT_MANIFEST, GateSpec, Manifest, load_manifest
+from dagrunner.proctree import sweep_orphans
 from dagrunner.records import Attempt, GateResult, RunRecord, RunStatus, Status
 from dagrunner.report import write_run_dir
 from dagrunner.sandbox import AttemptResult, GateJob, gate_environment
@@ -234,10 +236,25 @@ def _failure(attempt: Attempt) -> str:
     return f"exit code {attempt.exit_code}"
 
 
-async def schedule_step(
-    plan: Plan, options: RunOptions, run_dir: Path
-) -> tuple[list[GateResult], Governor, float, bool]:
-    """Run the plan; returns (results, governor, wall seconds, interrupted)."""
+@dataclass(frozen=True, kw_only=True)
+class Scheduled:
+    results: list[GateResult]
+    governor: Governor
+    wall: float
+    interrupted: bool
+    warnings: list[str]
+
+
+async def _sweep_orphans(interval: float, warnings: list[str]) -> None:
+    """Periodically end processes that escaped a finished gate's group (setsid + orphaned)."""
+    while True:
+        await trio.sleep(interval)
+        for pid, token in await trio.to_thread.run_sync(sweep_orphans):
+            warnings.append(f"ended process {pid} left running by a finished gate (token {token})")
+
+
+async def schedule_step(plan: Plan, options: RunOptions, run_dir: Path) -> Scheduled:
+    """Run the plan through the executor, under the governor."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     governor = Governor(plan.capacity)
     executor = open_executor(options.executor)
@@ -253,19 +270,33 @@ async def schedule_step(
         listener=options.listener,
     )
     start = trio.current_time()
+    warnings: list[str] = []
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    signals = trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) if in_main_thread else None
     try:
-        if threading.current_thread() is threading.main_thread():
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_interrupt_on_signal, signals, scheduler)
-                    results = await scheduler.run()
-                    nursery.cancel_scope.cancel()
-        else:
-            results = await scheduler.run()
+        with signals or contextlib.nullcontext() as received:
+            async with trio.open_nursery() as nursery:
+                if received is not None:
+                    nursery.start_soon(_interrupt_on_signal, received, scheduler)
+                if executor.name == "local":
+                    interval = max(plan.manifest.governor.sample_interval, 0.5)
+                    nursery.start_soon(_sweep_orphans, interval, warnings)
+                results = await scheduler.run()
+                nursery.cancel_scope.cancel()
+        wall = trio.current_time() - start
+        if executor.name == "local":
+            for pid, token in await trio.to_thread.run_sync(sweep_orphans):
+                warnings.append(f"ended process {pid} left running by a finished gate ({token})")
     finally:
         await executor.aclose()
         shutil.rmtree(runner.sandbox_root, ignore_errors=True)
-    return results, governor, trio.current_time() - start, scheduler.interrupted
+    return Scheduled(
+        results=results,
+        governor=governor,
+        wall=wall,
+        interrupted=scheduler.interrupted,
+        warnings=warnings,
+    )
 
 
 async def _interrupt_on_signal(signals: Any, scheduler: Scheduler) -> None:
@@ -280,14 +311,12 @@ def record_step(
     *,
     run_id: str,
     started_at: str,
-    results: list[GateResult],
-    governor: Governor,
-    wall: float,
-    interrupted: bool,
+    scheduled: Scheduled,
 ) -> RunRecord:
+    results, governor, wall = scheduled.results, scheduled.governor, scheduled.wall
     speed = speed_evidence(plan.graph, results, wall=wall, capacity_cpu=plan.capacity.cpu)
     budget = check_budget(plan.manifest.budget, plan.graph, results, speed)
-    if interrupted:
+    if scheduled.interrupted:
         status = RunStatus.INTERRUPTED
     elif all(r.status.ok for r in results) and budget["ok"]:
         status = RunStatus.PASSED
@@ -330,6 +359,7 @@ def record_step(
             "executor": options.executor,
             "expected": {k: round(v, 4) for k, v in plan.expected.items()},
         },
+        warnings=scheduled.warnings,
     )
 
 
@@ -367,17 +397,8 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
     run_id = new_run_id()
     run_dir = prepare_run_dir(repo, options.report_dir, run_id)
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    results, governor, wall, interrupted = trio.run(schedule_step, plan, options, run_dir)
-    record = record_step(
-        plan,
-        options,
-        run_id=run_id,
-        started_at=started_at,
-        results=results,
-        governor=governor,
-        wall=wall,
-        interrupted=interrupted,
-    )
+    scheduled = trio.run(schedule_step, plan, options, run_dir)
+    record = record_step(plan, options, run_id=run_id, started_at=started_at, scheduled=scheduled)
     write_run_dir(record, run_dir)
-    record_history(plan.history, results)
+    record_history(plan.history, scheduled.results)
     return record, run_dir

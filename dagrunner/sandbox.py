@@ -8,7 +8,6 @@ can ship them to another machine (see ``executors/dask.py``).
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 import uuid
 from collections.abc import Mapping
@@ -19,7 +18,7 @@ import trio
 
 from dagrunner.logs import BoundedLog
 from dagrunner.manifest import EnvSpec
-from dagrunner.proctree import TOKEN_VAR, TreeWatch, become_subreaper
+from dagrunner.proctree import RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 FIXED_ENV = {"TZ": "UTC", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
@@ -34,7 +33,9 @@ class GateJob:
     argv: tuple[str, ...]
     cwd: str
     env: Mapping[str, str]
-    sandbox_dir: str  # HOME and TMPDIR are made under it
+    sandbox_dir: (
+        str  # HOME, with TMPDIR inside; made new (its parent must exist), removed by the caller
+    )
     log_path: str
     log_limit: int
     timeout: float | None = None
@@ -87,9 +88,9 @@ async def run_job(job: GateJob) -> AttemptResult:
     """Run ``job`` once and report how it ended.  Cancellation ends the tree first."""
     become_subreaper()
     sandbox = Path(job.sandbox_dir)
-    home, tmp = sandbox / "home", sandbox / "tmp"
-    for folder in (home, tmp):
-        folder.mkdir(parents=True, exist_ok=True)
+    home, tmp = sandbox, sandbox / ".tmp"
+    sandbox.mkdir()
+    tmp.mkdir()
     token = uuid.uuid4().hex
     env = {**job.env, "HOME": str(home), "TMPDIR": str(tmp), "TMP": str(tmp), "TEMP": str(tmp)}
     env[TOKEN_VAR] = token
@@ -98,8 +99,6 @@ async def run_job(job: GateJob) -> AttemptResult:
         return await _run(job, env, token, log)
     finally:
         log.close()
-        with contextlib.suppress(OSError):
-            shutil.rmtree(sandbox)
 
 
 async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -> AttemptResult:
@@ -118,6 +117,7 @@ async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -
         log.note(message)
         return AttemptResult(exit_code=None, error=message)
     watch = TreeWatch(root_pid=process.pid, token=token)
+    RUNNING[token] = job.gate
     timed_out = finished = False
     leftover = 0
     survivors: list[int] = []
@@ -136,7 +136,7 @@ async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -
                 survivors = await trio.to_thread.run_sync(watch.end, job.grace)
                 await process.wait()
             else:
-                left = await trio.to_thread.run_sync(watch.leftovers)
+                left = watch.leftovers_after_exit()
                 if left:
                     leftover = len(left)
                     log.note(f"{leftover} process(es) still running after the gate exited; ended")
@@ -154,6 +154,7 @@ async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -
                 log.note("interrupted; ending the whole process tree")
                 await trio.to_thread.run_sync(watch.end, job.grace)
                 await process.wait()
+        RUNNING.pop(token, None)
         with contextlib.suppress(trio.ClosedResourceError, OSError):
             await stdout.aclose()
     if survivors:
@@ -180,9 +181,10 @@ async def _pump(stream: trio.abc.ReceiveStream, log: BoundedLog, drained: trio.E
 
 
 async def _monitor(watch: TreeWatch, interval: float) -> None:
-    # Sample soon after start (short gates), then back off to the configured interval.
-    delay = 0.01
+    # The root at once; its whole tree soon after (short gates), then at the configured interval.
+    watch.sample(full=False)
+    delay = 0.02
     while True:
-        watch.sample()
         await trio.sleep(delay)
+        watch.sample()
         delay = min(delay * 2, interval)

@@ -118,9 +118,11 @@ class Scheduler:
         extra_cpu = extra_mem = 0.0
         shadow = float("inf")
         for node in ordered:
-            gate = spec(self.graph, node)
             if self.governor.pressured and self._running:
                 return  # live pressure: hold new starts, never kill running ones
+            if self.governor.full():
+                return
+            gate = spec(self.graph, node)
             fits = self.governor.fits(gate.cpu, gate.memory)
             if top_blocked is None:
                 if fits:
@@ -197,7 +199,9 @@ class Scheduler:
                 if self.interrupted:
                     outcome = Outcome(status=Status.INTERRUPTED, reason="interrupted")
                 else:
-                    outcome = Outcome(status=Status.CANCELLED, reason=f"cancelled: {self._stopping}")
+                    outcome = Outcome(
+                        status=Status.CANCELLED, reason=f"cancelled: {self._stopping}"
+                    )
             self._record(
                 node, outcome, ready=ready_at, started=started, finished=self.now(), lane=lane
             )

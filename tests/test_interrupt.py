@@ -22,7 +22,9 @@ def wait_for(path: Path, timeout: float = 20.0) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_interrupts_cleanly(repo: Path, tmp_path: Path, sig: signal.Signals) -> None:
-    write_manifest(repo, """
+    write_manifest(
+        repo,
+        """
         [gates.quick]
         run = ["true"]
         [gates.slow]
@@ -31,12 +33,23 @@ def test_signal_interrupts_cleanly(repo: Path, tmp_path: Path, sig: signal.Signa
         [gates.after]
         run = ["true"]
         needs = ["slow"]
-    """)
+    """,
+    )
     report = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dagrunner", "release-check", "m.toml", "--quiet",
-         "--report-dir", str(report)],
-        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "dagrunner",
+            "release-check",
+            "m.toml",
+            "--quiet",
+            "--report-dir",
+            str(report),
+        ],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     wait_for(repo / "child.pid")
     proc.send_signal(sig)

@@ -224,3 +224,19 @@ def test_peak_memory_measured_and_flagged(repo: Path, capsys: pytest.CaptureFixt
     assert hog["peak_rss"] > 150 * 1024 * 1024
     assert hog["memory_exceeded"] is True
     assert "well past the declared" in hog["reason"]
+
+
+def test_escaped_orphan_of_a_passed_gate_is_ended(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, body, _ = check(
+        capsys,
+        repo,
+        """
+        [gates.a]
+        run = "setsid sleep 300 > /dev/null 2>&1 & echo $! > escaped.pid"
+    """,
+    )
+    assert code == 0
+    assert not alive(int((repo / "escaped.pid").read_text()))
+    assert any("left running by a finished gate" in w for w in body["warnings"])

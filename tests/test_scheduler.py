@@ -14,9 +14,7 @@ from dagrunner.manifest import load_manifest
 
 
 def intervals(gates: dict[str, dict[str, Any]]) -> list[tuple[float, float, dict[str, Any]]]:
-    return sorted(
-        (g["started"], g["finished"], g) for g in gates.values() if g["attempts"]
-    )
+    return sorted((g["started"], g["finished"], g) for g in gates.values() if g["attempts"])
 
 
 def peak_use(gates: dict[str, dict[str, Any]], key: str) -> float:
@@ -62,8 +60,13 @@ def test_dependency_order_and_capacity_on_a_random_dag(
     assert run["speed"]["lower_bound"] <= run["speed"]["wall"] * 1.05
 
 
-def test_longest_remaining_path_starts_first(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, run_dir = check(capsys, repo, """
+def test_longest_remaining_path_starts_first(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        """
         [gates.x1]
         run = "sleep 0.05"
         estimate = "0.1s"
@@ -81,7 +84,10 @@ def test_longest_remaining_path_starts_first(repo: Path, capsys: pytest.CaptureF
         run = "sleep 0.05"
         estimate = "1s"
         needs = ["chain2"]
-    """, "--jobs", "1")
+    """,
+        "--jobs",
+        "1",
+    )
     assert code == 0
     gates = gate_results(run_dir)
     order = [g["id"] for _, _, g in intervals(gates)]
@@ -130,7 +136,10 @@ def test_backfill_limit_stops_backfilling(repo: Path, capsys: pytest.CaptureFixt
 
 
 def test_live_pressure_holds_new_starts(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, body, run_dir = check(capsys, repo, """
+    code, _body, run_dir = check(
+        capsys,
+        repo,
+        """
         [governor]
         cpu = 4
         min_available_memory = "100000G"
@@ -141,7 +150,8 @@ def test_live_pressure_holds_new_starts(repo: Path, capsys: pytest.CaptureFixtur
         run = "sleep 0.2"
         [gates.c]
         run = "sleep 0.2"
-    """)
+    """,
+    )
     assert code == 0
     g = gate_results(run_dir)
     assert peak_use(g, "cpu") == 1, "under pressure only one gate may run at a time"
@@ -152,7 +162,10 @@ def test_live_pressure_holds_new_starts(repo: Path, capsys: pytest.CaptureFixtur
 def test_failure_skips_dependents_but_independent_branches_go_on(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, body, run_dir = check(capsys, repo, """
+    code, body, run_dir = check(
+        capsys,
+        repo,
+        """
         [gates.bad]
         run = "exit 2"
         [gates.child]
@@ -166,7 +179,8 @@ def test_failure_skips_dependents_but_independent_branches_go_on(
         [gates.other2]
         run = ["true"]
         needs = ["other"]
-    """)
+    """,
+    )
     assert code == 1
     g = gate_results(run_dir)
     assert g["bad"]["status"] == "failed" and g["bad"]["exit_code"] == 2
@@ -176,8 +190,13 @@ def test_failure_skips_dependents_but_independent_branches_go_on(
     assert body["status"] == "failed"
 
 
-def test_fail_fast_stops_at_the_first_failure(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, run_dir = check(capsys, repo, """
+def test_fail_fast_stops_at_the_first_failure(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        """
         [gates.bad]
         run = "sleep 0.1; exit 1"
         [gates.slow]
@@ -185,7 +204,9 @@ def test_fail_fast_stops_at_the_first_failure(repo: Path, capsys: pytest.Capture
         [gates.later]
         run = ["true"]
         needs = ["slow"]
-    """, "--fail-fast")
+    """,
+        "--fail-fast",
+    )
     assert code == 1
     g = gate_results(run_dir)
     assert g["slow"]["status"] == "cancelled"
@@ -193,8 +214,13 @@ def test_fail_fast_stops_at_the_first_failure(repo: Path, capsys: pytest.Capture
     assert g["later"]["status"] == "skipped"
 
 
-def test_only_runs_a_gate_with_what_it_needs(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, run_dir = check(capsys, repo, """
+def test_only_runs_a_gate_with_what_it_needs(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        """
         [gates.a]
         run = ["true"]
         [gates.b]
@@ -202,7 +228,10 @@ def test_only_runs_a_gate_with_what_it_needs(repo: Path, capsys: pytest.CaptureF
         needs = ["a"]
         [gates.c]
         run = ["true"]
-    """, "--only", "b")
+    """,
+        "--only",
+        "b",
+    )
     assert code == 0
     assert set(gate_results(run_dir)) == {"a", "b"}
 

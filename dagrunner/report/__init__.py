@@ -17,11 +17,13 @@ JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_K
 def write_run_dir(record: RunRecord, run_dir: Path) -> None:
     """Write the run's files into ``run_dir`` (which holds ``logs/`` already)."""
     (run_dir / "gates").mkdir(parents=True, exist_ok=True)
-    for gate in record.gates:
-        atomic_write(
-            run_dir / "gates" / f"{gate.id}.json", orjson.dumps(gate.to_json(), option=JSON_OPTIONS)
+    gates = [gate.to_json() for gate in record.gates]
+    for gate in gates:
+        (run_dir / "gates" / f"{gate['id']}.json").write_bytes(
+            orjson.dumps(gate, option=JSON_OPTIONS)
         )
-    atomic_write(run_dir / "run.json", orjson.dumps(record.to_json(), option=JSON_OPTIONS))
+    body = orjson.dumps(record.to_json(gates), option=JSON_OPTIONS)
+    atomic_write(run_dir / "run.json", body, durable=False)
     write_junit(record, run_dir)
     write_html(record, run_dir)
 

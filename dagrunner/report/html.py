@@ -21,4 +21,4 @@ def render_html(record: RunRecord, run_dir: Path) -> str:
 
 
 def write_html(record: RunRecord, run_dir: Path) -> None:
-    atomic_write(run_dir / "index.html", render_html(record, run_dir).encode())
+    atomic_write(run_dir / "index.html", render_html(record, run_dir).encode(), durable=False)

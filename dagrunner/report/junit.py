@@ -74,4 +74,4 @@ def _clean(text: str) -> str:
 def write_junit(record: RunRecord, run_dir: Path) -> None:
     from dagrunner.fsutil import atomic_write
 
-    atomic_write(run_dir / "junit.xml", render_junit(record, run_dir))
+    atomic_write(run_dir / "junit.xml", render_junit(record, run_dir), durable=False)

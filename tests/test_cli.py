@@ -1,0 +1,118 @@
+"""The CLI surface: graph formats, --json output, report re-rendering, usage errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import check, run_json, write_manifest
+
+from dagrunner.cli import run_cli
+
+DIAMOND = """
+    [gates.a]
+    run = ["true"]
+    estimate = "1s"
+    [gates.b]
+    run = ["true"]
+    needs = ["a"]
+    estimate = "3s"
+    [gates.c]
+    run = ["true"]
+    needs = ["a"]
+    [gates.d]
+    run = ["true"]
+    needs = ["b", "c"]
+"""
+
+
+def test_graph_json(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_manifest(repo, DIAMOND)
+    code, body = run_json(capsys, "graph", str(path))
+    assert code == 0
+    assert body["levels"] == [["a"], ["b", "c"], ["d"]]
+    assert body["critical_path"] == {"gates": ["a", "b", "d"], "duration": 5.0}
+    assert body["order"][0] == "a" and body["order"][-1] == "d"
+
+
+def test_graph_text_and_dot(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_manifest(repo, DIAMOND)
+    assert run_cli(["graph", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "critical path (5.0s expected): a -> b -> d" in text
+    assert run_cli(["graph", str(path), "--format", "dot"]) == 0
+    dot = capsys.readouterr().out
+    assert dot.startswith("digraph") and '"a" -> "b" [color=red' in dot
+
+
+def test_graph_runs_nothing(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_manifest(repo, '[gates.a]\nrun = ["touch", "ran"]\n')
+    assert run_cli(["graph", str(path)]) == 0
+    assert not (repo / "ran").exists()
+
+
+def test_release_check_json_summary(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, body, run_dir = check(capsys, repo, DIAMOND)
+    assert code == 0
+    assert body["status"] == "passed"
+    assert body["counts"] == {"passed": 4}
+    assert set(body["speed"]) >= {"wall", "serial_sum", "speedup", "critical_path", "lower_bound"}
+    run = orjson.loads((run_dir / "run.json").read_bytes())
+    assert run["manifest"]["digest"] and run["git"]["commit"]
+    assert run["governor"]["capacity"]["cpu"] >= 1
+    for name in ("a", "b", "c", "d"):
+        assert (run_dir / "gates" / f"{name}.json").exists()
+        assert (run_dir / "logs" / f"{name}.log").exists()
+
+
+def test_default_report_dir_is_under_repo_reports(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _code, _body, run_dir = check(capsys, repo, DIAMOND)
+    assert run_dir.parent == repo / "reports"
+
+
+def test_report_dir_refuses_foreign_files(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep me")
+    code, body, _ = check(capsys, repo, DIAMOND, "--report-dir", str(target))
+    assert code == 2
+    assert body["error"]["code"] == "report-dir-not-empty"
+    assert (target / "notes.txt").read_text() == "keep me"
+
+
+def test_report_html_rerenders(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, _, run_dir = check(capsys, repo, DIAMOND)
+    (run_dir / "index.html").unlink()
+    code, _body = run_json(capsys, "report", "html", str(run_dir))
+    assert code == 0
+    assert (run_dir / "index.html").exists()
+
+
+def test_report_html_on_a_non_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, body = run_json(capsys, "report", "html", str(tmp_path))
+    assert code == 2
+    assert body["error"]["code"] == "run-dir-invalid"
+
+
+def test_bad_usage_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["release-check", "--jobs", "0"]) == 2
+    assert run_cli(["no-such-command"]) == 2
+
+
+def test_python_dash_m_works(repo: Path) -> None:
+    write_manifest(repo, DIAMOND)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dagrunner", "graph", "m.toml", "--json"],
+        cwd=repo,
+        capture_output=True,
+        check=False,
+    )
+    assert proc.returncode == 0
+    assert orjson.loads(proc.stdout)["critical_path"]["gates"] == ["a", "b", "d"]
