@@ -168,11 +168,18 @@ def sweep_orphans(grace: float = 1.0) -> list[tuple[int, str]]:
     me = psutil.Process()
     strays: list[tuple[psutil.Process, str]] = []
     with contextlib.suppress(psutil.Error):
-        for proc in me.children(recursive=True):
+        # Only direct children: an orphan re-parents to its nearest subreaper, and a
+        # deeper process may belong to a nested dagrunner run with tokens of its own.
+        for proc in me.children():
             with contextlib.suppress(psutil.Error):
                 token = proc.environ().get(TOKEN_VAR)
-                if token and token not in RUNNING and _alive(proc):
-                    strays.append((proc, token))
+                if not token or token in RUNNING or not _alive(proc):
+                    continue
+                strays.append((proc, token))
+                for child in proc.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        if child.environ().get(TOKEN_VAR) == token:
+                            strays.append((child, token))
     if not strays:
         return []
     procs = [p for p, _ in strays]
