@@ -88,6 +88,53 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+# -- cache -----------------------------------------------------------------------
+
+
+def cmd_cache_explain(args: argparse.Namespace) -> int:
+    from dagrunner.cachestep import explain_gate
+    from dagrunner.runner import plan_step
+
+    options = RunOptions(repo=args.repo, manifest=args.manifest)
+    repo, manifest = load_step(options)
+    plan = plan_step(repo, manifest, options)
+    if args.gate not in plan.graph:
+        select_gates(plan.graph, [args.gate], where=str(manifest.path))  # raises unknown-gate
+    body = explain_gate(
+        manifest=manifest, graph=plan.graph, repo=repo, envs=plan.envs, gate=args.gate
+    )
+    if args.json:
+        emit_json(body)
+    else:
+        state = "hit" if body["hit"] else "miss"
+        print(f"{args.gate}: {state}; key {body['key'] or '-'}")
+        for line in body["changes"]:
+            print(f"  {line}")
+    return ExitCode.OK
+
+
+def cmd_cache_prune(args: argparse.Namespace) -> int:
+    from dagrunner.cache import Store
+    from dagrunner.units import parse_size
+
+    try:
+        limit = parse_size(args.max_size)
+    except ValueError as exc:
+        raise DagrunnerError(
+            "bad-size", str(exc), key="--max-size", hint="use a size such as 500M or 2G"
+        ) from None
+    body = Store().prune(limit, dry_run=args.dry_run)
+    if args.json:
+        emit_json(body)
+    else:
+        verb = "would remove" if args.dry_run else "removed"
+        print(
+            f"{verb} {len(body['removed'])} entries; {body['entries_left']} left, "
+            f"{body['size_after']} bytes"
+        )
+    return ExitCode.OK
+
+
 # -- report ----------------------------------------------------------------------
 
 
@@ -162,6 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--only", action="append", metavar="GATE")
     gr.add_argument("--format", choices=["text", "json", "dot"], default="text")
     gr.set_defaults(handler=cmd_graph)
+
+    ca = sub.add_parser("cache", help="explain or prune the gate cache")
+    ca_sub = ca.add_subparsers(dest="cache_command", required=True)
+    ex = ca_sub.add_parser("explain", parents=[common], help="why GATE hits or misses")
+    ex.add_argument("gate")
+    ex.add_argument("manifest", nargs="?", type=Path)
+    ex.add_argument("--repo", type=Path)
+    ex.set_defaults(handler=cmd_cache_explain)
+    pr = ca_sub.add_parser("prune", parents=[common], help="bound the cache by size (LRU)")
+    pr.add_argument("--max-size", required=True, help="e.g. 500M, 2G")
+    pr.add_argument("--dry-run", action="store_true")
+    pr.set_defaults(handler=cmd_cache_prune)
 
     rp = sub.add_parser("report", help="re-render a run's report")
     rp_sub = rp.add_subparsers(dest="report_command", required=True)

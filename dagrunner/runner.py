@@ -27,6 +27,8 @@ import psutil
 import trio
 
 from dagrunner import __version__
+from dagrunner.cache import Store
+from dagrunner.cachestep import RunCache
 from dagrunner.errors import DagrunnerError
 from dagrunner.evidence import check_budget, speed_evidence
 from dagrunner.executors import Executor, open_executor
@@ -60,6 +62,7 @@ class RunOptions:
     environ: Mapping[str, str] | None = None  # the caller's environment; default os.environ
     listener: Listener | None = None
     history_root: Path | None = None
+    cache_root: Path | None = None  # default DAGRUNNER_CACHE_DIR
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +73,9 @@ class Plan:
     capacity: Capacity
     expected: dict[str, float]
     history: Path
+    envs: dict[
+        str, dict[str, str]
+    ]  # each gate's hermetic environment (HOME/TMPDIR added per attempt)
     git: dict[str, Any] = field(default_factory=dict)
 
 
@@ -98,6 +104,18 @@ def plan_step(repo: Path, manifest: Manifest, options: RunOptions) -> Plan:
     capacity = resolve_capacity(manifest.governor, jobs=options.jobs)
     check_fits([spec(graph, n) for n in graph.nodes], capacity, where=str(manifest.path))
     history = history_path(repo, manifest.name, options.history_root)
+    git_info = head_info(repo)
+    commit_time = git_info.get("commit_time")
+    caller = options.environ if options.environ is not None else os.environ
+    envs = {
+        node: gate_environment(
+            common=manifest.env,
+            gate=spec(graph, node).env,
+            caller=caller,
+            source_date_epoch=commit_time if isinstance(commit_time, int) else 0,
+        )
+        for node in graph.nodes
+    }
     return Plan(
         repo=repo,
         manifest=manifest,
@@ -105,35 +123,28 @@ def plan_step(repo: Path, manifest: Manifest, options: RunOptions) -> Plan:
         capacity=capacity,
         expected=expected_durations(graph, read_history(history)),
         history=history,
-        git=head_info(repo),
+        envs=envs,
+        git=git_info,
     )
 
 
 class GateRunner:
     """Turns a gate into jobs for the executor, with retries, and judges the attempts."""
 
-    def __init__(self, plan: Plan, executor: Executor, run_dir: Path, environ: Mapping[str, str]):
+    def __init__(self, plan: Plan, executor: Executor, run_dir: Path, cache: RunCache):
         self.plan = plan
         self.executor = executor
         self.run_dir = run_dir
-        self.environ = environ
-        commit_time = plan.git.get("commit_time")
-        self.source_date_epoch = int(commit_time) if isinstance(commit_time, int) else 0
+        self.cache = cache
         self.sandbox_root = Path(tempfile.mkdtemp(prefix="dagrunner-sandbox-"))
 
     def job(self, gate: GateSpec, attempt: int) -> GateJob:
         argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
-        env = gate_environment(
-            common=self.plan.manifest.env,
-            gate=gate.env,
-            caller=self.environ,
-            source_date_epoch=self.source_date_epoch,
-        )
         return GateJob(
             gate=gate.id,
             argv=argv,
             cwd=os.path.normpath(self.plan.repo / gate.cwd),
-            env=env,
+            env=self.plan.envs[gate.id],
             sandbox_dir=str(self.sandbox_root / f"{gate.id}.{attempt}"),
             log_path=str(self.run_dir / "logs" / f"{gate.id}.try{attempt}.log"),
             log_limit=gate.log_limit,
@@ -165,7 +176,7 @@ class GateRunner:
         if not attempts:
             return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
         attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")
-        return judge(gate, tuple(attempts), command)
+        return replace(judge(gate, tuple(attempts), command), cache=self.cache.miss_proof(node))
 
 
 def _attempt(
@@ -253,16 +264,19 @@ async def _sweep_orphans(interval: float, warnings: list[str]) -> None:
             warnings.append(f"ended process {pid} left running by a finished gate (token {token})")
 
 
-async def schedule_step(plan: Plan, options: RunOptions, run_dir: Path) -> Scheduled:
+async def schedule_step(
+    plan: Plan, options: RunOptions, run_dir: Path, cache: RunCache
+) -> Scheduled:
     """Run the plan through the executor, under the governor."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     governor = Governor(plan.capacity)
     executor = open_executor(options.executor)
-    runner = GateRunner(plan, executor, run_dir, options.environ or dict(os.environ))
+    runner = GateRunner(plan, executor, run_dir, cache)
     scheduler = Scheduler(
         plan.graph,
         governor,
         run_gate=runner,
+        lookup=cache.lookup,
         expected=plan.expected,
         fail_fast=options.fail_fast,
         sample_interval=plan.manifest.governor.sample_interval,
@@ -397,8 +411,20 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
     run_id = new_run_id()
     run_dir = prepare_run_dir(repo, options.report_dir, run_id)
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    scheduled = trio.run(schedule_step, plan, options, run_dir)
+    cache = RunCache(
+        manifest=plan.manifest,
+        graph=plan.graph,
+        repo=plan.repo,
+        envs=plan.envs,
+        run_dir=run_dir,
+        read=not options.no_cache,
+        store=Store(options.cache_root) if options.cache_root else None,
+    )
+    scheduled = trio.run(schedule_step, plan, options, run_dir, cache)
+    cache.store_passed(scheduled.results, run_id)
     record = record_step(plan, options, run_id=run_id, started_at=started_at, scheduled=scheduled)
+    record.cache = cache.summary(scheduled.results)
+    record.warnings = cache.warnings() + record.warnings
     write_run_dir(record, run_dir)
     record_history(plan.history, scheduled.results)
     return record, run_dir

@@ -1,0 +1,155 @@
+"""The cache's place in a run: keys at plan time, lookups as gates become ready,
+stores after the run, and the proof written into each gate's record."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from dagrunner.cache import KeyParts, Store, compute_keys
+from dagrunner.graph import Graph, spec
+from dagrunner.inputs import take_snapshot
+from dagrunner.manifest import Manifest
+from dagrunner.records import GateResult, Status
+from dagrunner.scheduler import Outcome
+from dagrunner.units import format_duration
+
+
+class RunCache:
+    def __init__(
+        self,
+        *,
+        manifest: Manifest,
+        graph: Graph,
+        repo: Path,
+        envs: dict[str, dict[str, str]],
+        run_dir: Path,
+        read: bool,
+        store: Store | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.run_dir = run_dir
+        self.read = read
+        self.store = store or Store()
+        self.snapshot_files = 0
+        self.hashed_files = 0
+        if any(spec(graph, n).inputs for n in graph.nodes):
+            snapshot = take_snapshot(repo)
+            self.snapshot_files, self.hashed_files = len(snapshot.paths), snapshot.hashed
+            self.keys = compute_keys(manifest, graph, snapshot, envs, repo)
+        else:
+            self.keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}
+        self.stored = 0
+
+    def warnings(self) -> list[str]:
+        found = [
+            f"gate {gate!r}: input glob {glob!r} matched no file"
+            for gate, parts in self.keys.items()
+            if isinstance(parts, KeyParts)
+            for glob in parts.unmatched
+        ]
+        return found + self.store.warnings
+
+    def proof(self, gate: str) -> dict[str, Any]:
+        parts = self.keys.get(gate)
+        if not isinstance(parts, KeyParts):
+            return {"cacheable": False, "reason": parts or "not cacheable"}
+        return {"cacheable": True, "key": parts.key, **parts.summary()}
+
+    def lookup(self, gate: str) -> Outcome | None:
+        """A CACHED outcome with its proof when a passing entry has this gate's key."""
+        parts = self.keys.get(gate)
+        if not self.read or not isinstance(parts, KeyParts):
+            return None
+        hit = self.store.lookup(parts.key)
+        if hit is None:
+            return None
+        log = self.run_dir / "logs" / f"{gate}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("wb") as out:
+            out.write(f"[dagrunner: cached result of run {hit.run_id}; its log follows]\n".encode())
+            with hit.log.open("rb") as src:
+                shutil.copyfileobj(src, out)
+        proof = {
+            **self.proof(gate),
+            "hit": True,
+            "stored_by_run": hit.run_id,
+            "stored_at": hit.stored_at,
+            "saved": hit.duration,
+        }
+        return Outcome(
+            status=Status.CACHED,
+            reason=f"cached: key {parts.key[:12]} passed in run {hit.run_id} "
+            f"({hit.stored_at}); saved {format_duration(hit.duration)}",
+            cache=proof,
+            command=str(hit.result.get("command", "")),
+        )
+
+    def miss_proof(self, gate: str) -> dict[str, Any]:
+        proof = self.proof(gate)
+        if proof["cacheable"]:
+            proof["hit"] = False
+            proof["reason"] = "cache reads disabled (--no-cache)" if not self.read else "no entry"
+        return proof
+
+    def store_passed(self, results: list[GateResult], run_id: str) -> None:
+        """Store every plain pass (not flaky, not cached) of a cacheable gate."""
+        for result in results:
+            parts = self.keys.get(result.id)
+            if result.status is Status.PASSED and isinstance(parts, KeyParts):
+                self.store.store(
+                    manifest_name=self.manifest.name,
+                    parts=parts,
+                    result=result,
+                    run_id=run_id,
+                    log=self.run_dir / "logs" / f"{result.id}.log",
+                )
+                self.stored += 1
+
+    def summary(self, results: list[GateResult]) -> dict[str, Any]:
+        cacheable = [g for g, p in self.keys.items() if isinstance(p, KeyParts)]
+        hits = [r.id for r in results if r.status is Status.CACHED]
+        return {
+            "dir": str(self.store.root),
+            "reads": self.read,
+            "cacheable": len(cacheable),
+            "hits": len(hits),
+            "misses": len(cacheable) - len(hits),
+            "stored": self.stored,
+            "snapshot_files": self.snapshot_files,
+            "hashed_files": self.hashed_files,
+        }
+
+
+def explain_gate(
+    *,
+    manifest: Manifest,
+    graph: Graph,
+    repo: Path,
+    envs: dict[str, dict[str, str]],
+    gate: str,
+    store: Store | None = None,
+) -> dict[str, Any]:
+    """What ``cache explain GATE`` prints: the current key and what changed since the newest entry."""
+    from dagrunner.cache import explain
+    from dagrunner.graph import select
+
+    sub = select(graph, [gate], where=str(manifest.path))
+    snapshot = take_snapshot(repo)
+    keys = compute_keys(manifest, sub, snapshot, {n: envs[n] for n in sub.nodes}, repo)
+    store = store or Store()
+    current = keys[gate]
+    stored = store.newest_parts(manifest.name, gate)
+    return {
+        "gate": gate,
+        "cacheable": isinstance(current, KeyParts),
+        "key": current.key if isinstance(current, KeyParts) else None,
+        "stored_key": stored.get("key") if stored else None,
+        "hit": bool(
+            isinstance(current, KeyParts)
+            and stored is not None
+            and store.lookup(current.key) is not None
+        ),
+        "changes": explain(current, stored),
+    }
