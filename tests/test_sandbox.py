@@ -229,7 +229,7 @@ def test_peak_memory_measured_and_flagged(repo: Path, capsys: pytest.CaptureFixt
 def test_escaped_orphan_of_a_passed_gate_is_ended(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, body, _ = check(
+    code, body, run_dir = check(
         capsys,
         repo,
         """
@@ -239,4 +239,8 @@ def test_escaped_orphan_of_a_passed_gate_is_ended(
     )
     assert code == 0
     assert not alive(int((repo / "escaped.pid").read_text()))
-    assert any("left running by a finished gate" in w for w in body["warnings"])
+    # Seen in a sample before the gate exited: ended by the gate's own check;
+    # never seen: ended by the runner's orphan sweep.  Either way it is said.
+    reason = gate_results(run_dir)["a"]["reason"]
+    said_by_sweep = any("left running by a finished gate" in w for w in body["warnings"])
+    assert "leftover" in reason or said_by_sweep, (reason, body["warnings"])
