@@ -25,6 +25,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.graph import build_graph, describe, expected_durations, render_dot, render_text
 from dagrunner.graph import select as select_gates
 from dagrunner.records import RunStatus
+from dagrunner.report.ci import publish
 from dagrunner.runner import RunOptions, load_step, release_check
 
 Handler = Callable[[argparse.Namespace], int]
@@ -58,6 +59,7 @@ def cmd_release_check(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.close()
+    publish(record, run_dir, os.environ, sys.stderr if args.json else sys.stdout)
     if args.json:
         body = record.to_json()
         body["run_dir"] = str(run_dir)

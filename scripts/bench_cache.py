@@ -76,11 +76,15 @@ def main() -> int:
         env = {**os.environ, "DAGRUNNER_CACHE_DIR": str(Path(tmp) / "cache")}
         check = [sys.executable, "-m", "dagrunner", "release-check", "release.toml", "--quiet"]
         cold, out = timed([*check, "--json", "--report-dir", str(Path(tmp) / "cold")], root, env)
-        assert orjson.loads(out)["cache"]["stored"] == args.gates, "cold run did not store every gate"
+        assert orjson.loads(out)["cache"]["stored"] == args.gates, (
+            "cold run did not store every gate"
+        )
         cached = float("inf")
         hits = 0
         for i in range(args.repeat):
-            took, out = timed([*check, "--json", "--report-dir", str(Path(tmp) / f"warm{i}")], root, env)
+            took, out = timed(
+                [*check, "--json", "--report-dir", str(Path(tmp) / f"warm{i}")], root, env
+            )
             cached = min(cached, took)
             hits = orjson.loads(out)["cache"]["hits"]
         status = min(

@@ -1,23 +1,136 @@
-"""index.html: one self-contained page rendered from run.json with jinja2."""
+"""index.html: one self-contained page (inline CSS, JS and SVG, no network) rendered with jinja2.
+
+Failures come first; the essentials (verdict, failures with their logs, the
+table, the pictures) need no JavaScript; JS adds sorting, filtering and log
+search.  Logs are embedded as bounded views (failing gates get more room) so a
+1,000-gate report stays small; each view links to the full bounded log file.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import jinja2
+from markupsafe import Markup, escape
 
 from dagrunner.fsutil import atomic_write
-from dagrunner.records import RunRecord
+from dagrunner.records import GateResult, RunRecord, Status
+from dagrunner.report.logtail import ANSI
+from dagrunner.report.svg import dag_layout, timeline
+from dagrunner.units import format_duration, format_size
+
+FAILING_VIEW = 64 * 1024
+OTHER_VIEW = 4 * 1024
+TOTAL_LOG_BUDGET = 3 * 1024 * 1024
+ORDER = {
+    Status.FAILED: 0,
+    Status.TIMED_OUT: 1,
+    Status.INTERRUPTED: 2,
+    Status.CANCELLED: 3,
+    Status.SKIPPED: 4,
+    Status.FLAKY: 5,
+    Status.PASSED: 6,
+    Status.CACHED: 7,
+}
+_SGR = re.compile(r"\x1b\[([0-9;]*)m")
+_COLORS = {30: "k", 31: "r", 32: "g", 33: "y", 34: "b", 35: "m", 36: "c", 37: "w"}
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("dagrunner", "report/templates"),
     autoescape=jinja2.select_autoescape(["html", "j2"]),
     undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
 )
+_ENV.filters["dur"] = format_duration
+_ENV.filters["size"] = format_size
+
+
+def ansi_to_html(text: str) -> Markup:
+    """Escape ``text`` and render ANSI colors/bold as spans; other escapes are dropped."""
+    out: list[str] = []
+    open_span = False
+    pos = 0
+    for match in _SGR.finditer(text):
+        out.append(str(escape(ANSI.sub("", text[pos : match.start()]))))
+        pos = match.end()
+        classes = []
+        for code in (int(c) for c in match.group(1).split(";") if c.isdigit()):
+            if code == 1:
+                classes.append("ab")
+            elif code in _COLORS or code - 60 in _COLORS:
+                classes.append("a" + _COLORS.get(code, _COLORS.get(code - 60, "")))
+        if open_span:
+            out.append("</span>")
+            open_span = False
+        if classes:
+            out.append(f'<span class="{" ".join(classes)}">')
+            open_span = True
+    out.append(str(escape(ANSI.sub("", text[pos:]))))
+    if open_span:
+        out.append("</span>")
+    return Markup("".join(out))
+
+
+def _log_view(run_dir: Path, gate: GateResult, limit: int) -> dict[str, Any]:
+    rel = gate.log or f"logs/{gate.id}.log"
+    path = run_dir / rel
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            if size > limit:
+                head = handle.read(limit // 4)
+                handle.seek(size - (limit - limit // 4))
+                tail = handle.read()
+                cut = size - len(head) - len(tail)
+                data = (
+                    head + f"\n[report: {cut} bytes not shown here; open {rel}]\n".encode() + tail
+                )
+            else:
+                data = handle.read()
+    except OSError:
+        return {"path": rel, "html": Markup(""), "size": 0, "exists": False, "elided": 0}
+    elided = gate.attempts[-1].log_elided if gate.attempts else 0
+    text = data.decode("utf-8", "replace")
+    return {"path": rel, "html": ansi_to_html(text), "size": size, "exists": True, "elided": elided}
+
+
+def _context(record: RunRecord, run_dir: Path) -> dict[str, Any]:
+    gates = sorted(
+        record.gates,
+        key=lambda g: (ORDER[g.status], g.started if g.started is not None else 1e9, g.id),
+    )
+    budget_left = TOTAL_LOG_BUDGET
+    logs: dict[str, dict[str, Any]] = {}
+    for gate in gates:
+        failing = not gate.status.ok and gate.status is not Status.SKIPPED
+        limit = min(FAILING_VIEW if failing else OTHER_VIEW, max(budget_left, 512))
+        view = _log_view(run_dir, gate, limit)
+        budget_left -= min(view["size"], limit)
+        view["open"] = failing
+        logs[gate.id] = view
+    failures = [
+        g for g in gates if g.status in (Status.FAILED, Status.TIMED_OUT, Status.INTERRUPTED)
+    ]
+    speed = record.speed
+    return {
+        "record": record,
+        "gates": gates,
+        "failures": failures,
+        "logs": logs,
+        "speed": speed,
+        "crit": speed.get("critical_path", {"gates": [], "duration": 0.0}),
+        "dag": dag_layout(record),
+        "timeline": timeline(record),
+        "counts": sorted(record.counts().items(), key=lambda kv: ORDER[Status(kv[0])]),
+        "commit": (record.git.get("commit") or "")[:12],
+    }
 
 
 def render_html(record: RunRecord, run_dir: Path) -> str:
-    return _ENV.get_template("report.html.j2").render(record=record)
+    return _ENV.get_template("report.html.j2").render(**_context(record, run_dir))
 
 
 def write_html(record: RunRecord, run_dir: Path) -> None:

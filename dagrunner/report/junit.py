@@ -58,9 +58,21 @@ def render_junit(record: RunRecord, run_dir: Path) -> bytes:
             element.text = tail
         elif gate.status is Status.SKIPPED:
             ET.SubElement(case, "skipped", message=gate.reason or "skipped")
-        elif gate.status in (Status.FLAKY, Status.CACHED):
+        elif gate.status is Status.FLAKY:
+            # Surefire's form, which Jenkins and GitLab read: the case passed, after these failures.
+            for attempt in gate.attempts[:-1]:
+                flaky = ET.SubElement(
+                    case,
+                    "flakyFailure",
+                    message=f"attempt {attempt.number}: exit code {attempt.exit_code}",
+                    type="flaky",
+                )
+                flaky.text = _clean(strip_ansi(read_log(run_dir, attempt.log, limit=TAIL_BYTES)))
             out = ET.SubElement(case, "system-out")
-            out.text = f"[dagrunner] {gate.status}: {gate.reason}\n{tail}"
+            out.text = f"[dagrunner] flaky: {gate.reason}\n{tail}"
+        elif gate.status is Status.CACHED:
+            out = ET.SubElement(case, "system-out")
+            out.text = f"[dagrunner] {gate.reason}\n{tail}"
     ET.indent(suites)
     body: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)
     return body
