@@ -265,12 +265,11 @@ async def _sweep_orphans(interval: float, warnings: list[str]) -> None:
 
 
 async def schedule_step(
-    plan: Plan, options: RunOptions, run_dir: Path, cache: RunCache
+    plan: Plan, options: RunOptions, run_dir: Path, cache: RunCache, executor: Executor
 ) -> Scheduled:
-    """Run the plan through the executor, under the governor."""
+    """Run the plan through the executor, under the governor; closes the executor."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     governor = Governor(plan.capacity)
-    executor = open_executor(options.executor)
     runner = GateRunner(plan, executor, run_dir, cache)
     scheduler = Scheduler(
         plan.graph,
@@ -408,6 +407,7 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
     """
     repo, manifest = load_step(options)
     plan = plan_step(repo, manifest, options)
+    executor = open_executor(options.executor)  # a cluster that cannot be reached fails here
     run_id = new_run_id()
     run_dir = prepare_run_dir(repo, options.report_dir, run_id)
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -420,7 +420,7 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
         read=not options.no_cache,
         store=Store(options.cache_root) if options.cache_root else None,
     )
-    scheduled = trio.run(schedule_step, plan, options, run_dir, cache)
+    scheduled = trio.run(schedule_step, plan, options, run_dir, cache, executor)
     cache.store_passed(scheduled.results, run_id)
     record = record_step(plan, options, run_id=run_id, started_at=started_at, scheduled=scheduled)
     record.cache = cache.summary(scheduled.results)

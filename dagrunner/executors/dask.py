@@ -59,8 +59,9 @@ class DaskExecutor:
     name = "dask"
 
     def __init__(self, address: str) -> None:
+        """Connect now, so that an unreachable cluster is an error before any gate runs."""
         self.address = "tcp://" + address.split("://", 1)[1]
-        self._client: Any = None
+        self._client: Any = self._connect()
 
     def _connect(self) -> Any:
         try:
@@ -74,7 +75,7 @@ class DaskExecutor:
             ) from None
         try:
             return Client(self.address, timeout="10s")
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:
             raise DagrunnerError(
                 "dask-unreachable",
                 f"cannot reach the Dask scheduler at {self.address}: {exc}",
@@ -83,8 +84,6 @@ class DaskExecutor:
             ) from None
 
     async def execute(self, job: GateJob) -> AttemptResult:
-        if self._client is None:
-            self._client = await trio.to_thread.run_sync(self._connect)
         from distributed import Event
 
         cancel_name = f"dagrunner-cancel-{uuid.uuid4().hex}"
