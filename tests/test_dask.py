@@ -54,7 +54,7 @@ def test_unreachable_scheduler_is_an_environment_error(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, body, _ = check(
-        capsys, repo, '[gates.a]\nrun = ["true"]\n', "--executor", "dask://127.0.0.1:1"
+        capsys, repo, '[gates.a]\nrun = ["true"]\n', "--executor", "dask://127.0.0.1:1?timeout=1s"
     )
     assert code == 3
     assert body["error"]["code"] == "dask-unreachable"

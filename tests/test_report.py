@@ -121,7 +121,10 @@ def test_interrupted_and_integrating_records_render(
 def _chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        pytest.fail("headless Chromium is required for this test: apt-get install -y chromium")
+        message = "headless Chromium is required for this test: apt-get install -y chromium"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # .ci/run installs it: missing there is a defect, not a skip
+        pytest.skip(message)
     return path
 
 

@@ -1,4 +1,4 @@
-"""Run gate attempts on a Dask distributed cluster (``--executor dask://HOST:PORT``).
+"""Run gate attempts on a Dask distributed cluster (``--executor dask://HOST:PORT[?timeout=10s]``).
 
 Each attempt becomes one Dask task that runs the same sandbox as the local
 executor, on whichever worker the Dask scheduler picks; our own scheduler and
@@ -60,7 +60,18 @@ class DaskExecutor:
 
     def __init__(self, address: str) -> None:
         """Connect now, so that an unreachable cluster is an error before any gate runs."""
-        self.address = "tcp://" + address.split("://", 1)[1]
+        target, _, query = address.split("://", 1)[1].partition("?")
+        self.address = "tcp://" + target
+        self.timeout = "10s"
+        for pair in filter(None, query.split("&")):
+            name, _, value = pair.partition("=")
+            if name != "timeout" or not value:
+                raise DagrunnerError(
+                    "bad-executor",
+                    f"unknown option {pair!r} in the Dask address",
+                    hint="use dask://HOST:PORT or dask://HOST:PORT?timeout=5s",
+                )
+            self.timeout = value
         self._client: Any = self._connect()
 
     def _connect(self) -> Any:
@@ -74,7 +85,7 @@ class DaskExecutor:
                 hint="pip install 'dagrunner[dask]'",
             ) from None
         try:
-            return Client(self.address, timeout="10s")
+            return Client(self.address, timeout=self.timeout)
         except (OSError, TimeoutError, ValueError) as exc:
             raise DagrunnerError(
                 "dask-unreachable",
