@@ -137,6 +137,82 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+# -- doctor and worktrees ------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from dagrunner.doctor import doctor
+
+    report = doctor(args.repo)
+    if args.json:
+        emit_json(
+            {"ok": report.ok, "findings": [f.to_json() for f in report.findings], **report.facts}
+        )
+    else:
+        for finding in report.findings:
+            print(f"{finding.level:<5} {finding.check:<11} {finding.detail}")
+            if finding.hint:
+                print(f"{'':<17} -> {finding.hint}")
+    return ExitCode.OK if report.ok else ExitCode.ENVIRONMENT
+
+
+def _print_pairs(body: dict[str, Any]) -> None:
+    for key, value in body.items():
+        print(f"{key:<20} {value}")
+
+
+def cmd_worktree(args: argparse.Namespace) -> int:
+    from dagrunner import worktrees as wt
+
+    action = args.worktree_command
+    body: Any
+    if action == "allocate":
+        body = wt.allocate(
+            mission=args.mission,
+            worker=args.worker,
+            base=args.base,
+            session=args.session,
+            repo=args.repo,
+            setup=args.setup or (),
+            setup_timeout=args.setup_timeout,
+        )
+    elif action == "list":
+        body = {"worktrees": wt.list_worktrees(repo=args.repo, target=args.target)}
+    elif action == "status":
+        body = wt.status(args.id, repo=args.repo, target=args.target)
+    elif action == "claim":
+        body = wt.claim(args.id, session=args.session, force=args.force, repo=args.repo)
+    elif action == "release":
+        body = wt.release(args.id, session=args.session, force=args.force, repo=args.repo)
+    elif action == "cleanup":
+        body = wt.cleanup(args.id, force=args.force, repo=args.repo, target=args.target)
+    elif action == "prune":
+        body = wt.prune(
+            idle_days=args.idle, dry_run=args.dry_run, repo=args.repo, target=args.target
+        )
+    else:  # pragma: no cover - argparse restricts the choices
+        raise AssertionError(action)
+    if args.json:
+        emit_json(body)
+    elif action == "list":
+        for item in body["worktrees"]:
+            state = "missing" if item["missing"] else ("clean" if item["clean"] else "dirty")
+            landed = "landed" if item["integrated"] else "unlanded"
+            print(
+                f"{item['id']:<30} {state:<8} {landed:<9} {item['session'] or '-':<12} {item['path']}"
+            )
+    elif action == "prune":
+        for item in body["removed"]:
+            print(
+                f"{'would remove' if body['dry_run'] else 'removed'} {item['id']}: {item['reason']}"
+            )
+        for item in body["retained"]:
+            print(f"retained {item['id']}: {item['reason']}")
+    else:
+        _print_pairs(body)
+    return ExitCode.OK
+
+
 # -- report ----------------------------------------------------------------------
 
 
@@ -211,6 +287,55 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--only", action="append", metavar="GATE")
     gr.add_argument("--format", choices=["text", "json", "dot"], default="text")
     gr.set_defaults(handler=cmd_graph)
+
+    dr = sub.add_parser("doctor", parents=[common], help="check git, worktree support and the root")
+    dr.add_argument("--repo", type=Path)
+    dr.set_defaults(handler=cmd_doctor)
+
+    wt = sub.add_parser("worktree", help="worker worktrees under the cache root")
+    wt_sub = wt.add_subparsers(dest="worktree_command", required=True)
+    repo_opt = argparse.ArgumentParser(add_help=False)
+    repo_opt.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
+    target_opt = argparse.ArgumentParser(add_help=False)
+    target_opt.add_argument(
+        "--target", help="branch that counts as landed (default: the checked-out one)"
+    )
+    al = wt_sub.add_parser(
+        "allocate", parents=[common, repo_opt], help="create (or return) a worktree"
+    )
+    al.add_argument("--mission", required=True)
+    al.add_argument("--worker", required=True)
+    al.add_argument("--base", default="HEAD")
+    al.add_argument("--session")
+    al.add_argument(
+        "--setup", action="append", metavar="CMD", help="command to run in the new worktree"
+    )
+    al.add_argument("--setup-timeout", type=float, default=300.0, metavar="SECONDS")
+    wt_sub.add_parser(
+        "list", parents=[common, repo_opt, target_opt], help="every recorded worktree"
+    )
+    st = wt_sub.add_parser("status", parents=[common, repo_opt, target_opt], help="one worktree")
+    st.add_argument("id", help="MISSION/WORKER")
+    for name, text in (("claim", "claim for a session"), ("release", "release a session's claim")):
+        cl = wt_sub.add_parser(name, parents=[common, repo_opt], help=text)
+        cl.add_argument("id")
+        cl.add_argument("--session", required=True)
+        cl.add_argument("--force", action="store_true")
+    cu = wt_sub.add_parser(
+        "cleanup", parents=[common, repo_opt, target_opt], help="remove if clean and landed"
+    )
+    cu.add_argument("id")
+    cu.add_argument(
+        "--force", action="store_true", help="remove even with work (saved on a backup ref)"
+    )
+    pn = wt_sub.add_parser(
+        "prune", parents=[common, repo_opt, target_opt], help="drop stale worktrees"
+    )
+    pn.add_argument("--idle", type=float, metavar="DAYS")
+    pn.add_argument("--dry-run", action="store_true")
+    wt.set_defaults(handler=cmd_worktree)
+    for parser_ in wt_sub.choices.values():
+        parser_.set_defaults(handler=cmd_worktree)
 
     ca = sub.add_parser("cache", help="explain or prune the gate cache")
     ca_sub = ca.add_subparsers(dest="cache_command", required=True)

@@ -1,0 +1,110 @@
+"""The allocation manifest: an append-only JSON-lines record of every worktree event.
+
+Lives under the repository's common git dir (``.git/dagrunner/allocations.jsonl``).
+Each event is one line written with a single ``write`` under an exclusive lock
+and fsynced, so a reader never sees a torn line (and skips, with a warning, a
+line a crash cut short).  The current state of each worktree is the fold of
+its events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dagrunner.fsutil import locked
+
+EVENTS = {
+    "allocated",
+    "claimed",
+    "released",
+    "exported",
+    "retained",
+    "cleaned",
+    "pooled",
+    "missing",
+    "pruned",
+}
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+class Ledger:
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir
+        self.path = state_dir / "allocations.jsonl"
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Serialise allocations and cleanups of this repository (across processes)."""
+        with locked(self.dir / "worktrees.lock"):
+            yield
+
+    def append(self, event: str, wt_id: str, **fields: Any) -> dict[str, Any]:
+        assert event in EVENTS, event
+        record = {"at": now(), "event": event, "id": wt_id, **fields}
+        line = orjson.dumps(record) + b"\n"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return record
+
+    def events(self) -> list[dict[str, Any]]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        found = []
+        for line in data.split(b"\n"):
+            if not line.strip():
+                continue
+            with contextlib.suppress(orjson.JSONDecodeError):
+                found.append(orjson.loads(line))
+        return found
+
+    def state(self) -> dict[str, dict[str, Any]]:
+        """Each worktree's current state, from its events (removed ones are left out)."""
+        states: dict[str, dict[str, Any]] = {}
+        for event in self.events():
+            wt_id = event["id"]
+            kind = event["event"]
+            if kind == "allocated":
+                states[wt_id] = {
+                    **event,
+                    "created": event["at"],
+                    "session": event.get("session"),
+                    "last_activity": event["at"],
+                }
+                continue
+            state = states.get(wt_id)
+            if state is None:
+                continue
+            state["last_activity"] = event["at"]
+            if kind == "claimed":
+                state["session"] = event.get("session")
+            elif kind == "released":
+                state["session"] = None
+            elif kind == "retained":
+                state["retained"] = event.get("reason")
+            elif kind == "exported":
+                state["exported"] = {k: event.get(k) for k in ("envelope", "tree", "file")}
+            elif kind in ("cleaned", "pooled", "pruned", "missing"):
+                if kind == "missing":
+                    state["missing"] = True
+                else:
+                    states.pop(wt_id)
+        return states
