@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,8 +113,6 @@ def allocate(
         check_slug("session", session)
     ctx = open_context(repo, env)
     wt_id = f"{mission}/{worker}"
-    branch = f"dagrunner/{mission}/{worker}"
-    path = ctx.root / mission / worker
     probe = git(
         ["rev-parse", "--verify", "-q", f"{base}^{{commit}}"], cwd=ctx.info.root, check=False
     )
@@ -125,6 +124,33 @@ def allocate(
             hint="pass a branch, tag or commit id",
         )
     base_commit = probe.text
+    # Reading the main checkout's status walks it; do that while the worktree is made.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        dirty = pool.submit(_main_dirty, ctx)
+        result = _allocate_locked(
+            ctx, wt_id, mission, worker, base_commit, session, setup, setup_timeout
+        )
+        return {**result, "main_checkout_dirty": dirty.result(), **_dirty_note(dirty.result())}
+
+
+def _dirty_note(dirty: bool | None) -> dict[str, str]:
+    if not dirty:
+        return {}
+    return {"note": "the main checkout has uncommitted work; it is not in this worktree's base"}
+
+
+def _allocate_locked(
+    ctx: Context,
+    wt_id: str,
+    mission: str,
+    worker: str,
+    base_commit: str,
+    session: str | None,
+    setup: Sequence[str],
+    setup_timeout: float,
+) -> dict[str, Any]:
+    branch = f"dagrunner/{mission}/{worker}"
+    path = ctx.root / mission / worker
     with ctx.ledger.exclusive():
         existing = ctx.ledger.state().get(wt_id)
         if existing is not None and not existing.get("missing") and Path(existing["path"]).is_dir():
@@ -202,11 +228,14 @@ def allocate(
     )
 
 
+def _main_dirty(ctx: Context) -> bool | None:
+    """Whether the main checkout has uncommitted work (None for a bare repository)."""
+    if ctx.info.bare:
+        return None
+    return bool(git(["status", "--porcelain", "-z"], cwd=ctx.info.root, check=False).stdout)
+
+
 def _describe(ctx: Context, wt_id: str, state: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
-    main_dirty = None
-    if not ctx.info.bare:
-        status = git(["status", "--porcelain", "-z"], cwd=ctx.info.root, check=False)
-        main_dirty = bool(status.stdout)
     body = {
         "id": wt_id,
         "path": state["path"],
@@ -215,11 +244,8 @@ def _describe(ctx: Context, wt_id: str, state: Mapping[str, Any], **extra: Any) 
         "root": str(ctx.root),
         "session": state.get("session"),
         "created": state.get("created", state.get("at")),
-        "main_checkout_dirty": main_dirty,
         **extra,
     }
-    if main_dirty:
-        body["note"] = "the main checkout has uncommitted work; it is not in this worktree's base"
     return body
 
 
@@ -234,8 +260,10 @@ def _take_from_pool(ctx: Context, path: Path, branch: str, base: str, wt_id: str
         moved = git(["worktree", "move", str(entry), str(path)], cwd=ctx.info.root, check=False)
         if moved.returncode != 0:
             continue
-        _reset_clean(path, base)
-        git(["checkout", "-q", "-b", branch], cwd=path)
+        # One checkout both moves to the base (touching only files that differ, and
+        # discarding any change to tracked files) and makes the branch; clean drops the rest.
+        git(["checkout", "-q", "--force", "-B", branch, base], cwd=path)
+        git(["clean", "-q", "-ffdx"], cwd=path)
         git(["worktree", "lock", "--reason", f"dagrunner: {wt_id}", str(path)], cwd=ctx.info.root)
         return True
     return False
