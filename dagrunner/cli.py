@@ -190,6 +190,8 @@ def cmd_worktree(args: argparse.Namespace) -> int:
         body = wt.prune(
             idle_days=args.idle, dry_run=args.dry_run, repo=args.repo, target=args.target
         )
+    elif action == "export":
+        body = wt.export(args.id, output=args.output, repo=args.repo)
     else:  # pragma: no cover - argparse restricts the choices
         raise AssertionError(action)
     if args.json:
@@ -211,6 +213,60 @@ def cmd_worktree(args: argparse.Namespace) -> int:
     else:
         _print_pairs(body)
     return ExitCode.OK
+
+
+# -- integrate ---------------------------------------------------------------------
+
+
+def cmd_integrate(args: argparse.Namespace) -> int:
+    from dagrunner.doctor import repo_info
+    from dagrunner.integration import integrate, queue_status
+    from dagrunner.queue import submit
+
+    action = args.integrate_command
+    if action == "submit":
+        submitted = submit(repo_info(args.repo), args.envelopes)
+        if args.json:
+            emit_json({"submitted": submitted})
+        for item in [] if args.json else submitted:
+            note = " (already queued)" if item["duplicate"] else ""
+            print(f"{item['position']:>4}  {item['id']}{note}")
+        return ExitCode.OK
+    if action == "status":
+        status = queue_status(repo=args.repo)
+        if args.json:
+            emit_json(status)
+        for item in [] if args.json else status["envelopes"]:
+            print(f"{item['id']:<50} {item.get('state')}")
+        return ExitCode.OK
+    result = integrate(
+        repo=args.repo,
+        target=args.target,
+        manifest=args.manifest,
+        batch=args.batch,
+        wait=not args.no_wait,
+    )
+    body = result.to_json()
+    if args.json:
+        emit_json(body)
+    else:
+        for item in body["envelopes"]:
+            extra = item.get("commit") or ", ".join(
+                item.get("conflicts") or item.get("failed_gates") or []
+            )
+            print(f"{item['state']:<13} {item['id']}  {extra or item.get('reason', '')}")
+        print(
+            f"{body['target']}: {body['start'][:12]} -> {body['end'][:12]}; "
+            f"{body['gate_runs']} gate run(s); report {body['report_dir']}"
+        )
+        if result.land_blocked:
+            blocked = result.land_blocked
+            print(
+                f"LANDING REFUSED ({blocked['code']}): {blocked['reason']} in {blocked['checkout']}"
+            )
+        if result.target_moving:
+            print("target-moving: the target kept moving; the rest stays queued")
+    return ExitCode.OK if result.ok else ExitCode.FAILED
 
 
 # -- report ----------------------------------------------------------------------
@@ -328,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     cu.add_argument(
         "--force", action="store_true", help="remove even with work (saved on a backup ref)"
     )
+    exp = wt_sub.add_parser("export", parents=[common, repo_opt], help="write its patch envelope")
+    exp.add_argument("id")
+    exp.add_argument("-o", "--output", type=Path, help="default: .git/dagrunner/exports/<id>.json")
     pn = wt_sub.add_parser(
         "prune", parents=[common, repo_opt, target_opt], help="drop stale worktrees"
     )
@@ -336,6 +395,28 @@ def build_parser() -> argparse.ArgumentParser:
     wt.set_defaults(handler=cmd_worktree)
     for parser_ in wt_sub.choices.values():
         parser_.set_defaults(handler=cmd_worktree)
+
+    ig = sub.add_parser("integrate", help="the integration queue")
+    ig_sub = ig.add_subparsers(dest="integrate_command", required=True)
+    sb = ig_sub.add_parser("submit", parents=[common, repo_opt], help="queue patch envelopes")
+    sb.add_argument("envelopes", nargs="+", type=Path, metavar="ENVELOPE")
+    ir = ig_sub.add_parser("run", parents=[common, repo_opt], help="apply, gate and land the queue")
+    ir.add_argument("--target", help="branch to land on (default: the main checkout's branch)")
+    ir.add_argument(
+        "--manifest", type=Path, help="gates to run (default: manifests/release.toml of the target)"
+    )
+    ir.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=1,
+        help="envelopes gated together (bisected on failure)",
+    )
+    ir.add_argument(
+        "--no-wait", action="store_true", help="fail instead of waiting for another integrator"
+    )
+    ig_sub.add_parser("status", parents=[common, repo_opt], help="every envelope's state")
+    for parser_ in ig_sub.choices.values():
+        parser_.set_defaults(handler=cmd_integrate)
 
     ca = sub.add_parser("cache", help="explain or prune the gate cache")
     ca_sub = ca.add_subparsers(dest="cache_command", required=True)

@@ -8,6 +8,9 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 
 def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
@@ -38,6 +41,32 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def append_line(path: Path, line: bytes) -> None:
+    """Append one line with a single write under an exclusive lock, then fsync: never torn."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line if line.endswith(b"\n") else line + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file; a line a crash cut short is skipped."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in data.split(b"\n"):
+        if line.strip():
+            with contextlib.suppress(orjson.JSONDecodeError):
+                found.append(orjson.loads(line))
+    return found
 
 
 def _umask() -> int:

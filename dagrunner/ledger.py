@@ -2,8 +2,8 @@
 
 Lives under the repository's common git dir (``.git/dagrunner/allocations.jsonl``).
 Each event is one line written with a single ``write`` under an exclusive lock
-and fsynced, so a reader never sees a torn line (and skips, with a warning, a
-line a crash cut short).  The current state of each worktree is the fold of
+and fsynced, so a reader never sees a torn line (and skips a line a crash cut
+short).  The current state of each worktree is the fold of
 its events.
 """
 
@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from dagrunner.fsutil import locked
+from dagrunner.fsutil import append_line, locked, read_lines
 
 EVENTS = {
     "allocated",
@@ -52,29 +50,11 @@ class Ledger:
     def append(self, event: str, wt_id: str, **fields: Any) -> dict[str, Any]:
         assert event in EVENTS, event
         record = {"at": now(), "event": event, "id": wt_id, **fields}
-        line = orjson.dumps(record) + b"\n"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_line(self.path, orjson.dumps(record))
         return record
 
     def events(self) -> list[dict[str, Any]]:
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return []
-        found = []
-        for line in data.split(b"\n"):
-            if not line.strip():
-                continue
-            with contextlib.suppress(orjson.JSONDecodeError):
-                found.append(orjson.loads(line))
-        return found
+        return read_lines(self.path)
 
     def state(self) -> dict[str, dict[str, Any]]:
         """Each worktree's current state, from its events (removed ones are left out)."""

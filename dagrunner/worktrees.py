@@ -592,7 +592,9 @@ def _cleanup(
     target: str,
     env: Mapping[str, str],
     keep_unlanded_branch: bool = False,
+    assume_landed: bool = False,
 ) -> dict[str, Any]:
+    """``assume_landed``: the caller checked that everything the worktree holds has landed."""
     path, branch = Path(state["path"]), state["branch"]
     if not path.is_dir():
         git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
@@ -614,9 +616,9 @@ def _cleanup(
             hint="stop those processes (or leave their directory) first",
         )
     info = _status(ctx, wt_id, state, target)
-    landed = bool(info["integrated"])
+    landed = bool(info["integrated"]) or assume_landed
     problems = []
-    if not info["clean"]:
+    if not info["clean"] and not assume_landed:
         problems.append(
             f"uncommitted work ({info['staged']} staged, {info['unstaged']} unstaged, "
             f"{info['untracked']} untracked{', rebase or merge in progress' if info['rebase_in_progress'] or info['merge_in_progress'] else ''})"
@@ -764,3 +766,47 @@ def prune(
                     keep_unlanded_branch=not info["integrated"],
                 )
     return {"dry_run": dry_run, "removed": removed, "retained": retained}
+
+
+# -- export ---------------------------------------------------------------------------------
+
+
+def export(wt_id: str, *, output: Path | None = None, repo: Path | None = None) -> dict[str, Any]:
+    """Write the patch envelope of everything the worktree did since its base.
+
+    Read-only for the worktree.  Returns a summary with the envelope's path.
+    """
+    from dagrunner.envelope import export_worktree, write_envelope
+
+    mission, worker = split_id(wt_id)
+    ctx = open_context(repo)
+    state = _state(ctx, wt_id)
+    path = Path(state["path"])
+    if not path.is_dir():
+        raise DagrunnerError(
+            "worktree-missing",
+            f"the directory of {wt_id} is gone",
+            where=str(path),
+            hint="nothing to export; `worktree prune` drops the record",
+        )
+    envelope = export_worktree(
+        path, mission=mission, worker=worker, base=state["base"], session=state.get("session")
+    )
+    target = output or ctx.info.state_dir / "exports" / f"{envelope.id}.json"
+    write_envelope(envelope, target)
+    ctx.ledger.append(
+        "exported", wt_id, envelope=envelope.id, tree=envelope.fields["tree"], file=str(target)
+    )
+    fields = envelope.fields
+    return {
+        "id": envelope.id,
+        "file": str(target),
+        "worktree": wt_id,
+        "empty": fields["empty"],
+        "base": fields["base"],
+        "head": fields["head"],
+        "tree": fields["tree"],
+        "changed_files": len(fields["changed_files"]),
+        "diff_bytes": fields["diff_bytes"],
+        "diff_sha256": fields["diff_sha256"],
+    }
