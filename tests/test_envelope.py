@@ -1,0 +1,180 @@
+"""Patch envelopes from real worktrees: every kind of change travels; every bad envelope is refused."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import git, run_json
+
+from dagrunner import worktrees as wt
+from dagrunner.envelope import SCHEMA, load_envelope, parse_envelope
+from dagrunner.errors import DagrunnerError
+
+
+@pytest.fixture
+def worker(repo: Path) -> Path:
+    (repo / "src").mkdir()
+    (repo / "src" / "keep.txt").write_text("keep\n")
+    (repo / "src" / "gone.txt").write_text("delete me\n")
+    (repo / "src" / "move me.txt").write_text("moving\n" * 20)
+    (repo / "tool.sh").write_text("#!/bin/sh\necho hi\n")
+    (repo / "blob.bin").write_bytes(bytes(range(256)))
+    (repo / ".gitignore").write_text("reports/\n*.log\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    return Path(wt.allocate(mission="m", worker="w", repo=repo)["path"])
+
+
+def make_every_change(path: Path) -> None:
+    (path / "committed.txt").write_text("committed\n")
+    git(path, "add", "committed.txt")
+    git(path, "commit", "-q", "-m", "worker commit")
+    (path / "staged.txt").write_text("staged\n")
+    git(path, "add", "staged.txt")
+    (path / "src" / "keep.txt").write_text("keep, edited\n")  # unstaged
+    (path / "src" / "gone.txt").unlink()
+    git(path, "mv", "src/move me.txt", "src/moved é.txt")
+    os.chmod(path / "tool.sh", 0o755)
+    (path / "link").symlink_to("src/keep.txt")
+    (path / "blob.bin").write_bytes(bytes(reversed(range(256))) + b"\x00\xff")
+    (path / "untracked dir").mkdir()
+    (path / "untracked dir" / "new ü.txt").write_text("untracked\n")
+    (path / "noise.log").write_text("ignored\n")
+
+
+def export(repo: Path, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    summary = wt.export("m/w", output=tmp_path / "env.json", repo=repo)
+    return summary, orjson.loads((tmp_path / "env.json").read_bytes())
+
+
+def test_every_kind_of_change_travels(repo: Path, worker: Path, tmp_path: Path) -> None:
+    make_every_change(worker)
+    status_before = git(worker, "status", "--porcelain=v2")
+    index = Path(git(worker, "rev-parse", "--path-format=absolute", "--git-path", "index").strip())
+    index_before = index.read_bytes()
+    summary, fields = export(repo, tmp_path)
+    assert git(worker, "status", "--porcelain=v2") == status_before, "export must be read-only"
+    assert index.read_bytes() == index_before, "export must not touch the worker's index"
+    assert fields["schema"] == SCHEMA and not fields["empty"]
+    kinds = {c["path"]: c for c in fields["changed_files"]}
+    assert kinds["committed.txt"]["kind"] == "added"
+    assert kinds["staged.txt"]["kind"] == "added"
+    assert kinds["src/keep.txt"]["kind"] == "modified"
+    assert kinds["src/gone.txt"]["kind"] == "deleted"
+    assert kinds["src/moved é.txt"]["kind"] == "renamed"
+    assert kinds["src/moved é.txt"]["old_path"] == "src/move me.txt"
+    assert kinds["tool.sh"]["mode"] == "100755" and kinds["tool.sh"]["old_mode"] == "100644"
+    assert kinds["link"]["symlink"] is True
+    assert kinds["blob.bin"]["binary"] is True
+    assert "untracked dir/new ü.txt" in kinds
+    assert "noise.log" not in kinds  # gitignored files stay behind
+    diff = (
+        fields["diff"].encode()
+        if fields["diff_encoding"] == "utf-8"
+        else base64.b64decode(fields["diff"])
+    )
+    assert hashlib.sha256(diff).hexdigest() == fields["diff_sha256"] == summary["diff_sha256"]
+    assert b"GIT binary patch" in diff and b"index " in diff
+    # the full state applies onto the base and reproduces the worker's tree exactly
+    check = tmp_path / "check"
+    git(repo, "worktree", "add", "-q", "--detach", str(check), fields["base"])
+    (tmp_path / "p.diff").write_bytes(diff)
+    git(check, "apply", "--index", str(tmp_path / "p.diff"))
+    assert git(check, "write-tree").strip() == fields["tree"]
+    assert any(e["event"] == "exported" for e in wt.open_context(repo).ledger.events())
+
+
+def test_large_diff_is_never_truncated(repo: Path, worker: Path, tmp_path: Path) -> None:
+    (worker / "big.txt").write_text("".join(f"line {i} of a large change\n" for i in range(60_000)))
+    _, fields = export(repo, tmp_path)
+    assert fields["diff_bytes"] > 1_300_000
+    assert len(fields["diff"].encode()) == fields["diff_bytes"]
+    load_envelope(tmp_path / "env.json")
+
+
+def test_untouched_worktree_exports_an_empty_envelope(
+    repo: Path, worker: Path, tmp_path: Path
+) -> None:
+    summary, fields = export(repo, tmp_path)
+    assert summary["empty"] is True and fields["changed_files"] == [] and fields["diff"] == ""
+
+
+def tamper(path: Path, **changes: Any) -> Path:
+    fields = orjson.loads(path.read_bytes())
+    fields.update(changes)
+    path.write_bytes(orjson.dumps(fields))
+    return path
+
+
+def rehash(path: Path, diff: bytes) -> Path:
+    """A forged envelope whose hash is consistent with its (malicious) diff."""
+    return tamper(
+        path,
+        diff=diff.decode(),
+        diff_encoding="utf-8",
+        diff_bytes=len(diff),
+        diff_sha256=hashlib.sha256(diff).hexdigest(),
+    )
+
+
+EVIL = {
+    "outside": b"diff --git a/../escape.txt b/../escape.txt\nnew file mode 100644\n--- /dev/null\n+++ b/../escape.txt\n@@ -0,0 +1 @@\n+x\n",
+    "absolute": b"diff --git a//etc/passwd b//etc/passwd\n--- a//etc/passwd\n+++ b//etc/passwd\n@@ -1 +1 @@\n-a\n+b\n",
+    "dotgit": b"diff --git a/.git/config b/.git/config\n--- a/.git/config\n+++ b/.git/config\n@@ -1 +1 @@\n-a\n+b\n",
+    "dotgit-nested": b'diff --git "a/sub/.GIT/hooks/post" "b/sub/.GIT/hooks/post"\nnew file mode 100755\n--- /dev/null\n+++ "b/sub/.GIT/hooks/post"\n@@ -0,0 +1 @@\n+x\n',
+}
+
+
+@pytest.mark.parametrize("case", sorted(EVIL))
+def test_paths_that_escape_are_rejected(
+    repo: Path, worker: Path, tmp_path: Path, case: str
+) -> None:
+    (worker / "x.txt").write_text("x\n")
+    export(repo, tmp_path)
+    with pytest.raises(DagrunnerError) as info:
+        load_envelope(rehash(tmp_path / "env.json", EVIL[case]))
+    assert info.value.code == "envelope-path"
+
+
+def test_path_through_a_created_symlink_is_rejected(
+    repo: Path, worker: Path, tmp_path: Path
+) -> None:
+    (worker / "out").symlink_to("/tmp")
+    export(repo, tmp_path)
+    fields = orjson.loads((tmp_path / "env.json").read_bytes())
+    fields["changed_files"].append({"path": "out/evil.txt", "kind": "added", "symlink": False})
+    (tmp_path / "env.json").write_bytes(orjson.dumps(fields))
+    with pytest.raises(DagrunnerError) as info:
+        load_envelope(tmp_path / "env.json")
+    assert info.value.code == "envelope-symlink"
+
+
+def test_each_rejection_has_its_code(
+    repo: Path, worker: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (worker / "x.txt").write_text("x\n")
+    export(repo, tmp_path)
+    good = (tmp_path / "env.json").read_bytes()
+    cases = {
+        "envelope-hash": lambda p: tamper(p, diff=orjson.loads(good)["diff"].replace("+x", "+y")),
+        "envelope-schema": lambda p: tamper(p, schema="other/9"),
+        "envelope-field": lambda p: tamper(p, base="not-a-sha"),
+        "envelope-unreadable": lambda p: p.write_bytes(good[: len(good) // 2]) and p,
+    }
+    for code, damage in cases.items():
+        path = tmp_path / f"{code}.json"
+        path.write_bytes(good)
+        damage(path)
+        exit_code, body = run_json(capsys, "integrate", "submit", str(path), "--repo", str(repo))
+        assert exit_code == 2 and body["error"]["code"] == code, (code, body)
+    with pytest.raises(DagrunnerError) as info:
+        parse_envelope(good, limit=10)
+    assert info.value.code == "envelope-too-large"
+    code, body = run_json(capsys, "integrate", "status", "--repo", str(repo))
+    assert body["envelopes"] == [], "a rejected envelope must not be queued"

@@ -1,0 +1,302 @@
+"""The integration queue end to end on real repositories: apply, gate, land, bisect, recover."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import git, run_json
+
+from dagrunner import worktrees as wt
+from dagrunner.doctor import repo_info
+from dagrunner.integration import TRAILER, integrate, integrator_lock
+from dagrunner.queue import Queue, submit
+
+GATE = """
+[gates.check]
+run = "! grep -rq BROKEN --include=*.txt ."
+"""
+
+
+@pytest.fixture
+def project(repo: Path) -> Path:
+    (repo / "manifests").mkdir()
+    (repo / "manifests" / "release.toml").write_text(GATE)
+    (repo / "shared.txt").write_text("one\ntwo\nthree\n")
+    (repo / "logo.bin").write_bytes(bytes(range(256)) * 4)
+    (repo / "old name.txt").write_text("rename me\n" * 5)
+    (repo / "run.sh").write_text("#!/bin/sh\necho run\n")
+    (repo / "obsolete.txt").write_text("delete me\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "project")
+    return repo
+
+
+def worker(repo: Path, name: str, change: Any) -> Path:
+    """Allocate, change, export; the envelope's path."""
+    path = Path(wt.allocate(mission="swarm", worker=name, repo=repo, session=name)["path"])
+    change(path)
+    out = path.parent / f"{name}.envelope.json"
+    wt.export(f"swarm/{name}", output=out, repo=repo)
+    return out
+
+
+def independent_1(path: Path) -> None:
+    (path / "feature-one.txt").write_text("one\n")
+
+
+def independent_2(path: Path) -> None:
+    (path / "shared.txt").write_text("one\nTWO from w2\nthree\n")
+    git(path, "add", "shared.txt")
+    git(path, "commit", "-q", "-m", "w2 edits line two")
+
+
+def same_lines(path: Path) -> None:
+    (path / "shared.txt").write_text("one\nTWO from w3\nthree\n")
+
+
+def everything(path: Path) -> None:
+    (path / "logo.bin").write_bytes(bytes(reversed(range(256))) * 4)
+    git(path, "mv", "old name.txt", "new näme.txt")
+    os.chmod(path / "run.sh", 0o755)
+    (path / "obsolete.txt").unlink()
+    (path / "docs").mkdir()
+    (path / "docs" / "added one.txt").write_text("untracked 1\n")
+    (path / "docs" / "added two.txt").write_text("untracked 2\n")
+
+
+def breaks_gate(path: Path) -> None:
+    (path / "bad.txt").write_text("BROKEN\n")
+
+
+def states(repo: Path) -> dict[str, str]:
+    return {e["id"].split(".")[1]: e["state"] for e in Queue.of(repo_info(repo)).entries().values()}
+
+
+def trailers(repo: Path) -> list[str]:
+    log = git(repo, "log", f"--format=%(trailers:key={TRAILER},valueonly)", "main")
+    return [line for line in log.split("\n") if line.strip()]
+
+
+def expected_tree(repo: Path, base: str, envelopes: list[Path], tmp: Path) -> str:
+    check = tmp / "expected"
+    git(repo, "worktree", "add", "-q", "--detach", str(check), base)
+    for path in envelopes:
+        diff = orjson.loads(path.read_bytes())["diff"].encode()
+        (tmp / "p.diff").write_bytes(diff)
+        git(check, "apply", "--index", str(tmp / "p.diff"))
+    return git(check, "write-tree").strip()
+
+
+def test_five_workers_scenario(
+    project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = git(project, "rev-parse", "HEAD").strip()
+    changes = {
+        "w1": independent_1,
+        "w2": independent_2,
+        "w3": same_lines,
+        "w4": everything,
+        "w5": breaks_gate,
+    }
+    envelopes: dict[str, Path] = {}
+
+    def run_worker(name: str) -> None:
+        envelopes[name] = worker(project, name, changes[name])
+
+    threads = [threading.Thread(target=run_worker, args=(name,)) for name in changes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(envelopes) == set(changes)
+    submit(repo_info(project), [envelopes[n] for n in sorted(envelopes)])
+    code, body = run_json(capsys, "integrate", "run", "--repo", str(project))
+    assert code == 0, body
+    assert states(project) == {
+        "w1": "landed",
+        "w2": "landed",
+        "w3": "conflict",
+        "w4": "landed",
+        "w5": "gates-failed",
+    }
+    outcome = {e["worker"]: e for e in body["envelopes"]}
+    assert outcome["w3"]["conflicts"] == ["shared.txt"] and "TWO from w3" in outcome["w3"]["hunks"]
+    assert outcome["w5"]["failed_gates"] == ["check"] and Path(outcome["w5"]["report"]).is_dir()
+    assert outcome["w1"]["commit"] and body["gate_runs"] == 4
+    # the target holds exactly the landed work, and its gates pass there
+    landed = [envelopes[n] for n in ("w1", "w2", "w4")]
+    assert git(project, "rev-parse", "main^{tree}").strip() == expected_tree(
+        project, base, landed, tmp_path
+    )
+    assert sorted(t.split(".")[1] for t in trailers(project)) == ["w1", "w2", "w4"]
+    assert not (project / "bad.txt").exists()
+    assert os.access(project / "run.sh", os.X_OK) and (project / "new näme.txt").exists()
+    # the main checkout (target checked out, clean) ends clean at the new head
+    assert git(project, "status", "--porcelain") == ""
+    assert git(project, "rev-parse", "HEAD").strip() == body["end"]
+    # landed workers are cleaned up; the others keep their work
+    left = {w["id"] for w in wt.list_worktrees(repo=project)}
+    assert left == {"swarm/w3", "swarm/w5"}
+    html = (Path(body["report_dir"]) / "gates-04" / "index.html").read_text()
+    assert 'id="integration"' in html and "conflicting: shared.txt" in html
+
+
+def test_dirty_target_checkout_refuses_landing(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    envelope = worker(project, "w1", independent_1)
+    submit(repo_info(project), [envelope])
+    (project / "shared.txt").write_text("my uncommitted edit\n")
+    head = git(project, "rev-parse", "main").strip()
+    code, body = run_json(capsys, "integrate", "run", "--repo", str(project))
+    assert code == 1
+    assert body["land_blocked"]["code"] == "target-checkout-dirty"
+    assert (project / "shared.txt").read_text() == "my uncommitted edit\n"
+    assert git(project, "rev-parse", "main").strip() == head
+    assert states(project) == {"w1": "queued"}
+    (project / "shared.txt").write_text("one\ntwo\nthree\n")
+    assert integrate(repo=project).ok and states(project) == {"w1": "landed"}
+
+
+def test_duplicate_submission_queues_once(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    envelope = worker(project, "w1", independent_1)
+    code, body = run_json(
+        capsys, "integrate", "submit", str(envelope), str(envelope), "--repo", str(project)
+    )
+    assert code == 0
+    assert [s["duplicate"] for s in body["submitted"]] == [False, True]
+    code, body = run_json(capsys, "integrate", "submit", str(envelope), "--repo", str(project))
+    assert body["submitted"][0]["duplicate"] is True and body["submitted"][0]["position"] == 1
+    assert len(Queue.of(repo_info(project)).entries()) == 1
+
+
+def test_concurrent_submitters(project: Path) -> None:
+    envelopes = [
+        worker(project, f"w{i}", lambda p, i=i: (p / f"f{i}.txt").write_text(f"{i}\n"))
+        for i in range(6)
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "dagrunner", "integrate", "submit", str(e), "--json"],
+            cwd=project,
+            stdout=subprocess.PIPE,
+        )
+        for e in envelopes + envelopes
+    ]
+    for proc in procs:
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+    assert len(Queue.of(repo_info(project)).entries()) == 6
+
+
+def test_batch_bisects_to_the_culprit(project: Path) -> None:
+    names = ["b1", "b2", "b3", "b4"]
+    changes = {
+        "b1": independent_1,
+        "b2": lambda p: (p / "two.txt").write_text("2\n"),
+        "b3": lambda p: (p / "three.txt").write_text("3\n"),
+        "b4": breaks_gate,
+    }
+    submit(repo_info(project), [worker(project, n, changes[n]) for n in names])
+    result = integrate(repo=project, batch=4)
+    assert states(project) == {"b1": "landed", "b2": "landed", "b3": "landed", "b4": "gates-failed"}
+    # [b1..b4] fails; [b1 b2] passes and lands; [b3 b4] fails; [b3] lands; [b4] fails
+    assert result.gate_runs == 5
+    assert sorted(t.split(".")[1] for t in trailers(project)) == ["b1", "b2", "b3"]
+
+
+def mover_gate(repo: Path, once: bool, marker: Path) -> str:
+    guard = f"[ -e '{marker}' ] && exit 0; touch '{marker}'; " if once else ""
+    return f"""
+[gates.move-target]
+run = "{guard}git -C '{repo}' -c user.name=m -c user.email=m@m commit -q --allow-empty -m moved"
+"""
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_target_moving_during_integration(project: Path, tmp_path: Path, once: bool) -> None:
+    manifest = tmp_path / "mover.toml"
+    manifest.write_text(mover_gate(project, once, tmp_path / "moved-once"))
+    submit(repo_info(project), [worker(project, "w1", independent_1)])
+    result = integrate(repo=project, manifest=manifest)
+    if once:
+        assert result.ok and result.rebuilds == 1
+        assert states(project) == {"w1": "landed"}
+        assert git(project, "log", "-1", "--format=%s", "main^").strip() == "moved"
+        assert git(project, "status", "--porcelain") == ""
+    else:
+        assert result.target_moving and not result.ok
+        assert states(project) == {"w1": "queued"}
+        assert trailers(project) == []
+
+
+def test_second_integrator_says_who_holds_the_lock(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = repo_info(project).state_dir / "integrate-main.lock"
+    with integrator_lock(lock, wait=False):
+        code, body = run_json(capsys, "integrate", "run", "--no-wait", "--repo", str(project))
+    assert code == 4 and body["error"]["code"] == "integrator-busy"
+    assert f"pid {os.getpid()}" in body["error"]["message"]
+
+
+def test_envelope_tampered_in_the_queue_is_rejected(project: Path) -> None:
+    envelope = worker(project, "w1", independent_1)
+    (entry,) = submit(repo_info(project), [envelope])
+    stored = Queue.of(repo_info(project)).envelope_path(entry["id"])
+    fields = orjson.loads(stored.read_bytes())
+    fields["diff"] = fields["diff"].replace("+one", "+evil")
+    stored.write_bytes(orjson.dumps(fields))
+    result = integrate(repo=project)
+    assert result.envelopes[0]["state"] == "rejected"
+    assert result.envelopes[0]["reason"].startswith("envelope-hash")
+    assert trailers(project) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["applying", "gating", "landing", "landed-ref"])
+def test_sigkill_then_rerun(project: Path, point: str) -> None:
+    envelopes = [
+        worker(project, f"k{i}", lambda p, i=i: (p / f"k{i}.txt").write_text(f"{i}\n"))
+        for i in range(3)
+    ]
+    envelopes.append(worker(project, "kbad", breaks_gate))
+    submit(repo_info(project), envelopes)
+    crashed = subprocess.run(
+        [sys.executable, "-m", "dagrunner", "integrate", "run", "--json"],
+        cwd=project,
+        env={**os.environ, "DAGRUNNER_CRASH_AT": point},
+        capture_output=True,
+        check=False,
+    )
+    assert crashed.returncode == -9, crashed.stderr.decode()
+    rerun = subprocess.run(
+        [sys.executable, "-m", "dagrunner", "integrate", "run", "--json"],
+        cwd=project,
+        capture_output=True,
+        check=False,
+    )
+    assert rerun.returncode == 0, rerun.stderr.decode()
+    assert states(project) == {
+        "k0": "landed",
+        "k1": "landed",
+        "k2": "landed",
+        "kbad": "gates-failed",
+    }
+    ids = trailers(project)
+    assert len(ids) == len(set(ids)) == 3, f"duplicated or missing commits: {ids}"
+    assert git(project, "status", "--porcelain") == ""
+    assert git(project, "rev-parse", "HEAD").strip() == git(project, "rev-parse", "main").strip()
+    gate = subprocess.run(
+        ["sh", "-c", "! grep -rq BROKEN --include=*.txt ."], cwd=project, check=False
+    )
+    assert gate.returncode == 0
