@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,11 +162,15 @@ def test_each_rejection_has_its_code(
     (worker / "x.txt").write_text("x\n")
     export(repo, tmp_path)
     good = (tmp_path / "env.json").read_bytes()
-    cases = {
+
+    def cut(path: Path) -> None:
+        path.write_bytes(good[: len(good) // 2])
+
+    cases: dict[str, Callable[[Path], object]] = {
         "envelope-hash": lambda p: tamper(p, diff=orjson.loads(good)["diff"].replace("+x", "+y")),
         "envelope-schema": lambda p: tamper(p, schema="other/9"),
         "envelope-field": lambda p: tamper(p, base="not-a-sha"),
-        "envelope-unreadable": lambda p: p.write_bytes(good[: len(good) // 2]) and p,
+        "envelope-unreadable": cut,
     }
     for code, damage in cases.items():
         path = tmp_path / f"{code}.json"
@@ -176,5 +181,5 @@ def test_each_rejection_has_its_code(
     with pytest.raises(DagrunnerError) as info:
         parse_envelope(good, limit=10)
     assert info.value.code == "envelope-too-large"
-    code, body = run_json(capsys, "integrate", "status", "--repo", str(repo))
-    assert body["envelopes"] == [], "a rejected envelope must not be queued"
+    _, status = run_json(capsys, "integrate", "status", "--repo", str(repo))
+    assert status["envelopes"] == [], "a rejected envelope must not be queued"
