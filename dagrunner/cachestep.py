@@ -34,7 +34,7 @@ class RunCache:
         self.store = store or Store()
         self.snapshot_files = 0
         self.hashed_files = 0
-        if any(spec(graph, n).inputs for n in graph.nodes):
+        if any(spec(graph, n).inputs and spec(graph, n).kind == "gate" for n in graph.nodes):
             snapshot = take_snapshot(repo)
             self.snapshot_files, self.hashed_files = len(snapshot.paths), snapshot.hashed
             self.keys = compute_keys(manifest, graph, snapshot, envs, repo)

@@ -14,7 +14,7 @@ from typing import Any, TypeAlias
 import networkx as nx
 
 from dagrunner.errors import DagrunnerError
-from dagrunner.manifest import DEFAULT_ESTIMATE, GateSpec, Manifest
+from dagrunner.manifest import DEFAULT_ESTIMATE, LAND_PREFIX, GateSpec, Manifest
 
 Graph: TypeAlias = "nx.DiGraph[str]"  # nodes are gate ids with a "spec" attribute
 
@@ -33,9 +33,9 @@ def build_graph(manifest: Manifest) -> Graph:
             if need not in manifest.gates:
                 raise DagrunnerError(
                     "manifest-unknown-dependency",
-                    f"gate {gate.id!r} needs {need!r}, which is not defined",
+                    f"{gate.kind} {gate.id!r} needs {need!r}, which is not defined",
                     where=str(manifest.path),
-                    key=f"gates.{gate.id}.needs",
+                    key=f"{manifest_key(gate)}.needs",
                     hint=f"define [gates.{need}] or remove it from needs; "
                     f"defined: {', '.join(sorted(manifest.gates))}",
                 )
@@ -43,15 +43,53 @@ def build_graph(manifest: Manifest) -> Graph:
     try:
         cycle = nx.find_cycle(graph)
     except nx.NetworkXNoCycle:
+        _check_kinds(manifest, graph)
         return graph
     names = [edge[0] for edge in cycle] + [cycle[0][0]]
     raise DagrunnerError(
         "manifest-cycle",
         f"the gates depend on each other in a cycle: {' -> '.join(names)}",
         where=str(manifest.path),
-        key=f"gates.{cycle[0][1]}.needs",
+        key=f"{manifest_key(spec(graph, cycle[0][1]))}.needs",
         hint="remove one of these needs so the order has a start",
     )
+
+
+def manifest_key(gate: GateSpec) -> str:
+    """Where ``gate`` is defined in the manifest, for error messages (``gates.lint``)."""
+    section = {"gate": "gates", "worker": "workers", "integrate": "integrate", "land": "land"}
+    return f"{section[gate.kind]}.{gate.id.removeprefix(LAND_PREFIX)}"
+
+
+def _check_kinds(manifest: Manifest, graph: Graph) -> None:
+    """Workers feed integrate nodes; gates that depend on one run in its worktree."""
+    for node in graph.nodes:
+        gate = spec(graph, node)
+        wrong = None
+        if gate.kind == "integrate":
+            wrong = next((n for n in gate.needs if spec(graph, n).kind != "worker"), None)
+            why = "an integrate node needs only workers"
+        elif gate.kind == "worker":
+            wrong = next(
+                (n for n in gate.needs if spec(graph, n).kind in ("integrate", "land")), None
+            )
+            why = "a worker cannot wait for an integration"
+        elif gate.kind == "gate" and len(integrations_above(graph, node)) > 1:
+            wrong = integrations_above(graph, node)[1]
+            why = "a gate can run inside one integration worktree only"
+        if wrong is not None:
+            raise DagrunnerError(
+                "manifest-value",
+                f"{gate.kind} {gate.id!r} needs {wrong!r}: {why}",
+                where=str(manifest.path),
+                key=f"{manifest_key(gate)}.needs",
+                hint="see docs/manifest.md (workers, integrate, land)",
+            )
+
+
+def integrations_above(graph: Graph, node: str) -> list[str]:
+    """The integrate nodes ``node`` depends on (directly or not)."""
+    return sorted(n for n in nx.ancestors(graph, node) if spec(graph, n).kind == "integrate")
 
 
 def spec(graph: Graph, node: str) -> GateSpec:

@@ -37,7 +37,6 @@ from dagrunner.ledger import Ledger, now
 from dagrunner.manifest import DEFAULT_MANIFEST, load_manifest
 from dagrunner.queue import FINAL, Queue, same_repository
 from dagrunner.records import RunStatus
-from dagrunner.runner import RunOptions, release_check
 from dagrunner.snapshot import state_tree
 from dagrunner.worktrees import Context, open_context
 
@@ -381,6 +380,8 @@ class Integrator:
         return None
 
     def gate(self) -> tuple[bool, list[str], str]:
+        from dagrunner.runner import RunOptions, release_check  # runner -> swarm -> here
+
         self.result.gate_runs += 1
         run_dir = self.reports / f"gates-{self.result.gate_runs:02d}"
         record, _ = release_check(

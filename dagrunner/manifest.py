@@ -55,6 +55,14 @@ class GateSpec:
     max_duration: float | None = None
     log_limit: int = DEFAULT_LOG_LIMIT
     description: str = ""
+    kind: str = "gate"  # gate | worker | integrate | land
+    base: str = "HEAD"  # worker: the commit its worktree starts from
+    target: str | None = None  # integrate: the branch to land on (default: the checked-out one)
+    queue: bool = False  # integrate: also take envelopes already on the queue
+
+
+KINDS = ("gate", "worker", "integrate", "land")
+LAND_PREFIX = "land:"  # graph id of [land.Y]; ':' cannot appear in a manifest id
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,15 +301,8 @@ def _read_budget(table: _Table) -> BudgetSpec:
     return spec
 
 
-def _read_gate(gate_id: str, table: _Table, defaults: GateSpec) -> GateSpec:
-    if not _ID.fullmatch(gate_id):
-        raise DagrunnerError(
-            "manifest-bad-id",
-            f"gate id {gate_id!r} is not a safe name",
-            where=table.file,
-            key=table.key,
-            hint="use letters, digits, '_', '-' and '.', starting with a letter or digit",
-        )
+def _read_gate(gate_id: str, table: _Table, defaults: GateSpec, kind: str = "gate") -> GateSpec:
+    _check_id(gate_id, table)
     if "run" not in table.data:
         raise DagrunnerError(
             "manifest-empty-run",
@@ -339,6 +340,8 @@ def _read_gate(gate_id: str, table: _Table, defaults: GateSpec) -> GateSpec:
         max_duration=table.take("max_duration", _duration, None),
         log_limit=table.take("log_limit", _size, defaults.log_limit),
         description=table.take("description", _string, ""),
+        kind=kind,
+        base=table.take("base", _string, "HEAD") if kind == "worker" else "HEAD",
     )
     table.finish()
     if len(set(spec.needs)) != len(spec.needs):
@@ -349,6 +352,63 @@ def _read_gate(gate_id: str, table: _Table, defaults: GateSpec) -> GateSpec:
             key=table.path("needs"),
             hint="list each gate once",
         )
+    return spec
+
+
+def _boolean(raw: Any) -> bool:
+    if not isinstance(raw, bool):
+        raise _TypeMismatch("true or false")
+    return raw
+
+
+def _check_id(node_id: str, table: _Table) -> None:
+    if not _ID.fullmatch(node_id):
+        raise DagrunnerError(
+            "manifest-bad-id",
+            f"id {node_id!r} is not a safe name",
+            where=table.file,
+            key=table.key,
+            hint="use letters, digits, '_', '-' and '.', starting with a letter or digit",
+        )
+
+
+def _read_worker(worker_id: str, table: _Table, defaults: GateSpec) -> GateSpec:
+    """``[workers.X]``: a command run in its own worktree, whose result becomes an envelope."""
+    return _read_gate(worker_id, table, defaults, kind="worker")
+
+
+def _read_integrate(node_id: str, table: _Table) -> GateSpec:
+    """``[integrate.Y]``: apply the envelopes of its workers in an integration worktree."""
+    _check_id(node_id, table)
+    spec = GateSpec(
+        id=node_id,
+        run=("integrate",),
+        kind="integrate",
+        needs=table.take("needs", _string_list, ()),
+        target=table.take("target", _string, None),
+        queue=table.take("queue", _boolean, False),
+        description=table.take("description", _string, ""),
+        memory=0,
+        estimate=1.0,
+    )
+    table.finish()
+    return spec
+
+
+def _read_land(node_id: str, table: _Table) -> GateSpec:
+    """``[land.Y]``: after its gates pass, move [integrate.Y]'s target to the integrated commit."""
+    _check_id(node_id, table)
+    needs: tuple[str, ...] = table.take("needs", _string_list, ())
+    spec = GateSpec(
+        id=LAND_PREFIX + node_id,
+        run=("land",),
+        kind="land",
+        needs=(*needs, node_id),
+        description=table.take("description", _string, ""),
+        memory=0,
+        estimate=0.5,
+    )
+    table.finish()
     return spec
 
 
@@ -458,11 +518,27 @@ def load_manifest(path: Path) -> Manifest:
     budget = _read_budget(top.table("budget"))
     env = _read_env(top.table("env"))
     defaults = _read_defaults(top.table("defaults"))
-    gates_table = top.table("gates")
     gates: dict[str, GateSpec] = {}
-    for gate_id in gates_table.data:
-        gates_table.used.add(gate_id)
-        gates[gate_id] = _read_gate(gate_id, gates_table.table(gate_id), defaults)
+    readers: dict[str, Callable[[str, _Table], GateSpec]] = {
+        "gates": lambda i, t: _read_gate(i, t, defaults),
+        "workers": lambda i, t: _read_worker(i, t, defaults),
+        "integrate": _read_integrate,
+        "land": _read_land,
+    }
+    for section, read in readers.items():
+        table = top.table(section)
+        for node_id in table.data:
+            table.used.add(node_id)
+            spec = read(node_id, table.table(node_id))
+            if spec.id in gates:
+                raise DagrunnerError(
+                    "manifest-duplicate-id",
+                    f"{node_id!r} is defined in [{section}] and as a {gates[spec.id].kind}",
+                    where=file,
+                    key=f"{section}.{node_id}",
+                    hint="ids are shared by gates, workers and integrate nodes; rename one",
+                )
+            gates[spec.id] = spec
     top.finish()
     if not gates:
         raise DagrunnerError(

@@ -42,6 +42,7 @@ from dagrunner.records import Attempt, GateResult, RunRecord, RunStatus, Status
 from dagrunner.report import write_run_dir
 from dagrunner.sandbox import AttemptResult, GateJob, gate_environment
 from dagrunner.scheduler import Listener, Outcome, Scheduler
+from dagrunner.swarm import Swarm
 from dagrunner.units import format_duration
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
@@ -129,21 +130,29 @@ def plan_step(repo: Path, manifest: Manifest, options: RunOptions) -> Plan:
 
 
 class GateRunner:
-    """Turns a gate into jobs for the executor, with retries, and judges the attempts."""
+    """Turns a node into jobs for the executor, with retries, and judges the attempts.
 
-    def __init__(self, plan: Plan, executor: Executor, run_dir: Path, cache: RunCache):
+    Workers run in their own worktree and export an envelope; integrate and land
+    nodes are git work done in a thread (``swarm.py``); gates that depend on an
+    integrate node run in its worktree.
+    """
+
+    def __init__(
+        self, plan: Plan, executor: Executor, run_dir: Path, cache: RunCache, swarm: Swarm
+    ) -> None:
         self.plan = plan
         self.executor = executor
         self.run_dir = run_dir
         self.cache = cache
+        self.swarm = swarm
         self.sandbox_root = Path(tempfile.mkdtemp(prefix="dagrunner-sandbox-"))
 
-    def job(self, gate: GateSpec, attempt: int) -> GateJob:
+    def job(self, gate: GateSpec, attempt: int, root: Path) -> GateJob:
         argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
         return GateJob(
             gate=gate.id,
             argv=argv,
-            cwd=os.path.normpath(self.plan.repo / gate.cwd),
+            cwd=os.path.normpath(root / gate.cwd),
             env=self.plan.envs[gate.id],
             sandbox_dir=str(self.sandbox_root / f"{gate.id}.{attempt}"),
             log_path=str(self.run_dir / "logs" / f"{gate.id}.try{attempt}.log"),
@@ -155,15 +164,36 @@ class GateRunner:
     async def __call__(self, node: str, t0: float) -> Outcome:
         gate = spec(self.plan.graph, node)
         command = gate.run if isinstance(gate.run, str) else shlex.join(gate.run)
+        if gate.kind in ("integrate", "land"):
+            status, reason = await trio.to_thread.run_sync(self.swarm.run_node, node)
+            return Outcome(status=status, reason=reason, command=f"[{gate.kind}]")
+        try:
+            root = await trio.to_thread.run_sync(self.swarm.cwd_root, node)
+        except DagrunnerError as exc:
+            return Outcome(
+                status=Status.FAILED, reason=f"{exc.code}: {exc.message}", command=command
+            )
+        outcome = await self.attempts(gate, node, command, root)
+        if gate.kind == "worker" and outcome.status.ok:
+            try:
+                note = await trio.to_thread.run_sync(self.swarm.export_worker, node)
+            except DagrunnerError as exc:
+                return replace(
+                    outcome, status=Status.FAILED, reason=f"export failed: {exc.message}"
+                )
+            outcome = replace(outcome, reason="; ".join(filter(None, [note, outcome.reason])))
+        return outcome
+
+    async def attempts(self, gate: GateSpec, node: str, command: str, root: Path) -> Outcome:
         attempts: list[Attempt] = []
         result = AttemptResult(exit_code=None)
         try:
             for number in range(1, gate.retries + 2):
-                job = self.job(gate, number)
+                job = self.job(gate, number, root)
                 if not Path(job.cwd).is_dir():
                     return Outcome(
                         status=Status.FAILED,
-                        reason=f"cwd {gate.cwd!r} does not exist in {self.plan.repo}",
+                        reason=f"cwd {gate.cwd!r} does not exist in {root}",
                         command=command,
                     )
                 started = trio.current_time()
@@ -265,12 +295,17 @@ async def _sweep_orphans(interval: float, warnings: list[str]) -> None:
 
 
 async def schedule_step(
-    plan: Plan, options: RunOptions, run_dir: Path, cache: RunCache, executor: Executor
+    plan: Plan,
+    options: RunOptions,
+    run_dir: Path,
+    cache: RunCache,
+    executor: Executor,
+    swarm: Swarm,
 ) -> Scheduled:
     """Run the plan through the executor, under the governor; closes the executor."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     governor = Governor(plan.capacity)
-    runner = GateRunner(plan, executor, run_dir, cache)
+    runner = GateRunner(plan, executor, run_dir, cache, swarm)
     scheduler = Scheduler(
         plan.graph,
         governor,
@@ -420,10 +455,23 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
         read=not options.no_cache,
         store=Store(options.cache_root) if options.cache_root else None,
     )
-    scheduled = trio.run(schedule_step, plan, options, run_dir, cache, executor)
+    swarm = Swarm(
+        repo=plan.repo,
+        manifest=plan.manifest,
+        graph=plan.graph,
+        run_id=run_id,
+        env=options.environ if options.environ is not None else os.environ,
+    )
+    try:
+        scheduled = trio.run(schedule_step, plan, options, run_dir, cache, executor, swarm)
+    except BaseException:
+        swarm.finish([], interrupted=True)  # requeue what was applied, release the locks
+        raise
+    integration = swarm.finish(scheduled.results, interrupted=scheduled.interrupted)
     cache.store_passed(scheduled.results, run_id)
     record = record_step(plan, options, run_id=run_id, started_at=started_at, scheduled=scheduled)
     record.cache = cache.summary(scheduled.results)
+    record.integration = integration
     record.warnings = cache.warnings() + record.warnings
     write_run_dir(record, run_dir)
     record_history(plan.history, scheduled.results)
