@@ -110,5 +110,12 @@ def summary_table(record: RunRecord, run_dir: str) -> str:
             )
     for miss in record.budget.get("misses", []):
         lines.append(f"BUDGET MISSED: {miss['message']}")
+    for envelope in (record.integration or {}).get("envelopes", []):
+        detail = envelope.get("commit") or ", ".join(
+            envelope.get("conflicts") or envelope.get("failed_gates") or []
+        )
+        lines.append(
+            f"envelope {envelope['state']:<12} {envelope['id']}  {detail or envelope.get('reason', '')}"
+        )
     lines.append(f"report: {run_dir}/index.html")
     return "\n".join(lines)

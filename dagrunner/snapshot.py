@@ -24,9 +24,11 @@ def state_tree(worktree: Path) -> str:
     with tempfile.TemporaryDirectory(prefix="dagrunner-index-") as tmp:
         temp_index = Path(tmp) / "index"
         if index.exists():
-            shutil.copyfile(
-                index, temp_index
-            )  # keeps git's stat cache: only changed files are read
+            # Keeps git's stat cache, so only changed files are read.  copy2 keeps the
+            # index's mtime too: git's racy-entry check compares file times against it,
+            # and a copy stamped "now" would make a same-size edit made within the same
+            # second as the checkout look unchanged.
+            shutil.copy2(index, temp_index)
         env = {"GIT_INDEX_FILE": str(temp_index)}
         git(["add", "-A", "--", "."], cwd=worktree, env=env)
         return git(["write-tree"], cwd=worktree, env=env).text

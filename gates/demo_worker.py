@@ -21,7 +21,8 @@ SETTINGS = Path("manifests/swarm-demo/settings.txt")
 def set_threads(value: str) -> None:
     lines = SETTINGS.read_text().splitlines()
     SETTINGS.write_text(
-        "\n".join(f"threads = {value}" if l.startswith("threads") else l for l in lines) + "\n"
+        "\n".join(f"threads = {value}" if line.startswith("threads") else line for line in lines)
+        + "\n"
     )
 
 

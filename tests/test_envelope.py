@@ -183,3 +183,18 @@ def test_each_rejection_has_its_code(
     assert info.value.code == "envelope-too-large"
     _, status = run_json(capsys, "integrate", "status", "--repo", str(repo))
     assert status["envelopes"] == [], "a rejected envelope must not be queued"
+
+
+def test_same_size_edit_right_after_allocation_is_exported(repo: Path, tmp_path: Path) -> None:
+    """Racy git: an edit of the same size in the checkout's second, exported a second later."""
+    import time
+
+    (repo / "settings.txt").write_text("threads = 4\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "settings")
+    for i in range(3):
+        path = Path(wt.allocate(mission="m", worker=f"racy{i}", repo=repo)["path"])
+        (path / "settings.txt").write_text("threads = 8\n")  # same size, same second
+        time.sleep(1.05 - time.time() % 1)  # export in a later second than the checkout
+        summary = wt.export(f"m/racy{i}", output=tmp_path / f"r{i}.json", repo=repo)
+        assert summary["empty"] is False and summary["changed_files"] == 1
