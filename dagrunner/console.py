@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from dagrunner.records import GateResult, RunRecord, Status
+from dagrunner.records import GateResult, RunRecord, Status, failures_first
 from dagrunner.units import format_duration, format_size
 
 _MARK = {
@@ -67,17 +67,8 @@ class Progress:
 
 def summary_table(record: RunRecord, run_dir: str) -> str:
     """The final table, failures first, and the speed evidence."""
-    order = {
-        Status.FAILED: 0,
-        Status.TIMED_OUT: 1,
-        Status.INTERRUPTED: 2,
-        Status.CANCELLED: 3,
-        Status.SKIPPED: 4,
-        Status.FLAKY: 5,
-        Status.PASSED: 6,
-        Status.CACHED: 7,
-    }
-    gates = sorted(record.gates, key=lambda g: (order[g.status], g.started or 0.0, g.id))
+    gates = failures_first(record.gates)
+
     width = max([len(g.id) for g in gates] + [4])
     lines = [f"{'gate':<{width}}  {'status':<11} {'time':>8} {'peak mem':>9}  note"]
     for gate in gates:

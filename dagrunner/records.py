@@ -26,6 +26,19 @@ class Status(enum.StrEnum):
         return self in (Status.PASSED, Status.FLAKY, Status.CACHED)
 
 
+# Reports list gates failures first: what needs a person's eyes, then what did not run, then passes.
+REPORT_ORDER = {
+    Status.FAILED: 0,
+    Status.TIMED_OUT: 1,
+    Status.INTERRUPTED: 2,
+    Status.CANCELLED: 3,
+    Status.SKIPPED: 4,
+    Status.FLAKY: 5,
+    Status.PASSED: 6,
+    Status.CACHED: 7,
+}
+
+
 class RunStatus(enum.StrEnum):
     PASSED = "passed"
     FAILED = "failed"
@@ -171,3 +184,11 @@ class RunRecord:
         fields["status"] = RunStatus(fields["status"])
         fields["gates"] = [GateResult.from_json(g) for g in fields["gates"]]
         return cls(**fields)
+
+
+def failures_first(gates: list[GateResult]) -> list[GateResult]:
+    """Gates in report order: by status (``REPORT_ORDER``), then start time, then id."""
+    return sorted(
+        gates,
+        key=lambda g: (REPORT_ORDER[g.status], g.started if g.started is not None else 1e18, g.id),
+    )

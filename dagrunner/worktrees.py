@@ -486,6 +486,18 @@ def list_worktrees(*, repo: Path | None = None, target: str | None = None) -> li
 # -- claim / release ---------------------------------------------------------------------
 
 
+def _check_owner(wt_id: str, owner: str | None, session: str, force: bool, code: str) -> None:
+    """Refuse (exit 4, naming the owner) when another session holds the claim, unless ``force``."""
+    if owner and owner != session and not force:
+        raise DagrunnerError(
+            code,
+            f"{wt_id} is claimed by session {owner!r}, not {session!r}",
+            exit_code=ExitCode.REFUSED,
+            details={"owner": owner},
+            hint="ask the owning session to release it, or pass --force",
+        )
+
+
 def claim(
     wt_id: str, *, session: str, force: bool = False, repo: Path | None = None
 ) -> dict[str, Any]:
@@ -493,16 +505,8 @@ def claim(
     check_slug("session", session)
     ctx = open_context(repo)
     with ctx.ledger.exclusive():
-        state = _state(ctx, wt_id)
-        owner = state.get("session")
-        if owner and owner != session and not force:
-            raise DagrunnerError(
-                "claimed",
-                f"{wt_id} is claimed by session {owner!r}",
-                exit_code=ExitCode.REFUSED,
-                details={"owner": owner},
-                hint="ask that session to release it, or pass --force",
-            )
+        owner = _state(ctx, wt_id).get("session")
+        _check_owner(wt_id, owner, session, force, "claimed")
         if owner != session:
             ctx.ledger.append(
                 "claimed", wt_id, session=session, previous=owner, forced=bool(owner and force)
@@ -517,16 +521,8 @@ def release(
     check_slug("session", session)
     ctx = open_context(repo)
     with ctx.ledger.exclusive():
-        state = _state(ctx, wt_id)
-        owner = state.get("session")
-        if owner and owner != session and not force:
-            raise DagrunnerError(
-                "not-owner",
-                f"{wt_id} is claimed by session {owner!r}, not {session!r}",
-                exit_code=ExitCode.REFUSED,
-                details={"owner": owner},
-                hint="release it from the owning session, or pass --force",
-            )
+        owner = _state(ctx, wt_id).get("session")
+        _check_owner(wt_id, owner, session, force, "not-owner")
         if owner:
             ctx.ledger.append("released", wt_id, session=session, owner=owner)
     return {"id": wt_id, "session": None, "previous": owner}

@@ -16,7 +16,7 @@ import jinja2
 from markupsafe import Markup, escape
 
 from dagrunner.fsutil import atomic_write
-from dagrunner.records import GateResult, RunRecord, Status
+from dagrunner.records import REPORT_ORDER, GateResult, RunRecord, Status, failures_first
 from dagrunner.report.logtail import ANSI
 from dagrunner.report.svg import dag_layout, timeline
 from dagrunner.units import format_duration, format_size
@@ -24,16 +24,6 @@ from dagrunner.units import format_duration, format_size
 FAILING_VIEW = 64 * 1024
 OTHER_VIEW = 4 * 1024
 TOTAL_LOG_BUDGET = 5 * 1024 * 1024 // 2
-ORDER = {
-    Status.FAILED: 0,
-    Status.TIMED_OUT: 1,
-    Status.INTERRUPTED: 2,
-    Status.CANCELLED: 3,
-    Status.SKIPPED: 4,
-    Status.FLAKY: 5,
-    Status.PASSED: 6,
-    Status.CACHED: 7,
-}
 _SGR = re.compile(r"\x1b\[([0-9;]*)m")
 _COLORS = {30: "k", 31: "r", 32: "g", 33: "y", 34: "b", 35: "m", 36: "c", 37: "w"}
 
@@ -98,10 +88,7 @@ def _log_view(run_dir: Path, gate: GateResult, limit: int) -> dict[str, Any]:
 
 
 def _context(record: RunRecord, run_dir: Path) -> dict[str, Any]:
-    gates = sorted(
-        record.gates,
-        key=lambda g: (ORDER[g.status], g.started if g.started is not None else 1e9, g.id),
-    )
+    gates = failures_first(record.gates)
     budget_left = TOTAL_LOG_BUDGET
     logs: dict[str, dict[str, Any]] = {}
     for gate in gates:
@@ -124,7 +111,7 @@ def _context(record: RunRecord, run_dir: Path) -> dict[str, Any]:
         "crit": speed.get("critical_path", {"gates": [], "duration": 0.0}),
         "dag": dag_layout(record),
         "timeline": timeline(record),
-        "counts": sorted(record.counts().items(), key=lambda kv: ORDER[Status(kv[0])]),
+        "counts": sorted(record.counts().items(), key=lambda kv: REPORT_ORDER[Status(kv[0])]),
         "commit": (record.git.get("commit") or "")[:12],
     }
 
