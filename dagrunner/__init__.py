@@ -12,11 +12,12 @@ __version__ = "0.1.0"
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.integration import IntegrationResult, integrate
+from dagrunner.lifecycle import cleanup
 from dagrunner.manifest import Manifest, load_manifest
 from dagrunner.queue import submit_files as submit
 from dagrunner.records import GateResult, RunRecord, RunStatus, Status
 from dagrunner.runner import RunOptions, release_check
-from dagrunner.worktrees import allocate, cleanup, export
+from dagrunner.worktrees import allocate, export
 
 __all__ = [
     "DagrunnerError",

@@ -162,6 +162,7 @@ def _print_pairs(body: dict[str, Any]) -> None:
 
 
 def cmd_worktree(args: argparse.Namespace) -> int:
+    from dagrunner import lifecycle
     from dagrunner import worktrees as wt
 
     action = args.worktree_command
@@ -177,17 +178,17 @@ def cmd_worktree(args: argparse.Namespace) -> int:
             setup_timeout=args.setup_timeout,
         )
     elif action == "list":
-        body = {"worktrees": wt.list_worktrees(repo=args.repo, target=args.target)}
+        body = {"worktrees": lifecycle.list_worktrees(repo=args.repo, target=args.target)}
     elif action == "status":
-        body = wt.status(args.id, repo=args.repo, target=args.target)
+        body = lifecycle.status(args.id, repo=args.repo, target=args.target)
     elif action == "claim":
         body = wt.claim(args.id, session=args.session, force=args.force, repo=args.repo)
     elif action == "release":
         body = wt.release(args.id, session=args.session, force=args.force, repo=args.repo)
     elif action == "cleanup":
-        body = wt.cleanup(args.id, force=args.force, repo=args.repo, target=args.target)
+        body = lifecycle.cleanup(args.id, force=args.force, repo=args.repo, target=args.target)
     elif action == "prune":
-        body = wt.prune(
+        body = lifecycle.prune(
             idle_days=args.idle, dry_run=args.dry_run, repo=args.repo, target=args.target
         )
     elif action == "export":

@@ -464,7 +464,8 @@ class Integrator:
 
     def cleanup_landed_workers(self) -> None:
         """A landed envelope's worktree goes when it holds nothing beyond what landed."""
-        from dagrunner.worktrees import _cleanup, default_target
+        from dagrunner.lifecycle import _cleanup
+        from dagrunner.worktrees import default_target
 
         states = self.ledger.state()
         for outcome in self.outcomes.values():

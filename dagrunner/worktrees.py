@@ -1,18 +1,15 @@
-"""Worker worktrees under the cache root: allocate, status, claim, release, clean up, prune, pool.
+"""Worker worktrees under the cache root: allocate, claim, release, export, and the pool.
 
 Every worktree is ``<root>/<mission>/<worker>`` on branch
 ``dagrunner/<mission>/<worker>``, locked in git (so ``git worktree prune``
 never drops it) and recorded in the allocation manifest (``ledger.py``).
 Allocation and cleanup of one repository are serialised by a lock in its
-common git dir.  Work is never lost: a dirty or unlanded worktree is retained
-with a lock file saying why, and ``--force`` first saves its full state on a
-backup ref.
+common git dir.  Status, cleanup and prune -- the rest of a worktree's life --
+are in ``lifecycle.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import os
 import re
 import shlex
@@ -25,16 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pathspec
-import psutil
 
 from dagrunner.doctor import RepoInfo, repo_info, worktree_root
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.fsutil import atomic_write
-from dagrunner.git import GitResult, git
-from dagrunner.ledger import Ledger, now
-from dagrunner.snapshot import backup_commit
+from dagrunner.git import git
+from dagrunner.ledger import Ledger
 
 SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 POOL_DIR = ".pool"
@@ -354,7 +347,7 @@ def _remove(ctx: Context, path: Path, branch: str, *, delete_branch: bool) -> No
         git(["branch", "-D", branch], cwd=ctx.info.root, check=False)
 
 
-# -- status -----------------------------------------------------------------------------
+# -- state ------------------------------------------------------------------------------
 
 
 def default_target(ctx: Context) -> str:
@@ -374,113 +367,6 @@ def _state(ctx: Context, wt_id: str) -> dict[str, Any]:
             hint="see `dagrunner worktree list`",
         )
     return state
-
-
-def integrated(path: Path, head: str, base: str, target: str) -> tuple[bool, str]:
-    """Whether ``head``'s work is on ``target``, and why (so a landed branch reads as landed)."""
-
-    def run(*args: str) -> GitResult:
-        return git(list(args), cwd=path, check=False)
-
-    if run("rev-parse", "--verify", "-q", f"{target}^{{commit}}").returncode != 0:
-        return False, f"target {target!r} does not exist"
-    if run("merge-base", "--is-ancestor", head, target).returncode == 0:
-        return True, "ancestor of the target"
-    if run("rev-parse", f"{head}^{{tree}}").text == run("rev-parse", f"{target}^{{tree}}").text:
-        return True, "same tree as the target"
-    cherry = run("cherry", target, head, base).text.splitlines()
-    if cherry and all(line.startswith("-") for line in cherry):
-        return True, "same patches already on the target (rebased)"
-    combined = _patch_id(run("diff", "--no-ext-diff", "--binary", base, head).stdout, path)
-    if combined:
-        log = run("log", "-p", "--no-ext-diff", "--format=commit %H", f"{base}..{target}").stdout
-        for line in _patch_ids(log, path):
-            if line.split()[0] == combined:
-                return True, f"squashed onto the target as {line.split()[1][:12]}"
-    ahead = len([c for c in cherry if c.startswith("+")])
-    return False, f"{ahead} commit(s) not on the target"
-
-
-def _patch_ids(data: bytes, path: Path) -> list[str]:
-    if not data.strip():
-        return []
-    return git(["patch-id", "--stable"], cwd=path, input=data, check=False).text.splitlines()
-
-
-def _patch_id(diff: bytes, path: Path) -> str:
-    lines = _patch_ids(diff, path)
-    return lines[0].split()[0] if lines else ""
-
-
-def status(wt_id: str, *, repo: Path | None = None, target: str | None = None) -> dict[str, Any]:
-    """Everything about one worktree; a vanished directory is reconciled in the ledger."""
-    ctx = open_context(repo)
-    split_id(wt_id)
-    return _status(ctx, wt_id, _state(ctx, wt_id), target or default_target(ctx))
-
-
-def _status(ctx: Context, wt_id: str, state: dict[str, Any], target: str) -> dict[str, Any]:
-    path = Path(state["path"])
-    body: dict[str, Any] = {
-        "id": wt_id,
-        "path": str(path),
-        "branch": state["branch"],
-        "base": state["base"],
-        "session": state.get("session"),
-        "created": state.get("created"),
-        "last_activity": state.get("last_activity"),
-        "target": target,
-        "retained": state.get("retained"),
-    }
-    if not path.is_dir():
-        if not state.get("missing"):
-            ctx.ledger.append("missing", wt_id)
-        return {**body, "missing": True, "clean": None, "integrated": None}
-    porcelain = git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=path).stdout
-    staged = unstaged = untracked = unmerged = 0
-    for entry in porcelain.split(b"\0"):
-        if entry[:2] in (b"1 ", b"2 "):
-            xy = entry[2:4]
-            staged += xy[0:1] != b"."
-            unstaged += xy[1:2] != b"."
-        elif entry[:2] == b"u ":
-            unmerged += 1
-        elif entry[:2] == b"? ":
-            untracked += 1
-    # a rename entry ("2 ") is followed by its original path as a separate field
-    head = git(["rev-parse", "HEAD"], cwd=path).text
-    git_dir = Path(git(["rev-parse", "--absolute-git-dir"], cwd=path).text)
-    rebase = (git_dir / "rebase-merge").exists() or (git_dir / "rebase-apply").exists()
-    merge = (git_dir / "MERGE_HEAD").exists()
-    counts = git(["rev-list", "--left-right", "--count", f"{target}...HEAD"], cwd=path, check=False)
-    behind, ahead = (
-        (int(n) for n in counts.text.split()) if counts.returncode == 0 else (None, None)
-    )
-    landed, why = integrated(path, head, state["base"], target)
-    clean = staged == unstaged == untracked == unmerged == 0 and not rebase and not merge
-    return {
-        **body,
-        "missing": False,
-        "head": head,
-        "clean": clean,
-        "staged": staged,
-        "unstaged": unstaged,
-        "untracked": untracked,
-        "unmerged": unmerged,
-        "ahead": ahead,
-        "behind": behind,
-        "diffstat": git(["diff", "--shortstat", "--no-ext-diff", state["base"]], cwd=path).text,
-        "rebase_in_progress": rebase,
-        "merge_in_progress": merge,
-        "integrated": landed,
-        "integrated_reason": why,
-    }
-
-
-def list_worktrees(*, repo: Path | None = None, target: str | None = None) -> list[dict[str, Any]]:
-    ctx = open_context(repo)
-    goal = target or default_target(ctx)
-    return [_status(ctx, wt_id, state, goal) for wt_id, state in sorted(ctx.ledger.state().items())]
 
 
 # -- claim / release ---------------------------------------------------------------------
@@ -528,155 +414,6 @@ def release(
     return {"id": wt_id, "session": None, "previous": owner}
 
 
-# -- cleanup / prune ---------------------------------------------------------------------
-
-
-def processes_using(path: Path) -> list[int]:
-    """Pids of processes whose cwd or an open file is under ``path``."""
-    prefix = str(path.resolve())
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid", "cwd"]):
-        if proc.pid == me:
-            continue
-        with contextlib.suppress(psutil.Error):
-            cwd = proc.info.get("cwd") or ""
-            if cwd == prefix or cwd.startswith(prefix + os.sep):
-                found.append(proc.pid)
-                continue
-            for handle in proc.open_files():
-                if handle.path.startswith(prefix + os.sep):
-                    found.append(proc.pid)
-                    break
-    return found
-
-
-def retention_file(path: Path) -> Path:
-    return path.parent / f"{path.name}.retained.json"
-
-
-def cleanup(
-    wt_id: str,
-    *,
-    force: bool = False,
-    repo: Path | None = None,
-    target: str | None = None,
-    env: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Remove a clean, landed worktree and its branch (or return it to the pool).
-
-    A dirty or unlanded one is retained (exit 4, with a retention file) unless
-    ``force``, which first saves its full state on ``refs/dagrunner/backup/...``.
-    A worktree a running process uses is refused (exit 4) even with ``force``.
-    """
-    env = os.environ if env is None else env
-    split_id(wt_id)
-    ctx = open_context(repo, env)
-    with ctx.ledger.exclusive():
-        state = _state(ctx, wt_id)
-        return _cleanup(
-            ctx, wt_id, state, force=force, target=target or default_target(ctx), env=env
-        )
-
-
-def _cleanup(
-    ctx: Context,
-    wt_id: str,
-    state: dict[str, Any],
-    *,
-    force: bool,
-    target: str,
-    env: Mapping[str, str],
-    keep_unlanded_branch: bool = False,
-    assume_landed: bool = False,
-) -> dict[str, Any]:
-    """``assume_landed``: the caller checked that everything the worktree holds has landed."""
-    path, branch = Path(state["path"]), state["branch"]
-    if not path.is_dir():
-        git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
-        git(["worktree", "prune"], cwd=ctx.info.root, check=False)
-        ctx.ledger.append("pruned", wt_id, reason="directory gone; branch kept")
-        return {
-            "id": wt_id,
-            "action": "dropped-record",
-            "reason": "directory gone",
-            "branch_kept": branch,
-        }
-    users = processes_using(path)
-    if users:
-        raise DagrunnerError(
-            "in-use",
-            f"{wt_id} is in use by process(es) {users}",
-            exit_code=ExitCode.REFUSED,
-            details={"pids": users},
-            hint="stop those processes (or leave their directory) first",
-        )
-    info = _status(ctx, wt_id, state, target)
-    landed = bool(info["integrated"]) or assume_landed
-    problems = []
-    if not info["clean"] and not assume_landed:
-        problems.append(
-            f"uncommitted work ({info['staged']} staged, {info['unstaged']} unstaged, "
-            f"{info['untracked']} untracked{', rebase or merge in progress' if info['rebase_in_progress'] or info['merge_in_progress'] else ''})"
-        )
-    if not landed and not keep_unlanded_branch:
-        problems.append(f"not landed on {target}: {info['integrated_reason']}")
-    backup = None
-    if problems and not force:
-        why = "; ".join(problems)
-        atomic_write(
-            retention_file(path),
-            orjson.dumps(
-                {
-                    "id": wt_id,
-                    "retained_at": now(),
-                    "why": why,
-                    "branch": branch,
-                    "head": info["head"],
-                    "base": state["base"],
-                    "status": {
-                        k: info[k] for k in ("staged", "unstaged", "untracked", "ahead", "diffstat")
-                    },
-                },
-                option=orjson.OPT_INDENT_2,
-            ),
-        )
-        ctx.ledger.append("retained", wt_id, reason=why)
-        raise DagrunnerError(
-            "retained",
-            f"{wt_id} holds work and was kept: {why}",
-            exit_code=ExitCode.REFUSED,
-            where=str(retention_file(path)),
-            details={"why": why},
-            hint="land or export its work first; --force saves its state on a backup ref, then removes it",
-        )
-    if problems:
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        ref = f"refs/dagrunner/backup/{wt_id}/{stamp}"
-        backup = {
-            "ref": ref,
-            "commit": backup_commit(
-                path, ref, f"dagrunner backup of {wt_id} before forced cleanup"
-            ),
-        }
-    delete_branch = landed or backup is not None
-    action = "removed"
-    if info["clean"] and _pool_room(ctx, env):
-        _to_pool(ctx, path, branch, delete_branch=delete_branch)
-        action = "pooled"
-    else:
-        _remove(ctx, path, branch, delete_branch=delete_branch)
-    retention_file(path).unlink(missing_ok=True)
-    ctx.ledger.append("cleaned", wt_id, action=action, backup=backup, branch_deleted=delete_branch)
-    return {
-        "id": wt_id,
-        "action": action,
-        "backup": backup,
-        "branch_deleted": delete_branch,
-        "integrated_reason": info["integrated_reason"],
-    }
-
-
 def _pool_room(ctx: Context, env: Mapping[str, str]) -> bool:
     size = pool_size(env)
     count = sum(1 for _ in ctx.pool.iterdir()) if ctx.pool.is_dir() else 0
@@ -693,75 +430,6 @@ def _to_pool(ctx: Context, path: Path, branch: str, *, delete_branch: bool) -> N
     git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
     git(["worktree", "move", str(path), str(slot)], cwd=ctx.info.root)
     git(["worktree", "lock", "--reason", "dagrunner: pool", str(slot)], cwd=ctx.info.root)
-
-
-def prune(
-    *,
-    idle_days: float | None = None,
-    dry_run: bool = False,
-    repo: Path | None = None,
-    target: str | None = None,
-    env: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Drop records of vanished worktrees; remove integrated ones and clean unclaimed idle ones.
-
-    Everything else is listed as retained, with the reason.  An idle worktree
-    that is clean but unlanded loses its directory, never its branch.
-    """
-    env = os.environ if env is None else env
-    ctx = open_context(repo, env)
-    goal = target or default_target(ctx)
-    removed: list[dict[str, Any]] = []
-    retained: list[dict[str, Any]] = []
-    cutoff = None
-    if idle_days is not None:
-        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=idle_days)
-    with ctx.ledger.exclusive():
-        for wt_id, state in sorted(ctx.ledger.state().items()):
-            path = Path(state["path"])
-            if not path.is_dir():
-                removed.append(
-                    {"id": wt_id, "action": "dropped-record", "reason": "directory gone"}
-                )
-                if not dry_run:
-                    _cleanup(ctx, wt_id, state, force=False, target=goal, env=env)
-                continue
-            info = _status(ctx, wt_id, state, goal)
-            idle = cutoff is not None and dt.datetime.fromisoformat(state["last_activity"]) < cutoff
-            reason = None
-            if state.get("session") and not info["integrated"]:
-                reason = f"claimed by session {state['session']!r}"
-            elif not info["clean"]:
-                reason = "uncommitted work"
-            elif not info["integrated"] and not idle:
-                reason = f"not landed ({info['integrated_reason']}) and not idle"
-            if reason:
-                retained.append({"id": wt_id, "reason": reason})
-                continue
-            why = (
-                info["integrated_reason"]
-                if info["integrated"]
-                else f"idle since {state['last_activity']}"
-            )
-            removed.append(
-                {
-                    "id": wt_id,
-                    "action": "remove",
-                    "reason": why,
-                    "branch_kept": None if info["integrated"] else state["branch"],
-                }
-            )
-            if not dry_run:
-                _cleanup(
-                    ctx,
-                    wt_id,
-                    state,
-                    force=False,
-                    target=goal,
-                    env=env,
-                    keep_unlanded_branch=not info["integrated"],
-                )
-    return {"dry_run": dry_run, "removed": removed, "retained": retained}
 
 
 # -- export ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dagrunner import worktrees
+from dagrunner import lifecycle, worktrees
 
 GIT_ID = {
     "GIT_AUTHOR_NAME": "bench",
@@ -67,7 +67,7 @@ def main() -> int:
         )
         os.environ["DAGRUNNER_POOL_SIZE"] = str(args.repeat)
         for i in range(args.repeat):  # fill the pool with cleaned worktrees
-            worktrees.cleanup(f"bench/fresh{i}", repo=repo)
+            lifecycle.cleanup(f"bench/fresh{i}", repo=repo)
         pooled = min(
             clock(lambda i=i: worktrees.allocate(mission="bench", worker=f"pooled{i}", repo=repo))
             for i in range(args.repeat)

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from conftest import git, run_json
 
+from dagrunner import lifecycle
 from dagrunner import worktrees as wt
 from dagrunner.doctor import repo_info
 from dagrunner.integration import TRAILER, integrate, integrator_lock
@@ -142,7 +143,7 @@ def test_five_workers_scenario(
     assert git(project, "status", "--porcelain") == ""
     assert git(project, "rev-parse", "HEAD").strip() == body["end"]
     # landed workers are cleaned up; the others keep their work
-    left = {w["id"] for w in wt.list_worktrees(repo=project)}
+    left = {w["id"] for w in lifecycle.list_worktrees(repo=project)}
     assert left == {"swarm/w3", "swarm/w5"}
     html = (Path(body["report_dir"]) / "gates-04" / "index.html").read_text()
     assert 'id="integration"' in html and "conflicting: shared.txt" in html

@@ -12,6 +12,7 @@ import orjson
 import pytest
 from conftest import git, run_json
 
+from dagrunner import lifecycle
 from dagrunner import worktrees as wt
 from dagrunner.doctor import repo_info
 from dagrunner.errors import DagrunnerError
@@ -180,7 +181,7 @@ def test_failing_setup_removes_the_worktree(
     assert "boom happened" in body["error"]["details"]["output_tail"]
     assert not (wt.open_context(project).root / "m" / "w1").exists()
     assert "dagrunner/m/w1" not in git(project, "branch", "--list")
-    assert wt.list_worktrees(repo=project) == []
+    assert lifecycle.list_worktrees(repo=project) == []
 
 
 def test_twenty_concurrent_allocations(project: Path) -> None:
@@ -216,7 +217,7 @@ def test_twenty_concurrent_allocations(project: Path) -> None:
     lines = ledger.path.read_bytes().splitlines()
     assert all(orjson.loads(line) for line in lines)  # no torn line
     assert sum(1 for e in ledger.events() if e["event"] == "allocated") == 20
-    assert len(wt.list_worktrees(repo=project)) == 20
+    assert len(lifecycle.list_worktrees(repo=project)) == 20
     assert git(project, "worktree", "list").count("locked") == 20
 
 
@@ -226,7 +227,7 @@ def test_status_counts_and_state(project: Path) -> None:
     (path / "image.bin").write_bytes(b"\x00new")
     git(path, "add", "image.bin")
     (path / "untracked é.txt").write_text("u\n")
-    info = wt.status("m/w1", repo=project)
+    info = lifecycle.status("m/w1", repo=project)
     assert (info["staged"], info["unstaged"], info["untracked"]) == (1, 1, 1)
     assert info["clean"] is False and info["ahead"] == 0 and info["behind"] == 0
     assert "2 files changed" in info["diffstat"]
@@ -237,7 +238,7 @@ def test_status_counts_and_state(project: Path) -> None:
     commit_all(path)
     (project / "main.txt").write_text("m\n")
     commit_all(project, "main moves")
-    info = wt.status("m/w1", repo=project)
+    info = lifecycle.status("m/w1", repo=project)
     assert (info["ahead"], info["behind"]) == (1, 1)
     assert (
         info["integrated"] is False and "1 commit(s) not on the target" in info["integrated_reason"]
@@ -252,7 +253,7 @@ def test_merge_in_progress_is_seen(project: Path) -> None:
     commit_all(project, "main edit")
     with pytest.raises(subprocess.CalledProcessError):  # a conflict: the merge stops half-way
         git(path, "merge", "-q", "main")
-    info = wt.status("m/w1", repo=project)
+    info = lifecycle.status("m/w1", repo=project)
     assert info["merge_in_progress"] is True and info["clean"] is False and info["unmerged"] == 1
 
 
@@ -272,11 +273,11 @@ def test_landed_branch_reads_as_landed(project: Path, landing: str) -> None:
     else:
         git(project, "merge", "-q", "--squash", "dagrunner/m/w1")
         commit_all(project, "squashed")
-    info = wt.status("m/w1", repo=project)
+    info = lifecycle.status("m/w1", repo=project)
     assert info["integrated"] is True, info["integrated_reason"]
     expected = {"merge": "ancestor", "rebase": "same patches", "squash": "squashed onto"}[landing]
     assert expected in info["integrated_reason"]
-    assert wt.cleanup("m/w1", repo=project)["branch_deleted"] is True
+    assert lifecycle.cleanup("m/w1", repo=project)["branch_deleted"] is True
 
 
 def test_missing_directory_is_reconciled(project: Path) -> None:
@@ -284,7 +285,7 @@ def test_missing_directory_is_reconciled(project: Path) -> None:
 
     path = Path(alloc(project)["path"])
     shutil.rmtree(path)
-    info = wt.status("m/w1", repo=project)
+    info = lifecycle.status("m/w1", repo=project)
     assert info["missing"] is True
     assert any(e["event"] == "missing" for e in wt.open_context(project).ledger.events())
 
@@ -302,7 +303,7 @@ def test_claim_and_release_rules(project: Path, capsys: pytest.CaptureFixture[st
     assert wt.release("m/w1", session="s1", repo=project)["previous"] == "s1"
     assert wt.claim("m/w1", session="s2", repo=project)["previous"] is None
     assert wt.claim("m/w1", session="s3", force=True, repo=project)["previous"] == "s2"
-    assert wt.status("m/w1", repo=project)["session"] == "s3"
+    assert lifecycle.status("m/w1", repo=project)["session"] == "s3"
 
 
 def test_cleanup_retains_work_and_force_backs_it_up(
@@ -319,7 +320,7 @@ def test_cleanup_retains_work_and_force_backs_it_up(
     code, body = run_json(capsys, "worktree", "cleanup", "m/w1", "--repo", str(project))
     assert code == 4 and "not landed" in body["error"]["message"]
     (path / "more.txt").write_text("uncommitted\n")
-    result = wt.cleanup("m/w1", force=True, repo=project)
+    result = lifecycle.cleanup("m/w1", force=True, repo=project)
     assert not path.exists() and not lock.exists()
     backup = result["backup"]["commit"]
     names = git(project, "ls-tree", "-r", "--name-only", backup).split("\n")
@@ -331,7 +332,7 @@ def test_cleanup_refuses_a_worktree_in_use(project: Path) -> None:
     path = Path(alloc(project)["path"])
     proc = subprocess.Popen(["sleep", "60"], cwd=path)
     try:
-        err = error_of(lambda: wt.cleanup("m/w1", force=True, repo=project))
+        err = error_of(lambda: lifecycle.cleanup("m/w1", force=True, repo=project))
         assert err.code == "in-use" and proc.pid in err.details["pids"]
         assert path.exists()
     finally:
@@ -368,14 +369,14 @@ def test_prune(
     assert removed["m/idle"]["branch_kept"] == "dagrunner/m/idle"
     assert "dagrunner/m/idle" in git(project, "branch", "--list")  # its commit is not lost
     assert "dagrunner/m/landed" not in git(project, "branch", "--list")
-    assert {w["id"] for w in wt.list_worktrees(repo=project)} == {"m/dirty", "m/claimed"}
+    assert {w["id"] for w in lifecycle.list_worktrees(repo=project)} == {"m/dirty", "m/claimed"}
 
 
 def test_pooled_allocation_is_like_a_fresh_one(project: Path) -> None:
     first = Path(alloc(project)["path"])
     (first / "build").mkdir()
     (first / "build" / "artifact.o").write_text("ignored output\n")
-    assert wt.cleanup("m/w1", repo=project)["action"] == "pooled"
+    assert lifecycle.cleanup("m/w1", repo=project)["action"] == "pooled"
     (project / "later.txt").write_text("later\n")
     commit_all(project, "later")
     info = alloc(project, "w2")
