@@ -3,22 +3,35 @@
 The public API: ``release_check`` runs a manifest's gate DAG and returns its
 record; ``allocate`` / ``export`` / ``cleanup`` manage worker worktrees;
 ``submit`` queues patch envelopes and ``integrate`` drains the queue.  The CLI
-(``dagrunner``) is a thin layer over these functions.
+(``dagrunner``) is a thin layer over these functions.  Names are imported on
+first use, so ``dagrunner release-check`` does not load the integration code.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.integration import IntegrationResult, integrate
-from dagrunner.lifecycle import cleanup
-from dagrunner.manifest import Manifest, load_manifest
-from dagrunner.queue import submit_files as submit
-from dagrunner.records import GateResult, RunRecord, RunStatus, Status
-from dagrunner.runner import RunOptions, release_check
-from dagrunner.worktrees import allocate, export
-
+_EXPORTS = {
+    "DagrunnerError": "dagrunner.errors",
+    "ExitCode": "dagrunner.errors",
+    "GateResult": "dagrunner.records",
+    "IntegrationResult": "dagrunner.integration",
+    "Manifest": "dagrunner.manifest",
+    "RunOptions": "dagrunner.runner",
+    "RunRecord": "dagrunner.records",
+    "RunStatus": "dagrunner.records",
+    "Status": "dagrunner.records",
+    "allocate": "dagrunner.worktrees",
+    "cleanup": "dagrunner.lifecycle",
+    "export": "dagrunner.worktrees",
+    "integrate": "dagrunner.integration",
+    "load_manifest": "dagrunner.manifest",
+    "release_check": "dagrunner.runner",
+    "submit": "dagrunner.queue",
+}
 __all__ = [
     "DagrunnerError",
     "ExitCode",
@@ -38,3 +51,23 @@ __all__ = [
     "release_check",
     "submit",
 ]
+
+if TYPE_CHECKING:
+    from dagrunner.errors import DagrunnerError, ExitCode
+    from dagrunner.integration import IntegrationResult, integrate
+    from dagrunner.lifecycle import cleanup
+    from dagrunner.manifest import Manifest, load_manifest
+    from dagrunner.queue import submit_files as submit
+    from dagrunner.records import GateResult, RunRecord, RunStatus, Status
+    from dagrunner.runner import RunOptions, release_check
+    from dagrunner.worktrees import allocate, export
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dagrunner' has no attribute {name!r}")
+    attr = "submit_files" if name == "submit" else name
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value

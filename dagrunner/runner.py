@@ -168,7 +168,11 @@ class GateRunner:
             status, reason = await trio.to_thread.run_sync(self.swarm.run_node, node)
             return Outcome(status=status, reason=reason, command=f"[{gate.kind}]")
         try:
-            root = await trio.to_thread.run_sync(self.swarm.cwd_root, node)
+            # Allocating a worker's worktree is slow git work: a thread.  A gate's root is not.
+            if gate.kind == "worker":
+                root = await trio.to_thread.run_sync(self.swarm.cwd_root, node)
+            else:
+                root = self.swarm.cwd_root(node)
         except DagrunnerError as exc:
             return Outcome(
                 status=Status.FAILED, reason=f"{exc.code}: {exc.message}", command=command

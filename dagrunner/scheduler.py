@@ -10,6 +10,7 @@ downstream of it; independent branches go on.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -67,6 +68,7 @@ class Scheduler:
         self.interrupted = False
         self._waiting_needs = {node: graph.in_degree(node) for node in graph.nodes}
         self._ready: dict[str, float] = {}  # gate -> when it became ready
+        self._order: list[tuple[float, str]] = []  # the ready gates, highest priority first
         self._running: dict[str, tuple[float, int]] = {}  # gate -> (start, lane)
         self._blocked_since: dict[str, float] = {}
         self._stopping = ""
@@ -112,7 +114,7 @@ class Scheduler:
     def _start_what_fits(self, nursery: trio.Nursery) -> None:
         if self._stopping:
             return
-        ordered = sorted(self._ready, key=lambda n: (-self.priority[n], n))
+        ordered = [node for _, node in self._order]  # a copy: starting a gate edits the list
         now = self.now()
         top_blocked: str | None = None
         extra_cpu = extra_mem = 0.0
@@ -164,6 +166,14 @@ class Scheduler:
 
     # -- life of one gate ----------------------------------------------------
 
+    def _unready(self, node: str) -> float:
+        """Take ``node`` off the ready set; when it had become ready (0 if it was not ready)."""
+        if node not in self._ready:
+            return 0.0
+        index = bisect.bisect_left(self._order, (-self.priority[node], node))
+        del self._order[index]
+        return self._ready.pop(node)
+
     def _make_ready(self, node: str) -> None:
         if self.lookup is not None:
             hit = self.lookup(node)
@@ -172,6 +182,7 @@ class Scheduler:
                 self._record(node, hit, ready=now, started=now, finished=now, lane=None)
                 return
         self._ready[node] = self.now()
+        bisect.insort(self._order, (-self.priority[node], node))
 
     def _start(self, nursery: trio.Nursery, node: str) -> None:
         gate = spec(self.graph, node)
@@ -179,7 +190,7 @@ class Scheduler:
         used_lanes = {lane for _, lane in self._running.values()}
         lane = next(i for i in range(len(used_lanes) + 1) if i not in used_lanes)
         self._running[node] = (self.now(), lane)
-        ready_at = self._ready.pop(node)
+        ready_at = self._unready(node)
         self._blocked_since.pop(node, None)
         if self.listener is not None:
             self.listener("start", self._partial(node, ready_at))
@@ -259,7 +270,7 @@ class Scheduler:
         for node in nx.descendants(self.graph, failed):
             if node in self.results:
                 continue
-            self._ready.pop(node, None)
+            self._unready(node)
             self.results[node] = replace(
                 self._partial(node, None),
                 status=Status.SKIPPED,
@@ -273,7 +284,7 @@ class Scheduler:
         for node in self.graph.nodes:
             if node in self.results or (pending_only and node in self._running):
                 continue
-            self._ready.pop(node, None)
+            self._unready(node)
             self.results[node] = replace(self._partial(node, None), status=status, reason=reason)
 
     def _partial(self, node: str, ready: float | None) -> GateResult:

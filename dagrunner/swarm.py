@@ -19,16 +19,16 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dagrunner import worktrees as wt
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.graph import Graph, integrations_above, spec
-from dagrunner.integration import Integrator, integrator_lock
 from dagrunner.manifest import LAND_PREFIX, Manifest
-from dagrunner.queue import submit
 from dagrunner.records import GateResult, Status
+
+if TYPE_CHECKING:
+    from dagrunner.integration import Integrator
 
 
 @dataclass
@@ -60,6 +60,10 @@ class Swarm:
 
     def cwd_root(self, node: str) -> Path:
         """The tree a gate or worker runs in: its worktree, an integration worktree, or the repo."""
+        if not self.active:
+            return self.repo
+        from dagrunner import worktrees as wt
+
         gate = spec(self.graph, node)
         if gate.kind == "worker":
             info = wt.allocate(
@@ -77,6 +81,8 @@ class Swarm:
         return self.repo
 
     def export_worker(self, node: str) -> str:
+        from dagrunner import worktrees as wt
+
         summary = wt.export(f"{self.mission}/{node}", repo=self.repo)
         self.envelopes[node] = Path(summary["file"])
         if summary["empty"]:
@@ -95,6 +101,10 @@ class Swarm:
             return Status.FAILED, f"{exc.code}: {exc.message}"
 
     def integrate(self, node: str) -> tuple[Status, str]:
+        from dagrunner import worktrees as wt
+        from dagrunner.integration import Integrator, integrator_lock
+        from dagrunner.queue import submit
+
         gate = spec(self.graph, node)
         ctx = wt.open_context(self.repo, self.env)
         target = gate.target or wt.default_target(ctx)

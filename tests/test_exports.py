@@ -1,0 +1,21 @@
+"""The public Python API (what orchestrators import) is pinned here."""
+
+from __future__ import annotations
+
+import dagrunner
+
+
+def test_public_names_resolve() -> None:
+    for name in dagrunner.__all__:
+        assert getattr(dagrunner, name) is not None, name
+    assert callable(dagrunner.release_check) and callable(dagrunner.integrate)
+    assert dagrunner.submit.__name__ == "submit_files"
+
+
+def test_unknown_name_is_an_attribute_error() -> None:
+    try:
+        _ = dagrunner.no_such_thing
+    except AttributeError as exc:
+        assert "no_such_thing" in str(exc)
+    else:
+        raise AssertionError("expected AttributeError")
