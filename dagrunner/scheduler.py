@@ -82,9 +82,9 @@ class Scheduler:
         """Run every gate (or skip it) and return the results in topological order."""
         self._t0 = trio.current_time()
         self.governor.sample(0.0)  # live pressure is known before the first start
-        for node in self.graph.nodes:
-            if self._waiting_needs[node] == 0:
-                self._make_ready(node)
+        # Collect the roots first: a cache hit among them makes its dependents ready at once.
+        for node in [n for n in self.graph.nodes if self._waiting_needs[n] == 0]:
+            self._make_ready(node)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._sample_loop)
@@ -175,6 +175,8 @@ class Scheduler:
         return self._ready.pop(node)
 
     def _make_ready(self, node: str) -> None:
+        if node in self._ready or node in self._running or node in self.results:
+            return
         if self.lookup is not None:
             hit = self.lookup(node)
             if hit is not None:
