@@ -436,7 +436,21 @@ def prepare_run_dir(repo: Path, report_dir: Path | None, run_id: str) -> Path:
             for old in folder.iterdir():
                 old.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if report_dir is None:
+        _point_latest(run_dir)
     return run_dir
+
+
+def _point_latest(run_dir: Path) -> None:
+    """``reports/latest`` -> this run, so CI can publish a fixed path (replaced atomically)."""
+    latest = run_dir.parent / "latest"
+    if latest.exists() and not latest.is_symlink():
+        return  # a user's own file or folder of that name is left alone
+    temp = run_dir.parent / f".latest-{run_dir.name}"
+    with contextlib.suppress(OSError):
+        temp.unlink(missing_ok=True)
+        temp.symlink_to(run_dir.name)
+        temp.replace(latest)
 
 
 def release_check(options: RunOptions) -> tuple[RunRecord, Path]:

@@ -73,6 +73,9 @@ def test_default_report_dir_is_under_repo_reports(
 ) -> None:
     _code, _body, run_dir = check(capsys, repo, DIAMOND)
     assert run_dir.parent == repo / "reports"
+    assert (repo / "reports" / "latest").resolve() == run_dir.resolve()
+    _, _, second = check(capsys, repo, DIAMOND)
+    assert (repo / "reports" / "latest" / "run.json").resolve() == (second / "run.json").resolve()
 
 
 def test_report_dir_refuses_foreign_files(
