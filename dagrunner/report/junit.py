@@ -45,7 +45,9 @@ def render_junit(record: RunRecord, run_dir: Path) -> bytes:
             name=gate.id,
             time=f"{gate.duration:.3f}",
         )
-        tail = _clean(strip_ansi(read_log(run_dir, gate.log, limit=TAIL_BYTES)))
+        if gate.status is Status.PASSED:
+            continue  # a plain pass carries no text: do not read its log
+        tail = "" if gate.status is Status.SKIPPED else _tail(run_dir, gate.log)
         if gate.status in (Status.FAILED, Status.TIMED_OUT):
             element = ET.SubElement(
                 case, "failure", message=gate.reason or str(gate.status), type=str(gate.status)
@@ -67,7 +69,7 @@ def render_junit(record: RunRecord, run_dir: Path) -> bytes:
                     message=f"attempt {attempt.number}: exit code {attempt.exit_code}",
                     type="flaky",
                 )
-                flaky.text = _clean(strip_ansi(read_log(run_dir, attempt.log, limit=TAIL_BYTES)))
+                flaky.text = _tail(run_dir, attempt.log)
             out = ET.SubElement(case, "system-out")
             out.text = f"[dagrunner] flaky: {gate.reason}\n{tail}"
         elif gate.status is Status.CACHED:
@@ -76,6 +78,10 @@ def render_junit(record: RunRecord, run_dir: Path) -> bytes:
     ET.indent(suites)
     body: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)
     return body
+
+
+def _tail(run_dir: Path, log: str) -> str:
+    return _clean(strip_ansi(read_log(run_dir, log, limit=TAIL_BYTES)))
 
 
 def _clean(text: str) -> str:
