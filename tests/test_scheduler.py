@@ -265,3 +265,33 @@ estimate = "1s"
     assert critical_path(graph, expected_durations(graph, {})) == (["a", "b", "d"], 7.0)
     # A measured history outranks the estimate.
     assert critical_path(graph, expected_durations(graph, {"c": 9.0}))[0] == ["a", "c", "d"]
+
+
+def test_jobs_caps_concurrency(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gates = "\n".join(f'[gates.g{i}]\nrun = "sleep 0.1"\ncpu = 0.5\n' for i in range(6))
+    code, _, run_dir = check(capsys, repo, "[governor]\ncpu = 4\n" + gates, "--jobs", "2")
+    assert code == 0
+    recorded = gate_results(run_dir)
+    for gate in recorded.values():
+        gate["one"] = 1
+    assert peak_use(recorded, "one") == 2
+
+
+def test_measured_durations_feed_the_next_plan(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dagrunner.runner import RunOptions, load_step, plan_step
+
+    manifest = '[gates.slow]\nrun = "sleep 0.3"\nestimate = "10s"\n[gates.quick]\nrun = ["true"]\n'
+    path = repo / "m.toml"
+    options = RunOptions(repo=repo, manifest=path)
+    path.write_text(manifest)
+    assert (
+        plan_step(*load_step(options), options).expected["slow"] == 10.0
+    )  # the estimate, at first
+    code, _, run_dir = check(capsys, repo, manifest)
+    assert code == 0
+    measured = gate_results(run_dir)["slow"]["duration"]
+    expected = plan_step(*load_step(options), options).expected
+    assert expected["slow"] == pytest.approx(measured, abs=1e-3)
+    assert 0.25 < expected["slow"] < 5
