@@ -83,6 +83,7 @@ class GateResult:
     skipped_because: str | None = None
     cache: dict[str, Any] | None = None
     command: str = ""
+    kind: str = "gate"  # gate | worker | integrate | land
 
     @property
     def duration(self) -> float:

@@ -249,6 +249,7 @@ class Scheduler:
             memory_exceeded=outcome.memory_exceeded,
             cache=outcome.cache,
             command=outcome.command,
+            kind=gate.kind,
         )
         self.results[node] = result
         if self.listener is not None:
@@ -295,6 +296,7 @@ class Scheduler:
         return GateResult(
             id=node,
             status=Status.SKIPPED,
+            kind=gate.kind,
             needs=gate.needs,
             cpu=gate.cpu,
             memory=gate.memory,

@@ -24,6 +24,7 @@ class Box:
     label: str
     tip: str
     critical: bool
+    kind: str
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,11 @@ class Edge:
 
 
 def _tip(gate: GateResult) -> str:
-    parts = [f"{gate.id}: {gate.status}"]
+    parts = [
+        f"{gate.id} ({gate.kind}): {gate.status}"
+        if gate.kind != "gate"
+        else f"{gate.id}: {gate.status}"
+    ]
     if gate.attempts:
         parts.append(f"{gate.duration:.2f}s")
     if gate.reason:
@@ -83,6 +88,7 @@ def dag_layout(record: RunRecord) -> dict[str, Any]:
             label="" if small else (name if len(name) <= 20 else name[:19] + "…"),
             tip=_tip(gates[name]),
             critical=name in critical,
+            kind=gates[name].kind,
         )
         for name in gates
     }
