@@ -95,9 +95,15 @@ def test_longest_remaining_path_starts_first(
     assert order.index("chain2") < order.index("x1")  # the chain keeps priority while it lasts
 
 
+# Tests that need gates to run side by side switch live pressure off, so a busy
+# machine (load past the default threshold) cannot serialise them.
+NO_PRESSURE = "max_load = 1000\nmin_available_memory = 0\n"
+
 BACKFILL = """
     [governor]
     cpu = 2
+    max_load = 1000
+    min_available_memory = 0
     backfill_limit = "{limit}"
     [gates.long]
     run = "sleep 1"
@@ -197,6 +203,9 @@ def test_fail_fast_stops_at_the_first_failure(
         capsys,
         repo,
         """
+        [governor]
+        max_load = 1000
+        min_available_memory = 0
         [gates.bad]
         run = "sleep 0.1; exit 1"
         [gates.slow]
@@ -269,7 +278,8 @@ estimate = "1s"
 
 def test_jobs_caps_concurrency(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     gates = "\n".join(f'[gates.g{i}]\nrun = "sleep 0.1"\ncpu = 0.5\n' for i in range(6))
-    code, _, run_dir = check(capsys, repo, "[governor]\ncpu = 4\n" + gates, "--jobs", "2")
+    manifest = "[governor]\ncpu = 4\n" + NO_PRESSURE + gates
+    code, _, run_dir = check(capsys, repo, manifest, "--jobs", "2")
     assert code == 0
     recorded = gate_results(run_dir)
     for gate in recorded.values():
