@@ -17,6 +17,7 @@ import pytest
 from dagrunner.cli import run_cli
 
 PY = sys.executable
+CLI = [sys.executable, "-m", "dagrunner"]  # the command line, as a user runs it
 
 
 @pytest.fixture(autouse=True)

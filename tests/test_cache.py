@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from conftest import check, git, run_json, write_manifest
+from conftest import CLI, check, git, run_json, write_manifest
 
 MANIFEST = """
     cache_salt = "{salt}"
@@ -245,9 +244,7 @@ def test_two_runs_sharing_a_cache_at_once(project: dict[str, Path], tmp_path: Pa
     procs = [
         subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "dagrunner",
+                *CLI,
                 "release-check",
                 "m.toml",
                 "--quiet",

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import check, run_json, write_manifest
+from conftest import CLI, check, run_json, write_manifest
 
 from dagrunner.cli import run_cli
 
@@ -112,7 +111,7 @@ def test_bad_usage_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_python_dash_m_works(repo: Path) -> None:
     write_manifest(repo, DIAMOND)
     proc = subprocess.run(
-        [sys.executable, "-m", "dagrunner", "graph", "m.toml", "--json"],
+        [*CLI, "graph", "m.toml", "--json"],
         cwd=repo,
         capture_output=True,
         check=False,

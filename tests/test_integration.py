@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from conftest import git, run_json
+from conftest import CLI, git, run_json
 
 from dagrunner import lifecycle
 from dagrunner import worktrees as wt
@@ -187,7 +186,7 @@ def test_concurrent_submitters(project: Path) -> None:
     ]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "dagrunner", "integrate", "submit", str(e), "--json"],
+            [*CLI, "integrate", "submit", str(e), "--json"],
             cwd=project,
             stdout=subprocess.PIPE,
         )
@@ -273,7 +272,7 @@ def test_sigkill_then_rerun(project: Path, point: str) -> None:
     envelopes.append(worker(project, "kbad", breaks_gate))
     submit(repo_info(project), envelopes)
     crashed = subprocess.run(
-        [sys.executable, "-m", "dagrunner", "integrate", "run", "--json"],
+        [*CLI, "integrate", "run", "--json"],
         cwd=project,
         env={**os.environ, "DAGRUNNER_CRASH_AT": point},
         capture_output=True,
@@ -281,7 +280,7 @@ def test_sigkill_then_rerun(project: Path, point: str) -> None:
     )
     assert crashed.returncode == -9, crashed.stderr.decode()
     rerun = subprocess.run(
-        [sys.executable, "-m", "dagrunner", "integrate", "run", "--json"],
+        [*CLI, "integrate", "run", "--json"],
         cwd=project,
         capture_output=True,
         check=False,

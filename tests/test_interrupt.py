@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import alive, write_manifest
+from conftest import CLI, alive, write_manifest
 
 
 def wait_for(path: Path, timeout: float = 20.0) -> None:
@@ -38,9 +37,7 @@ def test_signal_interrupts_cleanly(repo: Path, tmp_path: Path, sig: signal.Signa
     report = tmp_path / "run"
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "dagrunner",
+            *CLI,
             "release-check",
             "m.toml",
             "--quiet",

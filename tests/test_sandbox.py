@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, alive, check, gate_results, git, write_manifest
+from conftest import CLI, PY, alive, check, gate_results, git, write_manifest
 
 ENV_DUMP = f'run = ["{PY}", "-c", "import os, json; print(json.dumps(dict(os.environ)))"]'
 
@@ -143,9 +142,7 @@ def test_huge_output_is_bounded_and_runner_memory_stays_flat(repo: Path, tmp_pat
     report = tmp_path / "run"
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "dagrunner",
+            *CLI,
             "release-check",
             "m.toml",
             "--quiet",

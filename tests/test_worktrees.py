@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import git, run_json
+from conftest import CLI, git, run_json
 
 from dagrunner import lifecycle
 from dagrunner import worktrees as wt
@@ -188,9 +188,7 @@ def test_twenty_concurrent_allocations(project: Path) -> None:
     procs = [
         subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "dagrunner",
+                *CLI,
                 "worktree",
                 "allocate",
                 "--mission",
