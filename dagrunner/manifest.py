@@ -231,16 +231,17 @@ def _fraction(raw: Any) -> float:
 
 
 def _run(raw: Any) -> tuple[str, ...] | str:
+    """A command: a non-empty argv list, or non-blank shell text (emptiness is checked by the caller)."""
     if isinstance(raw, str):
-        if not raw.strip():
-            raise ValueError("empty")
         return raw
     argv = _string_list(raw) if isinstance(raw, list) else None
     if argv is None:
         raise _TypeMismatch("an array of strings (argv) or a string (run by sh -c)")
-    if not argv or not argv[0]:
-        raise ValueError("empty")
     return argv
+
+
+def _is_empty(run: tuple[str, ...] | str) -> bool:
+    return not run.strip() if isinstance(run, str) else not run or not run[0]
 
 
 def _relative_path(raw: Any) -> str:
@@ -303,26 +304,15 @@ def _read_budget(table: _Table) -> BudgetSpec:
 
 def _read_gate(gate_id: str, table: _Table, defaults: GateSpec, kind: str = "gate") -> GateSpec:
     _check_id(gate_id, table)
-    if "run" not in table.data:
+    run: tuple[str, ...] | str = table.take("run", _run, ())
+    if _is_empty(run):
         raise DagrunnerError(
             "manifest-empty-run",
-            "the gate has no 'run' command",
+            "the gate has no 'run' command" if "run" not in table.data else "its 'run' is empty",
             where=table.file,
             key=table.path("run"),
-            hint='add run = ["program", "arg"] (argv) or run = "shell text"',
+            hint='give a command: run = ["program", "arg"] (argv) or run = "shell text"',
         )
-    try:
-        run = table.take("run", _run, defaults.run)
-    except DagrunnerError as exc:
-        if exc.message != "empty":
-            raise
-        raise DagrunnerError(
-            "manifest-empty-run",
-            "the gate's 'run' command is empty",
-            where=table.file,
-            key=table.path("run"),
-            hint='give a command: run = ["program", "arg"] or run = "shell text"',
-        ) from None
     env_table = table.table("env")
     spec = GateSpec(
         id=gate_id,
