@@ -304,7 +304,7 @@ def _read_budget(table: _Table) -> BudgetSpec:
 
 def _read_gate(gate_id: str, table: _Table, defaults: GateSpec, kind: str = "gate") -> GateSpec:
     _check_id(gate_id, table)
-    run: tuple[str, ...] | str = table.take("run", _run, ())
+    run = table.take("run", _run, "")  # missing reads as empty
     if _is_empty(run):
         raise DagrunnerError(
             "manifest-empty-run",
