@@ -304,7 +304,8 @@ def _read_budget(table: _Table) -> BudgetSpec:
 
 def _read_gate(gate_id: str, table: _Table, defaults: GateSpec, kind: str = "gate") -> GateSpec:
     _check_id(gate_id, table)
-    run = table.take("run", _run, "")  # missing reads as empty
+    missing: tuple[str, ...] | str = ""  # a missing run reads as an empty one
+    run = table.take("run", _run, missing)
     if _is_empty(run):
         raise DagrunnerError(
             "manifest-empty-run",
