@@ -13,7 +13,7 @@ import json
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,6 +59,8 @@ class GateSpec:
     base: str = "HEAD"  # worker: the commit its worktree starts from
     target: str | None = None  # integrate: the branch to land on (default: the checked-out one)
     queue: bool = False  # integrate: also take envelopes already on the queue
+    setup: tuple[str, ...] = ()  # worker: commands run in a new worktree before ``run``
+    setup_timeout: float = 300.0
 
 
 KINDS = ("gate", "worker", "integrate", "land")
@@ -80,6 +82,7 @@ class GovernorSpec:
 class BudgetSpec:
     max_wall: float | None = None
     min_speedup: float | None = None
+    max_duration: Mapping[str, float] = field(default_factory=dict)  # per gate, merged into gates
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,10 +296,17 @@ def _read_governor(table: _Table) -> GovernorSpec:
     return spec
 
 
+def _durations(raw: Any) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        raise _TypeMismatch('a table of GATE = "duration"')
+    return {str(name): _duration(value) for name, value in raw.items()}
+
+
 def _read_budget(table: _Table) -> BudgetSpec:
     spec = BudgetSpec(
         max_wall=table.take("max_wall", _duration, None),
         min_speedup=table.take("min_speedup", _positive, None),
+        max_duration=table.take("max_duration", _durations, {}),
     )
     table.finish()
     return spec
@@ -333,6 +343,8 @@ def _read_gate(gate_id: str, table: _Table, defaults: GateSpec, kind: str = "gat
         description=table.take("description", _string, ""),
         kind=kind,
         base=table.take("base", _string, "HEAD") if kind == "worker" else "HEAD",
+        setup=table.take("setup", _string_list, ()) if kind == "worker" else (),
+        setup_timeout=table.take("setup_timeout", _duration, 300.0) if kind == "worker" else 300.0,
     )
     table.finish()
     if len(set(spec.needs)) != len(spec.needs):
@@ -531,6 +543,16 @@ def load_manifest(path: Path) -> Manifest:
                 )
             gates[spec.id] = spec
     top.finish()
+    for gate_id, seconds in budget.max_duration.items():
+        if gate_id not in gates:
+            raise DagrunnerError(
+                "manifest-unknown-dependency",
+                f"[budget] max_duration names {gate_id!r}, which is not defined",
+                where=file,
+                key=f"budget.max_duration.{gate_id}",
+                hint=f"defined: {', '.join(sorted(gates))}",
+            )
+        gates[gate_id] = replace(gates[gate_id], max_duration=seconds)
     if not gates:
         raise DagrunnerError(
             "manifest-no-gates",

@@ -72,6 +72,8 @@ class Swarm:
                 base=gate.base,
                 repo=self.repo,
                 session=f"run-{self.run_id}",
+                setup=gate.setup,
+                setup_timeout=gate.setup_timeout,
                 env=self.env,
             )
             return Path(info["path"])

@@ -313,3 +313,17 @@ def test_min_speedup_budget(capsys: pytest.CaptureFixture[str], repo: Path) -> N
     )
     assert code == 1
     assert body["budget"]["misses"][0]["budget"] == "min_speedup"
+
+
+def test_budget_table_of_per_gate_durations(capsys: pytest.CaptureFixture[str], repo: Path) -> None:
+    code, body, _ = check(
+        capsys,
+        repo,
+        '[budget]\nmax_duration = { slow = "50ms" }\n[gates.slow]\nrun = "sleep 0.2"\n',
+    )
+    assert code == 1
+    assert body["budget"]["misses"][0]["budget"] == "gates.slow.max_duration"
+    code, body, _ = check(
+        capsys, repo, '[budget]\nmax_duration = { ghost = "1s" }\n[gates.a]\nrun = ["true"]\n'
+    )
+    assert code == 2 and body["error"]["key"] == "budget.max_duration.ghost"

@@ -110,3 +110,27 @@ def test_swarm_manifest_rules(
     path = write_manifest(repo, text)
     code, body = run_json(capsys, "graph", str(path))
     assert code == 2 and fragment in body["error"]["message"]
+
+
+def test_worker_setup_runs_first_and_a_failing_one_fails_the_worker(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _body, run_dir = check(
+        capsys,
+        repo,
+        """
+        [workers.prepared]
+        setup = ["touch prepared.flag"]
+        run = "test -f prepared.flag && echo ready > ready.txt"
+        [workers.broken]
+        setup = ["false"]
+        run = ["true"]
+        [integrate.main]
+        needs = ["prepared"]
+    """,
+    )
+    results = gate_results(run_dir)
+    assert results["prepared"]["status"] == "passed"
+    assert results["broken"]["status"] == "failed"
+    assert "setup-failed" in results["broken"]["reason"]
+    assert code == 1
