@@ -156,6 +156,8 @@ class Integrator:
     def prepare_worktree(self, head: str) -> None:
         if not (self.wt / ".git").exists():
             self.wt.parent.mkdir(parents=True, exist_ok=True)
+            # A registration whose folder was deleted by hand is locked: unlock, then prune it.
+            git(["worktree", "unlock", str(self.wt)], cwd=self.repo, check=False)
             git(["worktree", "prune"], cwd=self.repo, check=False)
             git(
                 [

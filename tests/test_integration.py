@@ -300,3 +300,15 @@ def test_sigkill_then_rerun(project: Path, point: str) -> None:
         ["sh", "-c", "! grep -rq BROKEN --include=*.txt ."], cwd=project, check=False
     )
     assert gate.returncode == 0
+
+
+def test_integration_worktree_deleted_by_hand_is_rebuilt(project: Path) -> None:
+    import shutil
+
+    submit(repo_info(project), [worker(project, "w1", independent_1)])
+    first = integrate(repo=project)
+    assert first.ok and states(project) == {"w1": "landed"}
+    shutil.rmtree(wt.open_context(project).root / ".integration" / "main")
+    submit(repo_info(project), [worker(project, "w2", lambda p: (p / "two.txt").write_text("2\n"))])
+    assert integrate(repo=project).ok
+    assert states(project) == {"w1": "landed", "w2": "landed"}
