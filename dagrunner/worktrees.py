@@ -167,14 +167,18 @@ def _allocate_locked(
                 where=str(path),
                 hint="move it away; dagrunner never reuses or overwrites a stray directory",
             )
-        if (
+        branch_exists = (
             git(
                 ["rev-parse", "--verify", "-q", f"refs/heads/{branch}"],
                 cwd=ctx.info.root,
                 check=False,
             ).returncode
             == 0
-        ):
+        )
+        if branch_exists and existing is not None:
+            # Ours, but its folder vanished: bring it back from its branch (its commits are there).
+            return _restore(ctx, wt_id, existing, path, branch, session)
+        if branch_exists:
             raise DagrunnerError(
                 "branch-exists",
                 f"branch {branch} already exists and is not a recorded worktree",
@@ -219,6 +223,32 @@ def _allocate_locked(
         pooled=pooled,
         copied=copied,
     )
+
+
+def _restore(
+    ctx: Context, wt_id: str, existing: dict[str, Any], path: Path, branch: str, session: str | None
+) -> dict[str, Any]:
+    git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
+    git(["worktree", "prune"], cwd=ctx.info.root, check=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    git(
+        ["worktree", "add", "--lock", "--reason", f"dagrunner: {wt_id}", str(path), branch],
+        cwd=ctx.info.root,
+    )
+    copied = _copy_included(ctx.info.root, path)
+    owner = existing.get("session") or session
+    record = ctx.ledger.append(
+        "allocated",
+        wt_id,
+        path=str(path),
+        branch=branch,
+        base=existing["base"],
+        session=owner,
+        pooled=False,
+        copied=copied,
+        restored=True,
+    )
+    return _describe(ctx, wt_id, {**record, "created": record["at"]}, reused=True, restored=True)
 
 
 def _main_dirty(ctx: Context) -> bool | None:

@@ -387,3 +387,17 @@ def test_pooled_allocation_is_like_a_fresh_one(project: Path) -> None:
     assert (path / "later.txt").read_text() == "later\n"
     assert "locked dagrunner: m/w2" in git(project, "worktree", "list", "--porcelain")
     assert repo_info(project).common_dir == repo_info(path).common_dir
+
+
+def test_vanished_worktree_is_restored_from_its_branch(project: Path) -> None:
+    import shutil
+
+    path = Path(alloc(project, session="s1")["path"])
+    (path / "kept.txt").write_text("committed work\n")
+    commit_all(path)
+    shutil.rmtree(path)
+    assert lifecycle.status("m/w1", repo=project)["missing"] is True
+    again = alloc(project, session="s1")
+    assert again["restored"] is True and again["path"] == str(path)
+    assert (path / "kept.txt").read_text() == "committed work\n"
+    assert lifecycle.status("m/w1", repo=project)["missing"] is False
