@@ -267,7 +267,8 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             )
         if result.target_moving:
             print("target-moving: the target kept moving; the rest stays queued")
-    return ExitCode.OK if result.ok else ExitCode.FAILED
+    gates_failed = any(e["state"] == "gates-failed" for e in body["envelopes"])
+    return ExitCode.OK if result.ok and not gates_failed else ExitCode.FAILED
 
 
 # -- report ----------------------------------------------------------------------

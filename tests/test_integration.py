@@ -118,7 +118,7 @@ def test_five_workers_scenario(
     assert set(envelopes) == set(changes)
     submit(repo_info(project), [envelopes[n] for n in sorted(envelopes)])
     code, body = run_json(capsys, "integrate", "run", "--repo", str(project))
-    assert code == 0, body
+    assert code == 1, body  # w5's gates failed: the contract's exit 1
     assert states(project) == {
         "w1": "landed",
         "w2": "landed",
@@ -285,7 +285,7 @@ def test_sigkill_then_rerun(project: Path, point: str) -> None:
         capture_output=True,
         check=False,
     )
-    assert rerun.returncode == 0, rerun.stderr.decode()
+    assert rerun.returncode == 1, rerun.stderr.decode()  # kbad: gates failed
     assert states(project) == {
         "k0": "landed",
         "k1": "landed",
