@@ -16,7 +16,7 @@ def dask_address() -> Iterator[str]:
     from distributed import LocalCluster
 
     with LocalCluster(
-        n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None
+        n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0"
     ) as cluster:
         yield "dask://" + str(cluster.scheduler_address).split("://", 1)[1]
 
