@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -31,6 +32,16 @@ class Capacity:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def load_now() -> tuple[float, float]:
+    """(1-minute load average, tasks runnable right now); the second is the first off Linux."""
+    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    try:
+        fields = Path("/proc/loadavg").read_text().split()
+        return load1, float(int(fields[3].split("/")[0]) - 1)  # less the reader itself
+    except (OSError, IndexError, ValueError):
+        return load1, load1
 
 
 def machine_cpus() -> int:
@@ -119,15 +130,20 @@ class Governor:
     def sample(self, t: float) -> GovernorSample:
         """Read the machine now; update ``pressured``; keep the sample."""
         memory = psutil.virtual_memory()
-        load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-        self.pressured = (
-            memory.available < self.capacity.min_available_memory
-            or load1 / machine_cpus() > self.capacity.max_load
+        load1, runnable = load_now()
+        cpus = machine_cpus()
+        # The 1-minute average lags by design: right after a busy minute it still reads
+        # high on an idle machine.  Count it only while the runnable tasks right now
+        # agree, so that the machine's past (often our own earlier work) holds nothing.
+        overloaded = (
+            load1 / cpus > self.capacity.max_load and runnable / cpus > self.capacity.max_load
         )
+        self.pressured = memory.available < self.capacity.min_available_memory or overloaded
         sample = GovernorSample(
             t=round(t, 3),
             cpu_percent=psutil.cpu_percent(interval=None),
             load1=round(load1, 2),
+            runnable=runnable,
             memory_available=memory.available,
             declared_cpu=self.used_cpu,
             declared_memory=self.used_memory,

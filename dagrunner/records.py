@@ -138,6 +138,7 @@ class GovernorSample:
     t: float
     cpu_percent: float
     load1: float
+    runnable: float  # tasks runnable at the moment of the sample
     memory_available: int
     declared_cpu: float
     declared_memory: int
