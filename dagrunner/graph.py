@@ -179,6 +179,7 @@ def describe(graph: Graph, durations: Mapping[str, float]) -> dict[str, Any]:
                 "needs": sorted(graph.predecessors(node)),
                 "expected": round(durations[node], 3),
                 "priority": round(bottom[node], 3),
+                "kind": spec(graph, node).kind,
                 "cpu": spec(graph, node).cpu,
                 "memory": spec(graph, node).memory,
             }
@@ -189,9 +190,14 @@ def describe(graph: Graph, durations: Mapping[str, float]) -> dict[str, Any]:
 
 def render_text(graph: Graph, durations: Mapping[str, float]) -> str:
     info = describe(graph, durations)
-    lines = [f"{graph.number_of_nodes()} gates, {graph.number_of_edges()} edges"]
+    lines = [f"{graph.number_of_nodes()} nodes, {graph.number_of_edges()} edges"]
+
+    def label(node: str) -> str:
+        kind = spec(graph, node).kind
+        return node if kind == "gate" else f"{node}[{kind}]"
+
     for depth, names in enumerate(info["levels"]):
-        lines.append(f"level {depth}: {' '.join(names)}")
+        lines.append(f"level {depth}: {' '.join(label(n) for n in names)}")
     crit = info["critical_path"]
     lines.append(f"critical path ({crit['duration']:.1f}s expected): {' -> '.join(crit['gates'])}")
     lines.append("order: " + " ".join(info["order"]))
