@@ -475,6 +475,11 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`dagrunner graph | head`): stop quietly, as shell tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
     except Exception:
         fd, path = tempfile.mkstemp(prefix="dagrunner-crash-", suffix=".log")
         with os.fdopen(fd, "w") as handle:

@@ -118,3 +118,14 @@ def test_python_dash_m_works(repo: Path) -> None:
     )
     assert proc.returncode == 0
     assert orjson.loads(proc.stdout)["critical_path"]["gates"] == ["a", "b", "d"]
+
+
+def test_closed_pipe_is_not_a_crash(repo: Path) -> None:
+    write_manifest(repo, DIAMOND)
+    proc = subprocess.Popen(
+        [*CLI, "graph", "m.toml"], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader goes away before dagrunner writes
+    _, err = proc.communicate(timeout=30)
+    assert b"unexpected error" not in err and b"Traceback" not in err
