@@ -326,22 +326,20 @@ def explain(current: KeyParts | str, stored: dict[str, Any] | None) -> list[str]
         old, new = stored.get("definition", {}).get(name), now["definition"].get(name)
         if old != new:
             found.append(f"definition: {name} changed ({old!r} -> {new!r})")
-    old_env, new_env = stored.get("env", {}), now["env"]
-    for name in sorted(set(old_env) | set(new_env)):
-        if name not in old_env:
-            found.append(f"env: {name} now reaches the gate")
-        elif name not in new_env:
-            found.append(f"env: {name} no longer reaches the gate")
-        elif old_env[name] != new_env[name]:
-            found.append(f"env: {name} has a different value")
-    old_in, new_in = stored.get("inputs", {}), now["inputs"]
-    for path in sorted(set(old_in) | set(new_in)):
-        if path not in old_in:
-            found.append(f"input added: {path}")
-        elif path not in new_in:
-            found.append(f"input removed: {path}")
-        elif old_in[path] != new_in[path]:
-            found.append(f"input changed: {path}")
+    found += _differences(
+        stored.get("env", {}),
+        now["env"],
+        "env: {} now reaches the gate",
+        "env: {} no longer reaches the gate",
+        "env: {} has a different value",
+    )
+    found += _differences(
+        stored.get("inputs", {}),
+        now["inputs"],
+        "input added: {}",
+        "input removed: {}",
+        "input changed: {}",
+    )
     for need in sorted(set(stored.get("needs", {})) | set(now["needs"])):
         if stored.get("needs", {}).get(need) != now["needs"].get(need):
             found.append(f"upstream key changed: {need}")
@@ -353,3 +351,18 @@ def explain(current: KeyParts | str, stored: dict[str, Any] | None) -> list[str]
                 f"{now['tool_lines'].get(command, '?')!r})"
             )
     return found or ["the key differs but no component does (a stored entry from another tool?)"]
+
+
+def _differences(
+    old: dict[str, Any], new: dict[str, Any], added: str, removed: str, changed: str
+) -> list[str]:
+    """One sentence per key that appeared, vanished or changed value, in key order."""
+    found = []
+    for key in sorted(set(old) | set(new)):
+        if key not in old:
+            found.append(added.format(key))
+        elif key not in new:
+            found.append(removed.format(key))
+        elif old[key] != new[key]:
+            found.append(changed.format(key))
+    return found

@@ -138,6 +138,7 @@ class Integrator:
             target=target, start="", end="", report_dir=str(self.reports)
         )
         self.outcomes: dict[str, dict[str, Any]] = {}
+        self.meta: dict[str, dict[str, Any]] = {}
         self.stop = False
 
     # -- set-up --------------------------------------------------------------------------
@@ -250,13 +251,20 @@ class Integrator:
         self.write_report()
         return self.result
 
+    def who(self, envelope_id: str) -> dict[str, Any]:
+        """Mission and worker of a queued envelope (the journal is read once per run)."""
+        if envelope_id not in self.meta:
+            self.meta = {
+                i: {"mission": e.get("mission"), "worker": e.get("worker")}
+                for i, e in self.queue.entries().items()
+            }
+        return self.meta.get(envelope_id, {"mission": None, "worker": None})
+
     def finish(self, envelope_id: str, state: str, **details: Any) -> None:
         entry = self.queue.record(envelope_id, state, **details)
-        meta = self.queue.entries().get(envelope_id, {})
         self.outcomes[envelope_id] = {
             "id": envelope_id,
-            "mission": meta.get("mission"),
-            "worker": meta.get("worker"),
+            **self.who(envelope_id),
             **{k: v for k, v in entry.items() if k not in ("at", "id")},
         }
 
@@ -453,11 +461,9 @@ class Integrator:
         self.stop = True
         for envelope, _ in applied:
             self.queue.record(envelope.id, "queued", note=f"{code}: {why}")
-            meta = self.queue.entries()[envelope.id]
             self.outcomes[envelope.id] = {
                 "id": envelope.id,
-                "mission": meta.get("mission"),
-                "worker": meta.get("worker"),
+                **self.who(envelope.id),
                 "state": "queued",
                 "reason": f"landing refused ({code}): {why}",
             }

@@ -89,7 +89,17 @@ def submit(info: RepoInfo, files: Iterable[Path]) -> list[dict[str, Any]]:
     """
     envelopes: list[tuple[Path, Envelope, bytes]] = []
     for path in files:
-        envelope = load_envelope(path)
+        # Read once, validate those bytes, store those bytes: no second read can differ.
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise DagrunnerError(
+                "envelope-unreadable",
+                exc.strerror or str(exc),
+                where=str(path),
+                hint="check the path",
+            ) from None
+        envelope = parse_envelope(raw, where=str(path))
         if not same_repository(envelope.fields["repo"], info):
             raise DagrunnerError(
                 "envelope-foreign-repo",
@@ -97,7 +107,7 @@ def submit(info: RepoInfo, files: Iterable[Path]) -> list[dict[str, Any]]:
                 where=str(path),
                 hint="submit it to the repository its worktree belongs to",
             )
-        envelopes.append((path, envelope, path.read_bytes()))
+        envelopes.append((path, envelope, raw))
     queue = Queue.of(info)
     results = []
     with queue.lock():
@@ -115,7 +125,6 @@ def submit(info: RepoInfo, files: Iterable[Path]) -> list[dict[str, Any]]:
                     }
                 )
                 continue
-            parse_envelope(raw, where=str(path))  # the bytes we store are the bytes we checked
             atomic_write(queue.envelope_path(envelope.id), raw)
             queue.record(
                 envelope.id,
