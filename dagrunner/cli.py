@@ -246,6 +246,7 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         manifest=args.manifest,
         batch=args.batch,
         wait=not args.no_wait,
+        trust_envelope_manifest=args.trust_envelope_manifest,
     )
     body = result.to_json()
     if args.json:
@@ -405,7 +406,15 @@ def build_parser() -> argparse.ArgumentParser:
     ir = ig_sub.add_parser("run", parents=[common, repo_opt], help="apply, gate and land the queue")
     ir.add_argument("--target", help="branch to land on (default: the main checkout's branch)")
     ir.add_argument(
-        "--manifest", type=Path, help="gates to run (default: manifests/release.toml of the target)"
+        "--manifest",
+        type=Path,
+        help="gates to run: a path in the target's head (default manifests/release.toml), "
+        "or an absolute path to your own file; never read from the tree under test",
+    )
+    ir.add_argument(
+        "--trust-envelope-manifest",
+        action="store_true",
+        help="single-user set-ups only: read the manifest from the tree under test",
     )
     ir.add_argument(
         "--batch",

@@ -21,7 +21,7 @@ import datetime as dt
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -29,9 +29,11 @@ from typing import Any
 import orjson
 
 from dagrunner import __version__
-from dagrunner.errors import DagrunnerError
+from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import atomic_write
 from dagrunner.git import git
+from dagrunner.names import RULE, is_safe_id, is_safe_name
+from dagrunner.patch import FilePatch, PatchFormatError, parse_patch
 from dagrunner.snapshot import state_tree
 
 SCHEMA = "dagrunner.patch-envelope/1"
@@ -56,6 +58,7 @@ REQUIRED: dict[str, type | tuple[type, ...]] = {
     "empty": bool,
 }
 _HEX40 = re.compile(r"[0-9a-f]{40}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _KIND = {
     "A": "added",
     "D": "deleted",
@@ -96,6 +99,12 @@ class Envelope:
 
 
 # -- export ----------------------------------------------------------------------------
+
+
+def envelope_id(mission: str, worker: str, base: str, tree: str) -> str:
+    """``mission.worker.<hash of mission, worker, base and tree>``: the same work, the same id."""
+    ident = hashlib.sha256(f"{mission}/{worker}\0{base}\0{tree}".encode()).hexdigest()[:16]
+    return f"{mission}.{worker}.{ident}"
 
 
 def _split_z(data: bytes) -> list[str]:
@@ -163,7 +172,16 @@ def export_worktree(
     base: str,
     session: str | None = None,
 ) -> Envelope:
-    """The envelope of everything done in ``path`` since ``base`` (read-only for the worktree)."""
+    """The envelope of everything done in ``path`` since ``base`` (read-only for the worktree).
+
+    Raises DagrunnerError ``export-unfinished`` (exit 4) while a merge, rebase,
+    cherry-pick, revert or am is in progress or paths are unmerged: conflict
+    markers must never travel as work.
+    """
+    status = _split_z(
+        git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=path).stdout
+    )
+    check_finished(path, status)
     tree = state_tree(path)
     head = git(["rev-parse", "HEAD"], cwd=path).text
     branch = git(["symbolic-ref", "--short", "-q", "HEAD"], cwd=path, check=False).text
@@ -180,18 +198,14 @@ def export_worktree(
         ],
         cwd=path,
     ).stdout
-    status = _split_z(
-        git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=path).stdout
-    )
     base_tree = git(["rev-parse", f"{base}^{{tree}}"], cwd=path).text
     try:
         text, encoding = diff.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         text, encoding = base64.b64encode(diff).decode(), "base64"
-    ident = hashlib.sha256(f"{mission}/{worker}\0{base}\0{tree}".encode()).hexdigest()[:16]
     fields = {
         "schema": SCHEMA,
-        "id": f"{mission}.{worker}.{ident}",
+        "id": envelope_id(mission, worker, base, tree),
         "mission": mission,
         "worker": worker,
         "session": session,
@@ -213,6 +227,33 @@ def export_worktree(
     return Envelope(fields=fields, diff=diff)
 
 
+OPERATIONS = {
+    "MERGE_HEAD": "a merge",
+    "rebase-merge": "a rebase",
+    "rebase-apply": "a rebase or am",
+    "CHERRY_PICK_HEAD": "a cherry-pick",
+    "REVERT_HEAD": "a revert",
+}
+
+
+def check_finished(path: Path, status: list[str]) -> None:
+    """Refuse (exit 4) a worktree with unmerged paths or a git operation in progress."""
+    git_dir = Path(git(["rev-parse", "--absolute-git-dir"], cwd=path).text)
+    going = [what for name, what in OPERATIONS.items() if (git_dir / name).exists()]
+    unmerged = [entry.rsplit(" ", 1)[-1] for entry in status if entry.startswith("u ")]
+    if going or unmerged:
+        what = ", ".join(going) if going else "no operation"
+        raise DagrunnerError(
+            "export-unfinished",
+            f"{what} in progress; unmerged paths: {', '.join(unmerged) or 'none'}",
+            where=str(path),
+            exit_code=ExitCode.REFUSED,
+            details={"operations": going, "unmerged": unmerged},
+            hint="finish or abort it in the worktree (git merge --abort, git rebase --continue, "
+            "...), then export again",
+        )
+
+
 def write_envelope(envelope: Envelope, path: Path) -> None:
     atomic_write(path, envelope.to_bytes())
 
@@ -225,7 +266,14 @@ def _reject(code: str, message: str, where: str | None, hint: str) -> DagrunnerE
 
 
 def parse_envelope(data: bytes, *, where: str | None = None, limit: int | None = None) -> Envelope:
-    """Validate raw envelope bytes; raise DagrunnerError (exit 2) naming the reason."""
+    """Validate raw envelope bytes; raise DagrunnerError (exit 2) naming the reason.
+
+    Every field is checked before anything uses it: names against the safe-name
+    rule (they become paths, refs and commit trailers), the id against the
+    mission, worker, base and tree it is derived from, the diff against its hash,
+    and what the diff touches -- read from the diff's own structure -- against
+    ``changed_files``.
+    """
     limit = max_bytes() if limit is None else limit
     if len(data) > 2 * limit + 1024 * 1024:
         raise _reject(
@@ -244,32 +292,18 @@ def parse_envelope(data: bytes, *, where: str | None = None, limit: int | None =
         schema = fields.get("schema") if isinstance(fields, dict) else None
         raise _reject(
             "envelope-schema",
-            f"schema {schema!r} is not {SCHEMA!r}",
+            f"schema {str(schema)[:80]!r} is not {SCHEMA!r}",
             where,
             "export it with this dagrunner (worktree export)",
         )
-    for name, kind in REQUIRED.items():
-        if not isinstance(fields.get(name), kind):
-            raise _reject(
-                "envelope-field",
-                f"field {name!r} is missing or not a {kind}",
-                where,
-                "re-export it; envelopes are not meant to be edited",
-            )
-    if not isinstance(fields.get("diff"), str):
-        raise _reject("envelope-field", "field 'diff' is missing", where, "re-export it")
-    for name in ("base", "head", "tree"):
-        if not _HEX40.fullmatch(fields[name]):
-            raise _reject(
-                "envelope-field", f"{name} is not a full object id", where, "re-export it"
-            )
+    _check_fields(fields, where)
     try:
         if fields["diff_encoding"] == "base64":
             diff = base64.b64decode(fields["diff"], validate=True)
         elif fields["diff_encoding"] == "utf-8":
             diff = fields["diff"].encode("utf-8")
         else:
-            raise ValueError(f"unknown diff_encoding {fields['diff_encoding']!r}")
+            raise ValueError(f"unknown diff_encoding {fields['diff_encoding'][:40]!r}")
     except ValueError as exc:
         raise _reject("envelope-field", str(exc), where, "re-export it") from None
     if len(diff) > limit:
@@ -289,8 +323,108 @@ def parse_envelope(data: bytes, *, where: str | None = None, limit: int | None =
             where,
             "the envelope was changed or truncated after export; re-export it",
         )
-    check_paths(diff_paths(diff), fields["changed_files"], where)
+    try:
+        patches = parse_patch(diff)
+    except PatchFormatError as exc:
+        raise _reject(
+            "envelope-diff",
+            f"the diff is not a git binary diff: {exc}",
+            where,
+            "re-export it with `dagrunner worktree export`",
+        ) from None
+    check_paths(patches, fields["changed_files"], where)
+    check_changed_files(patches, fields["changed_files"], where)
     return Envelope(fields=fields, diff=diff)
+
+
+def _check_fields(fields: dict[str, Any], where: str | None) -> None:
+    """Types, names, object ids, the repository identity and the worktree's status."""
+    for name, kind in REQUIRED.items():
+        if not isinstance(fields.get(name), kind) or (
+            kind is int and isinstance(fields.get(name), bool)
+        ):
+            raise _reject(
+                "envelope-field",
+                f"field {name!r} is missing or not a {getattr(kind, '__name__', kind)}",
+                where,
+                "re-export it; envelopes are not meant to be edited",
+            )
+    if not isinstance(fields.get("diff"), str):
+        raise _reject("envelope-field", "field 'diff' is missing", where, "re-export it")
+    for name in ("base", "head", "tree"):
+        if not _HEX40.fullmatch(fields[name]):
+            raise _reject(
+                "envelope-field", f"{name} is not a full object id", where, "re-export it"
+            )
+    for name in ("mission", "worker"):
+        if not is_safe_name(fields[name]):
+            raise _reject(
+                "envelope-name",
+                f"{name} {fields[name][:80]!r} is not a safe name",
+                where,
+                f"names are {RULE}; re-export it from a worktree dagrunner allocated",
+            )
+    session = fields.get("session")
+    if session is not None and not is_safe_name(session):
+        raise _reject(
+            "envelope-name",
+            f"session {str(session)[:80]!r} is not a safe name",
+            where,
+            f"sessions are {RULE}",
+        )
+    if not is_safe_id(fields["id"]) or fields["id"] != envelope_id(
+        fields["mission"], fields["worker"], fields["base"], fields["tree"]
+    ):
+        raise _reject(
+            "envelope-name",
+            f"id {fields['id'][:80]!r} is not the id of this mission, worker, base and tree",
+            where,
+            "ids are derived at export; re-export it instead of editing it",
+        )
+    for name in ("branch", "created_at", "tool_version"):
+        if len(fields[name]) > 255 or _CONTROL.search(fields[name]):
+            raise _reject(
+                "envelope-field",
+                f"{name} is longer than 255 characters or holds control characters",
+                where,
+                "re-export it",
+            )
+    repo = fields["repo"]
+    roots = repo.get("root_commits")
+    if (
+        not isinstance(repo.get("common_dir"), str)
+        or not isinstance(roots, list)
+        or not all(isinstance(r, str) and _HEX40.fullmatch(r) for r in roots)
+    ):
+        raise _reject(
+            "envelope-field",
+            "repo must hold common_dir (a string) and root_commits (object ids)",
+            where,
+            "re-export it",
+        )
+    if not all(isinstance(entry, str) for entry in fields["status"]):
+        raise _reject("envelope-field", "status must be a list of strings", where, "re-export it")
+    unmerged = [entry[2:].rsplit(" ", 1)[-1] for entry in fields["status"] if entry[:2] == "u "]
+    if unmerged:
+        raise _reject(
+            "envelope-unmerged",
+            f"the worktree had unmerged paths when it was exported: {', '.join(unmerged[:10])}",
+            where,
+            "resolve the conflict in the worktree and export again",
+        )
+    for entry in fields["changed_files"]:
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("path"), str)
+            and isinstance(entry.get("old_path"), str | None)
+            and isinstance(entry.get("symlink", False), bool)
+        ):
+            raise _reject(
+                "envelope-field",
+                "changed_files entries need a path (string), old_path and symlink",
+                where,
+                "re-export it",
+            )
 
 
 def load_envelope(path: Path, *, limit: int | None = None) -> Envelope:
@@ -303,50 +437,12 @@ def load_envelope(path: Path, *, limit: int | None = None) -> Envelope:
     return parse_envelope(data, where=str(path), limit=limit)
 
 
-_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
-
-
-def _unquote(text: str) -> str:
-    """A path as git prints it: C-quoted (with octal escapes for bytes) or plain."""
-    text = text.strip()
-    match = _QUOTED.fullmatch(text)
-    if not match:
-        return text
-    raw = match.group(1).encode("latin-1", "backslashreplace")
-    return raw.decode("unicode_escape").encode("latin-1").decode("utf-8", "surrogateescape")
-
-
-def diff_paths(diff: bytes) -> list[str]:
-    """Every path a diff's headers name (``a/``/``b/`` prefixes removed)."""
-    paths: list[str] = []
-    for raw in diff.split(b"\n"):
-        line = raw.decode("utf-8", "surrogateescape")
-        if line.startswith(("--- ", "+++ ")):
-            name = _unquote(line[4:].split("\t")[0])
-            if name == "/dev/null":
-                continue
-            paths.append(name[2:] if name[:2] in ("a/", "b/") else name)
-        elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
-            paths.append(_unquote(line.split(" ", 2)[2]))
-        elif line.startswith("diff --git "):
-            rest = line[len("diff --git ") :]
-            quoted = _QUOTED.findall(rest)
-            if len(quoted) == 2:
-                names = [_unquote(f'"{q}"') for q in quoted]
-            else:
-                # Unquoted "a/X b/X": only the same path twice splits unambiguously; a
-                # rename's two names are read from its "rename from/to" lines instead.
-                half = len(rest) // 2
-                names = [rest[:half], rest[half + 1 :]]
-                if rest[half : half + 1] != " " or names[0][2:] != names[1][2:]:
-                    continue
-            paths.extend(n[2:] if n[:2] in ("a/", "b/") else n for n in names)
-    return paths
-
-
-def check_paths(paths: Iterable[str], changed: list[Any], where: str | None) -> None:
-    symlinks = {str(c.get("path")) for c in changed if isinstance(c, dict) and c.get("symlink")}
-    all_paths = list(paths) + [str(c.get("path")) for c in changed if isinstance(c, dict)]
+def check_paths(patches: list[FilePatch], changed: list[Any], where: str | None) -> None:
+    """Refuse a path that is absolute, climbs out, enters ``.git``, or goes through a new symlink."""
+    symlinks = {p.path for p in patches if p.symlink}
+    symlinks |= {str(c.get("path")) for c in changed if c.get("symlink")}
+    all_paths = [name for p in patches for name in p.paths]
+    all_paths += [str(c.get(k)) for c in changed for k in ("path", "old_path") if c.get(k)]
     for name in all_paths:
         pure = PurePosixPath(name)
         parts = pure.parts
@@ -379,3 +475,21 @@ def check_paths(paths: Iterable[str], changed: list[Any], where: str | None) -> 
                     where,
                     "a patch may not write through a symbolic link",
                 )
+
+
+def check_changed_files(patches: list[FilePatch], changed: list[Any], where: str | None) -> None:
+    """``changed_files`` must say exactly what the diff does: the same paths, the same symlinks."""
+    from_diff = {name for p in patches for name in p.paths}
+    listed = {str(c[k]) for c in changed for k in ("path", "old_path") if c.get(k)}
+    links = {p.path for p in patches if p.symlink}
+    listed_links = {str(c["path"]) for c in changed if c.get("symlink")}
+    if from_diff != listed or links != listed_links:
+        extra = sorted((listed - from_diff) | (listed_links - links))
+        missing = sorted((from_diff - listed) | (links - listed_links))
+        raise _reject(
+            "envelope-changed-files",
+            f"changed_files does not match the diff (listed only: {extra[:5]}, "
+            f"in the diff only: {missing[:5]})",
+            where,
+            "re-export it; changed_files is derived from the diff at export",
+        )

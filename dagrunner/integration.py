@@ -35,6 +35,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git import IDENTITY, git
 from dagrunner.ledger import Ledger, now
 from dagrunner.manifest import DEFAULT_MANIFEST, load_manifest
+from dagrunner.names import is_safe_id
 from dagrunner.queue import FINAL, Queue, same_repository
 from dagrunner.records import RunStatus
 from dagrunner.snapshot import state_tree
@@ -43,6 +44,7 @@ from dagrunner.worktrees import Context, open_context
 MAX_REBUILDS = 3
 HUNK_LIMIT = 16 * 1024
 TRAILER = "Dagrunner-Envelope"
+SHA_TRAILER = "Dagrunner-Envelope-Sha256"
 
 
 def crash_point(name: str) -> None:
@@ -121,6 +123,7 @@ class Integrator:
         batch: int,
         env: Mapping[str, str],
         run_id: str,
+        trust_envelope_manifest: bool = False,
     ) -> None:
         self.ctx = ctx
         self.repo = ctx.info.root
@@ -134,6 +137,9 @@ class Integrator:
         self.wt = ctx.root / ".integration" / slug
         self.reports = ctx.root / ".integration" / "reports" / run_id
         self.manifest_arg = manifest
+        self.trust_envelope_manifest = trust_envelope_manifest
+        self.manifest_file: Path | None = None
+        self.manifest_changers: set[str] = set()
         self.result = IntegrationResult(
             target=target, start="", end="", report_dir=str(self.reports)
         )
@@ -180,11 +186,34 @@ class Integrator:
         git(["reset", "-q", "--hard", commit], cwd=self.wt)
         git(["clean", "-q", "-ffdx"], cwd=self.wt)
 
-    def manifest_path(self) -> Path:
+    def manifest_rel(self) -> Path:
+        """The manifest's path inside the repository (``--manifest`` relative, or the default)."""
         arg = self.manifest_arg
-        if arg is None:
-            return self.wt / DEFAULT_MANIFEST
-        return arg if arg.is_absolute() else self.wt / arg
+        return DEFAULT_MANIFEST if arg is None or arg.is_absolute() else arg
+
+    def trusted_manifest(self, head: str) -> Path:
+        """The gates that judge envelopes: the target's own manifest at ``head``, never the tree
+        under test (an envelope could rewrite it to approve itself).  An absolute ``--manifest``
+        is the caller's file; ``trust_envelope_manifest`` opts back into the tree under test.
+        """
+        arg = self.manifest_arg
+        if arg is not None and arg.is_absolute():
+            return arg
+        if self.trust_envelope_manifest:
+            return self.wt / self.manifest_rel()
+        rel = self.manifest_rel().as_posix()
+        blob = git(["show", f"{head}:{rel}"], cwd=self.repo, check=False)
+        if blob.returncode != 0:
+            raise DagrunnerError(
+                "manifest-not-found",
+                f"the target {self.target!r} has no {rel} at {head[:12]}",
+                key="--manifest",
+                hint="commit the manifest on the target branch, or pass --manifest /absolute/path",
+            )
+        dest = self.reports / "manifest" / head[:12] / Path(rel).name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(blob.stdout)
+        return dest
 
     def recover(self) -> None:
         """After a crash: envelopes whose commit is already on the target are landed; the rest requeue."""
@@ -193,8 +222,9 @@ class Integrator:
             return
         landed = self.landed_on_target()
         for envelope_id, entry in pending.items():
-            if envelope_id in landed:
-                self.queue.record(envelope_id, "landed", commit=landed[envelope_id], recovered=True)
+            commit = self.landed_commit(envelope_id, landed)
+            if commit is not None:
+                self.queue.record(envelope_id, "landed", commit=commit, recovered=True)
                 if entry.get("state") == "landing":
                     self.finish_checkout_sync(entry["old"], entry["new"])
             elif entry.get("state") != "queued":
@@ -212,23 +242,39 @@ class Integrator:
         if index_at_old.returncode == 0 and worktree_at_index.returncode == 0:
             git(["read-tree", "-m", "-u", old, new], cwd=checkout, check=False)
 
-    def landed_on_target(self) -> dict[str, str]:
+    def landed_on_target(self) -> dict[str, tuple[str, str]]:
+        """Envelope id -> (commit, diff sha256) for commits on the target that carry both trailers.
+
+        Parsed strictly: a commit counts only with exactly one id and one hash,
+        as the integrator writes them; anything else is somebody else's text.
+        """
+        fmt = "%H%x1f" + "%x1f".join(
+            f"%(trailers:key={key},valueonly,separator=%x1e)" for key in (TRAILER, SHA_TRAILER)
+        )
         log = git(
-            [
-                "log",
-                "--format=%H%x1f%(trailers:key=" + TRAILER + ",valueonly,separator=%x1e)%x1d",
-                "-n",
-                "5000",
-                self.ref,
-            ],
-            cwd=self.repo,
-        ).stdout.decode()
-        found: dict[str, str] = {}
+            ["log", f"--format={fmt}%x1d", "-n", "5000", self.ref], cwd=self.repo
+        ).stdout.decode("utf-8", "replace")
+        found: dict[str, tuple[str, str]] = {}
         for entry in log.split("\x1d"):
-            commit, _, ids = entry.strip().partition("\x1f")
-            for envelope_id in filter(None, (i.strip() for i in ids.split("\x1e"))):
-                found.setdefault(envelope_id, commit)
+            parts = entry.strip().split("\x1f")
+            if len(parts) != 3:
+                continue
+            commit, ids, shas = parts
+            ids_list, sha_list = ids.strip().split("\x1e"), shas.strip().split("\x1e")
+            if len(ids_list) == 1 and len(sha_list) == 1 and is_safe_id(ids_list[0].strip()):
+                found.setdefault(ids_list[0].strip(), (commit, sha_list[0].strip()))
         return found
+
+    def landed_commit(self, envelope_id: str, landed: dict[str, tuple[str, str]]) -> str | None:
+        """The target commit that landed exactly this envelope (same id and diff hash), if any."""
+        if envelope_id not in landed:
+            return None
+        commit, sha = landed[envelope_id]
+        try:
+            envelope = self.queue.load(envelope_id)
+        except DagrunnerError:
+            return None
+        return commit if envelope.fields["diff_sha256"] == sha else None
 
     # -- the run -------------------------------------------------------------------------
 
@@ -237,8 +283,8 @@ class Integrator:
         start = self.head()
         self.result.start = start
         self.prepare_worktree(start)
-        manifest = self.manifest_path()
-        load_manifest(manifest)  # a bad or missing manifest fails before anything is applied
+        # a bad or missing manifest fails before anything is applied
+        load_manifest(self.trusted_manifest(start))
         pending = self.queue.pending()
         while pending and not self.stop:
             batch, pending = pending[: self.batch], pending[self.batch :]
@@ -261,6 +307,11 @@ class Integrator:
         return self.meta.get(envelope_id, {"mission": None, "worker": None})
 
     def finish(self, envelope_id: str, state: str, **details: Any) -> None:
+        if envelope_id in self.manifest_changers:
+            details["manifest_changed"] = True
+            details.setdefault(
+                "note", f"it changes {self.manifest_rel()}; it was gated by the target's own"
+            )
         entry = self.queue.record(envelope_id, state, **details)
         self.outcomes[envelope_id] = {
             "id": envelope_id,
@@ -296,6 +347,7 @@ class Integrator:
             return
         head = self.head()
         self.reset(head)
+        self.manifest_file = self.trusted_manifest(head)
         applied: list[tuple[Envelope, str]] = []
         for envelope in envelopes:
             commit = self.apply(envelope)
@@ -347,10 +399,15 @@ class Integrator:
             patch.unlink(missing_ok=True)
         if result.returncode == 0:
             fields = envelope.fields
+            paths = {c.get("path") for c in fields["changed_files"]}
+            paths |= {c.get("old_path") for c in fields["changed_files"]}
+            if self.manifest_rel().as_posix() in paths:
+                self.manifest_changers.add(envelope.id)
             message = (
                 f"dagrunner: integrate {fields['mission']}/{fields['worker']}\n\n"
                 f"{TRAILER}: {envelope.id}\nDagrunner-Mission: {fields['mission']}\n"
                 f"Dagrunner-Worker: {fields['worker']}\nDagrunner-Base: {fields['base']}\n"
+                f"{SHA_TRAILER}: {fields['diff_sha256']}\n"
             )
             git(
                 ["commit", "-q", "--no-verify", "--no-gpg-sign", "--allow-empty", "-m", message],
@@ -394,10 +451,9 @@ class Integrator:
 
         self.result.gate_runs += 1
         run_dir = self.reports / f"gates-{self.result.gate_runs:02d}"
+        manifest = self.manifest_file or self.trusted_manifest(self.head())
         record, _ = release_check(
-            RunOptions(
-                repo=self.wt, manifest=self.manifest_path(), report_dir=run_dir, environ=self.env
-            )
+            RunOptions(repo=self.wt, manifest=manifest, report_dir=run_dir, environ=self.env)
         )
         failing = [g.id for g in record.gates if not g.status.ok]
         return record.status is RunStatus.PASSED, failing, str(run_dir)
@@ -471,7 +527,14 @@ class Integrator:
     # -- after the run ----------------------------------------------------------------------
 
     def cleanup_landed_workers(self) -> None:
-        """A landed envelope's worktree goes when it holds nothing beyond what landed."""
+        """A landed envelope's worktree goes only when it provably produced that envelope.
+
+        Proof: the ledger records an export of exactly this envelope (id, tree and
+        diff hash) from that worktree, no other session has claimed it since, and
+        its full state is still that tree -- so everything it holds has landed.
+        Anything less and the worktree is left alone with a note: an envelope's
+        mission, worker and tree are a worker's claims, not facts.
+        """
         from dagrunner.lifecycle import _cleanup
         from dagrunner.worktrees import default_target
 
@@ -487,11 +550,10 @@ class Integrator:
                 )
                 continue
             envelope = self.queue.load(outcome["id"])
-            if state_tree(Path(state["path"])) != envelope.fields["tree"]:
-                self.ledger.append(
-                    "retained", wt_id, reason="holds work beyond the landed envelope"
-                )
-                outcome["worktree"] = "retained: holds work beyond the landed envelope"
+            why = self.unproven(envelope, state)
+            if why:
+                self.ledger.append("retained", wt_id, reason=why)
+                outcome["worktree"] = f"retained: {why}"
                 continue
             try:
                 with self.ledger.exclusive():
@@ -507,6 +569,24 @@ class Integrator:
                 outcome["worktree"] = done["action"]
             except DagrunnerError as exc:
                 outcome["worktree"] = f"retained: {exc.message}"
+
+    @staticmethod
+    def unproven(envelope: Envelope, state: dict[str, Any]) -> str:
+        """Why the worktree of ``state`` is not proven to hold exactly ``envelope`` ('' if it is)."""
+        fields = envelope.fields
+        exported = state.get("exports", {}).get(envelope.id)
+        if (
+            not exported
+            or exported.get("tree") != fields["tree"]
+            or exported.get("diff_sha256") != fields["diff_sha256"]
+        ):
+            return "no export of this envelope from this worktree is recorded"
+        owner = state.get("session")
+        if owner and owner != exported.get("session"):
+            return f"claimed by session {owner!r}, not the exporting session"
+        if state_tree(Path(state["path"])) != fields["tree"]:
+            return "holds work beyond the landed envelope"
+        return ""
 
     def write_report(self) -> None:
         from dagrunner.report import read_run_dir, write_run_dir
@@ -531,6 +611,7 @@ def integrate(
     batch: int = 1,
     wait: bool = True,
     env: Mapping[str, str] | None = None,
+    trust_envelope_manifest: bool = False,
 ) -> IntegrationResult:
     """Drain the queue of ``repo`` onto ``target`` (default: the main checkout's branch)."""
     from dagrunner.runner import new_run_id
@@ -542,7 +623,13 @@ def integrate(
     lock = ctx.info.state_dir / f"integrate-{goal.replace('/', '--')}.lock"
     with integrator_lock(lock, wait=wait):
         return Integrator(
-            ctx, target=goal, manifest=manifest, batch=batch, env=env, run_id=new_run_id()
+            ctx,
+            target=goal,
+            manifest=manifest,
+            batch=batch,
+            env=env,
+            run_id=new_run_id(),
+            trust_envelope_manifest=trust_envelope_manifest,
         ).run()
 
 

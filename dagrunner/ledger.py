@@ -81,7 +81,12 @@ class Ledger:
             elif kind == "retained":
                 state["retained"] = event.get("reason")
             elif kind == "exported":
-                state["exported"] = {k: event.get(k) for k in ("envelope", "tree", "file")}
+                record = {
+                    k: event.get(k) for k in ("envelope", "tree", "file", "diff_sha256", "session")
+                }
+                state["exported"] = record
+                # Every export, by envelope id: the proof that this worktree produced it.
+                state.setdefault("exports", {})[event.get("envelope")] = record
             elif kind in ("cleaned", "pooled", "pruned", "missing"):
                 if kind == "missing":
                     state["missing"] = True

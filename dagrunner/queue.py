@@ -23,9 +23,10 @@ import orjson
 
 from dagrunner.doctor import RepoInfo
 from dagrunner.envelope import Envelope, load_envelope, parse_envelope, repo_identity
-from dagrunner.errors import DagrunnerError
+from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import append_line, atomic_write, locked, read_lines
 from dagrunner.ledger import now
+from dagrunner.names import is_safe_id
 
 FINAL = frozenset({"landed", "conflict", "gates-failed", "rejected"})
 
@@ -43,6 +44,12 @@ class Queue:
         return self.dir / "journal.jsonl"
 
     def envelope_path(self, envelope_id: str) -> Path:
+        if not is_safe_id(envelope_id):  # ids are validated at submit; this is the last line
+            raise DagrunnerError(
+                "envelope-name",
+                f"{envelope_id[:80]!r} is not a safe envelope id",
+                hint="envelope ids are mission.worker.hash as export writes them",
+            )
         return self.dir / "envelopes" / f"{envelope_id}.json"
 
     def lock(self) -> Any:
@@ -125,14 +132,27 @@ def submit(info: RepoInfo, files: Iterable[Path]) -> list[dict[str, Any]]:
                     }
                 )
                 continue
-            atomic_write(queue.envelope_path(envelope.id), raw)
-            queue.record(
-                envelope.id,
-                "queued",
-                mission=envelope.fields["mission"],
-                worker=envelope.fields["worker"],
-                source=str(path),
-            )
+            try:
+                atomic_write(queue.envelope_path(envelope.id), raw)
+                queue.record(
+                    envelope.id,
+                    "queued",
+                    mission=envelope.fields["mission"],
+                    worker=envelope.fields["worker"],
+                    source=str(path),
+                )
+            except OSError as exc:
+                # atomic_write leaves nothing behind; a file without its line is not queued
+                queue.envelope_path(envelope.id).unlink(missing_ok=True)
+                raise DagrunnerError(
+                    "queue-write-failed",
+                    f"could not store the envelope: {exc.strerror or exc}",
+                    where=str(queue.dir),
+                    exit_code=ExitCode.ENVIRONMENT,
+                    details={"queued_before": [r["id"] for r in results]},
+                    hint="free disk space (or fix permissions) under the queue folder, then "
+                    "submit again; envelopes listed as queued_before are already queued",
+                ) from None
             known[envelope.id] = {"id": envelope.id, "state": "queued"}
             results.append(
                 {

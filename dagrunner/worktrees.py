@@ -11,7 +11,6 @@ are in ``lifecycle.py``.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -28,8 +27,8 @@ from dagrunner.doctor import RepoInfo, repo_info, worktree_root
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git import git
 from dagrunner.ledger import Ledger
+from dagrunner.names import RULE, is_safe_name
 
-SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 POOL_DIR = ".pool"
 DEFAULT_POOL_SIZE = 4
 SETUP_TAIL_LINES = 20
@@ -54,12 +53,12 @@ def open_context(repo: Path | None, env: Mapping[str, str] | None = None) -> Con
 
 
 def check_slug(kind: str, value: str) -> str:
-    if not SLUG.fullmatch(value) or ".." in value or value.endswith((".lock", ".")):
+    if not is_safe_name(value):
         raise DagrunnerError(
             "bad-name",
             f"{kind} {value!r} is not a safe name",
             key=f"--{kind}",
-            hint="use 1-63 letters, digits, '_', '-' or '.', starting with a letter or digit",
+            hint=f"use {RULE}",
         )
     return value
 
@@ -489,7 +488,13 @@ def export(wt_id: str, *, output: Path | None = None, repo: Path | None = None) 
     target = output or ctx.info.state_dir / "exports" / f"{envelope.id}.json"
     write_envelope(envelope, target)
     ctx.ledger.append(
-        "exported", wt_id, envelope=envelope.id, tree=envelope.fields["tree"], file=str(target)
+        "exported",
+        wt_id,
+        envelope=envelope.id,
+        tree=envelope.fields["tree"],
+        diff_sha256=envelope.fields["diff_sha256"],
+        session=state.get("session"),
+        file=str(target),
     )
     fields = envelope.fields
     return {
