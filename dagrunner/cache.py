@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from dagrunner.fsutil import atomic_write, cache_root
-from dagrunner.graph import Graph, integrations_above, spec, topological_order
+from dagrunner.graph import Graph, integration_map, spec, topological_order
 from dagrunner.inputs import Snapshot, input_files
 from dagrunner.manifest import GateSpec, Manifest
 from dagrunner.records import GateResult
@@ -135,12 +135,13 @@ def compute_keys(
     """Each gate's key parts, or a sentence saying why it is not cacheable."""
     result: dict[str, KeyParts | str] = {}
     tools: dict[tuple[str, str], tuple[str, str]] = {}
+    above = integration_map(graph)
     for node in topological_order(graph):
         gate = spec(graph, node)
         if gate.kind != "gate":
             result[node] = f"not cacheable: a {gate.kind} node always runs"
             continue
-        if integrations_above(graph, node):
+        if above[node]:
             result[node] = "not cacheable: it runs in an integration worktree"
             continue
         if not gate.inputs:

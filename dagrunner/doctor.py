@@ -135,6 +135,15 @@ def worktree_root(info: RepoInfo, env: Mapping[str, str] | None = None) -> Path:
     """This repository's worktree root, checked (exit 3 when unsafe or unusable) and created."""
     env = os.environ if env is None else env
     base = root_base(env)
+    if not base.is_absolute() or base.resolve() == Path("/"):
+        raise DagrunnerError(
+            "unsafe-root",
+            f"the worktree root {str(base)!r} is "
+            + ("the filesystem root" if base.is_absolute() else "not an absolute path"),
+            exit_code=ExitCode.ENVIRONMENT,
+            hint="set DAGRUNNER_WORKTREE_ROOT to an absolute folder of its own, "
+            "such as ~/.cache/dagrunner/worktrees",
+        )
     root = base / namespace(info)
     in_repo = _inside(root, info.root) or _inside(root, info.common_dir)
     if in_repo and env.get("DAGRUNNER_ALLOW_IN_REPO_WORKTREES") != "1":

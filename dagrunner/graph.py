@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import networkx as nx
 
+from dagrunner.diagnostics import Problems
 from dagrunner.errors import DagrunnerError
 from dagrunner.manifest import DEFAULT_ESTIMATE, LAND_PREFIX, GateSpec, Manifest
 
@@ -28,23 +30,27 @@ def build_graph(manifest: Manifest) -> Graph:
     graph: Graph = nx.DiGraph()
     for gate in manifest.gates.values():
         graph.add_node(gate.id, spec=gate)
+    problems = Problems(_text(manifest.path), json=manifest.path.suffix == ".json")
     for gate in manifest.gates.values():
         for need in gate.needs:
             if need not in manifest.gates:
-                raise DagrunnerError(
-                    "manifest-unknown-dependency",
-                    f"{gate.kind} {gate.id!r} needs {need!r}, which is not defined",
-                    where=str(manifest.path),
-                    key=f"{manifest_key(gate)}.needs",
-                    hint=f"define [gates.{need}] or remove it from needs; "
-                    f"defined: {', '.join(sorted(manifest.gates))}",
+                problems.add(
+                    DagrunnerError(
+                        "manifest-unknown-dependency",
+                        f"{gate.kind} {gate.id!r} needs {need!r}, which is not defined",
+                        where=str(manifest.path),
+                        key=f"{manifest_key(gate)}.needs",
+                        hint=f"define [gates.{need}] or remove it from needs; "
+                        f"defined: {', '.join(sorted(manifest.gates))}",
+                    )
                 )
             graph.add_edge(need, gate.id)
-    try:
-        cycle = nx.find_cycle(graph)
-    except nx.NetworkXNoCycle:
+    problems.raise_if_any()
+    if nx.is_directed_acyclic_graph(graph):  # O(n + e); find_cycle alone is quadratic
         _check_kinds(manifest, graph)
         return graph
+    knot = next(c for c in nx.strongly_connected_components(graph) if len(c) > 1 or _loop(graph, c))
+    cycle = nx.find_cycle(graph.subgraph(knot))
     names = [edge[0] for edge in cycle] + [cycle[0][0]]
     raise DagrunnerError(
         "manifest-cycle",
@@ -61,8 +67,21 @@ def manifest_key(gate: GateSpec) -> str:
     return f"{section[gate.kind]}.{gate.id.removeprefix(LAND_PREFIX)}"
 
 
+def _loop(graph: Graph, component: set[str]) -> bool:
+    node = next(iter(component))
+    return graph.has_edge(node, node)
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def _check_kinds(manifest: Manifest, graph: Graph) -> None:
     """Workers feed integrate nodes; gates that depend on one run in its worktree."""
+    above = integration_map(graph)
     for node in graph.nodes:
         gate = spec(graph, node)
         wrong = None
@@ -74,8 +93,8 @@ def _check_kinds(manifest: Manifest, graph: Graph) -> None:
                 (n for n in gate.needs if spec(graph, n).kind in ("integrate", "land")), None
             )
             why = "a worker cannot wait for an integration"
-        elif gate.kind == "gate" and len(integrations_above(graph, node)) > 1:
-            wrong = integrations_above(graph, node)[1]
+        elif gate.kind == "gate" and len(above[node]) > 1:
+            wrong = sorted(above[node])[1]
             why = "a gate can run inside one integration worktree only"
         if wrong is not None:
             raise DagrunnerError(
@@ -85,6 +104,19 @@ def _check_kinds(manifest: Manifest, graph: Graph) -> None:
                 key=f"{manifest_key(gate)}.needs",
                 hint="see docs/manifest.md (workers, integrate, land)",
             )
+
+
+def integration_map(graph: Graph) -> dict[str, frozenset[str]]:
+    """For every node, the integrate nodes it depends on: one pass in topological order."""
+    above: dict[str, frozenset[str]] = {}
+    for node in nx.topological_sort(graph):
+        found: set[str] = set()
+        for pred in graph.predecessors(node):
+            found |= above[pred]
+            if spec(graph, pred).kind == "integrate":
+                found.add(pred)
+        above[node] = frozenset(found)
+    return above
 
 
 def integrations_above(graph: Graph, node: str) -> list[str]:

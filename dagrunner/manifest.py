@@ -10,13 +10,16 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
+import posixpath
 import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
+from dagrunner.diagnostics import Problems
 from dagrunner.errors import DagrunnerError
 from dagrunner.units import parse_duration, parse_size
 
@@ -105,65 +108,81 @@ class _TypeMismatch(Exception):
 class _Table:
     """Reads one table's keys, remembering which were used, so leftovers are errors."""
 
-    def __init__(self, data: object, key: str, file: str) -> None:
+    def __init__(self, data: object, key: str, file: str, problems: Problems) -> None:
+        self.key = key
+        self.file = file
+        self.problems = problems
+        self.used: set[str] = set()
+        self.unknown: list[str] = []
         if not isinstance(data, dict):
-            raise DagrunnerError(
+            self.fail(
                 "manifest-type",
                 f"expected a table, got {_type_name(data)}",
-                where=file,
                 key=key or "(top level)",
                 hint="write it as a [section] in TOML or an object in JSON",
             )
+            data = {}
         self.data: dict[str, Any] = data
-        self.key = key
-        self.file = file
-        self.used: set[str] = set()
+
+    def fail(self, code: str, message: str, *, key: str, hint: str) -> None:
+        """Record a mistake at ``key`` and go on reading: every mistake is reported at once."""
+        self.problems.add(DagrunnerError(code, message, where=self.file, key=key, hint=hint))
 
     def path(self, name: str) -> str:
         return f"{self.key}.{name}" if self.key else name
 
     def take(self, name: str, convert: Callable[[Any], T], default: T) -> T:
+        """The converted value of ``name``; its default when missing or wrong (recorded)."""
         self.used.add(name)
         if name not in self.data:
             return default
-        return self.convert(name, self.data[name], convert)
-
-    def convert(self, name: str, raw: Any, convert: Callable[[Any], T]) -> T:
+        raw = self.data[name]
         try:
             return convert(raw)
         except _TypeMismatch as exc:
-            raise DagrunnerError(
+            self.fail(
                 "manifest-type",
-                f"expected {exc}, got {_type_name(raw)} {raw!r}",
-                where=self.file,
+                f"expected {exc}, got {_type_name(raw)} {_show(raw)}",
                 key=self.path(name),
-                hint="see docs/manifest.md for each key's type",
-            ) from None
+                hint="see dagrunner's manifest reference (docs/manifest.md) for each key's type",
+            )
         except ValueError as exc:
-            raise DagrunnerError(
+            self.fail(
                 "manifest-value",
                 str(exc),
-                where=self.file,
                 key=self.path(name),
-                hint="see docs/manifest.md for the accepted values",
-            ) from None
+                hint="see dagrunner's manifest reference (docs/manifest.md) for accepted values",
+            )
+        return default
 
     def table(self, name: str) -> _Table:
         self.used.add(name)
-        return _Table(self.data.get(name, {}), self.path(name), self.file)
+        return _Table(self.data.get(name, {}), self.path(name), self.file, self.problems)
 
-    def finish(self) -> None:
+    def finish(self) -> list[str]:
+        """Record every key nobody read; the did-you-mean suggestions, to suppress consequences."""
+        suggested = []
         for name in self.data:
             if name not in self.used:
                 close = difflib.get_close_matches(name, sorted(self.used), n=1)
+                suggested += close
                 hint = f"did you mean {close[0]!r}? " if close else ""
-                raise DagrunnerError(
+                self.fail(
                     "manifest-unknown-key",
-                    f"unknown key {name!r}",
-                    where=self.file,
+                    f"unknown key {_show(name)}",
                     key=self.path(name),
                     hint=f"{hint}known keys here: {', '.join(sorted(self.used))}",
                 )
+        return suggested
+
+
+def _show(value: object) -> str:
+    """A bounded repr for messages (a value can be megabytes, or nested thousands deep)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = "(nested too deeply to show)"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _type_name(value: object) -> str:
@@ -172,21 +191,34 @@ def _type_name(value: object) -> str:
     )
 
 
+def _text_ok(text: str) -> str:
+    """Text that can reach a process: no NUL, no lone surrogate (JSON can carry both)."""
+    if "\0" in text:
+        raise ValueError(f"{_show(text)} holds a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{_show(text)} is not valid Unicode (a lone surrogate)") from None
+    return text
+
+
 def _string(raw: Any) -> str:
     if not isinstance(raw, str):
         raise _TypeMismatch("a string")
-    return raw
+    return _text_ok(raw)
 
 
 def _string_list(raw: Any) -> tuple[str, ...]:
     if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
         raise _TypeMismatch("an array of strings")
-    return tuple(raw)
+    return tuple(_text_ok(item) for item in raw)
 
 
 def _number(raw: Any) -> float:
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise _TypeMismatch("a number")
+    if not math.isfinite(raw):
+        raise ValueError(f"{raw} is not a finite number")
     if raw < 0:
         raise ValueError(f"{raw} is negative; use a number >= 0")
     return float(raw)
@@ -220,6 +252,20 @@ def _duration(raw: Any) -> float:
     return parse_duration(raw)
 
 
+def _timeout(raw: Any) -> float:
+    seconds = _duration(raw)
+    if seconds == 0:
+        raise ValueError("a timeout of 0 would end the gate at once; leave it out for no timeout")
+    return seconds
+
+
+def _interval(raw: Any) -> float:
+    seconds = _duration(raw)
+    if seconds < 0.01:
+        raise ValueError(f"{seconds:g}s is too short; use at least 10ms")
+    return seconds
+
+
 def _size(raw: Any) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int | str):
         raise _TypeMismatch("a size such as 512M or 2G")
@@ -236,7 +282,7 @@ def _fraction(raw: Any) -> float:
 def _run(raw: Any) -> tuple[str, ...] | str:
     """A command: a non-empty argv list, or non-blank shell text (emptiness is checked by the caller)."""
     if isinstance(raw, str):
-        return raw
+        return _text_ok(raw)
     argv = _string_list(raw) if isinstance(raw, list) else None
     if argv is None:
         raise _TypeMismatch("an array of strings (argv) or a string (run by sh -c)")
@@ -247,11 +293,21 @@ def _is_empty(run: tuple[str, ...] | str) -> bool:
     return not run.strip() if isinstance(run, str) else not run or not run[0]
 
 
-def _relative_path(raw: Any) -> str:
-    text = _string(raw)
-    if Path(text).is_absolute():
-        raise ValueError(f"{text!r} is absolute; cwd is relative to the repository root")
+def _inside_repository(text: str, what: str) -> str:
+    """A relative path that stays inside the repository (``a/../b`` is fine, ``../x`` is not)."""
+    if PurePosixPath(text).is_absolute():
+        raise ValueError(f"{_show(text)} is absolute; {what} is relative to the repository root")
+    if posixpath.normpath(text).split("/")[0] == "..":
+        raise ValueError(f"{_show(text)} climbs out of the repository; {what} must stay inside it")
     return text
+
+
+def _relative_path(raw: Any) -> str:
+    return _inside_repository(_string(raw), "cwd")
+
+
+def _globs(raw: Any) -> tuple[str, ...]:
+    return tuple(_inside_repository(p, "every input glob") for p in _string_list(raw))
 
 
 def _env_names(raw: Any) -> tuple[str, ...]:
@@ -270,6 +326,7 @@ def _env_values(raw: Any) -> dict[str, str]:
             raise ValueError(f"{name!r} is not an environment variable name")
         if not isinstance(value, str):
             raise _TypeMismatch(f"a string value for {name}")
+        _text_ok(value)
     return dict(raw)
 
 
@@ -289,7 +346,7 @@ def _read_governor(table: _Table) -> GovernorSpec:
         memory_fraction=table.take("memory_fraction", _fraction, default.memory_fraction),
         max_load=table.take("max_load", _auto(_positive), None),
         min_available_memory=table.take("min_available_memory", _auto(_size), None),
-        sample_interval=table.take("sample_interval", _duration, default.sample_interval),
+        sample_interval=table.take("sample_interval", _interval, default.sample_interval),
         backfill_limit=table.take("backfill_limit", _duration, default.backfill_limit),
     )
     table.finish()
@@ -316,14 +373,6 @@ def _read_gate(gate_id: str, table: _Table, defaults: GateSpec, kind: str = "gat
     _check_id(gate_id, table)
     missing: tuple[str, ...] | str = ""  # a missing run reads as an empty one
     run = table.take("run", _run, missing)
-    if _is_empty(run):
-        raise DagrunnerError(
-            "manifest-empty-run",
-            "the gate has no 'run' command" if "run" not in table.data else "its 'run' is empty",
-            where=table.file,
-            key=table.path("run"),
-            hint='give a command: run = ["program", "arg"] (argv) or run = "shell text"',
-        )
     env_table = table.table("env")
     spec = GateSpec(
         id=gate_id,
@@ -331,11 +380,11 @@ def _read_gate(gate_id: str, table: _Table, defaults: GateSpec, kind: str = "gat
         needs=table.take("needs", _string_list, ()),
         cpu=table.take("cpu", _positive, defaults.cpu),
         memory=table.take("memory", _size, defaults.memory),
-        timeout=table.take("timeout", _duration, defaults.timeout),
+        timeout=table.take("timeout", _timeout, defaults.timeout),
         retries=table.take("retries", _count, defaults.retries),
         env=_read_env(env_table),
         cwd=table.take("cwd", _relative_path, defaults.cwd),
-        inputs=table.take("inputs", _string_list, ()),
+        inputs=table.take("inputs", _globs, ()),
         tools=table.take("tools", _string_list, ()),
         estimate=table.take("estimate", _duration, defaults.estimate),
         max_duration=table.take("max_duration", _duration, None),
@@ -344,14 +393,21 @@ def _read_gate(gate_id: str, table: _Table, defaults: GateSpec, kind: str = "gat
         kind=kind,
         base=table.take("base", _string, "HEAD") if kind == "worker" else "HEAD",
         setup=table.take("setup", _string_list, ()) if kind == "worker" else (),
-        setup_timeout=table.take("setup_timeout", _duration, 300.0) if kind == "worker" else 300.0,
+        setup_timeout=table.take("setup_timeout", _timeout, 300.0) if kind == "worker" else 300.0,
     )
-    table.finish()
+    suggested = table.finish()
+    # A misspelt "run" is reported as the unknown key it is, not as its consequence.
+    if _is_empty(run) and "run" not in suggested and not table.problems.has(table.path("run")):
+        table.fail(
+            "manifest-empty-run",
+            "the gate has no 'run' command" if "run" not in table.data else "its 'run' is empty",
+            key=table.path("run"),
+            hint='give a command: run = ["program", "arg"] (argv) or run = "shell text"',
+        )
     if len(set(spec.needs)) != len(spec.needs):
-        raise DagrunnerError(
+        table.fail(
             "manifest-value",
             "a dependency is listed twice",
-            where=table.file,
             key=table.path("needs"),
             hint="list each gate once",
         )
@@ -366,10 +422,9 @@ def _boolean(raw: Any) -> bool:
 
 def _check_id(node_id: str, table: _Table) -> None:
     if not _ID.fullmatch(node_id):
-        raise DagrunnerError(
+        table.fail(
             "manifest-bad-id",
-            f"id {node_id!r} is not a safe name",
-            where=table.file,
+            f"id {_show(node_id)} is not a safe name",
             key=table.key,
             hint="use letters, digits, '_', '-' and '.', starting with a letter or digit",
         )
@@ -422,7 +477,7 @@ def _read_defaults(table: _Table) -> GateSpec:
         run=("true",),
         cpu=table.take("cpu", _positive, base.cpu),
         memory=table.take("memory", _size, base.memory),
-        timeout=table.take("timeout", _duration, base.timeout),
+        timeout=table.take("timeout", _timeout, base.timeout),
         retries=table.take("retries", _count, base.retries),
         cwd=table.take("cwd", _relative_path, base.cwd),
         estimate=table.take("estimate", _duration, base.estimate),
@@ -451,6 +506,18 @@ def _no_duplicate_keys(file: str) -> Callable[[list[tuple[str, Any]]], dict[str,
 
 
 def _parse(path: Path, data: bytes) -> dict[str, Any]:
+    try:
+        return _parse_text(path, data)
+    except RecursionError:
+        raise DagrunnerError(
+            "manifest-parse",
+            "the file is nested too deeply to read",
+            where=str(path),
+            hint="a manifest needs a few levels of tables; flatten it",
+        ) from None
+
+
+def _parse_text(path: Path, data: bytes) -> dict[str, Any]:
     file = str(path)
     if path.suffix == ".json":
         try:
@@ -504,13 +571,13 @@ def load_manifest(path: Path) -> Manifest:
         raise DagrunnerError(
             "manifest-unreadable", exc.strerror or str(exc), where=file, hint="check the path"
         ) from None
-    top = _Table(_parse(path, data), "", file)
+    problems = Problems(data.decode("utf-8", "replace"), json=path.suffix == ".json")
+    top = _Table(_parse(path, data), "", file, problems)
     schema = top.take("schema", _count, SCHEMA_VERSION)
     if schema != SCHEMA_VERSION:
-        raise DagrunnerError(
+        top.fail(
             "manifest-schema",
             f"schema {schema} is not supported (this dagrunner reads schema {SCHEMA_VERSION})",
-            where=file,
             key="schema",
             hint=f"set schema = {SCHEMA_VERSION}",
         )
@@ -534,10 +601,9 @@ def load_manifest(path: Path) -> Manifest:
             table.used.add(node_id)
             spec = read(node_id, table.table(node_id))
             if spec.id in gates:
-                raise DagrunnerError(
+                top.fail(
                     "manifest-duplicate-id",
                     f"{node_id!r} is defined in [{section}] and as a {gates[spec.id].kind}",
-                    where=file,
                     key=f"{section}.{node_id}",
                     hint="ids are shared by gates, workers and integrate nodes; rename one",
                 )
@@ -545,22 +611,22 @@ def load_manifest(path: Path) -> Manifest:
     top.finish()
     for gate_id, seconds in budget.max_duration.items():
         if gate_id not in gates:
-            raise DagrunnerError(
+            top.fail(
                 "manifest-unknown-dependency",
-                f"[budget] max_duration names {gate_id!r}, which is not defined",
-                where=file,
+                f"[budget] max_duration names {_show(gate_id)}, which is not defined",
                 key=f"budget.max_duration.{gate_id}",
                 hint=f"defined: {', '.join(sorted(gates))}",
             )
-        gates[gate_id] = replace(gates[gate_id], max_duration=seconds)
-    if not gates:
-        raise DagrunnerError(
+        else:
+            gates[gate_id] = replace(gates[gate_id], max_duration=seconds)
+    if not gates and not problems:
+        top.fail(
             "manifest-no-gates",
             "the manifest defines no gates",
-            where=file,
             key="gates",
             hint="add at least one [gates.NAME] table with a run = [...] command",
         )
+    problems.raise_if_any()
     return Manifest(
         path=path,
         digest=hashlib.sha256(data).hexdigest(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -18,6 +19,8 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 90s or 5m, not a boolean")
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} is not a finite duration")
         if value < 0:
             raise ValueError("a duration cannot be negative")
         return float(value)
@@ -30,8 +33,8 @@ def parse_duration(value: object) -> float:
             break
         total += float(match.group(1)) * _DURATION_SECONDS[match.group(2)]
         pos = match.end()
-    if pos != len(text) or not text:
-        raise ValueError(f"{value!r} is not a duration; use forms like 500ms, 90s, 5m, 1h30m")
+    if pos != len(text) or not text or not math.isfinite(total):
+        raise ValueError(f"{value[:40]!r} is not a duration; use forms like 500ms, 90s, 5m, 1h30m")
     return total
 
 

@@ -47,7 +47,9 @@ def export(repo: Path, worker: str, out: Path) -> dict[str, Any]:
 def forge(path: Path, fields: dict[str, Any], *, rehash: bool = True) -> Path:
     """Write ``fields`` as an envelope, its id recomputed the way export derives it."""
     if rehash:
-        fields["id"] = envelope_id(fields["mission"], fields["worker"], fields["base"], fields["tree"])
+        fields["id"] = envelope_id(
+            fields["mission"], fields["worker"], fields["base"], fields["tree"]
+        )
     path.write_bytes(orjson.dumps(fields))
     return path
 
