@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from dagrunner.contain import Jail
+
 TOKEN_VAR = "DAGRUNNER_GATE_TOKEN"
 _PR_SET_CHILD_SUBREAPER = 36
 _subreaper_done = False
@@ -49,6 +51,7 @@ class TreeWatch:
     procs: dict[int, psutil.Process] = field(default_factory=dict)
     cpu_by_pid: dict[int, float] = field(default_factory=dict)
     peak_rss: int = 0
+    jail: Jail | None = None  # the gate's containment (contain.py), when this machine has one
 
     def sample(self, *, full: bool = True) -> None:
         """Add the tree's current processes and usage to what has been seen.
@@ -98,6 +101,8 @@ class TreeWatch:
         A descendant that left the process group (setsid) and was never
         sampled is caught later by :func:`sweep_orphans`.
         """
+        if self.jail is not None and self.jail.pidns:
+            return []  # PID 1 of the namespace has exited: the kernel ended the rest
         if not _group_alive(self.root_pid) and not any(
             _alive(p) for pid, p in self.procs.items() if pid != self.root_pid
         ):
@@ -114,6 +119,8 @@ class TreeWatch:
 
     def end(self, grace: float) -> list[int]:
         """SIGTERM the tree, SIGKILL what is left after ``grace``; the pids that survived both."""
+        if self.jail is not None and (self.jail.pidns or self.jail.cgroups):
+            return self._end_jailed(self.jail, grace)
         targets = self.leftovers()
         with contextlib.suppress(psutil.Error):
             root = psutil.Process(self.root_pid)
@@ -126,6 +133,40 @@ class TreeWatch:
         if alive or _group_alive(self.root_pid):
             _signal_all(self.root_pid, self.leftovers() + alive, signal.SIGKILL)
         return [p.pid for p in self._wait_gone(self.leftovers() + alive, 2.0)]
+
+    def _end_jailed(self, jail: Jail, grace: float) -> list[int]:
+        """SIGTERM the group (the init forwards it), then one kill for everything: no /proc scan.
+
+        Killing the namespace's outer process makes the kernel SIGKILL its PID 1
+        (``--kill-child``), and PID 1's death ends every process in the namespace;
+        ``cgroup.kill`` does the same for the cgroup.  Then we wait until they are gone.
+        """
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.root_pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and (self._root_alive() or not jail.empty()):
+            time.sleep(0.02)
+        jail.kill_all()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.root_pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.root_pid, signal.SIGKILL)
+        known = [p for pid, p in self.procs.items() if pid != self.root_pid]
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            _reap(known)
+            alive = [p for p in known if _alive(p)]
+            if not alive and jail.empty() and not self._root_alive():
+                return []
+            time.sleep(0.02)
+        return [p.pid for p in known if _alive(p)] + [
+            pid for group in jail.cgroups for pid in jail.members(group)
+        ]
+
+    def _root_alive(self) -> bool:
+        with contextlib.suppress(psutil.Error):
+            return _alive(psutil.Process(self.root_pid))
+        return False
 
     def _wait_gone(self, procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
         """Poll until ``procs`` are dead; the ones still alive after ``timeout``.

@@ -8,6 +8,8 @@ can ship them to another machine (see ``executors/dask.py``).
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import subprocess
 import uuid
 from collections.abc import Mapping
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import trio
 
+from dagrunner.contain import DEFAULT_MAX_PIDS, detect, jail, spawn
 from dagrunner.logs import BoundedLog
 from dagrunner.manifest import EnvSpec
 from dagrunner.proctree import RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
@@ -41,6 +44,9 @@ class GateJob:
     timeout: float | None = None
     grace: float = KILL_GRACE
     sample_interval: float = 0.5
+    memory_limit: int | None = None  # enforced where a memory cgroup is delegated
+    max_pids: int | None = DEFAULT_MAX_PIDS  # enforced where a pids cgroup is delegated
+    hide: str | None = None  # a folder the gate must not see (the cache store)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +61,7 @@ class AttemptResult:
     log_elided: int = 0
     leftover_killed: int = 0  # processes still running after the gate exited
     survivors: tuple[int, ...] = ()  # pids that outlived SIGKILL (should never happen)
+    containment: str = "session"
 
     @property
     def passed(self) -> bool:
@@ -101,27 +108,90 @@ async def run_job(job: GateJob) -> AttemptResult:
         log.close()
 
 
-async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -> AttemptResult:
-    try:
-        process = await trio.lowlevel.open_process(
-            list(job.argv),
-            cwd=job.cwd,
+class _Child:
+    """A started gate: its pid, an async wait (pidfd), and its output as a trio stream."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        assert popen.stdout is not None
+        self.stdout = trio.lowlevel.FdStream(os.dup(popen.stdout.fileno()))
+        popen.stdout.close()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    async def wait(self) -> int:
+        if self.popen.poll() is None:
+            try:
+                pidfd = os.pidfd_open(self.pid)
+            except (AttributeError, OSError):  # not Linux >= 5.3: a thread waits instead
+                return await trio.to_thread.run_sync(self.popen.wait, abandon_on_cancel=True)
+            try:
+                await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                os.close(pidfd)
+        return self.popen.wait()
+
+
+async def _start(argv: list[str], cwd: str, env: dict[str, str]) -> _Child:
+    def popen() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    return _Child(await trio.to_thread.run_sync(spawn, popen))
+
+
+def _unstartable(argv0: str, cwd: str, env: dict[str, str]) -> str:
+    """Why ``argv0`` cannot be executed, as exec would say it ('' when it can).
+
+    Checked before the gate is wrapped in its containment, whose own shell would
+    otherwise turn a missing program into a bare exit 127.
+    """
+    if "/" in argv0:
+        path = Path(cwd) / argv0
+        if not path.exists():
+            return "No such file or directory"
+        return "" if os.access(path, os.X_OK) and path.is_file() else "Permission denied"
+    found = shutil.which(argv0, path=env.get("PATH", DEFAULT_PATH))
+    return "" if found else "No such file or directory"
+
+
+async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -> AttemptResult:
+    why = _unstartable(job.argv[0], job.cwd, env)
+    if why:
+        message = f"could not start {job.argv[0]!r}: {why}"
+        log.note(message)
+        return AttemptResult(exit_code=None, error=message)
+    box = jail(
+        job.argv,
+        token=token,
+        work=Path(job.sandbox_dir).parent,
+        hide=Path(job.hide) if job.hide else None,
+        cwd=Path(job.cwd),
+        memory=job.memory_limit,
+        max_pids=job.max_pids,
+    )
+    try:
+        process = await _start(box.argv, job.cwd, env)
     except OSError as exc:
+        box.remove()
         message = f"could not start {job.argv[0]!r}: {exc.strerror or exc}"
         log.note(message)
         return AttemptResult(exit_code=None, error=message)
-    watch = TreeWatch(root_pid=process.pid, token=token)
+    watch = TreeWatch(root_pid=process.pid, token=token, jail=box)
     RUNNING[token] = job.gate
     timed_out = finished = False
     leftover = 0
     survivors: list[int] = []
-    assert process.stdout is not None
     stdout = process.stdout
     try:
         async with trio.open_nursery() as nursery:
@@ -137,10 +207,11 @@ async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -
                 await process.wait()
             else:
                 left = watch.leftovers_after_exit()
+                leftover = len(left) + box.leftovers()
                 if left:
-                    leftover = len(left)
-                    log.note(f"{leftover} process(es) still running after the gate exited; ended")
                     survivors = await trio.to_thread.run_sync(watch.end, job.grace)
+                if leftover:
+                    log.note(f"{leftover} process(es) still running after the gate exited; ended")
             # Output still held open by an escaped descendant must not keep us waiting.
             with trio.move_on_after(job.grace):
                 await drained.wait()
@@ -157,6 +228,7 @@ async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -
         RUNNING.pop(token, None)
         with contextlib.suppress(trio.ClosedResourceError, OSError):
             await stdout.aclose()
+        await trio.to_thread.run_sync(box.remove)
     if survivors:
         log.note(f"processes {survivors} survived SIGKILL")
     return AttemptResult(
@@ -168,6 +240,7 @@ async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -
         log_elided=log.elided,
         leftover_killed=leftover,
         survivors=tuple(survivors),
+        containment=detect().mode,
     )
 
 

@@ -108,6 +108,21 @@ def check(
     return code, body, run_dir
 
 
+def running(marker: str) -> list[int]:
+    """Pids of live processes whose command line holds ``marker``.
+
+    Gates may run in their own PID namespace, where ``$!`` is not a pid of ours:
+    tests find a gate's processes by a unique argument instead.
+    """
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in (proc.info["cmdline"] or []):
+            found.append(proc.pid)
+    return found
+
+
 def alive(pid: int) -> bool:
     import psutil
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import alive, check, gate_results
+from conftest import check, gate_results, running
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def test_gates_run_on_the_cluster(
         run = "echo second; exit 3"
         needs = ["a"]
         [gates.c]
-        run = "sleep 300 & echo $! > grandchild.pid; sleep 301"
+        run = "sleep 300.0331 & echo $! > grandchild.pid; sleep 301"
         timeout = "1s"
     """,
         "--executor",
@@ -46,7 +46,7 @@ def test_gates_run_on_the_cluster(
     assert "on-worker pid" in (run_dir / "logs" / "a.log").read_text()
     assert gates["b"]["status"] == "failed" and gates["b"]["exit_code"] == 3
     assert gates["c"]["status"] == "timed-out"
-    assert not alive(int((repo / "grandchild.pid").read_text()))
+    assert not running("300.0331")
     assert body["options"]["executor"] == dask_address
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import CLI, alive, write_manifest
+from conftest import CLI, running, write_manifest
 
 
 def wait_for(path: Path, timeout: float = 20.0) -> None:
@@ -27,7 +27,7 @@ def test_signal_interrupts_cleanly(repo: Path, tmp_path: Path, sig: signal.Signa
         [gates.quick]
         run = ["true"]
         [gates.slow]
-        run = "sleep 300 & echo $! > child.pid; sleep 301"
+        run = "sleep 300.0321 & echo $! > child.pid; sleep 301"
         needs = ["quick"]
         [gates.after]
         run = ["true"]
@@ -58,5 +58,5 @@ def test_signal_interrupts_cleanly(repo: Path, tmp_path: Path, sig: signal.Signa
     statuses = {g["id"]: g["status"] for g in run["gates"]}
     assert statuses == {"slow": "interrupted", "after": "skipped", "quick": "passed"}
     assert (report / "index.html").exists() and (report / "junit.xml").exists()
-    assert not alive(int((repo / "child.pid").read_text()))
+    assert not running("300.0321")
     assert b"INTERRUPTED" in out

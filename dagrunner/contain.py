@@ -1,0 +1,361 @@
+"""Containment: each gate's processes are held so that ending them is one operation.
+
+Three layers, each used where this machine allows it (``detect()``, shown by
+``dagrunner doctor`` and recorded in ``run.json``):
+
+- **PID namespace** (``unshare --pid --fork --kill-child --mount-proc``): the
+  gate runs under a small init (PID 1) that forwards SIGTERM, reaps, and
+  counts what is left when the gate exits.  When PID 1 dies the kernel kills
+  everything in the namespace -- setsid and token-dropping escapees included.
+  The gate's ``/proc`` shows only its namespace, so the runner's environment
+  is out of its reach, and the cache store is covered by an empty read-only
+  tmpfs in the gate's own mount namespace, so it can neither read the cache's
+  key nor write an entry.
+- **cgroups**: a cgroup v2 per gate (``cgroup.kill`` ends it at once), with
+  ``pids.max`` (fork bombs) and ``memory.max`` (``[governor] enforce = true``)
+  where those controllers are delegated -- from cgroup v2, or else from the
+  v1 ``pids``/``memory`` hierarchies.
+- **parent-death signal** (``setpriv --pdeathsig KILL``): if the runner is
+  killed, the namespace goes with it.  Gates are spawned from one thread that
+  lives as long as the process, since the signal follows the parent *thread*.
+
+Where none of these is available, the process-group and token sweep of
+``proctree.py`` remains the fallback (mode ``session``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import contextlib
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MAX_PIDS = 8192
+# PID 1 of the gate's namespace: hide the cache store, run the gate, forward SIGTERM,
+# reap, and count the processes still alive when the gate has exited.
+_INIT = r"""
+left=$1; hide=$2; shift 2
+if [ -n "$hide" ]; then
+  mount -t tmpfs -o ro,size=4k,mode=000 dagrunner-hidden "$hide" || {
+    echo "dagrunner: could not hide the cache store from the gate" >&2; exit 125; }
+fi
+"$@" &
+child=$!
+trap 'kill -TERM $child 2>/dev/null' TERM INT HUP
+while :; do
+  wait $child; code=$?
+  kill -0 $child 2>/dev/null || break
+done
+n=0; for d in /proc/[0-9]*; do n=$((n + 1)); done
+echo $((n - 1)) > "$left"
+exit $code
+"""
+# Joins every cgroup directory named before "--", then becomes the rest of the command.
+_JOIN = r"""
+while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 125; shift; done
+shift; exec "$@"
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Containment:
+    """What this machine allows (see the module doc)."""
+
+    pidns: bool
+    pdeathsig: bool
+    cgroup_kill: Path | None  # a cgroup v2 directory under which each gate gets its own
+    pids: Path | None  # where a per-gate cgroup can carry pids.max (v2 or v1)
+    memory: Path | None  # where a per-gate cgroup can carry a memory limit (v2 or v1)
+
+    @property
+    def mode(self) -> str:
+        parts = [name for name, on in (("pidns", self.pidns), ("cgroup", self.cgroup_kill)) if on]
+        return "+".join(parts) or "session"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "pid_namespace": self.pidns,
+            "parent_death_signal": self.pdeathsig,
+            "cgroup_kill": self.cgroup_kill is not None,
+            "pids_limit": self.pids is not None,
+            "memory_limit": self.memory is not None,
+        }
+
+    def describe(self) -> str:
+        found = [
+            "PID namespace (kill-all, private /proc, cache hidden)" if self.pidns else "",
+            "cgroup v2 (cgroup.kill)" if self.cgroup_kill else "",
+            "pids limit" if self.pids else "",
+            "memory limit" if self.memory else "",
+            "parent-death signal" if self.pdeathsig else "",
+        ]
+        text = ", ".join(f for f in found if f)
+        return text or "process group and token sweep only (no namespace or cgroup here)"
+
+
+def _own_cgroups() -> dict[str, str]:
+    """Controller (or "" for v2) -> this process's cgroup path, from /proc/self/cgroup."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for name in controllers.split(",") if controllers else [""]:
+                found[name] = path
+    return found
+
+
+def _mounts() -> dict[str, Path]:
+    """ "" -> the cgroup2 mount; a v1 controller -> its hierarchy's mount."""
+    found: dict[str, Path] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            pre, _, post = line.partition(" - ")
+            fields, extra = pre.split(), post.split()
+            if len(fields) < 5 or len(extra) < 3:
+                continue
+            if extra[0] == "cgroup2":
+                found.setdefault("", Path(fields[4]))
+            elif extra[0] == "cgroup":
+                for option in extra[2].split(","):
+                    found.setdefault(option, Path(fields[4]))
+    return found
+
+
+def _usable(directory: Path, files: Sequence[str]) -> Path | None:
+    """A parent for per-gate cgroups under ``directory``, if we can make one with ``files``."""
+    base = directory / f"dagrunner-{os.getpid()}"
+    _remove_stale(directory)
+    try:
+        base.mkdir(exist_ok=True)
+        atexit.register(_rmdir_tree, base)
+        probe = Path(tempfile.mkdtemp(prefix="probe-", dir=base))
+        ok = all((probe / name).exists() for name in files)
+        probe.rmdir()
+    except OSError:
+        return None
+    return base if ok else None
+
+
+def _rmdir_tree(base: Path) -> None:
+    """Remove a runner's cgroup folder and its (empty) gate cgroups; a busy one stays."""
+    with contextlib.suppress(OSError):
+        for child in base.iterdir():
+            if child.is_dir():
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+        base.rmdir()
+
+
+def _remove_stale(directory: Path) -> None:
+    """Folders of runners that died without removing theirs (SIGKILL)."""
+    with contextlib.suppress(OSError):
+        for entry in directory.glob("dagrunner-*"):
+            pid = entry.name.removeprefix("dagrunner-")
+            if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+                _rmdir_tree(entry)
+
+
+def _v2_controllers(base: Path, wanted: Sequence[str]) -> set[str]:
+    """Enable ``wanted`` controllers for the children of ``base`` where the parent offers them."""
+    enabled = set()
+    for name in wanted:
+        with contextlib.suppress(OSError):
+            if name in (base / "cgroup.controllers").read_text().split():
+                (base / "cgroup.subtree_control").write_text(f"+{name}")
+                enabled.add(name)
+    return enabled
+
+
+@functools.cache
+def detect() -> Containment:
+    """What containment this machine allows; probed once per process."""
+    if os.environ.get("DAGRUNNER_CONTAINMENT") == "session":  # tests and debugging
+        return Containment(pidns=False, pdeathsig=False, cgroup_kill=None, pids=None, memory=None)
+    setpriv, unshare = shutil.which("setpriv"), shutil.which("unshare")
+    pidns = False
+    if unshare:
+        with tempfile.TemporaryDirectory(prefix="dagrunner-probe-") as tmp:
+            probe = subprocess.run(
+                [*_unshare(unshare), "/bin/sh", "-c", _INIT, "init", f"{tmp}/left", tmp, "true"],
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=10,
+                check=False,
+            )
+            pidns = probe.returncode == 0
+    own, mounts = _own_cgroups(), _mounts()
+    cgroup_kill = pids = memory = None
+    if "" in own and "" in mounts:
+        base = _usable(mounts[""] / own[""].lstrip("/"), ["cgroup.kill", "cgroup.procs"])
+        if base is not None:
+            cgroup_kill = base
+            enabled = _v2_controllers(base, ["pids", "memory"])
+            pids = base if "pids" in enabled else None
+            memory = base if "memory" in enabled else None
+    for name, limit in (("pids", "pids.max"), ("memory", "memory.limit_in_bytes")):
+        if (name == "pids" and pids) or (name == "memory" and memory):
+            continue
+        if name in own and name in mounts:
+            found = _usable(mounts[name] / own[name].lstrip("/"), [limit, "cgroup.procs"])
+            if name == "pids":
+                pids = found
+            else:
+                memory = found
+    return Containment(
+        pidns=pidns,
+        pdeathsig=setpriv is not None,
+        cgroup_kill=cgroup_kill,
+        pids=pids,
+        memory=memory,
+    )
+
+
+def _unshare(unshare: str) -> list[str]:
+    return [unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "--"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Jail:
+    """One gate attempt's containment: the command to start and the cgroups that hold it."""
+
+    argv: list[str]
+    cgroups: tuple[Path, ...]
+    left_file: Path
+    pidns: bool
+
+    def leftovers(self) -> int:
+        """Processes the init found still running when the gate exited (then ended)."""
+        try:
+            return max(0, int(self.left_file.read_text().strip() or 0))
+        except (OSError, ValueError):
+            return 0
+
+    def kill_all(self) -> None:
+        """SIGKILL everything in the gate's cgroups at once (cgroup.kill, else each member)."""
+        for group in self.cgroups:
+            if (group / "cgroup.kill").exists():
+                with contextlib.suppress(OSError):
+                    (group / "cgroup.kill").write_text("1")
+                continue
+            for _ in range(50):  # v1: no kill file; pids.max keeps this converging
+                members = self.members(group)
+                if not members:
+                    break
+                for pid in members:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+
+    @staticmethod
+    def members(group: Path) -> list[int]:
+        try:
+            return [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def empty(self) -> bool:
+        return not any(self.members(group) for group in self.cgroups)
+
+    def remove(self) -> None:
+        """Remove the gate's cgroups (they must be empty); the leftover count file too."""
+        deadline = time.monotonic() + 2.0
+        for group in self.cgroups:
+            while True:
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.01)
+        self.left_file.unlink(missing_ok=True)
+
+
+def jail(
+    argv: Sequence[str],
+    *,
+    token: str,
+    work: Path,
+    hide: Path | None,
+    cwd: Path,
+    memory: int | None,
+    max_pids: int | None,
+) -> Jail:
+    """Wrap ``argv`` in this machine's containment; ``work`` holds the leftover count file."""
+    found = detect()
+    left = work / f".{token}.left"
+    command = list(argv)
+    if found.pidns:
+        hidden = ""
+        if hide is not None and hide.is_dir() and not _inside(cwd, hide):
+            hidden = str(hide)
+        unshare = shutil.which("unshare") or "unshare"
+        command = [*_unshare(unshare), "/bin/sh", "-c", _INIT, "init", str(left), hidden, *command]
+    if found.pdeathsig:
+        command = [shutil.which("setpriv") or "setpriv", "--pdeathsig", "KILL", *command]
+    groups: list[Path] = []
+    for base, files in (
+        (found.cgroup_kill, {}),
+        (found.pids, {"pids.max": str(max_pids)} if max_pids else {}),
+        (found.memory, _memory_files(found.memory, memory) if memory else {}),
+    ):
+        if base is None or (base != found.cgroup_kill and not files) or base in groups:
+            continue
+        group = base / token
+        with contextlib.suppress(OSError):
+            group.mkdir()
+            for name, value in files.items():
+                if (group / name).exists():
+                    (group / name).write_text(value)
+            groups.append(group)
+    if groups:
+        command = ["/bin/sh", "-c", _JOIN, "join", *map(str, groups), "--", *command]
+    return Jail(argv=command, cgroups=tuple(groups), left_file=left, pidns=found.pidns)
+
+
+def _memory_files(base: Path | None, limit: int) -> dict[str, str]:
+    if base is not None and (base / "cgroup.controllers").exists():
+        return {"memory.max": str(limit), "memory.swap.max": "0"}
+    return {"memory.limit_in_bytes": str(limit)}
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    try:
+        child.resolve().relative_to(parent.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+# One thread spawns every gate and lives as long as the process: the parent-death
+# signal fires when the *thread* that forked a child ends, and trio's own spawning
+# threads end after ten idle seconds.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dagrunner-spawn")
+
+
+def spawn(factory: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """Run ``factory`` (a Popen) on the spawner thread; its result."""
+    return _SPAWNER.submit(factory).result()
+
+
+def disable_dumping() -> None:
+    """PR_SET_DUMPABLE 0: other processes of our user cannot read our /proc (environ, mem).
+
+    Root keeps that power (CAP_SYS_PTRACE): there only the PID namespace hides us.
+    """
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
