@@ -8,8 +8,11 @@ its declared ``tools`` commands, and :data:`CACHE_FORMAT`.  Secrets never
 reach the store: environment values are kept only as hashes.
 
 Entries live under ``DAGRUNNER_CACHE_DIR`` as ``entries/<k[:2]>/<k>.json``
-(written atomically, carrying a digest of their own body, so a torn or
-tampered entry is a miss) plus ``entries/<k[:2]>/<k>.log``.  ``gates/`` keeps,
+(written atomically) plus ``entries/<k[:2]>/<k>.log``.  Each entry carries an
+HMAC-SHA256 of its body (which holds its log's digest) under a key made once
+per store (``key``, mode 0600) and never passed into a sandbox -- gates run
+with the store hidden (``contain.py``) -- so a torn, tampered or forged entry
+is a miss: knowing a gate's cache key is not enough to fake its verdict.  ``gates/`` keeps,
 per manifest and gate, the components of the newest entry so that
 ``cache explain`` can say what changed.
 """
@@ -19,15 +22,18 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import hmac
 import os
+import secrets
 import shlex
-import subprocess
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
+import trio
 
 from dagrunner.fsutil import atomic_write, cache_root
 from dagrunner.graph import Graph, integration_map, spec, topological_order
@@ -35,8 +41,9 @@ from dagrunner.inputs import Snapshot, input_files
 from dagrunner.manifest import GateSpec, Manifest
 from dagrunner.records import GateResult
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
 TOOL_TIMEOUT = 30.0
+TOOL_OUTPUT_LIMIT = 4 * 1024 * 1024
 # Derived from the commit, so it would miss every entry on every commit; it is
 # recorded in the proof instead (docs/cache.md says why).
 NOT_KEYED_ENV = frozenset({"SOURCE_DATE_EPOCH"})
@@ -106,21 +113,38 @@ class KeyParts:
         }
 
 
-def tool_fingerprint(command: str, env: Mapping[str, str], cwd: Path) -> tuple[str, str]:
-    """(sha256 of the command's output and exit code, its first line) in the gate's environment."""
+def tool_fingerprint(
+    command: str, env: Mapping[str, str], cwd: Path, *, hide: Path | None = None
+) -> tuple[str, str]:
+    """(sha256 of the command's output and exit code, its first line) in the gate's environment.
+
+    The command is untrusted like a gate: it runs through the same sandbox and
+    containment, with a timeout that ends its whole tree.
+    """
+    from dagrunner.sandbox import GateJob, run_job
+
     try:
-        proc = subprocess.run(
-            shlex.split(command),
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=TOOL_TIMEOUT,
-            check=False,
-        )
-        output = proc.stdout + proc.stderr + f"\nexit {proc.returncode}".encode()
-    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        argv = tuple(shlex.split(command))
+    except ValueError as exc:
+        argv = ()
         output = f"unavailable: {exc}".encode()
+    if argv:
+        with tempfile.TemporaryDirectory(prefix="dagrunner-tool-") as tmp:
+            job = GateJob(
+                gate="tool",
+                argv=argv,
+                cwd=str(cwd),
+                env=env,
+                sandbox_dir=f"{tmp}/home",
+                log_path=f"{tmp}/out.log",
+                log_limit=TOOL_OUTPUT_LIMIT,
+                timeout=TOOL_TIMEOUT,
+                grace=1.0,
+                hide=str(hide) if hide else None,
+            )
+            result = trio.run(run_job, job)
+            status = "timed out" if result.timed_out else f"exit {result.exit_code}"
+            output = Path(job.log_path).read_bytes() + f"\n{result.error or status}".encode()
     text = output.decode("utf-8", "replace").strip()
     return hashlib.sha256(output).hexdigest(), (text.splitlines() or [""])[0]
 
@@ -131,6 +155,8 @@ def compute_keys(
     snapshot: Snapshot,
     envs: Mapping[str, Mapping[str, str]],
     repo: Path,
+    *,
+    hide: Path | None = None,
 ) -> dict[str, KeyParts | str]:
     """Each gate's key parts, or a sentence saying why it is not cacheable."""
     result: dict[str, KeyParts | str] = {}
@@ -157,7 +183,7 @@ def compute_keys(
         for command in gate.tools:
             cache_key = (command, _digest(dict(env)))
             if cache_key not in tools:
-                tools[cache_key] = tool_fingerprint(command, env, repo)
+                tools[cache_key] = tool_fingerprint(command, env, repo, hide=hide)
             fingerprints[command], lines[command] = tools[cache_key]
         files, unmatched = input_files(snapshot, gate.inputs)
         needs: dict[str, str] = {}
@@ -206,6 +232,30 @@ class Store:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or cache_root()
         self.warnings: list[str] = []
+        self._key: bytes | None = None
+
+    def _secret(self) -> bytes:
+        """The store's HMAC key: made once (0600, exclusive create), then read."""
+        if self._key is None:
+            path = self.root / "key"
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(secrets.token_bytes(32))
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            except FileExistsError:
+                pass
+            key = path.read_bytes()
+            if len(key) < 32:  # a writer that crashed mid-way: nothing was signed with it
+                raise OSError(f"the cache key {path} is incomplete; delete it")
+            self._key = key
+        return self._key
+
+    def _sign(self, body: dict[str, Any]) -> str:
+        canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        return hmac.new(self._secret(), canonical, hashlib.sha256).hexdigest()
 
     def _entry(self, key: str) -> Path:
         return self.root / "entries" / key[:2] / f"{key}.json"
@@ -225,9 +275,11 @@ class Store:
         try:
             wrapper = orjson.loads(raw)
             body = wrapper["body"]
-            intact = hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
-            if intact != wrapper["digest"] or body["key"] != key:
-                raise ValueError("digest does not match its content")
+            if (
+                not hmac.compare_digest(self._sign(body), str(wrapper["hmac"]))
+                or body["key"] != key
+            ):
+                raise ValueError("its signature does not match its content (forged or damaged)")
             log = path.with_suffix(".log")
             if hashlib.sha256(log.read_bytes()).hexdigest() != body["log_sha256"]:
                 raise ValueError("its log does not match the recorded digest")
@@ -264,10 +316,10 @@ class Store:
             "result": result.to_json(),
             "log_sha256": hashlib.sha256(log_bytes).hexdigest(),
         }
-        digest = hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
         try:
+            signature = self._sign(body)
             atomic_write(path.with_suffix(".log"), log_bytes)
-            atomic_write(path, orjson.dumps({"body": body, "digest": digest}))
+            atomic_write(path, orjson.dumps({"body": body, "hmac": signature}))
             atomic_write(
                 self._gate_index(manifest_name, parts.gate),
                 orjson.dumps({"key": key, "run_id": run_id, "parts": parts.to_json()}),

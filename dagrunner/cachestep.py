@@ -4,6 +4,7 @@ stores after the run, and the proof written into each gate's record."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,14 @@ class RunCache:
         self.store = store or Store()
         self.snapshot_files = 0
         self.hashed_files = 0
+        started = time.monotonic()
         if any(spec(graph, n).inputs and spec(graph, n).kind == "gate" for n in graph.nodes):
             snapshot = take_snapshot(repo)
             self.snapshot_files, self.hashed_files = len(snapshot.paths), snapshot.hashed
-            self.keys = compute_keys(manifest, graph, snapshot, envs, repo)
+            self.keys = compute_keys(manifest, graph, snapshot, envs, repo, hide=self.store.root)
         else:
             self.keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}
+        self.setup_seconds = time.monotonic() - started
         self.stored = 0
 
     def warnings(self) -> list[str]:
@@ -137,8 +140,10 @@ def explain_gate(
 
     sub = select(graph, [gate], where=str(manifest.path))
     snapshot = take_snapshot(repo)
-    keys = compute_keys(manifest, sub, snapshot, {n: envs[n] for n in sub.nodes}, repo)
     store = store or Store()
+    keys = compute_keys(
+        manifest, sub, snapshot, {n: envs[n] for n in sub.nodes}, repo, hide=store.root
+    )
     current = keys[gate]
     stored = store.newest_parts(manifest.name, gate)
     return {

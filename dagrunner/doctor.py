@@ -209,6 +209,19 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         report.add("PASS", "worktrees", f"supported ({count} registered)")
     else:
         report.add("FAIL", "worktrees", "git worktree is not usable here", "upgrade git")
+    from dagrunner.contain import detect
+
+    contained = detect()
+    report.facts["containment"] = contained.to_json()
+    report.add(
+        "PASS" if contained.pidns or contained.cgroup_kill else "WARN",
+        "containment",
+        f"{contained.mode}: {contained.describe()}",
+        ""
+        if contained.pidns or contained.cgroup_kill
+        else "gates are held by their process group only; see docs/security.md "
+        "(run as root, or enable user namespaces or cgroup delegation)",
+    )
     try:
         root = worktree_root(info, env)
     except DagrunnerError as exc:

@@ -6,6 +6,7 @@ straight to disk, and only the tail is held, in a buffer trimmed as it grows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -69,3 +70,26 @@ class BoundedLog:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def redact_file(path: Path, secrets: Mapping[str, str]) -> int:
+    """Replace each secret value (value -> variable name) in the log at ``path``; how many.
+
+    Logs are bounded, so reading one whole is cheap; the file is rewritten only
+    when a secret was found.
+    """
+    if not secrets:
+        return 0
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return 0
+    count = 0
+    for value, name in secrets.items():
+        raw = value.encode("utf-8", "surrogateescape")
+        if raw in data:
+            count += data.count(raw)
+            data = data.replace(raw, f"[redacted: ${name}]".encode())
+    if count:
+        path.write_bytes(data)
+    return count

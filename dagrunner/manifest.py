@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
+from dagrunner.contain import DEFAULT_MAX_PIDS
 from dagrunner.diagnostics import Problems
 from dagrunner.errors import DagrunnerError
 from dagrunner.units import parse_duration, parse_size
@@ -79,6 +80,8 @@ class GovernorSpec:
     min_available_memory: int | None = None  # None: 5% of total
     sample_interval: float = 0.5
     backfill_limit: float = 60.0  # longest a blocked top gate lets smaller ones pass it
+    enforce: bool = False  # declared memory becomes a hard cgroup limit where one is delegated
+    max_pids: int = DEFAULT_MAX_PIDS  # processes one gate may have at once (0: no limit)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -348,6 +351,8 @@ def _read_governor(table: _Table) -> GovernorSpec:
         min_available_memory=table.take("min_available_memory", _auto(_size), None),
         sample_interval=table.take("sample_interval", _interval, default.sample_interval),
         backfill_limit=table.take("backfill_limit", _duration, default.backfill_limit),
+        enforce=table.take("enforce", _boolean, default.enforce),
+        max_pids=table.take("max_pids", _count, default.max_pids),
     )
     table.finish()
     return spec

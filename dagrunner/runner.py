@@ -29,6 +29,7 @@ import trio
 from dagrunner import __version__
 from dagrunner.cache import Store
 from dagrunner.cachestep import RunCache
+from dagrunner.contain import detect, disable_dumping
 from dagrunner.errors import DagrunnerError
 from dagrunner.evidence import check_budget, speed_evidence
 from dagrunner.executors import Executor, open_executor
@@ -36,11 +37,12 @@ from dagrunner.git import head_info, toplevel
 from dagrunner.governor import Capacity, Governor, check_fits, resolve_capacity
 from dagrunner.graph import Graph, build_graph, expected_durations, select, spec
 from dagrunner.history import history_path, read_history, record_history
+from dagrunner.logs import redact_file
 from dagrunner.manifest import DEFAULT_MANIFEST, GateSpec, Manifest, load_manifest
 from dagrunner.proctree import sweep_orphans
 from dagrunner.records import Attempt, GateResult, RunRecord, RunStatus, Status
 from dagrunner.report import write_run_dir
-from dagrunner.sandbox import AttemptResult, GateJob, gate_environment
+from dagrunner.sandbox import AttemptResult, GateJob, gate_environment, secret_values
 from dagrunner.scheduler import Listener, Outcome, Scheduler
 from dagrunner.swarm import Swarm
 from dagrunner.units import format_duration
@@ -78,6 +80,7 @@ class Plan:
         str, dict[str, str]
     ]  # each gate's hermetic environment (HOME/TMPDIR added per attempt)
     git: dict[str, Any] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict)  # value -> name, redacted from logs
 
 
 # -- steps --------------------------------------------------------------------
@@ -126,6 +129,7 @@ def plan_step(repo: Path, manifest: Manifest, options: RunOptions) -> Plan:
         history=history,
         envs=envs,
         git=git_info,
+        secrets=secret_values(caller, envs),
     )
 
 
@@ -159,6 +163,11 @@ class GateRunner:
             log_limit=gate.log_limit,
             timeout=gate.timeout,
             sample_interval=self.plan.manifest.governor.sample_interval,
+            memory_limit=gate.memory
+            if self.plan.manifest.governor.enforce and gate.memory
+            else None,
+            max_pids=self.plan.manifest.governor.max_pids or None,
+            hide=str(self.cache.store.root),
         )
 
     async def __call__(self, node: str, t0: float) -> Outcome:
@@ -202,11 +211,13 @@ class GateRunner:
                     )
                 started = trio.current_time()
                 result = await self.executor.execute(job)
+                redact_file(Path(job.log_path), self.plan.secrets)
                 attempts.append(_attempt(node, number, started, trio.current_time(), result))
                 if result.passed:
                     break
         finally:
             _keep_final_log(self.run_dir, node, len(attempts) or 1)
+            redact_file(self.run_dir / "logs" / f"{node}.log", self.plan.secrets)
         if not attempts:
             return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
         attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")
@@ -393,6 +404,7 @@ def record_step(
             "cpus": os.cpu_count(),
             "memory_total": memory.total,
             "dagrunner": __version__,
+            "containment": detect().to_json(),
         },
         governor={
             "capacity": plan.capacity.to_json(),
@@ -458,6 +470,7 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
 
     Raises DagrunnerError for bad input before anything runs.
     """
+    disable_dumping()  # gates (and anything else of our user) cannot read our /proc
     repo, manifest = load_step(options)
     plan = plan_step(repo, manifest, options)
     executor = open_executor(options.executor)  # a cluster that cannot be reached fails here
@@ -485,6 +498,8 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
     except BaseException:
         swarm.finish([], interrupted=True)  # requeue what was applied, release the locks
         raise
+    # Tool fingerprints ran before the schedule: the user waited for them too.
+    scheduled = replace(scheduled, wall=scheduled.wall + cache.setup_seconds)
     integration = swarm.finish(scheduled.results, interrupted=scheduled.interrupted)
     cache.store_passed(scheduled.results, run_id)
     record = record_step(plan, options, run_id=run_id, started_at=started_at, scheduled=scheduled)

@@ -91,6 +91,35 @@ def gate_environment(
     return env
 
 
+# Caller variables that are never secrets, or whose values are everywhere (paths, terminals).
+NOT_SECRET = frozenset(
+    {"PATH", "PWD", "OLDPWD", "HOME", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "TZ", "SHLVL"}
+    | {"HOSTNAME", "TMPDIR", "_", "COLUMNS", "LINES", "PYTHONPATH", "VIRTUAL_ENV"}
+)
+MIN_SECRET = 8  # shorter values are too common to redact without mangling every log
+
+
+def secret_values(
+    caller: Mapping[str, str], envs: Mapping[str, Mapping[str, str]]
+) -> dict[str, str]:
+    """value -> name of every caller variable that no gate was given: redacted from logs.
+
+    A gate cannot print what it was not given, unless it reads the runner some
+    other way; this is the last line if it ever does.
+    """
+    given = {value for env in envs.values() for value in env.values()}
+    found: dict[str, str] = {}
+    for name, value in caller.items():
+        if (
+            len(value) >= MIN_SECRET
+            and value not in given
+            and name not in NOT_SECRET
+            and not name.startswith(("LC_", "XDG_", "DAGRUNNER_"))
+        ):
+            found.setdefault(value, name)
+    return dict(sorted(found.items(), key=lambda item: -len(item[0])))  # longest first
+
+
 async def run_job(job: GateJob) -> AttemptResult:
     """Run ``job`` once and report how it ended.  Cancellation ends the tree first."""
     become_subreaper()
