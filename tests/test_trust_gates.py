@@ -71,7 +71,7 @@ def test_gate_can_neither_read_the_cache_key_nor_write_an_entry(
     store = Path(os.environ["DAGRUNNER_CACHE_DIR"])
     check(capsys, repo, CACHEABLE.format(run="true"))  # makes the store and its key
     key = (store / "key").read_bytes()
-    code, _, run_dir = check(
+    _, _, run_dir = check(
         capsys,
         repo,
         f"""
