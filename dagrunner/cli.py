@@ -9,6 +9,7 @@ else into an "unexpected error" report with the traceback saved to a file.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import tempfile
@@ -268,6 +269,12 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             )
         if result.target_moving:
             print("target-moving: the target kept moving; the rest stays queued")
+        if result.checkout_stale:
+            stale = result.checkout_stale
+            print(
+                f"LANDED, BUT THE CHECKOUT {stale['checkout']} COULD NOT FOLLOW "
+                f"({stale['reason']}); restore it with: {stale['command']}"
+            )
     gates_failed = any(e["state"] == "gates-failed" for e in body["envelopes"])
     return ExitCode.OK if result.ok and not gates_failed else ExitCode.FAILED
 
@@ -489,19 +496,38 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + 13
-    except Exception:
-        fd, path = tempfile.mkstemp(prefix="dagrunner-crash-", suffix=".log")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(f"dagrunner {__version__}, python {sys.version}\nargv: {argv}\n\n")
-            handle.write(traceback.format_exc())
-        message = f"unexpected error (a dagrunner bug): {sys.exc_info()[1]!r}; details in {path}"
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return _crash(argv, args)
+        error = DagrunnerError(
+            "disk-full",
+            f"{exc.strerror}: nothing more could be written",
+            where=exc.filename,
+            exit_code=ExitCode.ENVIRONMENT,
+            hint="free disk space there, then run the command again; "
+            "what was journaled before is kept and the rerun resumes",
+        )
         if getattr(args, "json", False):
-            emit_json(
-                {"error": {"code": "internal-error", "message": message, "hint": "report it"}}
-            )
+            emit_json({"error": error.to_json()})
         else:
-            print(message, file=sys.stderr)
-        return 70
+            print(error.render(), file=sys.stderr)
+        return error.exit_code
+    except Exception:
+        return _crash(argv, args)
+
+
+def _crash(argv: Sequence[str], args: argparse.Namespace) -> int:
+    """An unexpected error: a one-line message, and the traceback saved to a file."""
+    fd, path = tempfile.mkstemp(prefix="dagrunner-crash-", suffix=".log")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"dagrunner {__version__}, python {sys.version}\nargv: {argv}\n\n")
+        handle.write(traceback.format_exc())
+    message = f"unexpected error (a dagrunner bug): {sys.exc_info()[1]!r}; details in {path}"
+    if getattr(args, "json", False):
+        emit_json({"error": {"code": "internal-error", "message": message, "hint": "report it"}})
+    else:
+        print(message, file=sys.stderr)
+    return 70
 
 
 def entry() -> None:

@@ -30,9 +30,12 @@ from typing import Any
 
 import orjson
 
+from dagrunner import checkout as checkouts
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.git import IDENTITY, git
+from dagrunner.fsutil import read_lines
+from dagrunner.git import IDENTITY, GitResult, git
+from dagrunner.gitlocks import check_locks
 from dagrunner.ledger import Ledger, now
 from dagrunner.manifest import DEFAULT_MANIFEST, load_manifest
 from dagrunner.names import is_safe_id
@@ -64,10 +67,11 @@ class IntegrationResult:
     land_blocked: dict[str, Any] | None = None
     target_moving: bool = False
     report_dir: str = ""
+    checkout_stale: dict[str, str] | None = None  # landed, but the checkout could not follow
 
     @property
     def ok(self) -> bool:
-        return self.land_blocked is None and not self.target_moving
+        return self.land_blocked is None and not self.target_moving and not self.checkout_stale
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +83,7 @@ class IntegrationResult:
             "rebuilds": self.rebuilds,
             "land_blocked": self.land_blocked,
             "target_moving": self.target_moving,
+            "checkout_stale": self.checkout_stale,
             "report_dir": self.report_dir,
             "counts": {
                 s: sum(1 for e in self.envelopes if e["state"] == s)
@@ -278,8 +283,65 @@ class Integrator:
 
     # -- the run -------------------------------------------------------------------------
 
+    def preflight(self) -> None:
+        """Before any gate run: a checkout left half-updated is repaired (or named), and stale
+        git locks are cleared where ours (or named): no gate run is spent on a ref that cannot
+        move."""
+        stale = checkouts.recall(self.ctx.info.state_dir, self.target) or self.last_landing()
+        if stale is not None:
+            where = Path(stale.checkout)
+            if not where.is_dir() or not checkouts.at_tree_of(where, stale.old):
+                checkouts.forget(self.ctx.info.state_dir, self.target)  # synced, or moved on
+            elif self.head() == stale.to and checkouts.repair(
+                where, stale.old, stale.new, stale.to
+            ):
+                checkouts.forget(self.ctx.info.state_dir, self.target)
+            else:
+                raise DagrunnerError(
+                    "target-checkout-stale",
+                    f"the checkout {stale.checkout} was left between two trees ({stale.reason})",
+                    where=stale.checkout,
+                    exit_code=ExitCode.FAILED,
+                    details=stale.to_json(),
+                    hint="it was clean before landing: free what blocked it (disk space) and run "
+                    f"again, and dagrunner repairs it; or restore it yourself: {stale.command}",
+                )
+        for path in check_locks(
+            common_dir=self.ctx.info.common_dir,
+            ref=self.ref,
+            checkout=self.target_checkout(),
+            own_worktree=self.wt,
+        ):
+            print(f"removed a stale lock of the integration worktree: {path}", file=sys.stderr)
+
+    def last_landing(self) -> checkouts.StaleCheckout | None:
+        """The newest journaled landing onto the current head, as a checkout that should follow.
+
+        A full disk can stop the marker from being written; the journal's landing
+        record (written before the ref moved) still says from where to where.
+        """
+        checkout = self.target_checkout()
+        if checkout is None:
+            return None
+        head = self.head()
+        for entry in reversed(read_lines(self.queue.journal)):
+            if entry.get("state") == "landing":
+                old, new = entry.get("old"), entry.get("new")
+                if isinstance(old, str) and new == head:
+                    return checkouts.StaleCheckout(
+                        checkout=str(checkout),
+                        target=self.target,
+                        old=old,
+                        new=head,
+                        to=head,
+                        reason="a landing whose checkout update did not finish",
+                    )
+                return None
+        return None
+
     def run(self) -> IntegrationResult:
         self.recover()
+        self.preflight()
         start = self.head()
         self.result.start = start
         self.prepare_worktree(start)
@@ -491,24 +553,55 @@ class Integrator:
             check=False,
         )
         if moved.returncode != 0:
-            return "moved"
+            if self.head() != old:
+                return "moved"
+            # Not moved by anyone: the ref itself cannot be written (a lock, a full disk).
+            self.block(applied, Path(self.repo), "target-ref-unwritable", _first_line(moved))
+            return "blocked"
         crash_point("landed-ref")
         if checkout is not None:
             synced = git(["read-tree", "-m", "-u", old, new], cwd=checkout, check=False)
             if synced.returncode != 0:
-                git(["update-ref", self.ref, old, new], cwd=self.repo, check=False)
-                reason = synced.stderr.decode("utf-8", "replace").strip().splitlines()
-                self.block(
-                    applied,
-                    checkout,
-                    "target-checkout-blocked",
-                    reason[0] if reason else "its files could not be updated",
-                )
-                return "blocked"
+                return self.failed_sync(applied, checkout, old, new, _first_line(synced))
+        self.landed(applied, old, new)
+        return "landed"
+
+    def landed(self, applied: list[tuple[Envelope, str]], old: str, new: str) -> None:
         chain = git(["rev-list", "--reverse", f"{old}..{new}"], cwd=self.repo).text.split()
         for (envelope, _), commit in zip(applied, chain, strict=False):
             self.finish(envelope.id, "landed", commit=commit)
-        return "landed"
+
+    def failed_sync(
+        self, applied: list[tuple[Envelope, str]], where: Path, old: str, new: str, why: str
+    ) -> str:
+        """The ref moved but its checkout could not follow: move the ref back and restore the
+        checkout, or -- when the ref cannot move back -- say that the envelopes landed."""
+        back = git(["update-ref", self.ref, old, new], cwd=self.repo, check=False)
+        to = old if back.returncode == 0 else new
+        stale = checkouts.StaleCheckout(
+            checkout=str(where), target=self.target, old=old, new=new, to=to, reason=why
+        )
+        restored = checkouts.repair(where, old, new, to)
+        if not restored:
+            checkouts.remember(self.ctx.info.state_dir, stale)
+            self.result.checkout_stale = stale.to_json()
+        self.stop = True
+        try:
+            if to == old:
+                note = "the target was moved back" + (
+                    "; its checkout was restored" if restored else f"; restore it: {stale.command}"
+                )
+                self.block(applied, where, "target-checkout-blocked", f"{why} ({note})")
+                return "blocked"
+            self.landed(applied, old, new)  # the truth: the target holds them
+            return "landed"
+        except OSError as exc:  # a full disk: the journal cannot say it, the result still does
+            self.result.land_blocked = {
+                "code": "disk-full",
+                "checkout": str(where),
+                "reason": f"{why}; then {exc.strerror}: the target is at {to[:12]}",
+            }
+            return "blocked"
 
     def block(
         self, applied: list[tuple[Envelope, str]], checkout: Path, code: str, why: str
@@ -601,6 +694,11 @@ class Integrator:
             record = read_run_dir(runs[-1])
             record.integration = summary
             write_run_dir(record, runs[-1])
+
+
+def _first_line(result: GitResult) -> str:
+    lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
+    return lines[0] if lines else f"git exited with {result.returncode}"
 
 
 def integrate(

@@ -1,0 +1,147 @@
+"""Faults leave the truth: a full disk while landing, and stale git locks (issue #9, 11-12)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import git, run_json
+
+from dagrunner import worktrees as wt
+from dagrunner.doctor import repo_info
+from dagrunner.integration import integrate
+from dagrunner.queue import Queue, submit
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+
+
+def make_project(root: Path) -> Path:
+    repo = root / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "manifests").mkdir()
+    (repo / "manifests" / "release.toml").write_text('[gates.ok]\nrun = ["true"]\n')
+    (repo / "README").write_text("hi\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "init")
+    return repo
+
+
+def envelope(repo: Path, name: str, size: int = 0) -> Path:
+    path = Path(wt.allocate(mission="m", worker=name, repo=repo)["path"])
+    (path / f"{name}.bin").write_bytes(os.urandom(size) if size else b"small\n")
+    out = path.parent / f"{name}.json"
+    wt.export(f"m/{name}", output=out, repo=repo)
+    return out
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12M", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    filler = disk / "filler"
+    subprocess.run(["fallocate", "-l", str(max(free - leave, 0)), str(filler)], check=True)
+    return filler
+
+
+@root_only
+def test_full_disk_while_landing_tells_the_truth_and_repairs_later(
+    small_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = make_project(small_disk)
+    submit(repo_info(repo), [envelope(repo, "big", size=3_000_000)])
+    filler = fill(small_disk, 200 * 1024)
+    code, body = run_json(capsys, "integrate", "run", "--repo", str(repo))
+    head = git(repo, "rev-parse", "main").strip()
+    if body["end"] != body["start"]:  # the target moved and could not be moved back
+        assert body["envelopes"][0]["state"] == "landed"
+        assert head == body["end"]
+        assert code == 1 and body["checkout_stale"]["command"].startswith("git -C ")
+    else:  # or it moved back: then nothing landed
+        assert head == body["start"] and body["envelopes"][0]["state"] == "queued"
+        assert code == 1 and body["land_blocked"]["code"] in (
+            "target-checkout-blocked",
+            "disk-full",
+        )
+    # A rerun on the still-full disk spends no gate run and names the state.
+    code, again = run_json(capsys, "integrate", "run", "--repo", str(repo))
+    assert code in (1, 3) and "error" in again, again
+    filler.unlink()
+    code, last = run_json(capsys, "integrate", "run", "--repo", str(repo))
+    assert code == 0, last
+    assert git(repo, "status", "--porcelain") == ""
+    assert (repo / "big.bin").stat().st_size == 3_000_000
+    assert {e["state"] for e in Queue.of(repo_info(repo)).entries().values()} == {"landed"}
+
+
+@root_only
+def test_submit_on_a_full_disk_is_a_coded_error_and_queues_nothing(
+    small_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = make_project(small_disk)
+    env = envelope(repo, "big", size=3_000_000)
+    fill(small_disk, 64 * 1024)
+    code, body = run_json(capsys, "integrate", "submit", str(env), "--repo", str(repo))
+    assert code == 3 and body["error"]["code"] in ("queue-write-failed", "disk-full"), body
+    assert Queue.of(repo_info(repo)).entries() == {}
+
+
+def test_stale_target_ref_lock_stops_before_any_gate_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = make_project(tmp_path)
+    submit(repo_info(repo), [envelope(repo, "w1")])
+    lock = repo / ".git" / "refs" / "heads" / "main.lock"
+    lock.write_text("left by a killed git\n")
+    code, body = run_json(capsys, "integrate", "run", "--repo", str(repo))
+    assert code == 3 and body["error"]["code"] == "stale-git-lock"
+    assert str(lock) in body["error"]["message"] and "rm " in body["error"]["hint"]
+    assert Queue.of(repo_info(repo)).pending(), "nothing may be decided while the ref is stuck"
+    lock.unlink()
+    assert integrate(repo=repo).envelopes[0]["state"] == "landed"
+
+
+def test_stale_index_lock_of_the_target_checkout_is_named(tmp_path: Path) -> None:
+    repo = make_project(tmp_path)
+    submit(repo_info(repo), [envelope(repo, "w1")])
+    (repo / ".git" / "index.lock").write_text("")
+    with pytest.raises(Exception) as info:
+        integrate(repo=repo)
+    assert getattr(info.value, "code", "") == "stale-git-lock"
+
+
+def test_stale_lock_in_the_integrators_own_worktree_is_cleared(tmp_path: Path) -> None:
+    repo = make_project(tmp_path)
+    submit(repo_info(repo), [envelope(repo, "w1")])
+    assert integrate(repo=repo).envelopes[0]["state"] == "landed"  # makes the worktree
+    own = next((repo / ".git" / "worktrees").iterdir())
+    (own / "index.lock").write_text("")
+    submit(repo_info(repo), [envelope(repo, "w2")])
+    result = integrate(repo=repo)
+    assert result.envelopes[0]["state"] == "landed" and result.gate_runs == 1
+    assert not (own / "index.lock").exists()
+
+
+def test_ref_that_cannot_be_written_is_not_mistaken_for_a_moving_target(tmp_path: Path) -> None:
+    repo = make_project(tmp_path)
+    lock = repo / ".git" / "refs" / "heads" / "main.lock"
+    (repo / "manifests" / "release.toml").write_text(f"[gates.ok]\nrun = \"touch '{lock}'\"\n")
+    git(repo, "commit", "-qam", "a gate that leaves the ref locked")
+    submit(repo_info(repo), [envelope(repo, "w1")])
+    result = integrate(repo=repo)
+    assert result.gate_runs == 1, "a ref that cannot move must not burn rebuilds"
+    assert result.land_blocked is not None
+    assert result.land_blocked["code"] == "target-ref-unwritable"
+    assert not result.target_moving
