@@ -92,19 +92,33 @@ SECRET = "ghp_s3cr3t-value-1234567890"
 
 
 @contained
-def test_gate_cannot_read_the_runners_environment_through_proc(
-    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("GITHUB_TOKEN", SECRET)
-    code, _, run_dir = check(
-        capsys,
+def test_gate_cannot_read_the_runners_environment_through_proc(repo: Path) -> None:
+    # The runner is its own process, started with the secret in its environment: /proc shows
+    # a process's environment as it was at exec, so an in-process runner would prove nothing.
+    path = write_manifest(
         repo,
         """
         [gates.snoop]
-        run = "tr '\\\\0' '\\\\n' < /proc/$PPID/environ; for p in /proc/[0-9]*; do tr '\\\\0' '\\\\n' < $p/environ; done; true"
+        run = '''tr '\\0' '\\n' < /proc/$PPID/environ; for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ; done; true'''
         """,
     )
-    assert code == 0
+    run_dir = repo / "reports" / "snoop-run"
+    proc = subprocess.run(
+        [
+            *CLI,
+            "release-check",
+            str(path),
+            "--repo",
+            str(repo),
+            "--quiet",
+            "--report-dir",
+            str(run_dir),
+        ],
+        env={**os.environ, "GITHUB_TOKEN": SECRET},
+        capture_output=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
     log = (run_dir / "logs" / "snoop.log").read_text()
     assert "DAGRUNNER_GATE_TOKEN" in log  # it did read environments: its own namespace's
     assert SECRET not in log and "GITHUB_TOKEN" not in log
