@@ -45,6 +45,7 @@ DEFAULT_MAX_PIDS = 8192
 # reap, and count the processes still alive when the gate has exited.
 _INIT = r"""
 left=$1; hide=$2; shift 2
+while [ "$1" != -- ]; do echo 0 > "$1/cgroup.procs" || exit 125; shift; done; shift
 if [ -n "$hide" ]; then
   mount -t tmpfs -o ro,size=4k,mode=000 dagrunner-hidden "$hide" || {
     echo "dagrunner: could not hide the cache store from the gate" >&2; exit 125; }
@@ -186,8 +187,9 @@ def detect() -> Containment:
     pidns = False
     if unshare:
         with tempfile.TemporaryDirectory(prefix="dagrunner-probe-") as tmp:
+            init = ["/bin/sh", "-c", _INIT, "init", f"{tmp}/left", tmp, "--"]
             probe = subprocess.run(
-                [*_unshare(unshare), "/bin/sh", "-c", _INIT, "init", f"{tmp}/left", tmp, "true"],
+                [*_unshare(unshare), *init, "true"],
                 capture_output=True,
                 stdin=subprocess.DEVNULL,
                 timeout=10,
@@ -296,15 +298,6 @@ def jail(
     """Wrap ``argv`` in this machine's containment; ``work`` holds the leftover count file."""
     found = detect()
     left = work / f".{token}.left"
-    command = list(argv)
-    if found.pidns:
-        hidden = ""
-        if hide is not None and hide.is_dir() and not _inside(cwd, hide):
-            hidden = str(hide)
-        unshare = shutil.which("unshare") or "unshare"
-        command = [*_unshare(unshare), "/bin/sh", "-c", _INIT, "init", str(left), hidden, *command]
-    if found.pdeathsig:
-        command = [shutil.which("setpriv") or "setpriv", "--pdeathsig", "KILL", *command]
     groups: list[Path] = []
     for base, files in (
         (found.cgroup_kill, {}),
@@ -320,8 +313,19 @@ def jail(
                 if (group / name).exists():
                     (group / name).write_text(value)
             groups.append(group)
-    if groups:
+    command = list(argv)
+    if found.pidns:
+        # The init joins the cgroups itself ("0" moves the writer): one process fewer per gate.
+        hidden = ""
+        if hide is not None and hide.is_dir() and not _inside(cwd, hide):
+            hidden = str(hide)
+        unshare = shutil.which("unshare") or "unshare"
+        init = ["/bin/sh", "-c", _INIT, "init", str(left), hidden, *map(str, groups), "--"]
+        command = [*_unshare(unshare), *init, *command]
+    elif groups:
         command = ["/bin/sh", "-c", _JOIN, "join", *map(str, groups), "--", *command]
+    if found.pdeathsig:
+        command = [shutil.which("setpriv") or "setpriv", "--pdeathsig", "KILL", *command]
     return Jail(argv=command, cgroups=tuple(groups), left_file=left, pidns=found.pidns)
 
 
