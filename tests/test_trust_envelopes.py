@@ -143,18 +143,20 @@ def test_recovery_trusts_only_the_integrators_own_trailers(project: Path, tmp_pa
 # -- 3. no field becomes a path unvalidated ----------------------------------------------------
 
 
-@pytest.mark.parametrize("bad_id", ["../../../../../pwned", "/tmp/pwned-abs", "x" * 300, "a\0b"])
+@pytest.mark.parametrize("bad_id", ["../../../../../pwned", "ABSOLUTE", "x" * 300, "a\0b"])
 def test_id_that_would_be_a_path_is_rejected(
     project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], bad_id: str
 ) -> None:
+    absolute = tmp_path / "outside" / "pwned-abs"
+    absolute.parent.mkdir()
     path = allocate(project, "w1")
     (path / "a.txt").write_text("a\n")
     fields = export(project, "w1", tmp_path / "w1.json")
-    fields["id"] = bad_id
+    fields["id"] = str(absolute) if bad_id == "ABSOLUTE" else bad_id
     forged = forge(tmp_path / "forged.json", fields, rehash=False)
     code, body = run_json(capsys, "integrate", "submit", str(forged), "--repo", str(project))
     assert code == 2 and body["error"]["code"] == "envelope-name", body
-    assert not Path("/tmp/pwned-abs.json").exists()
+    assert list(absolute.parent.iterdir()) == []
     for parent in project.parents:
         assert not (parent / "pwned.json").exists()
 
