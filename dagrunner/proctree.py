@@ -26,6 +26,10 @@ _PR_SET_CHILD_SUBREAPER = 36
 _subreaper_done = False
 # token -> gate id of every gate whose tree is running in this process; see sweep_orphans().
 RUNNING: dict[str, str] = {}
+# Every token this process gave a gate.  A runner that is itself inside a gate (nested
+# runs, the project's own tests) inherits that gate's token: its own children carry it,
+# and they are not orphans of ours.
+ISSUED: set[str] = set()
 
 
 def become_subreaper() -> bool:
@@ -214,7 +218,7 @@ def sweep_orphans(grace: float = 1.0) -> list[tuple[int, str]]:
         for proc in me.children():
             with contextlib.suppress(psutil.Error):
                 token = proc.environ().get(TOKEN_VAR)
-                if not token or token in RUNNING or not _alive(proc):
+                if not token or token not in ISSUED or token in RUNNING or not _alive(proc):
                     continue
                 strays.append((proc, token))
                 for child in proc.children(recursive=True):

@@ -21,7 +21,7 @@ import trio
 from dagrunner.contain import DEFAULT_MAX_PIDS, detect, jail, spawn
 from dagrunner.logs import BoundedLog
 from dagrunner.manifest import EnvSpec
-from dagrunner.proctree import RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
+from dagrunner.proctree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 FIXED_ENV = {"TZ": "UTC", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
@@ -112,6 +112,7 @@ def secret_values(
     for name, value in caller.items():
         if (
             len(value) >= MIN_SECRET
+            and not value.startswith(("/", "~"))  # paths (PYENV_DIR=/x): not secrets, and common
             and value not in given
             and name not in NOT_SECRET
             and not name.startswith(("LC_", "XDG_", "DAGRUNNER_"))
@@ -128,6 +129,7 @@ async def run_job(job: GateJob) -> AttemptResult:
     sandbox.mkdir()
     tmp.mkdir()
     token = uuid.uuid4().hex
+    ISSUED.add(token)
     env = {**job.env, "HOME": str(home), "TMPDIR": str(tmp), "TMP": str(tmp), "TEMP": str(tmp)}
     env[TOKEN_VAR] = token
     log = BoundedLog(Path(job.log_path), job.log_limit)

@@ -238,3 +238,19 @@ def test_escaped_orphan_of_a_passed_gate_is_ended(
     reason = gate_results(run_dir)["a"]["reason"]
     said_by_sweep = any("left running by a finished gate" in w for w in body["warnings"])
     assert "leftover" in reason or said_by_sweep, (reason, body["warnings"])
+
+
+def test_nested_runner_leaves_its_own_childrens_inherited_token_alone(
+    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner inside a gate inherits that gate's token; its own children (git, a helper)
+    carry it too and are not orphans of its gates: the sweep must leave them alone."""
+    monkeypatch.setenv("DAGRUNNER_GATE_TOKEN", "token-of-an-outer-gate")
+    helper = subprocess.Popen(["sleep", "30.0341"])
+    try:
+        code, _, _ = check(capsys, repo, '[gates.a]\nrun = "sleep 1.5"\n')
+        assert code == 0
+        assert helper.poll() is None, "the runner's own child was swept as an orphan"
+    finally:
+        helper.kill()
+        helper.wait()
