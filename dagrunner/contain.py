@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dagrunner.fsutil import is_inside
+
 DEFAULT_MAX_PIDS = 8192
 # PID 1 of the gate's namespace: hide the cache store, run the gate, forward SIGTERM,
 # reap, and count the processes still alive when the gate has exited.
@@ -317,7 +319,7 @@ def jail(
     if found.pidns:
         # The init joins the cgroups itself ("0" moves the writer): one process fewer per gate.
         hidden = ""
-        if hide is not None and hide.is_dir() and not _inside(cwd, hide):
+        if hide is not None and hide.is_dir() and not is_inside(cwd, hide):
             hidden = str(hide)
         unshare = shutil.which("unshare") or "unshare"
         init = ["/bin/sh", "-c", _INIT, "init", str(left), hidden, *map(str, groups), "--"]
@@ -333,14 +335,6 @@ def _memory_files(base: Path | None, limit: int) -> dict[str, str]:
     if base is not None and (base / "cgroup.controllers").exists():
         return {"memory.max": str(limit), "memory.swap.max": "0"}
     return {"memory.limit_in_bytes": str(limit)}
-
-
-def _inside(child: Path, parent: Path) -> bool:
-    try:
-        child.resolve().relative_to(parent.resolve())
-    except ValueError:
-        return False
-    return True
 
 
 # One thread spawns every gate and lives as long as the process: the parent-death

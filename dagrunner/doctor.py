@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.fsutil import is_inside
 from dagrunner.git import git
 
 MIN_GIT = (2, 17)  # worktree move/remove
@@ -123,14 +124,6 @@ def namespace(info: RepoInfo) -> str:
     return f"{name or 'repo'}-{ident}"
 
 
-def _inside(child: Path, parent: Path) -> bool:
-    try:
-        child.resolve().relative_to(parent.resolve())
-    except ValueError:
-        return False
-    return True
-
-
 def worktree_root(info: RepoInfo, env: Mapping[str, str] | None = None) -> Path:
     """This repository's worktree root, checked (exit 3 when unsafe or unusable) and created."""
     env = os.environ if env is None else env
@@ -145,7 +138,7 @@ def worktree_root(info: RepoInfo, env: Mapping[str, str] | None = None) -> Path:
             "such as ~/.cache/dagrunner/worktrees",
         )
     root = base / namespace(info)
-    in_repo = _inside(root, info.root) or _inside(root, info.common_dir)
+    in_repo = is_inside(root, info.root) or is_inside(root, info.common_dir)
     if in_repo and env.get("DAGRUNNER_ALLOW_IN_REPO_WORKTREES") != "1":
         raise DagrunnerError(
             "unsafe-root",

@@ -87,6 +87,15 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+def is_inside(child: Path, parent: Path) -> bool:
+    """Whether ``child`` is ``parent`` or below it, symlinks resolved."""
+    try:
+        child.resolve().relative_to(parent.resolve())
+    except ValueError:
+        return False
+    return True
+
+
 def cache_root() -> Path:
     """``DAGRUNNER_CACHE_DIR``, else ``$XDG_CACHE_HOME/dagrunner/cache``, else ``~/.cache/...``."""
     explicit = os.environ.get("DAGRUNNER_CACHE_DIR")
