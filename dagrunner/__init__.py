@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from dagrunner.version import VERSION as __version__
 
 _EXPORTS = {
     "DagrunnerError": "dagrunner.errors",
@@ -29,7 +29,7 @@ _EXPORTS = {
     "export": "dagrunner.worktrees",
     "integrate": "dagrunner.integration",
     "load_manifest": "dagrunner.manifest",
-    "release_check": "dagrunner.runner",
+    "release_check": "dagrunner.release",
     "submit": "dagrunner.queue",
 }
 __all__ = [
@@ -59,7 +59,8 @@ if TYPE_CHECKING:
     from dagrunner.manifest import Manifest, load_manifest
     from dagrunner.queue import submit_files as submit
     from dagrunner.records import GateResult, RunRecord, RunStatus, Status
-    from dagrunner.runner import RunOptions, release_check
+    from dagrunner.release import release_check
+    from dagrunner.runner import RunOptions
     from dagrunner.worktrees import allocate, export
 
 

@@ -20,14 +20,15 @@ from typing import Any
 
 import orjson
 
-from dagrunner import __version__
 from dagrunner.console import Progress, summary_table
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.graph import build_graph, describe, expected_durations, render_dot, render_text
 from dagrunner.graph import select as select_gates
 from dagrunner.records import RunStatus
+from dagrunner.release import release_check
 from dagrunner.report.ci import publish
-from dagrunner.runner import RunOptions, load_step, release_check
+from dagrunner.runner import RunOptions, load_step
+from dagrunner.version import VERSION
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -329,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dagrunner",
         description="Run a repository's release gates as a DAG, and integrate parallel work safely.",
     )
-    parser.add_argument("--version", action="version", version=f"dagrunner {__version__}")
+    parser.add_argument("--version", action="version", version=f"dagrunner {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     common = argparse.ArgumentParser(add_help=False)
@@ -520,7 +521,7 @@ def _crash(argv: Sequence[str], args: argparse.Namespace) -> int:
     """An unexpected error: a one-line message, and the traceback saved to a file."""
     fd, path = tempfile.mkstemp(prefix="dagrunner-crash-", suffix=".log")
     with os.fdopen(fd, "w") as handle:
-        handle.write(f"dagrunner {__version__}, python {sys.version}\nargv: {argv}\n\n")
+        handle.write(f"dagrunner {VERSION}, python {sys.version}\nargv: {argv}\n\n")
         handle.write(traceback.format_exc())
     message = f"unexpected error (a dagrunner bug): {sys.exc_info()[1]!r}; details in {path}"
     if getattr(args, "json", False):

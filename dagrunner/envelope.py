@@ -28,13 +28,13 @@ from typing import Any
 
 import orjson
 
-from dagrunner import __version__
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import atomic_write
 from dagrunner.git import git
 from dagrunner.names import RULE, is_safe_id, is_safe_name
 from dagrunner.patch import FilePatch, PatchFormatError, parse_patch
 from dagrunner.snapshot import state_tree
+from dagrunner.version import VERSION
 
 SCHEMA = "dagrunner.patch-envelope/1"
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -222,7 +222,7 @@ def export_worktree(
         "diff_bytes": len(diff),
         "diff_sha256": hashlib.sha256(diff).hexdigest(),
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "tool_version": __version__,
+        "tool_version": VERSION,
     }
     return Envelope(fields=fields, diff=diff)
 

@@ -41,6 +41,7 @@ from dagrunner.manifest import DEFAULT_MANIFEST, load_manifest
 from dagrunner.names import is_safe_id
 from dagrunner.queue import FINAL, Queue, same_repository
 from dagrunner.records import RunStatus
+from dagrunner.runner import RunOptions, release_check
 from dagrunner.snapshot import state_tree
 from dagrunner.worktrees import Context, open_context
 
@@ -509,8 +510,6 @@ class Integrator:
         return None
 
     def gate(self) -> tuple[bool, list[str], str]:
-        from dagrunner.runner import RunOptions, release_check  # runner -> swarm -> here
-
         self.result.gate_runs += 1
         run_dir = self.reports / f"gates-{self.result.gate_runs:02d}"
         manifest = self.manifest_file or self.trusted_manifest(self.head())
@@ -628,7 +627,7 @@ class Integrator:
         Anything less and the worktree is left alone with a note: an envelope's
         mission, worker and tree are a worker's claims, not facts.
         """
-        from dagrunner.lifecycle import _cleanup
+        from dagrunner.lifecycle import cleanup_recorded
         from dagrunner.worktrees import default_target
 
         states = self.ledger.state()
@@ -650,7 +649,7 @@ class Integrator:
                 continue
             try:
                 with self.ledger.exclusive():
-                    done = _cleanup(
+                    done = cleanup_recorded(
                         self.ctx,
                         wt_id,
                         state,

@@ -25,13 +25,13 @@ from dagrunner.ledger import now
 from dagrunner.snapshot import backup_commit
 from dagrunner.worktrees import (
     Context,
-    _pool_room,
-    _remove,
-    _state,
-    _to_pool,
     default_target,
     open_context,
+    pool_room,
+    recorded_state,
+    remove_worktree,
     split_id,
+    to_pool,
 )
 
 
@@ -75,7 +75,7 @@ def status(wt_id: str, *, repo: Path | None = None, target: str | None = None) -
     """Everything about one worktree; a vanished directory is reconciled in the ledger."""
     ctx = open_context(repo)
     split_id(wt_id)
-    return _status(ctx, wt_id, _state(ctx, wt_id), target or default_target(ctx))
+    return _status(ctx, wt_id, recorded_state(ctx, wt_id), target or default_target(ctx))
 
 
 def _status(ctx: Context, wt_id: str, state: dict[str, Any], target: str) -> dict[str, Any]:
@@ -187,13 +187,13 @@ def cleanup(
     split_id(wt_id)
     ctx = open_context(repo, env)
     with ctx.ledger.exclusive():
-        state = _state(ctx, wt_id)
-        return _cleanup(
+        state = recorded_state(ctx, wt_id)
+        return cleanup_recorded(
             ctx, wt_id, state, force=force, target=target or default_target(ctx), env=env
         )
 
 
-def _cleanup(
+def cleanup_recorded(
     ctx: Context,
     wt_id: str,
     state: dict[str, Any],
@@ -275,11 +275,11 @@ def _cleanup(
         }
     delete_branch = landed or backup is not None
     action = "removed"
-    if info["clean"] and _pool_room(ctx, env):
-        _to_pool(ctx, path, branch, delete_branch=delete_branch)
+    if info["clean"] and pool_room(ctx, env):
+        to_pool(ctx, path, branch, delete_branch=delete_branch)
         action = "pooled"
     else:
-        _remove(ctx, path, branch, delete_branch=delete_branch)
+        remove_worktree(ctx, path, branch, delete_branch=delete_branch)
     retention_file(path).unlink(missing_ok=True)
     ctx.ledger.append("cleaned", wt_id, action=action, backup=backup, branch_deleted=delete_branch)
     return {
@@ -320,7 +320,7 @@ def prune(
                     {"id": wt_id, "action": "dropped-record", "reason": "directory gone"}
                 )
                 if not dry_run:
-                    _cleanup(ctx, wt_id, state, force=False, target=goal, env=env)
+                    cleanup_recorded(ctx, wt_id, state, force=False, target=goal, env=env)
                 continue
             info = _status(ctx, wt_id, state, goal)
             idle = cutoff is not None and dt.datetime.fromisoformat(state["last_activity"]) < cutoff
@@ -348,7 +348,7 @@ def prune(
                 }
             )
             if not dry_run:
-                _cleanup(
+                cleanup_recorded(
                     ctx,
                     wt_id,
                     state,

@@ -18,15 +18,14 @@ import socket
 import tempfile
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 import trio
 
-from dagrunner import __version__
 from dagrunner.cache import Store
 from dagrunner.cachestep import RunCache
 from dagrunner.contain import detect, disable_dumping
@@ -44,8 +43,8 @@ from dagrunner.records import Attempt, GateResult, RunRecord, RunStatus, Status
 from dagrunner.report import write_run_dir
 from dagrunner.sandbox import AttemptResult, GateJob, gate_environment, secret_values
 from dagrunner.scheduler import Listener, Outcome, Scheduler
-from dagrunner.swarm import Swarm
 from dagrunner.units import format_duration
+from dagrunner.version import VERSION
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
 
@@ -66,6 +65,7 @@ class RunOptions:
     listener: Listener | None = None
     history_root: Path | None = None
     cache_root: Path | None = None  # default DAGRUNNER_CACHE_DIR
+    node_kinds: NodeKindsFactory | None = None  # workers, integrate, land: release.py adds them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +81,56 @@ class Plan:
     ]  # each gate's hermetic environment (HOME/TMPDIR added per attempt)
     git: dict[str, Any] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)  # value -> name, redacted from logs
+
+
+class NodeKinds(Protocol):
+    """How the nodes other than plain gates run (workers, integrate, land: ``swarm.py``).
+
+    The runner knows only this protocol, so it imports neither the swarm nor the
+    integrator; ``release.py`` plugs them in.
+    """
+
+    def cwd_root(self, node: str) -> Path:
+        """The tree ``node`` runs in."""
+        ...
+
+    def run_node(self, node: str) -> tuple[Status, str]:
+        """Run a node that is git work, not a command (integrate, land)."""
+        ...
+
+    def export_worker(self, node: str) -> str:
+        """After a worker passed: export its envelope; a note for its record."""
+        ...
+
+    def finish(self, results: list[GateResult], *, interrupted: bool) -> Any:
+        """After the schedule: settle what is left; the run record's ``integration``."""
+        ...
+
+
+NodeKindsFactory = Callable[[Plan, str, Mapping[str, str]], NodeKinds]
+
+
+class PlainGates:
+    """Node kinds for a run of plain gates: every gate runs in the repository."""
+
+    def __init__(self, repo: Path) -> None:
+        self.repo = repo
+
+    @classmethod
+    def open(cls, plan: Plan, run_id: str, env: Mapping[str, str]) -> PlainGates:
+        return cls(plan.repo)
+
+    def cwd_root(self, node: str) -> Path:
+        return self.repo
+
+    def run_node(self, node: str) -> tuple[Status, str]:
+        return Status.FAILED, "this run has no handler for worker, integrate or land nodes"
+
+    def export_worker(self, node: str) -> str:
+        return ""
+
+    def finish(self, results: list[GateResult], *, interrupted: bool) -> None:
+        return None
 
 
 # -- steps --------------------------------------------------------------------
@@ -142,13 +192,13 @@ class GateRunner:
     """
 
     def __init__(
-        self, plan: Plan, executor: Executor, run_dir: Path, cache: RunCache, swarm: Swarm
+        self, plan: Plan, executor: Executor, run_dir: Path, cache: RunCache, nodes: NodeKinds
     ) -> None:
         self.plan = plan
         self.executor = executor
         self.run_dir = run_dir
         self.cache = cache
-        self.swarm = swarm
+        self.nodes = nodes
         self.sandbox_root = Path(tempfile.mkdtemp(prefix="dagrunner-sandbox-"))
 
     def job(self, gate: GateSpec, attempt: int, root: Path) -> GateJob:
@@ -174,14 +224,14 @@ class GateRunner:
         gate = spec(self.plan.graph, node)
         command = gate.run if isinstance(gate.run, str) else shlex.join(gate.run)
         if gate.kind in ("integrate", "land"):
-            status, reason = await trio.to_thread.run_sync(self.swarm.run_node, node)
+            status, reason = await trio.to_thread.run_sync(self.nodes.run_node, node)
             return Outcome(status=status, reason=reason, command=f"[{gate.kind}]")
         try:
             # Allocating a worker's worktree is slow git work: a thread.  A gate's root is not.
             if gate.kind == "worker":
-                root = await trio.to_thread.run_sync(self.swarm.cwd_root, node)
+                root = await trio.to_thread.run_sync(self.nodes.cwd_root, node)
             else:
-                root = self.swarm.cwd_root(node)
+                root = self.nodes.cwd_root(node)
         except DagrunnerError as exc:
             return Outcome(
                 status=Status.FAILED, reason=f"{exc.code}: {exc.message}", command=command
@@ -189,7 +239,7 @@ class GateRunner:
         outcome = await self.attempts(gate, node, command, root)
         if gate.kind == "worker" and outcome.status.ok:
             try:
-                note = await trio.to_thread.run_sync(self.swarm.export_worker, node)
+                note = await trio.to_thread.run_sync(self.nodes.export_worker, node)
             except DagrunnerError as exc:
                 return replace(
                     outcome, status=Status.FAILED, reason=f"export failed: {exc.message}"
@@ -315,12 +365,12 @@ async def schedule_step(
     run_dir: Path,
     cache: RunCache,
     executor: Executor,
-    swarm: Swarm,
+    nodes: NodeKinds,
 ) -> Scheduled:
     """Run the plan through the executor, under the governor; closes the executor."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     governor = Governor(plan.capacity)
-    runner = GateRunner(plan, executor, run_dir, cache, swarm)
+    runner = GateRunner(plan, executor, run_dir, cache, nodes)
     scheduler = Scheduler(
         plan.graph,
         governor,
@@ -403,7 +453,7 @@ def record_step(
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "memory_total": memory.total,
-            "dagrunner": __version__,
+            "dagrunner": VERSION,
             "containment": detect().to_json(),
         },
         governor={
@@ -486,21 +536,16 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
         read=not options.no_cache,
         store=Store(options.cache_root) if options.cache_root else None,
     )
-    swarm = Swarm(
-        repo=plan.repo,
-        manifest=plan.manifest,
-        graph=plan.graph,
-        run_id=run_id,
-        env=options.environ if options.environ is not None else os.environ,
-    )
+    env = options.environ if options.environ is not None else os.environ
+    nodes = (options.node_kinds or PlainGates.open)(plan, run_id, env)
     try:
-        scheduled = trio.run(schedule_step, plan, options, run_dir, cache, executor, swarm)
+        scheduled = trio.run(schedule_step, plan, options, run_dir, cache, executor, nodes)
     except BaseException:
-        swarm.finish([], interrupted=True)  # requeue what was applied, release the locks
+        nodes.finish([], interrupted=True)  # requeue what was applied, release the locks
         raise
     # Tool fingerprints ran before the schedule: the user waited for them too.
     scheduled = replace(scheduled, wall=scheduled.wall + cache.setup_seconds)
-    integration = swarm.finish(scheduled.results, interrupted=scheduled.interrupted)
+    integration = nodes.finish(scheduled.results, interrupted=scheduled.interrupted)
     cache.store_passed(scheduled.results, run_id)
     record = record_step(plan, options, run_id=run_id, started_at=started_at, scheduled=scheduled)
     record.cache = cache.summary(scheduled.results)

@@ -29,6 +29,7 @@ from dagrunner.records import GateResult, Status
 
 if TYPE_CHECKING:
     from dagrunner.integration import Integrator
+    from dagrunner.runner import Plan
 
 
 @dataclass
@@ -41,6 +42,11 @@ class Integration:
 
 class Swarm:
     """The run-scoped state of worker, integrate and land nodes."""
+
+    @classmethod
+    def open(cls, plan: Plan, run_id: str, env: Mapping[str, str]) -> Swarm:
+        """The runner's ``NodeKindsFactory`` for manifests with workers, integrate and land."""
+        return cls(repo=plan.repo, manifest=plan.manifest, graph=plan.graph, run_id=run_id, env=env)
 
     def __init__(
         self, *, repo: Path, manifest: Manifest, graph: Graph, run_id: str, env: Mapping[str, str]
@@ -169,7 +175,7 @@ class Swarm:
 
     # -- after the run -------------------------------------------------------------------------
 
-    def finish(self, results: list[GateResult], interrupted: bool) -> dict[str, Any] | None:
+    def finish(self, results: list[GateResult], *, interrupted: bool) -> Any:
         """Final states for envelopes whose land did not happen; release locks; the summary."""
         by_id = {r.id: r for r in results}
         summary: list[dict[str, Any]] = []

@@ -354,7 +354,7 @@ def _run_setup(
         if ok:
             continue
         with ctx.ledger.exclusive():
-            _remove(ctx, path, branch, delete_branch=True)
+            remove_worktree(ctx, path, branch, delete_branch=True)
             ctx.ledger.append("cleaned", wt_id, reason=f"setup failed: {command}")
         tail = output.strip().splitlines()[-SETUP_TAIL_LINES:]
         raise DagrunnerError(
@@ -366,7 +366,7 @@ def _run_setup(
         )
 
 
-def _remove(ctx: Context, path: Path, branch: str, *, delete_branch: bool) -> None:
+def remove_worktree(ctx: Context, path: Path, branch: str, *, delete_branch: bool) -> None:
     git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
     git(["worktree", "remove", "--force", "--force", str(path)], cwd=ctx.info.root, check=False)
     if path.exists():
@@ -387,7 +387,7 @@ def default_target(ctx: Context) -> str:
     return "main"
 
 
-def _state(ctx: Context, wt_id: str) -> dict[str, Any]:
+def recorded_state(ctx: Context, wt_id: str) -> dict[str, Any]:
     state = ctx.ledger.state().get(wt_id)
     if state is None:
         raise DagrunnerError(
@@ -420,7 +420,7 @@ def claim(
     check_slug("session", session)
     ctx = open_context(repo)
     with ctx.ledger.exclusive():
-        owner = _state(ctx, wt_id).get("session")
+        owner = recorded_state(ctx, wt_id).get("session")
         _check_owner(wt_id, owner, session, force, "claimed")
         if owner != session:
             ctx.ledger.append(
@@ -436,20 +436,20 @@ def release(
     check_slug("session", session)
     ctx = open_context(repo)
     with ctx.ledger.exclusive():
-        owner = _state(ctx, wt_id).get("session")
+        owner = recorded_state(ctx, wt_id).get("session")
         _check_owner(wt_id, owner, session, force, "not-owner")
         if owner:
             ctx.ledger.append("released", wt_id, session=session, owner=owner)
     return {"id": wt_id, "session": None, "previous": owner}
 
 
-def _pool_room(ctx: Context, env: Mapping[str, str]) -> bool:
+def pool_room(ctx: Context, env: Mapping[str, str]) -> bool:
     size = pool_size(env)
     count = sum(1 for _ in ctx.pool.iterdir()) if ctx.pool.is_dir() else 0
     return count < size
 
 
-def _to_pool(ctx: Context, path: Path, branch: str, *, delete_branch: bool) -> None:
+def to_pool(ctx: Context, path: Path, branch: str, *, delete_branch: bool) -> None:
     head = git(["rev-parse", "HEAD"], cwd=path).text
     _reset_clean(path, head)
     if delete_branch:
@@ -473,7 +473,7 @@ def export(wt_id: str, *, output: Path | None = None, repo: Path | None = None) 
 
     mission, worker = split_id(wt_id)
     ctx = open_context(repo)
-    state = _state(ctx, wt_id)
+    state = recorded_state(ctx, wt_id)
     path = Path(state["path"])
     if not path.is_dir():
         raise DagrunnerError(
