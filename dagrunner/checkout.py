@@ -41,6 +41,16 @@ class StaleCheckout:
         return {**asdict(self), "command": self.command}
 
 
+def checkout_of(repo: Path, ref: str) -> Path | None:
+    """The worktree that has ``ref`` checked out, if any."""
+    listing = git(["worktree", "list", "--porcelain"], cwd=repo).text
+    for block in listing.split("\n\n"):
+        lines = block.splitlines()
+        if f"branch {ref}" in lines and lines and lines[0].startswith("worktree "):
+            return Path(lines[0][len("worktree ") :])
+    return None
+
+
 def _paths(data: bytes) -> set[str]:
     return {p.decode("utf-8", "surrogateescape") for p in data.split(b"\0") if p}
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import fcntl
 import os
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +78,34 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (created if missing) for the block."""
+def locked(
+    path: Path,
+    *,
+    wait: bool = True,
+    busy: Callable[[str], Exception] | None = None,
+    waiting: str = "",
+) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path`` (created if missing) for the block.
+
+    With ``busy``, the holder writes who it is beside the lock (``.holder``);
+    when the lock is taken, ``wait=False`` raises ``busy(who)``, and waiting
+    first prints ``waiting`` (formatted with who) to stderr.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
+    holder = path.with_suffix(".holder")
     with path.open("a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = holder.read_text() if busy is not None and holder.exists() else "unknown"
+            if not wait and busy is not None:
+                raise busy(who) from None
+            if waiting:
+                print(waiting.format(who), file=sys.stderr)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        if busy is not None:
+            stamp = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+            holder.write_text(f"pid {os.getpid()} since {stamp}")
         try:
             yield
         finally:

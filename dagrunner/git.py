@@ -36,6 +36,12 @@ class GitResult:
     def text(self) -> str:
         return self.stdout.decode("utf-8", "surrogateescape").strip()
 
+    @property
+    def message(self) -> str:
+        """git's first line of stderr (what it said went wrong), or its exit code."""
+        lines = self.stderr.decode("utf-8", "replace").strip().splitlines()
+        return lines[0] if lines else f"git exited with {self.returncode}"
+
 
 def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The caller's environment without redirecting GIT_* variables, plus ``extra``."""

@@ -11,18 +11,19 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 import psutil
 
+from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import atomic_write
 from dagrunner.git import GitResult, git
 from dagrunner.ledger import now
-from dagrunner.snapshot import backup_commit
+from dagrunner.snapshot import backup_commit, state_tree
 from dagrunner.worktrees import (
     Context,
     default_target,
@@ -358,3 +359,66 @@ def prune(
                     keep_unlanded_branch=not info["integrated"],
                 )
     return {"dry_run": dry_run, "removed": removed, "retained": retained}
+
+
+# -- after a landing ------------------------------------------------------------------
+
+
+def clean_after_landing(
+    ctx: Context,
+    outcomes: Iterable[dict[str, Any]],
+    load: Callable[[str], Envelope],
+    target: str,
+    env: Mapping[str, str],
+) -> None:
+    """A landed envelope's worktree goes only when it provably produced that envelope.
+
+    Proof: the ledger records an export of exactly this envelope (id, tree and
+    diff hash) from that worktree, no other session has claimed it since, and
+    its full state is still that tree -- so everything it holds has landed.
+    Anything less and the worktree is left alone with a note: an envelope's
+    mission, worker and tree are a worker's claims, not facts.
+    """
+    states = ctx.ledger.state()
+    for outcome in outcomes:
+        wt_id = f"{outcome.get('mission')}/{outcome.get('worker')}"
+        state = states.get(wt_id)
+        if state is None or not Path(state["path"]).is_dir():
+            continue
+        if outcome["state"] != "landed":
+            ctx.ledger.append(
+                "retained", wt_id, reason=f"envelope {outcome['id']} {outcome['state']}"
+            )
+            continue
+        envelope = load(outcome["id"])
+        why = unproven(envelope, state)
+        if why:
+            ctx.ledger.append("retained", wt_id, reason=why)
+            outcome["worktree"] = f"retained: {why}"
+            continue
+        try:
+            with ctx.ledger.exclusive():
+                done = cleanup_recorded(
+                    ctx, wt_id, state, force=False, target=target, env=env, assume_landed=True
+                )
+            outcome["worktree"] = done["action"]
+        except DagrunnerError as exc:
+            outcome["worktree"] = f"retained: {exc.message}"
+
+
+def unproven(envelope: Envelope, state: dict[str, Any]) -> str:
+    """Why the worktree of ``state`` is not proven to hold exactly ``envelope`` ('' if it is)."""
+    fields = envelope.fields
+    exported = state.get("exports", {}).get(envelope.id)
+    if (
+        not exported
+        or exported.get("tree") != fields["tree"]
+        or exported.get("diff_sha256") != fields["diff_sha256"]
+    ):
+        return "no export of this envelope from this worktree is recorded"
+    owner = state.get("session")
+    if owner and owner != exported.get("session"):
+        return f"claimed by session {owner!r}, not the exporting session"
+    if state_tree(Path(state["path"])) != fields["tree"]:
+        return "holds work beyond the landed envelope"
+    return ""
