@@ -20,7 +20,7 @@ _EXPORTS = {
     "GateResult": "dagrunner.records",
     "IntegrationResult": "dagrunner.integration",
     "Manifest": "dagrunner.manifest",
-    "RunOptions": "dagrunner.runner",
+    "RunOptions": "dagrunner.plan",
     "RunRecord": "dagrunner.records",
     "RunStatus": "dagrunner.records",
     "Status": "dagrunner.records",
@@ -57,10 +57,10 @@ if TYPE_CHECKING:
     from dagrunner.integration import IntegrationResult, integrate
     from dagrunner.lifecycle import cleanup
     from dagrunner.manifest import Manifest, load_manifest
+    from dagrunner.plan import RunOptions
     from dagrunner.queue import submit_files as submit
     from dagrunner.records import GateResult, RunRecord, RunStatus, Status
     from dagrunner.release import release_check
-    from dagrunner.runner import RunOptions
     from dagrunner.worktrees import allocate, export
 
 

@@ -24,10 +24,11 @@ from dagrunner.console import Progress, summary_table
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.graph import build_graph, describe, expected_durations, render_dot, render_text
 from dagrunner.graph import select as select_gates
+from dagrunner.plan import RunOptions
 from dagrunner.records import RunStatus
 from dagrunner.release import release_check
 from dagrunner.report.ci import publish
-from dagrunner.runner import RunOptions, load_step
+from dagrunner.runner import load_step
 from dagrunner.version import VERSION
 
 Handler = Callable[[argparse.Namespace], int]

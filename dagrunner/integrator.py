@@ -37,9 +37,10 @@ from dagrunner.ledger import Ledger
 from dagrunner.lifecycle import clean_after_landing
 from dagrunner.manifest import load_manifest
 from dagrunner.outcomes import IntegrationResult
+from dagrunner.plan import RunOptions
 from dagrunner.queue import Queue, same_repository
 from dagrunner.records import RunStatus
-from dagrunner.runner import RunOptions, release_check
+from dagrunner.runner import release_check
 from dagrunner.trailers import commit_message
 from dagrunner.worktrees import Context, default_target
 

@@ -11,8 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from dagrunner import runner
+from dagrunner.plan import RunOptions
 from dagrunner.records import RunRecord
-from dagrunner.runner import RunOptions
 from dagrunner.swarm import Swarm
 
 

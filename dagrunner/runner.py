@@ -11,21 +11,19 @@ import contextlib
 import datetime as dt
 import os
 import platform
-import shlex
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 import trio
 
+from dagrunner.attempts import GateRunner
 from dagrunner.cache import Store
 from dagrunner.cachestep import RunCache
 from dagrunner.contain import detect, disable_dumping
@@ -33,105 +31,17 @@ from dagrunner.errors import DagrunnerError
 from dagrunner.evidence import check_budget, speed_evidence
 from dagrunner.executors import Executor, open_executor
 from dagrunner.git import head_info, toplevel
-from dagrunner.governor import Capacity, Governor, check_fits, resolve_capacity
-from dagrunner.graph import Graph, build_graph, expected_durations, select, spec
+from dagrunner.governor import Governor, check_fits, resolve_capacity
+from dagrunner.graph import build_graph, expected_durations, select, spec
 from dagrunner.history import history_path, read_history, record_history
-from dagrunner.logs import redact_file
-from dagrunner.manifest import DEFAULT_MANIFEST, GateSpec, Manifest, load_manifest
+from dagrunner.manifest import DEFAULT_MANIFEST, Manifest, load_manifest
+from dagrunner.plan import NodeKinds, PlainGates, Plan, RunOptions
 from dagrunner.proctree import sweep_orphans
-from dagrunner.records import Attempt, GateResult, RunRecord, RunStatus, Status
+from dagrunner.records import GateResult, RunRecord, RunStatus
 from dagrunner.report import write_run_dir
-from dagrunner.sandbox import AttemptResult, GateJob, gate_environment, secret_values
-from dagrunner.scheduler import Listener, Outcome, Scheduler
-from dagrunner.units import format_duration
+from dagrunner.sandbox import gate_environment, secret_values
+from dagrunner.scheduler import Scheduler
 from dagrunner.version import VERSION
-
-MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunOptions:
-    """What ``dagrunner release-check`` takes; every field has the CLI's default."""
-
-    repo: Path | None = None
-    manifest: Path | None = None
-    report_dir: Path | None = None  # the run directory itself; default reports/<run-id>
-    jobs: int | None = None
-    only: tuple[str, ...] = ()
-    fail_fast: bool = False
-    no_cache: bool = False
-    executor: str = "local"
-    environ: Mapping[str, str] | None = None  # the caller's environment; default os.environ
-    listener: Listener | None = None
-    history_root: Path | None = None
-    cache_root: Path | None = None  # default DAGRUNNER_CACHE_DIR
-    node_kinds: NodeKindsFactory | None = None  # workers, integrate, land: release.py adds them
-
-
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    repo: Path
-    manifest: Manifest
-    graph: Graph
-    capacity: Capacity
-    expected: dict[str, float]
-    history: Path
-    envs: dict[
-        str, dict[str, str]
-    ]  # each gate's hermetic environment (HOME/TMPDIR added per attempt)
-    git: dict[str, Any] = field(default_factory=dict)
-    secrets: dict[str, str] = field(default_factory=dict)  # value -> name, redacted from logs
-
-
-class NodeKinds(Protocol):
-    """How the nodes other than plain gates run (workers, integrate, land: ``swarm.py``).
-
-    The runner knows only this protocol, so it imports neither the swarm nor the
-    integrator; ``release.py`` plugs them in.
-    """
-
-    def cwd_root(self, node: str) -> Path:
-        """The tree ``node`` runs in."""
-        ...
-
-    def run_node(self, node: str) -> tuple[Status, str]:
-        """Run a node that is git work, not a command (integrate, land)."""
-        ...
-
-    def export_worker(self, node: str) -> str:
-        """After a worker passed: export its envelope; a note for its record."""
-        ...
-
-    def finish(self, results: list[GateResult], *, interrupted: bool) -> Any:
-        """After the schedule: settle what is left; the run record's ``integration``."""
-        ...
-
-
-NodeKindsFactory = Callable[[Plan, str, Mapping[str, str]], NodeKinds]
-
-
-class PlainGates:
-    """Node kinds for a run of plain gates: every gate runs in the repository."""
-
-    def __init__(self, repo: Path) -> None:
-        self.repo = repo
-
-    @classmethod
-    def open(cls, plan: Plan, run_id: str, env: Mapping[str, str]) -> PlainGates:
-        return cls(plan.repo)
-
-    def cwd_root(self, node: str) -> Path:
-        return self.repo
-
-    def run_node(self, node: str) -> tuple[Status, str]:
-        return Status.FAILED, "this run has no handler for worker, integrate or land nodes"
-
-    def export_worker(self, node: str) -> str:
-        return ""
-
-    def finish(self, results: list[GateResult], *, interrupted: bool) -> None:
-        return None
-
 
 # -- steps --------------------------------------------------------------------
 
@@ -181,165 +91,6 @@ def plan_step(repo: Path, manifest: Manifest, options: RunOptions) -> Plan:
         git=git_info,
         secrets=secret_values(caller, envs),
     )
-
-
-class GateRunner:
-    """Turns a node into jobs for the executor, with retries, and judges the attempts.
-
-    Workers run in their own worktree and export an envelope; integrate and land
-    nodes are git work done in a thread (``swarm.py``); gates that depend on an
-    integrate node run in its worktree.
-    """
-
-    def __init__(
-        self, plan: Plan, executor: Executor, run_dir: Path, cache: RunCache, nodes: NodeKinds
-    ) -> None:
-        self.plan = plan
-        self.executor = executor
-        self.run_dir = run_dir
-        self.cache = cache
-        self.nodes = nodes
-        self.sandbox_root = Path(tempfile.mkdtemp(prefix="dagrunner-sandbox-"))
-
-    def job(self, gate: GateSpec, attempt: int, root: Path) -> GateJob:
-        argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
-        return GateJob(
-            gate=gate.id,
-            argv=argv,
-            cwd=os.path.normpath(root / gate.cwd),
-            env=self.plan.envs[gate.id],
-            sandbox_dir=str(self.sandbox_root / f"{gate.id}.{attempt}"),
-            log_path=str(self.run_dir / "logs" / f"{gate.id}.try{attempt}.log"),
-            log_limit=gate.log_limit,
-            timeout=gate.timeout,
-            sample_interval=self.plan.manifest.governor.sample_interval,
-            memory_limit=gate.memory
-            if self.plan.manifest.governor.enforce and gate.memory
-            else None,
-            max_pids=self.plan.manifest.governor.max_pids or None,
-            hide=str(self.cache.store.root),
-        )
-
-    async def __call__(self, node: str, t0: float) -> Outcome:
-        gate = spec(self.plan.graph, node)
-        command = gate.run if isinstance(gate.run, str) else shlex.join(gate.run)
-        if gate.kind in ("integrate", "land"):
-            status, reason = await trio.to_thread.run_sync(self.nodes.run_node, node)
-            return Outcome(status=status, reason=reason, command=f"[{gate.kind}]")
-        try:
-            # Allocating a worker's worktree is slow git work: a thread.  A gate's root is not.
-            if gate.kind == "worker":
-                root = await trio.to_thread.run_sync(self.nodes.cwd_root, node)
-            else:
-                root = self.nodes.cwd_root(node)
-        except DagrunnerError as exc:
-            return Outcome(
-                status=Status.FAILED, reason=f"{exc.code}: {exc.message}", command=command
-            )
-        outcome = await self.attempts(gate, node, command, root)
-        if gate.kind == "worker" and outcome.status.ok:
-            try:
-                note = await trio.to_thread.run_sync(self.nodes.export_worker, node)
-            except DagrunnerError as exc:
-                return replace(
-                    outcome, status=Status.FAILED, reason=f"export failed: {exc.message}"
-                )
-            outcome = replace(outcome, reason="; ".join(filter(None, [note, outcome.reason])))
-        return outcome
-
-    async def attempts(self, gate: GateSpec, node: str, command: str, root: Path) -> Outcome:
-        attempts: list[Attempt] = []
-        result = AttemptResult(exit_code=None)
-        try:
-            for number in range(1, gate.retries + 2):
-                job = self.job(gate, number, root)
-                if not Path(job.cwd).is_dir():
-                    return Outcome(
-                        status=Status.FAILED,
-                        reason=f"cwd {gate.cwd!r} does not exist in {root}",
-                        command=command,
-                    )
-                started = trio.current_time()
-                result = await self.executor.execute(job)
-                redact_file(Path(job.log_path), self.plan.secrets)
-                attempts.append(_attempt(node, number, started, trio.current_time(), result))
-                if result.passed:
-                    break
-        finally:
-            _keep_final_log(self.run_dir, node, len(attempts) or 1)
-            redact_file(self.run_dir / "logs" / f"{node}.log", self.plan.secrets)
-        if not attempts:
-            return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
-        attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")
-        return replace(judge(gate, tuple(attempts), command), cache=self.cache.miss_proof(node))
-
-
-def _attempt(
-    node: str, number: int, started: float, finished: float, result: AttemptResult
-) -> Attempt:
-    return Attempt(
-        number=number,
-        started=started,
-        finished=finished,
-        exit_code=result.exit_code,
-        timed_out=result.timed_out,
-        error=result.error,
-        peak_rss=result.peak_rss,
-        cpu_seconds=result.cpu_seconds,
-        log_bytes=result.log_bytes,
-        log_elided=result.log_elided,
-        leftover_killed=result.leftover_killed,
-        survivors=result.survivors,
-        log=f"logs/{node}.try{number}.log",
-    )
-
-
-def _keep_final_log(run_dir: Path, node: str, final: int) -> None:
-    source = run_dir / "logs" / f"{node}.try{final}.log"
-    if source.exists():
-        source.replace(run_dir / "logs" / f"{node}.log")
-
-
-def judge(gate: GateSpec, attempts: tuple[Attempt, ...], command: str) -> Outcome:
-    """The gate's status and a one-line reason, from its attempts."""
-    last = attempts[-1]
-    peak = max(a.peak_rss for a in attempts)
-    exceeded = peak > gate.memory * MEMORY_FLAG_RATIO
-    notes = []
-    if exceeded:
-        notes.append(
-            f"peak memory {peak >> 20} MiB is well past the declared {gate.memory >> 20} MiB"
-        )
-    if last.leftover_killed:
-        notes.append(f"{last.leftover_killed} leftover process(es) ended after exit")
-    passed = last.exit_code == 0 and not last.timed_out and not last.survivors
-    if passed:
-        status = Status.PASSED if len(attempts) == 1 else Status.FLAKY
-        if status is Status.FLAKY:
-            first = attempts[0]
-            notes.insert(0, f"flaky: passed on attempt {len(attempts)} after {_failure(first)}")
-    else:
-        status = Status.TIMED_OUT if last.timed_out else Status.FAILED
-        notes.insert(0, _failure(last))
-    return Outcome(
-        status=status,
-        reason="; ".join(notes),
-        attempts=attempts,
-        memory_exceeded=exceeded,
-        command=command,
-    )
-
-
-def _failure(attempt: Attempt) -> str:
-    if attempt.error:
-        return attempt.error
-    if attempt.timed_out:
-        return f"timed out after {format_duration(attempt.duration)}; process tree ended"
-    if attempt.survivors:
-        return f"processes {list(attempt.survivors)} survived SIGKILL"
-    if attempt.exit_code is not None and attempt.exit_code < 0:
-        return f"killed by signal {-attempt.exit_code}"
-    return f"exit code {attempt.exit_code}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -554,3 +305,6 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
     write_run_dir(record, run_dir)
     record_history(plan.history, scheduled.results)
     return record, run_dir
+
+
+__all__ = ["Plan", "RunOptions", "load_step", "plan_step", "release_check"]

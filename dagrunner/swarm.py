@@ -29,7 +29,7 @@ from dagrunner.records import GateResult, Status
 
 if TYPE_CHECKING:
     from dagrunner.integration import Integrator
-    from dagrunner.runner import Plan
+    from dagrunner.plan import Plan
 
 
 @dataclass
