@@ -26,7 +26,7 @@ _EXPORTS = {
     "Status": "dagrunner.records",
     "allocate": "dagrunner.worktrees",
     "cleanup": "dagrunner.lifecycle",
-    "export": "dagrunner.worktrees",
+    "export": "dagrunner.exporting",
     "integrate": "dagrunner.integration",
     "load_manifest": "dagrunner.manifest",
     "release_check": "dagrunner.release",
@@ -54,6 +54,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from dagrunner.errors import DagrunnerError, ExitCode
+    from dagrunner.exporting import export
     from dagrunner.integration import IntegrationResult, integrate
     from dagrunner.lifecycle import cleanup
     from dagrunner.manifest import Manifest, load_manifest
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     from dagrunner.queue import submit_files as submit
     from dagrunner.records import GateResult, RunRecord, RunStatus, Status
     from dagrunner.release import release_check
-    from dagrunner.worktrees import allocate, export
+    from dagrunner.worktrees import allocate
 
 
 def __getattr__(name: str) -> Any:

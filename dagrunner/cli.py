@@ -165,7 +165,7 @@ def _print_pairs(body: dict[str, Any]) -> None:
 
 
 def cmd_worktree(args: argparse.Namespace) -> int:
-    from dagrunner import lifecycle
+    from dagrunner import exporting, lifecycle
     from dagrunner import worktrees as wt
 
     action = args.worktree_command
@@ -195,7 +195,7 @@ def cmd_worktree(args: argparse.Namespace) -> int:
             idle_days=args.idle, dry_run=args.dry_run, repo=args.repo, target=args.target
         )
     elif action == "export":
-        body = wt.export(args.id, output=args.output, repo=args.repo)
+        body = exporting.export(args.id, output=args.output, repo=args.repo)
     else:  # pragma: no cover - argparse restricts the choices
         raise AssertionError(action)
     if args.json:

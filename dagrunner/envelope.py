@@ -17,7 +17,6 @@ itself creates.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import hashlib
 import os
 import re
@@ -28,13 +27,10 @@ from typing import Any
 
 import orjson
 
-from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.fsutil import atomic_write
+from dagrunner.errors import DagrunnerError
 from dagrunner.git import git
 from dagrunner.names import RULE, is_safe_id, is_safe_name
 from dagrunner.patch import FilePatch, PatchFormatError, parse_patch
-from dagrunner.snapshot import state_tree
-from dagrunner.version import VERSION
 
 SCHEMA = "dagrunner.patch-envelope/1"
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -59,14 +55,6 @@ REQUIRED: dict[str, type | tuple[type, ...]] = {
 }
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_KIND = {
-    "A": "added",
-    "D": "deleted",
-    "M": "modified",
-    "T": "type-changed",
-    "R": "renamed",
-    "C": "copied",
-}
 
 
 def max_bytes(env: Mapping[str, str] | None = None) -> int:
@@ -98,164 +86,10 @@ class Envelope:
         return orjson.dumps(self.fields, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 
 
-# -- export ----------------------------------------------------------------------------
-
-
 def envelope_id(mission: str, worker: str, base: str, tree: str) -> str:
     """``mission.worker.<hash of mission, worker, base and tree>``: the same work, the same id."""
     ident = hashlib.sha256(f"{mission}/{worker}\0{base}\0{tree}".encode()).hexdigest()[:16]
     return f"{mission}.{worker}.{ident}"
-
-
-def _split_z(data: bytes) -> list[str]:
-    return [p.decode("utf-8", "surrogateescape") for p in data.split(b"\0")]
-
-
-def changed_files(path: Path, base: str, tree: str) -> list[dict[str, Any]]:
-    raw = git(
-        ["diff", "--raw", "-z", "--no-abbrev", "--find-renames", "--no-ext-diff", base, tree],
-        cwd=path,
-    ).stdout
-    numstat = git(
-        ["diff", "--numstat", "-z", "--find-renames", "--no-ext-diff", base, tree], cwd=path
-    ).stdout
-    binary = set()
-    fields = _split_z(numstat)
-    i = 0
-    while i < len(fields):
-        entry = fields[i]
-        if not entry:
-            i += 1
-            continue
-        added, deleted, name = entry.split("\t", 2)
-        if not name:  # a rename: the two paths follow
-            name = fields[i + 2]
-            i += 2
-        if added == "-" and deleted == "-":
-            binary.add(name)
-        i += 1
-    out: list[dict[str, Any]] = []
-    parts = _split_z(raw)
-    i = 0
-    while i < len(parts):
-        meta = parts[i]
-        if not meta.startswith(":"):
-            i += 1
-            continue
-        old_mode, new_mode, _old_id, _new_id, status = meta[1:].split(" ")
-        kind = _KIND.get(status[0], status)
-        if status[0] in "RC":
-            old_path, new_path = parts[i + 1], parts[i + 2]
-            i += 3
-        else:
-            old_path, new_path = None, parts[i + 1]
-            i += 2
-        out.append(
-            {
-                "path": new_path,
-                "kind": kind,
-                "old_path": old_path,
-                "mode": new_mode if kind != "deleted" else old_mode,
-                "old_mode": old_mode,
-                "binary": new_path in binary,
-                "symlink": new_mode == "120000",
-            }
-        )
-    return out
-
-
-def export_worktree(
-    path: Path,
-    *,
-    mission: str,
-    worker: str,
-    base: str,
-    session: str | None = None,
-) -> Envelope:
-    """The envelope of everything done in ``path`` since ``base`` (read-only for the worktree).
-
-    Raises DagrunnerError ``export-unfinished`` (exit 4) while a merge, rebase,
-    cherry-pick, revert or am is in progress or paths are unmerged: conflict
-    markers must never travel as work.
-    """
-    status = _split_z(
-        git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=path).stdout
-    )
-    check_finished(path, status)
-    tree = state_tree(path)
-    head = git(["rev-parse", "HEAD"], cwd=path).text
-    branch = git(["symbolic-ref", "--short", "-q", "HEAD"], cwd=path, check=False).text
-    diff = git(
-        [
-            "diff",
-            "--binary",
-            "--full-index",
-            "--no-ext-diff",
-            "--no-color",
-            "--find-renames",
-            base,
-            tree,
-        ],
-        cwd=path,
-    ).stdout
-    base_tree = git(["rev-parse", f"{base}^{{tree}}"], cwd=path).text
-    try:
-        text, encoding = diff.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        text, encoding = base64.b64encode(diff).decode(), "base64"
-    fields = {
-        "schema": SCHEMA,
-        "id": envelope_id(mission, worker, base, tree),
-        "mission": mission,
-        "worker": worker,
-        "session": session,
-        "repo": repo_identity(path),
-        "base": base,
-        "head": head,
-        "tree": tree,
-        "branch": branch,
-        "status": [entry for entry in status if entry],
-        "changed_files": changed_files(path, base, tree),
-        "empty": tree == base_tree,
-        "diff": text,
-        "diff_encoding": encoding,
-        "diff_bytes": len(diff),
-        "diff_sha256": hashlib.sha256(diff).hexdigest(),
-        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "tool_version": VERSION,
-    }
-    return Envelope(fields=fields, diff=diff)
-
-
-OPERATIONS = {
-    "MERGE_HEAD": "a merge",
-    "rebase-merge": "a rebase",
-    "rebase-apply": "a rebase or am",
-    "CHERRY_PICK_HEAD": "a cherry-pick",
-    "REVERT_HEAD": "a revert",
-}
-
-
-def check_finished(path: Path, status: list[str]) -> None:
-    """Refuse (exit 4) a worktree with unmerged paths or a git operation in progress."""
-    git_dir = Path(git(["rev-parse", "--absolute-git-dir"], cwd=path).text)
-    going = [what for name, what in OPERATIONS.items() if (git_dir / name).exists()]
-    unmerged = [entry.rsplit(" ", 1)[-1] for entry in status if entry.startswith("u ")]
-    if going or unmerged:
-        what = ", ".join(going) if going else "no operation"
-        raise DagrunnerError(
-            "export-unfinished",
-            f"{what} in progress; unmerged paths: {', '.join(unmerged) or 'none'}",
-            where=str(path),
-            exit_code=ExitCode.REFUSED,
-            details={"operations": going, "unmerged": unmerged},
-            hint="finish or abort it in the worktree (git merge --abort, git rebase --continue, "
-            "...), then export again",
-        )
-
-
-def write_envelope(envelope: Envelope, path: Path) -> None:
-    atomic_write(path, envelope.to_bytes())
 
 
 # -- validation ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dagrunner import exporting
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.graph import Graph, integrations_above, spec
@@ -89,9 +90,7 @@ class Swarm:
         return self.repo
 
     def export_worker(self, node: str) -> str:
-        from dagrunner import worktrees as wt
-
-        summary = wt.export(f"{self.mission}/{node}", repo=self.repo)
+        summary = exporting.export(f"{self.mission}/{node}", repo=self.repo)
         self.envelopes[node] = Path(summary["file"])
         if summary["empty"]:
             return f"no change to export ({summary['id']})"

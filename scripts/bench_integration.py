@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dagrunner import worktrees
+from dagrunner import exporting, worktrees
 from dagrunner.doctor import repo_info
 from dagrunner.integration import integrate
 from dagrunner.queue import submit
@@ -64,7 +64,7 @@ def run_mode(base: Path, count: int, gate_seconds: float, batch: int) -> dict[st
             (path / "shared.txt").write_text(f"a\nb from {i}\nc\n")
         else:
             (path / f"file{i:04d}.txt").write_text(f"file {i}, changed\n" * 5)
-        envelopes.append(Path(worktrees.export(f"bench/w{i:03d}", repo=repo)["file"]))
+        envelopes.append(Path(exporting.export(f"bench/w{i:03d}", repo=repo)["file"]))
     submit(repo_info(repo), envelopes)
     start = time.perf_counter()
     result = integrate(repo=repo, batch=batch)
@@ -82,7 +82,7 @@ def export_speed(base: Path, files: int) -> tuple[float, float]:
     for i in range(files):
         (path / f"file{i:04d}.txt").write_text(f"file {i}, changed by the worker\n" * 5)
     start = time.perf_counter()
-    worktrees.export("bench/big", repo=repo, output=base / "big.json")
+    exporting.export("bench/big", repo=repo, output=base / "big.json")
     ours = time.perf_counter() - start
     start = time.perf_counter()
     subprocess.run(["git", "diff", "--binary", "HEAD"], cwd=path, check=True, capture_output=True)

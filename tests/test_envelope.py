@@ -13,6 +13,7 @@ import orjson
 import pytest
 from conftest import git, run_json
 
+from dagrunner import exporting
 from dagrunner import worktrees as wt
 from dagrunner.envelope import SCHEMA, load_envelope, parse_envelope
 from dagrunner.errors import DagrunnerError
@@ -50,7 +51,7 @@ def make_every_change(path: Path) -> None:
 
 
 def export(repo: Path, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    summary = wt.export("m/w", output=tmp_path / "env.json", repo=repo)
+    summary = exporting.export("m/w", output=tmp_path / "env.json", repo=repo)
     return summary, orjson.loads((tmp_path / "env.json").read_bytes())
 
 
@@ -196,5 +197,5 @@ def test_same_size_edit_right_after_allocation_is_exported(repo: Path, tmp_path:
         path = Path(wt.allocate(mission="m", worker=f"racy{i}", repo=repo)["path"])
         (path / "settings.txt").write_text("threads = 8\n")  # same size, same second
         time.sleep(1.05 - time.time() % 1)  # export in a later second than the checkout
-        summary = wt.export(f"m/racy{i}", output=tmp_path / f"r{i}.json", repo=repo)
+        summary = exporting.export(f"m/racy{i}", output=tmp_path / f"r{i}.json", repo=repo)
         assert summary["empty"] is False and summary["changed_files"] == 1

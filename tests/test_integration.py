@@ -12,7 +12,7 @@ import orjson
 import pytest
 from conftest import CLI, git, run_json
 
-from dagrunner import lifecycle
+from dagrunner import exporting, lifecycle
 from dagrunner import worktrees as wt
 from dagrunner.doctor import repo_info
 from dagrunner.integration import TRAILER, integrate, integrator_lock
@@ -43,7 +43,7 @@ def worker(repo: Path, name: str, change: Any) -> Path:
     path = Path(wt.allocate(mission="swarm", worker=name, repo=repo, session=name)["path"])
     change(path)
     out = path.parent / f"{name}.envelope.json"
-    wt.export(f"swarm/{name}", output=out, repo=repo)
+    exporting.export(f"swarm/{name}", output=out, repo=repo)
     return out
 
 

@@ -11,6 +11,7 @@ import orjson
 import pytest
 from conftest import git, run_json
 
+from dagrunner import exporting
 from dagrunner import worktrees as wt
 from dagrunner.doctor import repo_info
 from dagrunner.envelope import envelope_id, load_envelope, parse_envelope
@@ -39,7 +40,7 @@ def allocate(repo: Path, worker: str, session: str | None = None) -> Path:
 
 
 def export(repo: Path, worker: str, out: Path) -> dict[str, Any]:
-    wt.export(f"m/{worker}", output=out, repo=repo)
+    exporting.export(f"m/{worker}", output=out, repo=repo)
     fields: dict[str, Any] = orjson.loads(out.read_bytes())
     return fields
 

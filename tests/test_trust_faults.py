@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import git, run_json
 
+from dagrunner import exporting
 from dagrunner import worktrees as wt
 from dagrunner.doctor import repo_info
 from dagrunner.integration import integrate
@@ -34,7 +35,7 @@ def envelope(repo: Path, name: str, size: int = 0) -> Path:
     path = Path(wt.allocate(mission="m", worker=name, repo=repo)["path"])
     (path / f"{name}.bin").write_bytes(os.urandom(size) if size else b"small\n")
     out = path.parent / f"{name}.json"
-    wt.export(f"m/{name}", output=out, repo=repo)
+    exporting.export(f"m/{name}", output=out, repo=repo)
     return out
 
 
