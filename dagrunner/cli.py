@@ -16,10 +16,16 @@ import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-import orjson
-
+from dagrunner.commands import (
+    cmd_cache_explain,
+    cmd_cache_prune,
+    cmd_doctor,
+    cmd_integrate,
+    cmd_report_html,
+    cmd_worktree,
+    emit_json,
+)
 from dagrunner.console import Progress, summary_table
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.graph import build_graph, describe, expected_durations, render_dot, render_text
@@ -32,11 +38,6 @@ from dagrunner.runner import load_step
 from dagrunner.version import VERSION
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-def emit_json(body: Any) -> None:
-    sys.stdout.write(orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
-    sys.stdout.flush()
 
 
 # -- release-check -------------------------------------------------------------
@@ -94,223 +95,6 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 # -- cache -----------------------------------------------------------------------
-
-
-def cmd_cache_explain(args: argparse.Namespace) -> int:
-    from dagrunner.cachestep import explain_gate
-    from dagrunner.runner import plan_step
-
-    options = RunOptions(repo=args.repo, manifest=args.manifest)
-    repo, manifest = load_step(options)
-    plan = plan_step(repo, manifest, options)
-    if args.gate not in plan.graph:
-        select_gates(plan.graph, [args.gate], where=str(manifest.path))  # raises unknown-gate
-    body = explain_gate(
-        manifest=manifest, graph=plan.graph, repo=repo, envs=plan.envs, gate=args.gate
-    )
-    if args.json:
-        emit_json(body)
-    else:
-        state = "hit" if body["hit"] else "miss"
-        print(f"{args.gate}: {state}; key {body['key'] or '-'}")
-        for line in body["changes"]:
-            print(f"  {line}")
-    return ExitCode.OK
-
-
-def cmd_cache_prune(args: argparse.Namespace) -> int:
-    from dagrunner.cache import Store
-    from dagrunner.units import parse_size
-
-    try:
-        limit = parse_size(args.max_size)
-    except ValueError as exc:
-        raise DagrunnerError(
-            "bad-size", str(exc), key="--max-size", hint="use a size such as 500M or 2G"
-        ) from None
-    body = Store().prune(limit, dry_run=args.dry_run)
-    if args.json:
-        emit_json(body)
-    else:
-        verb = "would remove" if args.dry_run else "removed"
-        print(
-            f"{verb} {len(body['removed'])} entries; {body['entries_left']} left, "
-            f"{body['size_after']} bytes"
-        )
-    return ExitCode.OK
-
-
-# -- doctor and worktrees ------------------------------------------------------------------
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from dagrunner.doctor import doctor
-
-    report = doctor(args.repo)
-    if args.json:
-        emit_json(
-            {"ok": report.ok, "findings": [f.to_json() for f in report.findings], **report.facts}
-        )
-    else:
-        for finding in report.findings:
-            print(f"{finding.level:<5} {finding.check:<11} {finding.detail}")
-            if finding.hint:
-                print(f"{'':<17} -> {finding.hint}")
-    return ExitCode.OK if report.ok else ExitCode.ENVIRONMENT
-
-
-def _print_pairs(body: dict[str, Any]) -> None:
-    for key, value in body.items():
-        print(f"{key:<20} {value}")
-
-
-def cmd_worktree(args: argparse.Namespace) -> int:
-    from dagrunner import exporting, lifecycle
-    from dagrunner import worktrees as wt
-
-    action = args.worktree_command
-    body: Any
-    if action == "allocate":
-        body = wt.allocate(
-            mission=args.mission,
-            worker=args.worker,
-            base=args.base,
-            session=args.session,
-            repo=args.repo,
-            setup=args.setup or (),
-            setup_timeout=args.setup_timeout,
-        )
-    elif action == "list":
-        body = {"worktrees": lifecycle.list_worktrees(repo=args.repo, target=args.target)}
-    elif action == "status":
-        body = lifecycle.status(args.id, repo=args.repo, target=args.target)
-    elif action == "claim":
-        body = wt.claim(args.id, session=args.session, force=args.force, repo=args.repo)
-    elif action == "release":
-        body = wt.release(args.id, session=args.session, force=args.force, repo=args.repo)
-    elif action == "cleanup":
-        body = lifecycle.cleanup(args.id, force=args.force, repo=args.repo, target=args.target)
-    elif action == "prune":
-        body = lifecycle.prune(
-            idle_days=args.idle, dry_run=args.dry_run, repo=args.repo, target=args.target
-        )
-    elif action == "export":
-        body = exporting.export(args.id, output=args.output, repo=args.repo)
-    else:  # pragma: no cover - argparse restricts the choices
-        raise AssertionError(action)
-    if args.json:
-        emit_json(body)
-    elif action == "list":
-        for item in body["worktrees"]:
-            state = "missing" if item["missing"] else ("clean" if item["clean"] else "dirty")
-            landed = "landed" if item["integrated"] else "unlanded"
-            print(
-                f"{item['id']:<30} {state:<8} {landed:<9} {item['session'] or '-':<12} {item['path']}"
-            )
-    elif action == "prune":
-        for item in body["removed"]:
-            print(
-                f"{'would remove' if body['dry_run'] else 'removed'} {item['id']}: {item['reason']}"
-            )
-        for item in body["retained"]:
-            print(f"retained {item['id']}: {item['reason']}")
-    else:
-        _print_pairs(body)
-    return ExitCode.OK
-
-
-# -- integrate ---------------------------------------------------------------------
-
-
-def cmd_integrate(args: argparse.Namespace) -> int:
-    from dagrunner.doctor import repo_info
-    from dagrunner.integration import integrate, queue_status
-    from dagrunner.queue import submit
-
-    action = args.integrate_command
-    if action == "submit":
-        submitted = submit(repo_info(args.repo), args.envelopes)
-        if args.json:
-            emit_json({"submitted": submitted})
-        for item in [] if args.json else submitted:
-            note = " (already queued)" if item["duplicate"] else ""
-            print(f"{item['position']:>4}  {item['id']}{note}")
-        return ExitCode.OK
-    if action == "status":
-        status = queue_status(repo=args.repo)
-        if args.json:
-            emit_json(status)
-        for item in [] if args.json else status["envelopes"]:
-            print(f"{item['id']:<50} {item.get('state')}")
-        return ExitCode.OK
-    result = integrate(
-        repo=args.repo,
-        target=args.target,
-        manifest=args.manifest,
-        batch=args.batch,
-        wait=not args.no_wait,
-        trust_envelope_manifest=args.trust_envelope_manifest,
-    )
-    body = result.to_json()
-    if args.json:
-        emit_json(body)
-    else:
-        for item in body["envelopes"]:
-            extra = item.get("commit") or ", ".join(
-                item.get("conflicts") or item.get("failed_gates") or []
-            )
-            print(f"{item['state']:<13} {item['id']}  {extra or item.get('reason', '')}")
-        print(
-            f"{body['target']}: {body['start'][:12]} -> {body['end'][:12]}; "
-            f"{body['gate_runs']} gate run(s); report {body['report_dir']}"
-        )
-        if result.land_blocked:
-            blocked = result.land_blocked
-            print(
-                f"LANDING REFUSED ({blocked['code']}): {blocked['reason']} in {blocked['checkout']}"
-            )
-        if result.target_moving:
-            print("target-moving: the target kept moving; the rest stays queued")
-        if result.checkout_stale:
-            stale = result.checkout_stale
-            print(
-                f"LANDED, BUT THE CHECKOUT {stale['checkout']} COULD NOT FOLLOW "
-                f"({stale['reason']}); restore it with: {stale['command']}"
-            )
-    gates_failed = any(e["state"] == "gates-failed" for e in body["envelopes"])
-    return ExitCode.OK if result.ok and not gates_failed else ExitCode.FAILED
-
-
-# -- report ----------------------------------------------------------------------
-
-
-def cmd_report_html(args: argparse.Namespace) -> int:
-    from dagrunner.report import read_run_dir
-    from dagrunner.report.html import write_html
-
-    run_dir: Path = args.run_dir
-    if not (run_dir / "run.json").is_file():
-        raise DagrunnerError(
-            "run-dir-invalid",
-            "no run.json in this directory",
-            where=str(run_dir),
-            hint="pass a run directory written by release-check (reports/<run-id>)",
-        )
-    try:
-        record = read_run_dir(run_dir)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise DagrunnerError(
-            "run-dir-invalid",
-            f"run.json cannot be read: {exc}",
-            where=str(run_dir / "run.json"),
-            hint="re-run release-check to produce a fresh run directory",
-        ) from None
-    write_html(record, run_dir)
-    if args.json:
-        emit_json({"html": str(run_dir / "index.html")})
-    else:
-        print(run_dir / "index.html")
-    return ExitCode.OK
 
 
 # -- parser ------------------------------------------------------------------------

@@ -1,8 +1,7 @@
 """The integrator's steps: apply envelopes with ``git apply --3way``, gate, land atomically.
 
 One integrator per repository and target at a time (a lock in the common git
-dir).  It keeps its own detached worktree under the cache root, reset to the
-target's head before every attempt.  For each batch: every envelope is applied
+dir), in its own detached worktree reset to the target's head before every attempt.  For each batch: every envelope is applied
 and committed (message trailers name the envelope, mission and worker); one
 that conflicts is rolled back, marked ``conflict`` with its files and hunks,
 and the rest go on.  Then the manifest's gates run in the integration worktree

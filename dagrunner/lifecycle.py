@@ -23,16 +23,15 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import atomic_write
 from dagrunner.git import GitResult, git
 from dagrunner.ledger import now
+from dagrunner.pool import pool_room, to_pool
 from dagrunner.snapshot import backup_commit, state_tree
 from dagrunner.worktrees import (
     Context,
     default_target,
     open_context,
-    pool_room,
     recorded_state,
     remove_worktree,
     split_id,
-    to_pool,
 )
 
 
@@ -276,8 +275,8 @@ def cleanup_recorded(
         }
     delete_branch = landed or backup is not None
     action = "removed"
-    if info["clean"] and pool_room(ctx, env):
-        to_pool(ctx, path, branch, delete_branch=delete_branch)
+    if info["clean"] and pool_room(ctx.pool, env):
+        to_pool(ctx.info.root, ctx.pool, path, branch, delete_branch=delete_branch)
         action = "pooled"
     else:
         remove_worktree(ctx, path, branch, delete_branch=delete_branch)

@@ -14,7 +14,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,9 +27,9 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git import git
 from dagrunner.ledger import Ledger
 from dagrunner.names import RULE, is_safe_name
+from dagrunner.pool import take_from_pool
 
 POOL_DIR = ".pool"
-DEFAULT_POOL_SIZE = 4
 SETUP_TAIL_LINES = 20
 
 
@@ -70,13 +69,6 @@ def split_id(wt_id: str) -> tuple[str, str]:
             "bad-name", f"{wt_id!r} is not a worktree id", hint="ids look like MISSION/WORKER"
         )
     return check_slug("mission", mission), check_slug("worker", worker)
-
-
-def pool_size(env: Mapping[str, str]) -> int:
-    try:
-        return max(0, int(env.get("DAGRUNNER_POOL_SIZE", DEFAULT_POOL_SIZE)))
-    except ValueError:
-        return DEFAULT_POOL_SIZE
 
 
 # -- allocate ---------------------------------------------------------------------------
@@ -185,7 +177,7 @@ def _allocate_locked(
                 hint=f"rename or delete that branch (git branch -m {branch} ...), or pick another worker",
             )
         path.parent.mkdir(parents=True, exist_ok=True)
-        pooled = _take_from_pool(ctx, path, branch, base_commit, wt_id)
+        pooled = take_from_pool(ctx.info.root, ctx.pool, path, branch, base_commit, wt_id)
         if not pooled:
             git(
                 [
@@ -269,33 +261,6 @@ def _describe(ctx: Context, wt_id: str, state: Mapping[str, Any], **extra: Any) 
         **extra,
     }
     return body
-
-
-def _take_from_pool(ctx: Context, path: Path, branch: str, base: str, wt_id: str) -> bool:
-    """Move a cleaned pooled worktree to ``path`` at ``base`` on a new ``branch``; False if none."""
-    if not ctx.pool.is_dir():
-        return False
-    for entry in sorted(ctx.pool.iterdir()):
-        if not (entry / ".git").exists():
-            continue
-        git(["worktree", "unlock", str(entry)], cwd=ctx.info.root, check=False)
-        moved = git(["worktree", "move", str(entry), str(path)], cwd=ctx.info.root, check=False)
-        if moved.returncode != 0:
-            continue
-        # One checkout both moves to the base (touching only files that differ, and
-        # discarding any change to tracked files) and makes the branch; clean drops the rest.
-        git(["checkout", "-q", "--force", "-B", branch, base], cwd=path)
-        git(["clean", "-q", "-ffdx"], cwd=path)
-        git(["worktree", "lock", "--reason", f"dagrunner: {wt_id}", str(path)], cwd=ctx.info.root)
-        return True
-    return False
-
-
-def _reset_clean(path: Path, commit: str) -> None:
-    """Detached at ``commit`` with nothing else: touches only the files that differ."""
-    git(["checkout", "-q", "--detach", "--force", commit], cwd=path)
-    git(["reset", "-q", "--hard", commit], cwd=path)
-    git(["clean", "-q", "-ffdx"], cwd=path)
 
 
 def _copy_included(main: Path, path: Path) -> list[str]:
@@ -441,21 +406,3 @@ def release(
         if owner:
             ctx.ledger.append("released", wt_id, session=session, owner=owner)
     return {"id": wt_id, "session": None, "previous": owner}
-
-
-def pool_room(ctx: Context, env: Mapping[str, str]) -> bool:
-    size = pool_size(env)
-    count = sum(1 for _ in ctx.pool.iterdir()) if ctx.pool.is_dir() else 0
-    return count < size
-
-
-def to_pool(ctx: Context, path: Path, branch: str, *, delete_branch: bool) -> None:
-    head = git(["rev-parse", "HEAD"], cwd=path).text
-    _reset_clean(path, head)
-    if delete_branch:
-        git(["branch", "-D", branch], cwd=ctx.info.root, check=False)
-    ctx.pool.mkdir(parents=True, exist_ok=True)
-    slot = ctx.pool / uuid.uuid4().hex[:12]
-    git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
-    git(["worktree", "move", str(path), str(slot)], cwd=ctx.info.root)
-    git(["worktree", "lock", "--reason", "dagrunner: pool", str(slot)], cwd=ctx.info.root)
