@@ -207,8 +207,7 @@ def cmd_integrate(args: argparse.Namespace) -> int:
                 f"LANDED, BUT THE CHECKOUT {stale['checkout']} COULD NOT FOLLOW "
                 f"({stale['reason']}); restore it with: {stale['command']}"
             )
-    gates_failed = any(e["state"] == "gates-failed" for e in body["envelopes"])
-    return ExitCode.OK if result.ok and not gates_failed else ExitCode.FAILED
+    return result.exit_code
 
 
 # -- report ----------------------------------------------------------------------

@@ -1,9 +1,36 @@
-"""What an integration run reports: each envelope's outcome and the run's verdict."""
+"""What an integration run reports: each envelope's state and the run's verdict."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+from dagrunner.errors import ExitCode
+
+
+class EnvelopeState(enum.StrEnum):
+    """An envelope's state on the queue (its last journaled one)."""
+
+    QUEUED = "queued"
+    APPLYING = "applying"
+    APPLIED = "applied"
+    GATING = "gating"
+    LANDING = "landing"
+    LANDED = "landed"
+    CONFLICT = "conflict"
+    GATES_FAILED = "gates-failed"
+    REJECTED = "rejected"
+
+
+FINAL: frozenset[str] = frozenset(
+    {
+        EnvelopeState.LANDED,
+        EnvelopeState.CONFLICT,
+        EnvelopeState.GATES_FAILED,
+        EnvelopeState.REJECTED,
+    }
+)
 
 
 @dataclass
@@ -20,8 +47,24 @@ class IntegrationResult:
     checkout_stale: dict[str, str] | None = None  # landed, but the checkout could not follow
 
     @property
+    def gates_failed(self) -> bool:
+        return any(e["state"] == EnvelopeState.GATES_FAILED for e in self.envelopes)
+
+    @property
     def ok(self) -> bool:
-        return self.land_blocked is None and not self.target_moving and not self.checkout_stale
+        """The run's verdict, as the CLI's exit code gives it: nothing failed its gates, landing
+        was not refused, the target did not keep moving, and its checkout followed."""
+        return (
+            self.land_blocked is None
+            and not self.target_moving
+            and not self.checkout_stale
+            and not self.gates_failed
+        )
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """0, or 1 when not ``ok`` (conflicts and rejections are outcomes, not failures)."""
+        return ExitCode.OK if self.ok else ExitCode.FAILED
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -27,8 +27,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import append_line, atomic_write, locked, read_lines
 from dagrunner.ledger import now
 from dagrunner.names import is_safe_id
-
-FINAL = frozenset({"landed", "conflict", "gates-failed", "rejected"})
+from dagrunner.outcomes import FINAL
 
 
 @dataclass(frozen=True)

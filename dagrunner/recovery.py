@@ -18,7 +18,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import read_lines
 from dagrunner.git import git
 from dagrunner.gitlocks import check_locks
-from dagrunner.queue import FINAL
+from dagrunner.outcomes import FINAL
 from dagrunner.trailers import landed_on_target
 
 if TYPE_CHECKING:

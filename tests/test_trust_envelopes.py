@@ -211,6 +211,7 @@ def test_envelope_cannot_approve_itself_by_rewriting_the_manifest(
     outcome = result.envelopes[0]
     assert outcome["state"] == "gates-failed" and outcome["failed_gates"] == ["check"]
     assert outcome["manifest_changed"] is True
+    assert not result.ok and result.exit_code == 1  # the API's verdict is the CLI's
     assert "bad.txt" not in git(project, "ls-tree", "-r", "--name-only", "main")
 
 
