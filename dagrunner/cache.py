@@ -35,11 +35,12 @@ from typing import Any
 import orjson
 import trio
 
-from dagrunner.fsutil import atomic_write, cache_root
+from dagrunner.fsutil import atomic_write
 from dagrunner.graph import Graph, integration_map, spec, topological_order
 from dagrunner.inputs import Snapshot, input_files
 from dagrunner.manifest import GateSpec, Manifest
 from dagrunner.records import GateResult
+from dagrunner.repo import cache_root
 
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
 TOOL_TIMEOUT = 30.0

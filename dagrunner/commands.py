@@ -153,9 +153,9 @@ def cmd_worktree(args: argparse.Namespace) -> int:
 
 
 def cmd_integrate(args: argparse.Namespace) -> int:
-    from dagrunner.doctor import repo_info
     from dagrunner.integration import integrate, queue_status
     from dagrunner.queue import submit
+    from dagrunner.repo import repo_info
 
     action = args.integrate_command
     if action == "submit":

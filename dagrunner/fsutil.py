@@ -119,12 +119,3 @@ def is_inside(child: Path, parent: Path) -> bool:
     except ValueError:
         return False
     return True
-
-
-def cache_root() -> Path:
-    """``DAGRUNNER_CACHE_DIR``, else ``$XDG_CACHE_HOME/dagrunner/cache``, else ``~/.cache/...``."""
-    explicit = os.environ.get("DAGRUNNER_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "dagrunner" / "cache"

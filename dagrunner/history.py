@@ -12,8 +12,9 @@ from pathlib import Path
 
 import orjson
 
-from dagrunner.fsutil import atomic_write, cache_root, locked
+from dagrunner.fsutil import atomic_write, locked
 from dagrunner.records import GateResult, Status
+from dagrunner.repo import cache_root
 
 
 def history_path(repo: Path, manifest_name: str, root: Path | None = None) -> Path:

@@ -21,13 +21,13 @@ from typing import Any
 
 import orjson
 
-from dagrunner.doctor import RepoInfo
 from dagrunner.envelope import Envelope, load_envelope, parse_envelope, repo_identity
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import append_line, atomic_write, locked, read_lines
 from dagrunner.ledger import now
 from dagrunner.names import is_safe_id
 from dagrunner.outcomes import FINAL
+from dagrunner.repo import RepoInfo
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,6 @@ def submit(info: RepoInfo, files: Iterable[Path]) -> list[dict[str, Any]]:
 
 def submit_files(files: Iterable[Path], *, repo: Path | None = None) -> list[dict[str, Any]]:
     """``submit`` for the repository at ``repo`` (default: the current directory)."""
-    from dagrunner.doctor import repo_info
+    from dagrunner.repo import repo_info
 
     return submit(repo_info(repo), files)

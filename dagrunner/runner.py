@@ -30,7 +30,7 @@ from dagrunner.contain import detect, disable_dumping
 from dagrunner.errors import DagrunnerError
 from dagrunner.evidence import check_budget, speed_evidence
 from dagrunner.executors import Executor, open_executor
-from dagrunner.git import head_info, toplevel
+from dagrunner.git import head_info
 from dagrunner.governor import Governor, check_fits, resolve_capacity
 from dagrunner.graph import build_graph, expected_durations, select, spec
 from dagrunner.history import history_path, read_history, record_history
@@ -38,21 +38,13 @@ from dagrunner.manifest import DEFAULT_MANIFEST, Manifest, load_manifest
 from dagrunner.plan import NodeKinds, PlainGates, Plan, RunOptions
 from dagrunner.proctree import sweep_orphans
 from dagrunner.records import GateResult, RunRecord, RunStatus
+from dagrunner.repo import resolve_repo
 from dagrunner.report import write_run_dir
 from dagrunner.sandbox import gate_environment, secret_values
 from dagrunner.scheduler import Scheduler
 from dagrunner.version import VERSION
 
 # -- steps --------------------------------------------------------------------
-
-
-def resolve_repo(repo: Path | None) -> Path:
-    base = (repo or Path.cwd()).resolve()
-    if not base.is_dir():
-        raise DagrunnerError(
-            "repo-not-found", "no such directory", where=str(base), hint="check --repo"
-        )
-    return toplevel(base) or base
 
 
 def load_step(options: RunOptions) -> tuple[Path, Manifest]:

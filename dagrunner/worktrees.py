@@ -22,12 +22,12 @@ from typing import Any
 
 import pathspec
 
-from dagrunner.doctor import RepoInfo, repo_info, worktree_root
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git import git
 from dagrunner.ledger import Ledger
 from dagrunner.names import RULE, is_safe_name
 from dagrunner.pool import take_from_pool
+from dagrunner.repo import RepoInfo, repo_info, worktree_root
 
 POOL_DIR = ".pool"
 SETUP_TAIL_LINES = 20

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from dagrunner import exporting, worktrees
-from dagrunner.doctor import repo_info
 from dagrunner.integration import integrate
 from dagrunner.queue import submit
+from dagrunner.repo import repo_info
 
 GIT_ID = {
     "GIT_AUTHOR_NAME": "bench",

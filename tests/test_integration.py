@@ -14,9 +14,9 @@ from conftest import CLI, git, run_json
 
 from dagrunner import exporting, lifecycle
 from dagrunner import worktrees as wt
-from dagrunner.doctor import repo_info
 from dagrunner.integration import TRAILER, integrate, integrator_lock
 from dagrunner.queue import Queue, submit
+from dagrunner.repo import repo_info
 
 GATE = """
 [gates.check]

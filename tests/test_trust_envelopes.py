@@ -13,11 +13,11 @@ from conftest import git, run_json
 
 from dagrunner import exporting
 from dagrunner import worktrees as wt
-from dagrunner.doctor import repo_info
 from dagrunner.envelope import envelope_id, load_envelope, parse_envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.integration import integrate
 from dagrunner.queue import Queue, submit
+from dagrunner.repo import repo_info
 
 GATE = """
 [gates.check]

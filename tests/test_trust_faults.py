@@ -12,9 +12,9 @@ from conftest import git, run_json
 
 from dagrunner import exporting
 from dagrunner import worktrees as wt
-from dagrunner.doctor import repo_info
 from dagrunner.integration import integrate
 from dagrunner.queue import Queue, submit
+from dagrunner.repo import repo_info
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 

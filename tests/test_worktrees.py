@@ -14,8 +14,8 @@ from conftest import CLI, git, run_json
 
 from dagrunner import lifecycle
 from dagrunner import worktrees as wt
-from dagrunner.doctor import repo_info
 from dagrunner.errors import DagrunnerError
+from dagrunner.repo import repo_info
 
 
 @pytest.fixture
