@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 
 from dagrunner.fsutil import atomic_write
-from dagrunner.git import git
+from dagrunner.git import git, split_z
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +52,7 @@ def checkout_of(repo: Path, ref: str) -> Path | None:
 
 
 def _paths(data: bytes) -> set[str]:
-    return {p.decode("utf-8", "surrogateescape") for p in data.split(b"\0") if p}
+    return set(split_z(data))
 
 
 def _ours(checkout: Path, old: str, new: str) -> tuple[bool, set[str]]:

@@ -1,11 +1,8 @@
 """Capability checks: what ``dagrunner doctor`` reports.
 
-The worktree root is ``DAGRUNNER_WORKTREE_ROOT``, else
-``$XDG_CACHE_HOME/dagrunner/worktrees``, else ``~/.cache/dagrunner/worktrees``,
-namespaced per repository (``<name>-<hash of the common git dir>``).  A root
-inside the repository is refused unless ``DAGRUNNER_ALLOW_IN_REPO_WORKTREES=1``.
-Nothing here creates anything but the root folder itself, and only once every
-check that could refuse has passed.
+git and its version, the repository, worktree support, the gates' containment,
+the worktree root (``repo.py`` checks and makes it) and free disk.  Every
+check is a finding; ``doctor`` never raises for a failed one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Patch envelopes (schema ``dagrunner.patch-envelope/1``): export from a worktree, and validate.
 
 Export builds the worker's full state as a tree through a temporary index
-(``snapshot.py``), so every blob is in the shared object database, then diffs
+(``statetree.py``), so every blob is in the shared object database, then diffs
 the recorded base against that tree with ``--binary --full-index``.  Commits,
 staged and unstaged edits, untracked files (gitignored ones excluded),
 deletions, renames, modes, symlinks and binary files all travel.  The diff is

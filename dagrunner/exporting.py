@@ -1,7 +1,7 @@
 """Export: everything a worker did in its worktree, as a patch envelope.
 
 The worker's full state is written as a tree through a temporary index
-(``snapshot.py``), so every blob is in the shared object database, then the
+(``statetree.py``), so every blob is in the shared object database, then the
 recorded base is diffed against that tree with ``--binary --full-index``.
 Commits, staged and unstaged edits, untracked files (gitignored ones
 excluded), deletions, renames, modes, symlinks and binary files all travel.
@@ -22,8 +22,8 @@ from typing import Any
 from dagrunner.envelope import SCHEMA, Envelope, envelope_id, repo_identity
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import atomic_write
-from dagrunner.git import git
-from dagrunner.snapshot import state_tree
+from dagrunner.git import git, split_z
+from dagrunner.statetree import state_tree
 from dagrunner.version import VERSION
 from dagrunner.worktrees import open_context, recorded_state, split_id
 
@@ -37,10 +37,6 @@ _KIND = {
 }
 
 
-def _split_z(data: bytes) -> list[str]:
-    return [p.decode("utf-8", "surrogateescape") for p in data.split(b"\0")]
-
-
 def changed_files(path: Path, base: str, tree: str) -> list[dict[str, Any]]:
     raw = git(
         ["diff", "--raw", "-z", "--no-abbrev", "--find-renames", "--no-ext-diff", base, tree],
@@ -50,7 +46,7 @@ def changed_files(path: Path, base: str, tree: str) -> list[dict[str, Any]]:
         ["diff", "--numstat", "-z", "--find-renames", "--no-ext-diff", base, tree], cwd=path
     ).stdout
     binary = set()
-    fields = _split_z(numstat)
+    fields = split_z(numstat)
     i = 0
     while i < len(fields):
         entry = fields[i]
@@ -65,7 +61,7 @@ def changed_files(path: Path, base: str, tree: str) -> list[dict[str, Any]]:
             binary.add(name)
         i += 1
     out: list[dict[str, Any]] = []
-    parts = _split_z(raw)
+    parts = split_z(raw)
     i = 0
     while i < len(parts):
         meta = parts[i]
@@ -108,7 +104,7 @@ def export_worktree(
     cherry-pick, revert or am is in progress or paths are unmerged: conflict
     markers must never travel as work.
     """
-    status = _split_z(
+    status = split_z(
         git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=path).stdout
     )
     check_finished(path, status)

@@ -94,6 +94,19 @@ def git(
     return result
 
 
+def is_dirty(path: Path, *, untracked: bool = False) -> bool:
+    """Whether the checkout at ``path`` has uncommitted changes: staged or unstaged ones to
+    tracked files, and -- with ``untracked`` -- files git does not track and does not ignore."""
+    mode = "--untracked-files=normal" if untracked else "--untracked-files=no"
+    status = git(["status", "--porcelain=v1", "-z", mode], cwd=path, check=False)
+    return bool(status.stdout)
+
+
+def split_z(data: bytes) -> list[str]:
+    """The fields of git's ``-z`` output (NUL-separated, empty ones dropped), as text."""
+    return [p.decode("utf-8", "surrogateescape") for p in data.split(b"\0") if p]
+
+
 def toplevel(path: Path) -> Path | None:
     """The work tree root containing ``path``, or None outside a git work tree."""
     try:
@@ -112,10 +125,7 @@ def head_info(repo: Path) -> dict[str, object]:
             return info
         commit, when = head.text.split()
         info["commit"], info["commit_time"] = commit, int(when)
-        status = git(
-            ["status", "--porcelain=v1", "-z", "--untracked-files=no"], cwd=repo, check=False
-        )
-        info["dirty"] = bool(status.stdout)
+        info["dirty"] = is_dirty(repo)
         branch = git(["symbolic-ref", "--short", "-q", "HEAD"], cwd=repo, check=False)
         info["branch"] = branch.text or None
     except DagrunnerError:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from dagrunner.git import git, toplevel
+from dagrunner.git import git, split_z, toplevel
 
 _WILDCARD = re.compile(r"[*?\[]")
 
@@ -128,10 +128,6 @@ def take_snapshot(root: Path) -> Snapshot:
     return _walk_snapshot(root)
 
 
-def _split_z(data: bytes) -> list[str]:
-    return [p.decode("utf-8", "surrogateescape") for p in data.split(b"\0") if p]
-
-
 def _git_snapshot(root: Path) -> Snapshot:
     ids: dict[str, str] = {}
     staged = git(["ls-files", "-s", "-z"], cwd=root).stdout
@@ -146,8 +142,8 @@ def _git_snapshot(root: Path) -> Snapshot:
         if stage in (b"0", b"2"):
             ids[name.decode("utf-8", "surrogateescape")] = oid.decode()
     # Worktree files that differ from the index (stat-based; a false positive is just re-hashed)
-    changed = _split_z(git(["diff-files", "--name-only", "-z"], cwd=root).stdout)
-    untracked = _split_z(git(["ls-files", "--others", "--exclude-standard", "-z"], cwd=root).stdout)
+    changed = split_z(git(["diff-files", "--name-only", "-z"], cwd=root).stdout)
+    untracked = split_z(git(["ls-files", "--others", "--exclude-standard", "-z"], cwd=root).stdout)
     hashed = 0
     for rel in [*changed, *untracked]:
         path = root / rel

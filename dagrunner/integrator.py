@@ -31,7 +31,7 @@ from dagrunner import judges, recovery
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import locked
-from dagrunner.git import IDENTITY, git
+from dagrunner.git import IDENTITY, git, is_dirty
 from dagrunner.ledger import Ledger
 from dagrunner.lifecycle import clean_after_landing
 from dagrunner.manifest import load_manifest
@@ -342,18 +342,14 @@ class Integrator:
         """Move the target from ``old`` to the integration head: landed, moved, or blocked."""
         new = git(["rev-parse", "HEAD"], cwd=self.wt).text
         checkout = self.target_checkout()
-        if checkout is not None:
-            dirty = git(
-                ["status", "--porcelain", "-z", "--untracked-files=no"], cwd=checkout
-            ).stdout
-            if dirty:
-                self.block(
-                    applied,
-                    checkout,
-                    "target-checkout-dirty",
-                    "the target branch is checked out there with uncommitted changes",
-                )
-                return "blocked"
+        if checkout is not None and is_dirty(checkout):
+            self.block(
+                applied,
+                checkout,
+                "target-checkout-dirty",
+                "the target branch is checked out there with uncommitted changes",
+            )
+            return "blocked"
         for envelope, _ in applied:
             self.queue.record(envelope.id, "landing", old=old, new=new)
         crash_point("landing")

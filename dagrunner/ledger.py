@@ -1,4 +1,5 @@
-"""The allocation manifest: an append-only JSON-lines record of every worktree event.
+"""The worktree ledger (DESIGN.md's "allocation manifest"): an append-only JSON-lines
+record of every worktree event.
 
 Lives under the repository's common git dir (``.git/dagrunner/allocations.jsonl``).
 Each event is one line written with a single ``write`` under an exclusive lock

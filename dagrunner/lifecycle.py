@@ -24,7 +24,7 @@ from dagrunner.fsutil import atomic_write
 from dagrunner.git import GitResult, git
 from dagrunner.ledger import now
 from dagrunner.pool import pool_room, to_pool
-from dagrunner.snapshot import backup_commit, state_tree
+from dagrunner.statetree import backup_commit, state_tree
 from dagrunner.worktrees import (
     Context,
     default_target,

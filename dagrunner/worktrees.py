@@ -2,7 +2,7 @@
 
 Every worktree is ``<root>/<mission>/<worker>`` on branch
 ``dagrunner/<mission>/<worker>``, locked in git (so ``git worktree prune``
-never drops it) and recorded in the allocation manifest (``ledger.py``).
+never drops it) and recorded in the ledger (``ledger.py``).
 Allocation and cleanup of one repository are serialised by a lock in its
 common git dir.  Status, cleanup and prune -- the rest of a worktree's life --
 are in ``lifecycle.py``.
@@ -23,7 +23,7 @@ from typing import Any
 import pathspec
 
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.git import git
+from dagrunner.git import git, is_dirty
 from dagrunner.ledger import Ledger
 from dagrunner.names import RULE, is_safe_name
 from dagrunner.pool import take_from_pool
@@ -246,7 +246,7 @@ def _main_dirty(ctx: Context) -> bool | None:
     """Whether the main checkout has uncommitted work (None for a bare repository)."""
     if ctx.info.bare:
         return None
-    return bool(git(["status", "--porcelain", "-z"], cwd=ctx.info.root, check=False).stdout)
+    return is_dirty(ctx.info.root, untracked=True)
 
 
 def _describe(ctx: Context, wt_id: str, state: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
