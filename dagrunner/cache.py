@@ -26,25 +26,23 @@ import hmac
 import os
 import secrets
 import shlex
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
-import trio
 
 from dagrunner.fsutil import atomic_write
 from dagrunner.graph import Graph, integration_map, spec, topological_order
 from dagrunner.inputs import Snapshot, input_files
 from dagrunner.manifest import GateSpec, Manifest
+from dagrunner.proc import run_command
 from dagrunner.records import GateResult
 from dagrunner.repo import cache_root
 
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
 TOOL_TIMEOUT = 30.0
-TOOL_OUTPUT_LIMIT = 4 * 1024 * 1024
 # Derived from the commit, so it would miss every entry on every commit; it is
 # recorded in the proof instead (docs/cache.md says why).
 NOT_KEYED_ENV = frozenset({"SOURCE_DATE_EPOCH"})
@@ -119,33 +117,17 @@ def tool_fingerprint(
 ) -> tuple[str, str]:
     """(sha256 of the command's output and exit code, its first line) in the gate's environment.
 
-    The command is untrusted like a gate: it runs through the same sandbox and
-    containment, with a timeout that ends its whole tree.
+    The command is untrusted like a gate: it runs through the same door
+    (``proc.py``: sandbox, containment, a timeout that ends its whole tree).
     """
-    from dagrunner.sandbox import GateJob, run_job
-
     try:
-        argv = tuple(shlex.split(command))
+        argv = shlex.split(command)
     except ValueError as exc:
-        argv = ()
-        output = f"unavailable: {exc}".encode()
+        argv, output = [], f"unavailable: {exc}".encode()
     if argv:
-        with tempfile.TemporaryDirectory(prefix="dagrunner-tool-") as tmp:
-            job = GateJob(
-                gate="tool",
-                argv=argv,
-                cwd=str(cwd),
-                env=env,
-                sandbox_dir=f"{tmp}/home",
-                log_path=f"{tmp}/out.log",
-                log_limit=TOOL_OUTPUT_LIMIT,
-                timeout=TOOL_TIMEOUT,
-                grace=1.0,
-                hide=str(hide) if hide else None,
-            )
-            result = trio.run(run_job, job)
-            status = "timed out" if result.timed_out else f"exit {result.exit_code}"
-            output = Path(job.log_path).read_bytes() + f"\n{result.error or status}".encode()
+        done = run_command(argv, cwd=cwd, env=env, timeout=TOOL_TIMEOUT, own_home=True, hide=hide)
+        status = "timed out" if done.timed_out else f"exit {done.exit_code}"
+        output = done.output + f"\n{done.error or status}".encode()
     text = output.decode("utf-8", "replace").strip()
     return hashlib.sha256(output).hexdigest(), (text.splitlines() or [""])[0]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from dagrunner.errors import DagrunnerError, ExitCode
 
 # Inherited GIT_* variables that are safe (they do not redirect git to other data).
-_KEEP = {"GIT_EXEC_PATH", "GIT_TRACE", "GIT_TRACE2", "GIT_CONFIG_NOSYSTEM"}
+KEEP_GIT_ENV = frozenset({"GIT_EXEC_PATH", "GIT_TRACE", "GIT_TRACE2", "GIT_CONFIG_NOSYSTEM"})
 IDENTITY = {
     "GIT_AUTHOR_NAME": "dagrunner",
     "GIT_AUTHOR_EMAIL": "dagrunner@localhost",
@@ -45,7 +45,7 @@ class GitResult:
 
 def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The caller's environment without redirecting GIT_* variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in _KEEP}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in KEEP_GIT_ENV}
     env["GIT_TERMINAL_PROMPT"] = "0"
     env["LC_ALL"] = "C"
     if extra:

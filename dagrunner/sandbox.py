@@ -47,6 +47,7 @@ class GateJob:
     memory_limit: int | None = None  # enforced where a memory cgroup is delegated
     max_pids: int | None = DEFAULT_MAX_PIDS  # enforced where a pids cgroup is delegated
     hide: str | None = None  # a folder the gate must not see (the cache store)
+    keep_home: bool = False  # non-gate commands (proc.py) may keep the caller's HOME/TMPDIR
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,7 +131,9 @@ async def run_job(job: GateJob) -> AttemptResult:
     tmp.mkdir()
     token = uuid.uuid4().hex
     ISSUED.add(token)
-    env = {**job.env, "HOME": str(home), "TMPDIR": str(tmp), "TMP": str(tmp), "TEMP": str(tmp)}
+    env = dict(job.env)
+    if not job.keep_home:
+        env.update(HOME=str(home), TMPDIR=str(tmp), TMP=str(tmp), TEMP=str(tmp))
     env[TOKEN_VAR] = token
     log = BoundedLog(Path(job.log_path), job.log_limit)
     try:

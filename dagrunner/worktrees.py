@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from dagrunner.git import git, is_dirty
 from dagrunner.ledger import Ledger
 from dagrunner.names import RULE, is_safe_name
 from dagrunner.pool import take_from_pool
+from dagrunner.proc import Finished, run_command, without_git
 from dagrunner.repo import RepoInfo, repo_info, worktree_root
 
 POOL_DIR = ".pool"
@@ -112,7 +112,7 @@ def allocate(
     with ThreadPoolExecutor(max_workers=1) as pool:
         dirty = pool.submit(_main_dirty, ctx)
         result = _allocate_locked(
-            ctx, wt_id, mission, worker, base_commit, session, setup, setup_timeout
+            ctx, wt_id, mission, worker, base_commit, session, setup, setup_timeout, env
         )
         return {**result, "main_checkout_dirty": dirty.result(), **_dirty_note(dirty.result())}
 
@@ -132,6 +132,7 @@ def _allocate_locked(
     session: str | None,
     setup: Sequence[str],
     setup_timeout: float,
+    env: Mapping[str, str],
 ) -> dict[str, Any]:
     branch = f"dagrunner/{mission}/{worker}"
     path = ctx.root / mission / worker
@@ -205,7 +206,7 @@ def _allocate_locked(
             copied=copied,
         )
     if setup:
-        _run_setup(ctx, wt_id, path, branch, setup, setup_timeout)
+        _run_setup(ctx, wt_id, path, branch, setup, setup_timeout, env)
     return _describe(
         ctx,
         wt_id,
@@ -289,35 +290,28 @@ def _copy_included(main: Path, path: Path) -> list[str]:
 
 
 def _run_setup(
-    ctx: Context, wt_id: str, path: Path, branch: str, setup: Sequence[str], timeout: float
+    ctx: Context,
+    wt_id: str,
+    path: Path,
+    branch: str,
+    setup: Sequence[str],
+    timeout: float,
+    env: Mapping[str, str],
 ) -> None:
     for command in setup:
-        argv = shlex.split(command)
         try:
-            proc = subprocess.run(
-                argv,
-                cwd=path,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-                start_new_session=True,
+            argv = shlex.split(command)
+        except ValueError as exc:
+            argv, finished = (
+                [],
+                Finished(exit_code=None, timed_out=False, error=str(exc), output=b""),
             )
-            ok, output = (
-                proc.returncode == 0,
-                (proc.stdout + proc.stderr).decode("utf-8", "replace"),
-            )
-            why = f"exit code {proc.returncode}"
-        except subprocess.TimeoutExpired as exc:
-            ok, output = (
-                False,
-                ((exc.stdout or b"") + (exc.stderr or b"")).decode("utf-8", "replace"),
-            )
-            why = f"timed out after {timeout:g}s"
-        except OSError as exc:
-            ok, output, why = False, str(exc), "could not start"
-        if ok:
+        if argv:
+            finished = run_command(argv, cwd=path, env=without_git(env), timeout=timeout)
+        if finished.ok:
             continue
+        output = finished.output.decode("utf-8", "replace")
+        why = f"timed out after {timeout:g}s" if finished.timed_out else finished.why
         with ctx.ledger.exclusive():
             remove_worktree(ctx, path, branch, delete_branch=True)
             ctx.ledger.append("cleaned", wt_id, reason=f"setup failed: {command}")
