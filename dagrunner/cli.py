@@ -15,6 +15,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from dagrunner.commands import (
@@ -54,10 +55,9 @@ def cmd_release_check(args: argparse.Namespace) -> int:
         no_cache=args.no_cache,
         executor=args.executor,
     )
-    _repo, manifest = load_step(options)
+    _repo, manifest = load_step(options)  # loaded once: the run gets it
     progress = None if args.quiet else Progress(total=len(manifest.gates))
-    if progress is not None:
-        options = RunOptions(**{**options.__dict__, "listener": progress})
+    options = replace(options, loaded=manifest, listener=progress)
     try:
         record, run_dir = release_check(options)
     finally:

@@ -36,6 +36,7 @@ class RunOptions:
     history_root: Path | None = None
     cache_root: Path | None = None  # default DAGRUNNER_CACHE_DIR
     node_kinds: NodeKindsFactory | None = None  # workers, integrate, land: release.py adds them
+    loaded: Manifest | None = None  # the manifest, when the caller has loaded it already
 
 
 @dataclass(frozen=True, kw_only=True)

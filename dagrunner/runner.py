@@ -29,7 +29,7 @@ from dagrunner.cachestep import RunCache
 from dagrunner.contain import detect, disable_dumping
 from dagrunner.errors import DagrunnerError
 from dagrunner.evidence import check_budget, speed_evidence
-from dagrunner.executors import Executor, open_executor
+from dagrunner.executors import Executor, executor_for
 from dagrunner.git import head_info
 from dagrunner.governor import Governor, check_fits, resolve_capacity
 from dagrunner.graph import build_graph, expected_durations, select, spec
@@ -48,7 +48,10 @@ from dagrunner.version import VERSION
 
 
 def load_step(options: RunOptions) -> tuple[Path, Manifest]:
+    """The repository and its manifest (loaded once: a caller that has it passes ``loaded``)."""
     repo = resolve_repo(options.repo)
+    if options.loaded is not None:
+        return repo, options.loaded
     path = options.manifest if options.manifest is not None else repo / DEFAULT_MANIFEST
     return repo, load_manifest(path)
 
@@ -110,7 +113,7 @@ async def schedule_step(
     executor: Executor,
     nodes: NodeKinds,
 ) -> Scheduled:
-    """Run the plan through the executor, under the governor; closes the executor."""
+    """Run the plan through the executor, under the governor."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     governor = Governor(plan.capacity)
     runner = GateRunner(plan, executor, run_dir, cache, nodes)
@@ -144,7 +147,6 @@ async def schedule_step(
             for pid, token in await trio.to_thread.run_sync(sweep_orphans):
                 warnings.append(f"ended process {pid} left running by a finished gate ({token})")
     finally:
-        await executor.aclose()
         shutil.rmtree(runner.sandbox_root, ignore_errors=True)
     return Scheduled(
         results=results,
@@ -266,9 +268,13 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
     disable_dumping()  # gates (and anything else of our user) cannot read our /proc
     repo, manifest = load_step(options)
     plan = plan_step(repo, manifest, options)
-    executor = open_executor(options.executor)  # a cluster that cannot be reached fails here
+    with executor_for(options.executor) as executor:
+        return _run(plan, options, executor)
+
+
+def _run(plan: Plan, options: RunOptions, executor: Executor) -> tuple[RunRecord, Path]:
     run_id = new_run_id()
-    run_dir = prepare_run_dir(repo, options.report_dir, run_id)
+    run_dir = prepare_run_dir(plan.repo, options.report_dir, run_id)
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     cache = RunCache(
         manifest=plan.manifest,

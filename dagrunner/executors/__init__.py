@@ -6,7 +6,11 @@ attempt to a Dask distributed cluster (``executors/dask.py``).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Protocol
+
+import trio
 
 from dagrunner.errors import DagrunnerError
 from dagrunner.sandbox import AttemptResult, GateJob
@@ -20,6 +24,21 @@ class Executor(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@contextlib.contextmanager
+def executor_for(spec: str) -> Iterator[Executor]:
+    """The executor named by ``--executor``, opened now -- an unreachable cluster fails here,
+    before anything is written -- and closed when the block ends, whatever happens in it.
+
+    (Not an ``async with``: it must open before the run's trio loop starts and close after
+    it ends, and ``release_check`` runs that loop itself.)
+    """
+    executor = open_executor(spec)
+    try:
+        yield executor
+    finally:
+        trio.run(executor.aclose)
 
 
 def open_executor(spec: str) -> Executor:
