@@ -26,6 +26,7 @@ from dagrunner.git import git, split_z
 from dagrunner.statetree import state_tree
 from dagrunner.version import VERSION
 from dagrunner.worktrees import open_context, recorded_state, split_id
+from dagrunner.wtrecords import ExportSummary
 
 _KIND = {
     "A": "added",
@@ -185,6 +186,13 @@ def write_envelope(envelope: Envelope, path: Path) -> None:
 
 
 def export(wt_id: str, *, output: Path | None = None, repo: Path | None = None) -> dict[str, Any]:
+    """``export_summary`` as JSON: the public API and the CLI's ``--json`` shape."""
+    return export_summary(wt_id, output=output, repo=repo).to_json()
+
+
+def export_summary(
+    wt_id: str, *, output: Path | None = None, repo: Path | None = None
+) -> ExportSummary:
     """Write the patch envelope of everything the worktree did since its base.
 
     Read-only for the worktree.  Returns a summary with the envelope's path.
@@ -215,15 +223,15 @@ def export(wt_id: str, *, output: Path | None = None, repo: Path | None = None) 
         file=str(target),
     )
     fields = envelope.fields
-    return {
-        "id": envelope.id,
-        "file": str(target),
-        "worktree": wt_id,
-        "empty": fields["empty"],
-        "base": fields["base"],
-        "head": fields["head"],
-        "tree": fields["tree"],
-        "changed_files": len(fields["changed_files"]),
-        "diff_bytes": fields["diff_bytes"],
-        "diff_sha256": fields["diff_sha256"],
-    }
+    return ExportSummary(
+        id=envelope.id,
+        file=str(target),
+        worktree=wt_id,
+        empty=fields["empty"],
+        base=fields["base"],
+        head=fields["head"],
+        tree=fields["tree"],
+        changed_files=len(fields["changed_files"]),
+        diff_bytes=fields["diff_bytes"],
+        diff_sha256=fields["diff_sha256"],
+    )

@@ -35,7 +35,7 @@ from dagrunner.git import IDENTITY, git, is_dirty
 from dagrunner.ledger import Ledger
 from dagrunner.lifecycle import clean_after_landing
 from dagrunner.manifest import load_manifest
-from dagrunner.outcomes import IntegrationResult
+from dagrunner.outcomes import IntegrationResult, LandOutcome
 from dagrunner.plan import RunOptions
 from dagrunner.queue import Queue, same_repository
 from dagrunner.records import RunStatus
@@ -245,7 +245,7 @@ class Integrator:
         passed, failing, report = self.gate()
         if passed:
             outcome = self.land(head, applied)
-            if outcome == "moved":
+            if outcome is LandOutcome.MOVED:
                 if rebuilds >= MAX_REBUILDS:
                     self.result.target_moving = True
                     self.stop = True
@@ -338,7 +338,7 @@ class Integrator:
     def target_checkout(self) -> Path | None:
         return checkouts.checkout_of(self.repo, self.ref)
 
-    def land(self, old: str, applied: list[tuple[Envelope, str]]) -> str:
+    def land(self, old: str, applied: list[tuple[Envelope, str]]) -> LandOutcome:
         """Move the target from ``old`` to the integration head: landed, moved, or blocked."""
         new = git(["rev-parse", "HEAD"], cwd=self.wt).text
         checkout = self.target_checkout()
@@ -349,7 +349,7 @@ class Integrator:
                 "target-checkout-dirty",
                 "the target branch is checked out there with uncommitted changes",
             )
-            return "blocked"
+            return LandOutcome.BLOCKED
         for envelope, _ in applied:
             self.queue.record(envelope.id, "landing", old=old, new=new)
         crash_point("landing")
@@ -360,17 +360,17 @@ class Integrator:
         )
         if moved.returncode != 0:
             if self.head() != old:
-                return "moved"
+                return LandOutcome.MOVED
             # Not moved by anyone: the ref itself cannot be written (a lock, a full disk).
             self.block(applied, Path(self.repo), "target-ref-unwritable", moved.message)
-            return "blocked"
+            return LandOutcome.BLOCKED
         crash_point("landed-ref")
         if checkout is not None:
             synced = git(["read-tree", "-m", "-u", old, new], cwd=checkout, check=False)
             if synced.returncode != 0:
                 return self.failed_sync(applied, checkout, old, new, synced.message)
         self.landed(applied, old, new)
-        return "landed"
+        return LandOutcome.LANDED
 
     def landed(self, applied: list[tuple[Envelope, str]], old: str, new: str) -> None:
         chain = git(["rev-list", "--reverse", f"{old}..{new}"], cwd=self.repo).text.split()
@@ -379,7 +379,7 @@ class Integrator:
 
     def failed_sync(
         self, applied: list[tuple[Envelope, str]], where: Path, old: str, new: str, why: str
-    ) -> str:
+    ) -> LandOutcome:
         """The ref moved but its checkout could not follow: move the ref back and restore the
         checkout, or -- when the ref cannot move back -- say that the envelopes landed."""
         back = git(["update-ref", self.ref, old, new], cwd=self.repo, check=False)
@@ -398,16 +398,16 @@ class Integrator:
                     "; its checkout was restored" if restored else f"; restore it: {stale.command}"
                 )
                 self.block(applied, where, "target-checkout-blocked", f"{why} ({note})")
-                return "blocked"
+                return LandOutcome.BLOCKED
             self.landed(applied, old, new)  # the truth: the target holds them
-            return "landed"
+            return LandOutcome.LANDED
         except OSError as exc:  # a full disk: the journal cannot say it, the result still does
             self.result.land_blocked = {
                 "code": "disk-full",
                 "checkout": str(where),
                 "reason": f"{why}; then {exc.strerror}: the target is at {to[:12]}",
             }
-            return "blocked"
+            return LandOutcome.BLOCKED
 
     def block(
         self, applied: list[tuple[Envelope, str]], checkout: Path, code: str, why: str

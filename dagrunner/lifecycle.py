@@ -33,6 +33,7 @@ from dagrunner.worktrees import (
     remove_worktree,
     split_id,
 )
+from dagrunner.wtrecords import WorktreeStatus
 
 
 def integrated(path: Path, head: str, base: str, target: str) -> tuple[bool, str]:
@@ -75,12 +76,12 @@ def status(wt_id: str, *, repo: Path | None = None, target: str | None = None) -
     """Everything about one worktree; a vanished directory is reconciled in the ledger."""
     ctx = open_context(repo)
     split_id(wt_id)
-    return _status(ctx, wt_id, recorded_state(ctx, wt_id), target or default_target(ctx))
+    return _status(ctx, wt_id, recorded_state(ctx, wt_id), target or default_target(ctx)).to_json()
 
 
-def _status(ctx: Context, wt_id: str, state: dict[str, Any], target: str) -> dict[str, Any]:
+def _status(ctx: Context, wt_id: str, state: dict[str, Any], target: str) -> WorktreeStatus:
     path = Path(state["path"])
-    body: dict[str, Any] = {
+    recorded = {
         "id": wt_id,
         "path": str(path),
         "branch": state["branch"],
@@ -94,7 +95,7 @@ def _status(ctx: Context, wt_id: str, state: dict[str, Any], target: str) -> dic
     if not path.is_dir():
         if not state.get("missing"):
             ctx.ledger.append("missing", wt_id)
-        return {**body, "missing": True, "clean": None, "integrated": None}
+        return WorktreeStatus(**recorded, missing=True)
     porcelain = git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=path).stdout
     staged = unstaged = untracked = unmerged = 0
     for entry in porcelain.split(b"\0"):
@@ -117,29 +118,32 @@ def _status(ctx: Context, wt_id: str, state: dict[str, Any], target: str) -> dic
     )
     landed, why = integrated(path, head, state["base"], target)
     clean = staged == unstaged == untracked == unmerged == 0 and not rebase and not merge
-    return {
-        **body,
-        "missing": False,
-        "head": head,
-        "clean": clean,
-        "staged": staged,
-        "unstaged": unstaged,
-        "untracked": untracked,
-        "unmerged": unmerged,
-        "ahead": ahead,
-        "behind": behind,
-        "diffstat": git(["diff", "--shortstat", "--no-ext-diff", state["base"]], cwd=path).text,
-        "rebase_in_progress": rebase,
-        "merge_in_progress": merge,
-        "integrated": landed,
-        "integrated_reason": why,
-    }
+    return WorktreeStatus(
+        **recorded,
+        missing=False,
+        head=head,
+        clean=clean,
+        staged=staged,
+        unstaged=unstaged,
+        untracked=untracked,
+        unmerged=unmerged,
+        ahead=ahead,
+        behind=behind,
+        diffstat=git(["diff", "--shortstat", "--no-ext-diff", state["base"]], cwd=path).text,
+        rebase_in_progress=rebase,
+        merge_in_progress=merge,
+        integrated=landed,
+        integrated_reason=why,
+    )
 
 
 def list_worktrees(*, repo: Path | None = None, target: str | None = None) -> list[dict[str, Any]]:
     ctx = open_context(repo)
     goal = target or default_target(ctx)
-    return [_status(ctx, wt_id, state, goal) for wt_id, state in sorted(ctx.ledger.state().items())]
+    return [
+        _status(ctx, wt_id, state, goal).to_json()
+        for wt_id, state in sorted(ctx.ledger.state().items())
+    ]
 
 
 # -- cleanup / prune ---------------------------------------------------------------------
@@ -226,15 +230,16 @@ def cleanup_recorded(
             hint="stop those processes (or leave their directory) first",
         )
     info = _status(ctx, wt_id, state, target)
-    landed = bool(info["integrated"]) or assume_landed
+    landed = bool(info.integrated) or assume_landed
     problems = []
-    if not info["clean"] and not assume_landed:
+    if not info.clean and not assume_landed:
         problems.append(
-            f"uncommitted work ({info['staged']} staged, {info['unstaged']} unstaged, "
-            f"{info['untracked']} untracked{', rebase or merge in progress' if info['rebase_in_progress'] or info['merge_in_progress'] else ''})"
+            f"uncommitted work ({info.staged} staged, {info.unstaged} unstaged, "
+            f"{info.untracked} untracked"
+            f"{', rebase or merge in progress' if info.operation_in_progress else ''})"
         )
     if not landed and not keep_unlanded_branch:
-        problems.append(f"not landed on {target}: {info['integrated_reason']}")
+        problems.append(f"not landed on {target}: {info.integrated_reason}")
     backup = None
     if problems and not force:
         why = "; ".join(problems)
@@ -246,10 +251,14 @@ def cleanup_recorded(
                     "retained_at": now(),
                     "why": why,
                     "branch": branch,
-                    "head": info["head"],
+                    "head": info.head,
                     "base": state["base"],
                     "status": {
-                        k: info[k] for k in ("staged", "unstaged", "untracked", "ahead", "diffstat")
+                        "staged": info.staged,
+                        "unstaged": info.unstaged,
+                        "untracked": info.untracked,
+                        "ahead": info.ahead,
+                        "diffstat": info.diffstat,
                     },
                 },
                 option=orjson.OPT_INDENT_2,
@@ -275,7 +284,7 @@ def cleanup_recorded(
         }
     delete_branch = landed or backup is not None
     action = "removed"
-    if info["clean"] and pool_room(ctx.pool, env):
+    if info.clean and pool_room(ctx.pool, env):
         to_pool(ctx.info.root, ctx.pool, path, branch, delete_branch=delete_branch)
         action = "pooled"
     else:
@@ -287,7 +296,7 @@ def cleanup_recorded(
         "action": action,
         "backup": backup,
         "branch_deleted": delete_branch,
-        "integrated_reason": info["integrated_reason"],
+        "integrated_reason": info.integrated_reason,
     }
 
 
@@ -325,18 +334,18 @@ def prune(
             info = _status(ctx, wt_id, state, goal)
             idle = cutoff is not None and dt.datetime.fromisoformat(state["last_activity"]) < cutoff
             reason = None
-            if state.get("session") and not info["integrated"]:
+            if state.get("session") and not info.integrated:
                 reason = f"claimed by session {state['session']!r}"
-            elif not info["clean"]:
+            elif not info.clean:
                 reason = "uncommitted work"
-            elif not info["integrated"] and not idle:
-                reason = f"not landed ({info['integrated_reason']}) and not idle"
+            elif not info.integrated and not idle:
+                reason = f"not landed ({info.integrated_reason}) and not idle"
             if reason:
                 retained.append({"id": wt_id, "reason": reason})
                 continue
             why = (
-                info["integrated_reason"]
-                if info["integrated"]
+                info.integrated_reason
+                if info.integrated
                 else f"idle since {state['last_activity']}"
             )
             removed.append(
@@ -344,7 +353,7 @@ def prune(
                     "id": wt_id,
                     "action": "remove",
                     "reason": why,
-                    "branch_kept": None if info["integrated"] else state["branch"],
+                    "branch_kept": None if info.integrated else state["branch"],
                 }
             )
             if not dry_run:
@@ -355,7 +364,7 @@ def prune(
                     force=False,
                     target=goal,
                     env=env,
-                    keep_unlanded_branch=not info["integrated"],
+                    keep_unlanded_branch=not info.integrated,
                 )
     return {"dry_run": dry_run, "removed": removed, "retained": retained}
 

@@ -23,6 +23,14 @@ class EnvelopeState(enum.StrEnum):
     REJECTED = "rejected"
 
 
+class LandOutcome(enum.StrEnum):
+    """What one landing attempt did."""
+
+    LANDED = "landed"  # the target moved to the gated commit (and its checkout followed)
+    MOVED = "moved"  # somebody else moved the target first: rebuild on the new head
+    BLOCKED = "blocked"  # refused or impossible; ``land_blocked`` says why
+
+
 FINAL: frozenset[str] = frozenset(
     {
         EnvelopeState.LANDED,

@@ -26,6 +26,7 @@ from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.graph import Graph, integrations_above, spec
 from dagrunner.manifest import LAND_PREFIX, Manifest
+from dagrunner.outcomes import LandOutcome
 from dagrunner.records import GateResult, Status
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class Integration:
     head: str
     applied: list[tuple[Envelope, str]] = field(default_factory=list)
     landed: bool = False
+    moved: bool = False  # the target moved under the landing: the envelopes stay queued
 
 
 class Swarm:
@@ -90,11 +92,11 @@ class Swarm:
         return self.repo
 
     def export_worker(self, node: str) -> str:
-        summary = exporting.export(f"{self.mission}/{node}", repo=self.repo)
-        self.envelopes[node] = Path(summary["file"])
-        if summary["empty"]:
-            return f"no change to export ({summary['id']})"
-        return f"exported {summary['id']}: {summary['changed_files']} file(s), {summary['diff_bytes']} bytes"
+        summary = exporting.export_summary(f"{self.mission}/{node}", repo=self.repo)
+        self.envelopes[node] = Path(summary.file)
+        if summary.empty:
+            return f"no change to export ({summary.id})"
+        return f"exported {summary.id}: {summary.changed_files} file(s), {summary.diff_bytes} bytes"
 
     # -- integrate and land ------------------------------------------------------------------
 
@@ -154,7 +156,7 @@ class Swarm:
             return Status.PASSED, "nothing to land"
         outcome = integrator.land(state.head, state.applied)
         integrator.result.end = integrator.head()
-        if outcome == "landed":
+        if outcome is LandOutcome.LANDED:
             state.landed = True
             integrator.result.envelopes = list(integrator.outcomes.values())
             integrator.cleanup_landed_workers()
@@ -162,7 +164,8 @@ class Swarm:
                 f"landed {len(state.applied)} envelope(s): {integrator.target} "
                 f"{state.head[:12]} -> {integrator.result.end[:12]}"
             )
-        if outcome == "moved":
+        if outcome is LandOutcome.MOVED:
+            state.moved = True
             for envelope, _ in state.applied:
                 integrator.queue.record(envelope.id, "queued", note="target-moving")
             return (
@@ -176,7 +179,6 @@ class Swarm:
 
     def finish(self, results: list[GateResult], *, interrupted: bool) -> Any:
         """Final states for envelopes whose land did not happen; release locks; the summary."""
-        by_id = {r.id: r for r in results}
         summary: list[dict[str, Any]] = []
         for node, state in self.integrations.items():
             integrator = state.integrator
@@ -187,10 +189,8 @@ class Swarm:
                     if node in integrations_above(self.graph, r.id)
                     and r.status in (Status.FAILED, Status.TIMED_OUT)
                 ]
-                land = by_id.get(LAND_PREFIX + node)
-                moved = land is not None and land.reason.startswith("target-moving")
                 for envelope, _ in state.applied:
-                    if interrupted or moved or not failing:
+                    if interrupted or state.moved or not failing:
                         integrator.queue.record(
                             envelope.id, "queued", note="the run ended before landing"
                         )

@@ -1,0 +1,106 @@
+"""Records of a worktree's life that cross module boundaries: its status and its export.
+
+Typed here, JSON only at the edges: ``to_json()`` gives exactly the shapes the
+CLI's ``--json`` and the Python API have always returned (docs/worktrees.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorktreeStatus:
+    """One recorded worktree now: its place, its claim, what it holds, whether it landed."""
+
+    id: str
+    path: str
+    branch: str
+    base: str
+    session: str | None
+    created: str | None
+    last_activity: str | None
+    target: str
+    retained: str | None
+    missing: bool
+    # None when the directory is missing:
+    head: str | None = None
+    clean: bool | None = None
+    staged: int = 0
+    unstaged: int = 0
+    untracked: int = 0
+    unmerged: int = 0
+    ahead: int | None = None
+    behind: int | None = None
+    diffstat: str = ""
+    rebase_in_progress: bool = False
+    merge_in_progress: bool = False
+    integrated: bool | None = None
+    integrated_reason: str = ""
+
+    @property
+    def operation_in_progress(self) -> bool:
+        return self.rebase_in_progress or self.merge_in_progress
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "path": self.path,
+            "branch": self.branch,
+            "base": self.base,
+            "session": self.session,
+            "created": self.created,
+            "last_activity": self.last_activity,
+            "target": self.target,
+            "retained": self.retained,
+        }
+        if self.missing:
+            return {**body, "missing": True, "clean": None, "integrated": None}
+        return {
+            **body,
+            "missing": False,
+            "head": self.head,
+            "clean": self.clean,
+            "staged": self.staged,
+            "unstaged": self.unstaged,
+            "untracked": self.untracked,
+            "unmerged": self.unmerged,
+            "ahead": self.ahead,
+            "behind": self.behind,
+            "diffstat": self.diffstat,
+            "rebase_in_progress": self.rebase_in_progress,
+            "merge_in_progress": self.merge_in_progress,
+            "integrated": self.integrated,
+            "integrated_reason": self.integrated_reason,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportSummary:
+    """What ``worktree export`` wrote: the envelope's file and its identity."""
+
+    id: str
+    file: str
+    worktree: str
+    empty: bool
+    base: str
+    head: str
+    tree: str
+    changed_files: int
+    diff_bytes: int
+    diff_sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "file": self.file,
+            "worktree": self.worktree,
+            "empty": self.empty,
+            "base": self.base,
+            "head": self.head,
+            "tree": self.tree,
+            "changed_files": self.changed_files,
+            "diff_bytes": self.diff_bytes,
+            "diff_sha256": self.diff_sha256,
+        }
