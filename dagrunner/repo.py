@@ -50,6 +50,7 @@ def git_version() -> tuple[int, ...]:
             "git-version",
             f"cannot read git's version from {text!r}",
             exit_code=ExitCode.ENVIRONMENT,
+            hint="check which git is first on PATH (git --version)",
         )
     return tuple(int(part) for part in match.groups() if part is not None)
 

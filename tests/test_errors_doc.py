@@ -19,3 +19,18 @@ def test_every_raised_code_is_documented() -> None:
     doc = (ROOT / "docs" / "errors.md").read_text()
     missing = sorted(code for code in codes if f"`{code}`" not in doc)
     assert not missing, f"undocumented error codes: {missing}"
+
+
+def test_every_error_says_what_to_do() -> None:
+    """Each DagrunnerError raised in the package carries a hint (a user can act on it)."""
+    import ast
+
+    missing = []
+    for path in (ROOT / "dagrunner").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = getattr(node, "func", None)
+            called = getattr(name, "id", getattr(name, "attr", None))
+            if isinstance(node, ast.Call) and called == "DagrunnerError":
+                if "hint" not in {k.arg for k in node.keywords}:
+                    missing.append(f"{path.name}:{node.lineno}")
+    assert not missing, f"errors without a hint: {missing}"
