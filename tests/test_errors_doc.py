@@ -28,9 +28,9 @@ def test_every_error_says_what_to_do() -> None:
     missing = []
     for path in (ROOT / "dagrunner").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            name = getattr(node, "func", None)
-            called = getattr(name, "id", getattr(name, "attr", None))
-            if isinstance(node, ast.Call) and called == "DagrunnerError":
-                if "hint" not in {k.arg for k in node.keywords}:
-                    missing.append(f"{path.name}:{node.lineno}")
+            if not isinstance(node, ast.Call):
+                continue
+            called = getattr(node.func, "id", getattr(node.func, "attr", None))
+            if called == "DagrunnerError" and "hint" not in {k.arg for k in node.keywords}:
+                missing.append(f"{path.name}:{node.lineno}")
     assert not missing, f"errors without a hint: {missing}"
