@@ -75,7 +75,7 @@ class Swarm:
 
         gate = spec(self.graph, node)
         if gate.kind == "worker":
-            info = wt.allocate(
+            info = wt.allocate_worktree(
                 mission=self.mission,
                 worker=node,
                 base=gate.base,
@@ -85,7 +85,7 @@ class Swarm:
                 setup_timeout=gate.setup_timeout,
                 env=self.env,
             )
-            return Path(info["path"])
+            return Path(info.path)
         above = integrations_above(self.graph, node)
         if above and above[0] in self.integrations:
             return self.integrations[above[0]].integrator.wt

@@ -15,7 +15,7 @@ import shlex
 import shutil
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from dagrunner.names import RULE, is_safe_name
 from dagrunner.pool import take_from_pool
 from dagrunner.proc import Finished, run_command, without_git
 from dagrunner.repo import RepoInfo, repo_info, worktree_root
+from dagrunner.wtrecords import Allocation
 
 POOL_DIR = ".pool"
 SETUP_TAIL_LINES = 20
@@ -85,6 +86,30 @@ def allocate(
     setup_timeout: float = 300.0,
     env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """``allocate_worktree`` as JSON: the public API and the CLI's ``--json`` shape."""
+    return allocate_worktree(
+        mission=mission,
+        worker=worker,
+        base=base,
+        session=session,
+        repo=repo,
+        setup=setup,
+        setup_timeout=setup_timeout,
+        env=env,
+    ).to_json()
+
+
+def allocate_worktree(
+    *,
+    mission: str,
+    worker: str,
+    base: str = "HEAD",
+    session: str | None = None,
+    repo: Path | None = None,
+    setup: Sequence[str] = (),
+    setup_timeout: float = 300.0,
+    env: Mapping[str, str] | None = None,
+) -> Allocation:
     """A worktree for MISSION/WORKER at BASE, claimed for SESSION; the same one when called again.
 
     Raises DagrunnerError: bad-name / bad-base (2), unsafe-root (3), claimed /
@@ -114,13 +139,7 @@ def allocate(
         result = _allocate_locked(
             ctx, wt_id, mission, worker, base_commit, session, setup, setup_timeout, env
         )
-        return {**result, "main_checkout_dirty": dirty.result(), **_dirty_note(dirty.result())}
-
-
-def _dirty_note(dirty: bool | None) -> dict[str, str]:
-    if not dirty:
-        return {}
-    return {"note": "the main checkout has uncommitted work; it is not in this worktree's base"}
+        return replace(result, main_checkout_dirty=dirty.result())
 
 
 def _allocate_locked(
@@ -133,7 +152,7 @@ def _allocate_locked(
     setup: Sequence[str],
     setup_timeout: float,
     env: Mapping[str, str],
-) -> dict[str, Any]:
+) -> Allocation:
     branch = f"dagrunner/{mission}/{worker}"
     path = ctx.root / mission / worker
     with ctx.ledger.exclusive():
@@ -213,13 +232,13 @@ def _allocate_locked(
         {**record, "session": session, "created": record["at"]},
         reused=False,
         pooled=pooled,
-        copied=copied,
+        copied=tuple(copied),
     )
 
 
 def _restore(
     ctx: Context, wt_id: str, existing: dict[str, Any], path: Path, branch: str, session: str | None
-) -> dict[str, Any]:
+) -> Allocation:
     git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
     git(["worktree", "prune"], cwd=ctx.info.root, check=False)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -250,18 +269,29 @@ def _main_dirty(ctx: Context) -> bool | None:
     return is_dirty(ctx.info.root, untracked=True)
 
 
-def _describe(ctx: Context, wt_id: str, state: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
-    body = {
-        "id": wt_id,
-        "path": state["path"],
-        "branch": state["branch"],
-        "base": state["base"],
-        "root": str(ctx.root),
-        "session": state.get("session"),
-        "created": state.get("created", state.get("at")),
-        **extra,
-    }
-    return body
+def _describe(
+    ctx: Context,
+    wt_id: str,
+    state: Mapping[str, Any],
+    *,
+    reused: bool,
+    pooled: bool = False,
+    copied: tuple[str, ...] = (),
+    restored: bool = False,
+) -> Allocation:
+    return Allocation(
+        id=wt_id,
+        path=state["path"],
+        branch=state["branch"],
+        base=state["base"],
+        root=str(ctx.root),
+        session=state.get("session"),
+        created=state.get("created", state.get("at")),
+        reused=reused,
+        pooled=pooled,
+        copied=copied,
+        restored=restored,
+    )
 
 
 def _copy_included(main: Path, path: Path) -> list[str]:

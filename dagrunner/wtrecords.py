@@ -11,6 +11,46 @@ from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True)
+class Allocation:
+    """A worker's worktree, as ``allocate`` made, restored or found it."""
+
+    id: str
+    path: str
+    branch: str
+    base: str
+    root: str
+    session: str | None
+    created: str | None
+    reused: bool  # it existed already (same mission/worker): allocation is idempotent
+    pooled: bool = False  # made new from the pool rather than ``git worktree add``
+    copied: tuple[str, ...] = ()  # files .worktreeinclude copied in (new ones only)
+    restored: bool = False  # its folder had vanished; it was made again from its branch
+    main_checkout_dirty: bool | None = None  # None: a bare repository
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "path": self.path,
+            "branch": self.branch,
+            "base": self.base,
+            "root": self.root,
+            "session": self.session,
+            "created": self.created,
+            "reused": self.reused,
+        }
+        if not self.reused:
+            body.update(pooled=self.pooled, copied=list(self.copied))
+        if self.restored:
+            body["restored"] = True
+        body["main_checkout_dirty"] = self.main_checkout_dirty
+        if self.main_checkout_dirty:
+            body["note"] = (
+                "the main checkout has uncommitted work; it is not in this worktree's base"
+            )
+        return body
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorktreeStatus:
     """One recorded worktree now: its place, its claim, what it holds, whether it landed."""
 

@@ -7,6 +7,13 @@ from pathlib import Path
 import pytest
 from conftest import git, run_json
 
+ALLOCATE_KEYS = [
+    "id", "path", "branch", "base", "root", "session", "created", "reused", "pooled", "copied",
+    "main_checkout_dirty",
+]  # fmt: skip
+REALLOCATE_KEYS = [
+    "id", "path", "branch", "base", "root", "session", "created", "reused", "main_checkout_dirty",
+]  # fmt: skip
 STATUS_KEYS = [
     "id", "path", "branch", "base", "session", "created", "last_activity", "target", "retained",
     "missing", "head", "clean", "staged", "unstaged", "untracked", "unmerged", "ahead", "behind",
