@@ -15,86 +15,22 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 
-from dagrunner.commands import (
-    cmd_cache_explain,
-    cmd_cache_prune,
-    cmd_doctor,
-    cmd_integrate,
-    cmd_report_html,
-    cmd_worktree,
-    emit_json,
-)
-from dagrunner.console import Progress, summary_table
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.graph import build_graph, describe, expected_durations, render_dot, render_text
-from dagrunner.graph import select as select_gates
-from dagrunner.plan import RunOptions
-from dagrunner.records import RunStatus
-from dagrunner.release import release_check
-from dagrunner.report.ci import publish
-from dagrunner.runner import load_step
+from dagrunner.jsonout import emit_json
 from dagrunner.version import VERSION
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-# -- release-check -------------------------------------------------------------
+def _handler(name: str) -> Handler:
+    """A command's handler, imported only when that command runs: ``--version`` and ``--help``
+    load none of the machinery (networkx, trio, the report)."""
+    from dagrunner import commands
 
-
-def cmd_release_check(args: argparse.Namespace) -> int:
-    options = RunOptions(
-        repo=args.repo,
-        manifest=args.manifest,
-        report_dir=args.report_dir,
-        jobs=args.jobs,
-        only=tuple(args.only or ()),
-        fail_fast=args.fail_fast,
-        no_cache=args.no_cache,
-        executor=args.executor,
-    )
-    _repo, manifest = load_step(options)  # loaded once: the run gets it
-    progress = None if args.quiet else Progress(total=len(manifest.gates))
-    options = replace(options, loaded=manifest, listener=progress)
-    try:
-        record, run_dir = release_check(options)
-    finally:
-        if progress is not None:
-            progress.close()
-    publish(record, run_dir, os.environ, sys.stderr if args.json else sys.stdout)
-    if args.json:
-        body = record.to_json()
-        body["run_dir"] = str(run_dir)
-        body.pop("governor", None)  # samples belong in run.json, not on an orchestrator's stdout
-        emit_json(body)
-    else:
-        print(summary_table(record, str(run_dir)))
-    if record.status is RunStatus.INTERRUPTED:
-        return ExitCode.INTERRUPTED
-    return ExitCode.OK if record.status is RunStatus.PASSED else ExitCode.FAILED
-
-
-# -- graph ---------------------------------------------------------------------
-
-
-def cmd_graph(args: argparse.Namespace) -> int:
-    _, manifest = load_step(RunOptions(repo=args.repo, manifest=args.manifest))
-    graph = build_graph(manifest)
-    if args.only:
-        graph = select_gates(graph, args.only, where=str(manifest.path))
-    durations = expected_durations(graph, {})
-    if args.format == "json" or args.json:
-        emit_json(describe(graph, durations))
-    elif args.format == "dot":
-        print(render_dot(graph, durations))
-    else:
-        print(render_text(graph, durations))
-    return ExitCode.OK
-
-
-# -- cache -----------------------------------------------------------------------
+    found: Handler = getattr(commands, name)
+    return found
 
 
 # -- parser ------------------------------------------------------------------------
@@ -131,18 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--fail-fast", action="store_true", help="stop at the first failure")
     rc.add_argument("--executor", default="local", help="local (default) or dask://HOST:PORT")
     rc.add_argument("--quiet", action="store_true", help="no progress lines")
-    rc.set_defaults(handler=cmd_release_check)
+    rc.set_defaults(handler="cmd_release_check")
 
     gr = sub.add_parser("graph", parents=[common], help="show order, levels, critical path")
     gr.add_argument("manifest", nargs="?", type=Path)
     gr.add_argument("--repo", type=Path)
     gr.add_argument("--only", action="append", metavar="GATE")
     gr.add_argument("--format", choices=["text", "json", "dot"], default="text")
-    gr.set_defaults(handler=cmd_graph)
+    gr.set_defaults(handler="cmd_graph")
 
     dr = sub.add_parser("doctor", parents=[common], help="check git, worktree support and the root")
     dr.add_argument("--repo", type=Path)
-    dr.set_defaults(handler=cmd_doctor)
+    dr.set_defaults(handler="cmd_doctor")
 
     wt = sub.add_parser("worktree", help="worker worktrees under the cache root")
     wt_sub = wt.add_subparsers(dest="worktree_command", required=True)
@@ -188,9 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pn.add_argument("--idle", type=float, metavar="DAYS")
     pn.add_argument("--dry-run", action="store_true")
-    wt.set_defaults(handler=cmd_worktree)
+    wt.set_defaults(handler="cmd_worktree")
     for parser_ in wt_sub.choices.values():
-        parser_.set_defaults(handler=cmd_worktree)
+        parser_.set_defaults(handler="cmd_worktree")
 
     ig = sub.add_parser("integrate", help="the integration queue")
     ig_sub = ig.add_subparsers(dest="integrate_command", required=True)
@@ -220,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ig_sub.add_parser("status", parents=[common, repo_opt], help="every envelope's state")
     for parser_ in ig_sub.choices.values():
-        parser_.set_defaults(handler=cmd_integrate)
+        parser_.set_defaults(handler="cmd_integrate")
 
     ca = sub.add_parser("cache", help="explain or prune the gate cache")
     ca_sub = ca.add_subparsers(dest="cache_command", required=True)
@@ -228,17 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("gate")
     ex.add_argument("manifest", nargs="?", type=Path)
     ex.add_argument("--repo", type=Path)
-    ex.set_defaults(handler=cmd_cache_explain)
+    ex.set_defaults(handler="cmd_cache_explain")
     pr = ca_sub.add_parser("prune", parents=[common], help="bound the cache by size (LRU)")
     pr.add_argument("--max-size", required=True, help="e.g. 500M, 2G")
     pr.add_argument("--dry-run", action="store_true")
-    pr.set_defaults(handler=cmd_cache_prune)
+    pr.set_defaults(handler="cmd_cache_prune")
 
     rp = sub.add_parser("report", help="re-render a run's report")
     rp_sub = rp.add_subparsers(dest="report_command", required=True)
     html = rp_sub.add_parser("html", parents=[common], help="re-render RUN_DIR/index.html")
     html.add_argument("run_dir", type=Path)
-    html.set_defaults(handler=cmd_report_html)
+    html.set_defaults(handler="cmd_report_html")
 
     return parser
 
@@ -265,7 +201,7 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
                 }
             )
         return code
-    handler: Handler = args.handler
+    handler = _handler(args.handler)
     try:
         return handler(args)
     except DagrunnerError as exc:

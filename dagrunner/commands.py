@@ -1,5 +1,5 @@
-"""The CLI's handlers for everything but release-check and graph: cache, doctor,
-worktrees, the integration queue and reports.
+"""The CLI's handlers: release-check, graph, cache, doctor, worktrees, the integration
+queue and reports.
 
 Each handler takes the parsed arguments, calls one library function, prints
 text or one JSON object (``--json``) and returns an exit code; ``cli.py``
@@ -9,21 +9,77 @@ builds the parser and turns errors into codes.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from dagrunner.console import Progress, summary_table
 from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.graph import build_graph, describe, expected_durations, render_dot, render_text
 from dagrunner.graph import select as select_gates
+from dagrunner.jsonout import emit_json
 from dagrunner.plan import RunOptions
+from dagrunner.records import RunStatus
+from dagrunner.release import release_check
+from dagrunner.report.ci import publish
 from dagrunner.runner import load_step
 
 
-def emit_json(body: Any) -> None:
-    sys.stdout.write(orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
-    sys.stdout.flush()
+def cmd_release_check(args: argparse.Namespace) -> int:
+    options = RunOptions(
+        repo=args.repo,
+        manifest=args.manifest,
+        report_dir=args.report_dir,
+        jobs=args.jobs,
+        only=tuple(args.only or ()),
+        fail_fast=args.fail_fast,
+        no_cache=args.no_cache,
+        executor=args.executor,
+    )
+    _repo, manifest = load_step(options)  # loaded once: the run gets it
+    progress = None if args.quiet else Progress(total=len(manifest.gates))
+    options = replace(options, loaded=manifest, listener=progress)
+    try:
+        record, run_dir = release_check(options)
+    finally:
+        if progress is not None:
+            progress.close()
+    publish(record, run_dir, os.environ, sys.stderr if args.json else sys.stdout)
+    if args.json:
+        body = record.to_json()
+        body["run_dir"] = str(run_dir)
+        body.pop("governor", None)  # samples belong in run.json, not on an orchestrator's stdout
+        emit_json(body)
+    else:
+        print(summary_table(record, str(run_dir)))
+    if record.status is RunStatus.INTERRUPTED:
+        return ExitCode.INTERRUPTED
+    return ExitCode.OK if record.status is RunStatus.PASSED else ExitCode.FAILED
+
+
+# -- graph ---------------------------------------------------------------------
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    _, manifest = load_step(RunOptions(repo=args.repo, manifest=args.manifest))
+    graph = build_graph(manifest)
+    if args.only:
+        graph = select_gates(graph, args.only, where=str(manifest.path))
+    durations = expected_durations(graph, {})
+    if args.format == "json" or args.json:
+        emit_json(describe(graph, durations))
+    elif args.format == "dot":
+        print(render_dot(graph, durations))
+    else:
+        print(render_text(graph, durations))
+    return ExitCode.OK
+
+
+# -- cache -----------------------------------------------------------------------
 
 
 def cmd_cache_explain(args: argparse.Namespace) -> int:
