@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from dagrunner.fsutil import atomic_write
+from dagrunner.fsutil import atomic_write, mark_own_output
 from dagrunner.graph import Graph, integration_map, spec, topological_order
 from dagrunner.inputs import Snapshot, input_files
 from dagrunner.manifest import GateSpec, Manifest
@@ -222,7 +222,7 @@ class Store:
         if self._key is None:
             path = self.root / "key"
             try:
-                self.root.mkdir(parents=True, exist_ok=True)
+                mark_own_output(self.root)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(secrets.token_bytes(32))

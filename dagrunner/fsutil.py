@@ -119,3 +119,25 @@ def is_inside(child: Path, parent: Path) -> bool:
     except ValueError:
         return False
     return True
+
+
+CACHEDIR_TAG = (
+    b"Signature: 8a477f597d28d172789f06886806bc55\n"
+    b"# This file is a cache directory tag created by dagrunner.\n"
+    b"# For information about cache directory tags see https://bford.info/cachedir/\n"
+)
+
+
+def mark_own_output(folder: Path) -> None:
+    """Mark a folder dagrunner writes for itself (reports, the cache): a ``.gitignore`` of
+    ``*`` so it never shows in ``git status``, and a ``CACHEDIR.TAG`` so backups skip it --
+    as pytest, ruff and mypy do.  Files already there are left alone."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in (
+        (".gitignore", b"# created by dagrunner\n*\n"),
+        ("CACHEDIR.TAG", CACHEDIR_TAG),
+    ):
+        path = folder / name
+        if not path.exists():
+            with contextlib.suppress(OSError):
+                path.write_bytes(data)

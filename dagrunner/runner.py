@@ -30,6 +30,7 @@ from dagrunner.contain import detect, disable_dumping
 from dagrunner.errors import DagrunnerError
 from dagrunner.evidence import check_budget, speed_evidence
 from dagrunner.executors import Executor, executor_for
+from dagrunner.fsutil import mark_own_output
 from dagrunner.git import head_info
 from dagrunner.governor import Governor, check_fits, resolve_capacity
 from dagrunner.graph import build_graph, expected_durations, select, spec
@@ -244,6 +245,7 @@ def prepare_run_dir(repo: Path, report_dir: Path | None, run_id: str) -> Path:
                 old.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     if report_dir is None:
+        mark_own_output(run_dir.parent)
         _point_latest(run_dir)
     return run_dir
 

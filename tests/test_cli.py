@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,22 @@ def test_version_and_help_load_none_of_the_machinery(flag: str) -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=False
     )
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout + proc.stderr
+
+
+def test_reports_and_the_cache_never_show_in_git_status(tmp_path: Path) -> None:
+    repo = tmp_path / "fresh"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / "README").write_text("x\n")
+    (repo / "m.toml").write_text('[gates.a]\nrun = ["true"]\ninputs = ["README"]\n')
+    proc = subprocess.run(
+        [*CLI, "release-check", "m.toml", "--quiet"], cwd=repo, capture_output=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout
+    assert "reports" not in status, status
+    assert (repo / "reports" / "CACHEDIR.TAG").read_bytes().startswith(b"Signature: 8a477f59")
+    cache = Path(os.environ["DAGRUNNER_CACHE_DIR"])
+    assert (cache / "CACHEDIR.TAG").exists() and (cache / ".gitignore").exists()
