@@ -7,11 +7,14 @@ On a TTY a status line is redrawn in place under the finished gates; in CI
 
 from __future__ import annotations
 
+import re
 import sys
 import time
+from pathlib import Path
 from typing import TextIO
 
 from dagrunner.records import GateResult, RunRecord, Status, failures_first
+from dagrunner.report.logtail import read_log, strip_ansi
 from dagrunner.units import format_duration, format_size
 
 _MARK = {
@@ -108,5 +111,31 @@ def summary_table(record: RunRecord, run_dir: str) -> str:
         lines.append(
             f"envelope {envelope['state']:<12} {envelope['id']}  {detail or envelope.get('reason', '')}"
         )
+    lines += failure_tails(record, Path(run_dir))
     lines.append(f"report: {run_dir}/index.html")
     return "\n".join(lines)
+
+
+TAIL_LINES = 20
+_NOT_FOUND = re.compile(r"([^\s:]+): (?:command )?not found\s*$", re.M)  # dash and bash
+
+
+def failure_tails(record: RunRecord, run_dir: Path) -> list[str]:
+    """For each failed or timed-out gate: why (a missing command named), the last lines of its
+    log, and the log's path -- what an engineer reads first, like pytest's short summary."""
+    lines: list[str] = []
+    for gate in failures_first(record.gates):
+        if gate.status not in (Status.FAILED, Status.TIMED_OUT) or not gate.attempts:
+            continue
+        rel = gate.attempts[-1].log
+        text = strip_ansi(read_log(run_dir, rel, limit=64 * 1024)).rstrip()
+        tail = [line for line in text.splitlines() if not line.startswith("[dagrunner: ")]
+        lines.append("")
+        header = f"--- {gate.id} ({gate.status}): {gate.reason}"
+        missing = _NOT_FOUND.findall(text)
+        if gate.attempts[-1].exit_code == 127 and missing:
+            header += f"; command not found: {missing[-1]}"
+        lines.append(header)
+        lines += [f"    {line}"[:300] for line in tail[-TAIL_LINES:]] or ["    (no output)"]
+        lines.append(f"    log: {run_dir / rel}")
+    return lines

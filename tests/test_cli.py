@@ -168,3 +168,27 @@ def test_reports_and_the_cache_never_show_in_git_status(tmp_path: Path) -> None:
     assert (repo / "reports" / "CACHEDIR.TAG").read_bytes().startswith(b"Signature: 8a477f59")
     cache = Path(os.environ["DAGRUNNER_CACHE_DIR"])
     assert (cache / "CACHEDIR.TAG").exists() and (cache / ".gitignore").exists()
+
+
+def test_failed_gate_summary_shows_its_log_tail_and_path(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_manifest(
+        repo,
+        """
+        [gates.unit]
+        run = "for i in $(seq 1 30); do echo line $i; done; echo 'AssertionError: 2 != 3'; exit 1"
+        [gates.tool]
+        run = "nosuchtool --flag"
+        [gates.fine]
+        run = ["true"]
+        """,
+    )
+    assert run_cli(["release-check", str(path), "--repo", str(repo)]) == 1
+    out = capsys.readouterr().out
+    unit = out[out.index("--- unit (failed): exit code 1") :]
+    assert "    AssertionError: 2 != 3" in unit and "    line 30" in unit
+    assert "    line 10\n" not in unit  # bounded: the last 20 lines
+    assert "    log: " in unit and unit.split("    log: ")[1].split("\n")[0].endswith("unit.log")
+    assert "--- tool (failed): exit code 127; command not found: nosuchtool" in out
+    assert "--- fine" not in out
