@@ -26,7 +26,7 @@ from dagrunner.git import git, split_z
 from dagrunner.statetree import state_tree
 from dagrunner.version import VERSION
 from dagrunner.worktrees import open_context, recorded_state, split_id
-from dagrunner.wtrecords import ExportSummary
+from dagrunner.wtrecords import ExportSummary, as_json
 
 _KIND = {
     "A": "added",
@@ -185,11 +185,6 @@ def write_envelope(envelope: Envelope, path: Path) -> None:
     atomic_write(path, envelope.to_bytes())
 
 
-def export(wt_id: str, *, output: Path | None = None, repo: Path | None = None) -> dict[str, Any]:
-    """``export_summary`` as JSON: the public API and the CLI's ``--json`` shape."""
-    return export_summary(wt_id, output=output, repo=repo).to_json()
-
-
 def export_summary(
     wt_id: str, *, output: Path | None = None, repo: Path | None = None
 ) -> ExportSummary:
@@ -235,3 +230,6 @@ def export_summary(
         diff_bytes=fields["diff_bytes"],
         diff_sha256=fields["diff_sha256"],
     )
+
+
+export = as_json(export_summary)  # the JSON shape (docs/worktrees.md)

@@ -28,7 +28,7 @@ from dagrunner.names import RULE, is_safe_name
 from dagrunner.pool import take_from_pool
 from dagrunner.proc import Finished, run_command, without_git
 from dagrunner.repo import RepoInfo, repo_info, worktree_root
-from dagrunner.wtrecords import Allocation
+from dagrunner.wtrecords import Allocation, as_json
 
 POOL_DIR = ".pool"
 SETUP_TAIL_LINES = 20
@@ -75,30 +75,6 @@ def split_id(wt_id: str) -> tuple[str, str]:
 # -- allocate ---------------------------------------------------------------------------
 
 
-def allocate(
-    *,
-    mission: str,
-    worker: str,
-    base: str = "HEAD",
-    session: str | None = None,
-    repo: Path | None = None,
-    setup: Sequence[str] = (),
-    setup_timeout: float = 300.0,
-    env: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """``allocate_worktree`` as JSON: the public API and the CLI's ``--json`` shape."""
-    return allocate_worktree(
-        mission=mission,
-        worker=worker,
-        base=base,
-        session=session,
-        repo=repo,
-        setup=setup,
-        setup_timeout=setup_timeout,
-        env=env,
-    ).to_json()
-
-
 def allocate_worktree(
     *,
     mission: str,
@@ -140,6 +116,9 @@ def allocate_worktree(
             ctx, wt_id, mission, worker, base_commit, session, setup, setup_timeout, env
         )
         return replace(result, main_checkout_dirty=dirty.result())
+
+
+allocate = as_json(allocate_worktree)  # the JSON shape (docs/worktrees.md)
 
 
 def _allocate_locked(

@@ -6,8 +6,28 @@ CLI's ``--json`` and the Python API have always returned (docs/worktrees.md).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+
+class Jsonable(Protocol):
+    def to_json(self) -> dict[str, Any]: ...
+
+
+P = ParamSpec("P")
+R = TypeVar("R", bound=Jsonable)
+
+
+def as_json(typed: Callable[P, R]) -> Callable[P, dict[str, Any]]:
+    """The JSON twin of a function that returns a record: the public API and ``--json``."""
+
+    @functools.wraps(typed)
+    def twin(*args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
+        return typed(*args, **kwargs).to_json()
+
+    return twin
 
 
 @dataclass(frozen=True, kw_only=True)
