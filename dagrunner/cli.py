@@ -9,19 +9,61 @@ else into an "unexpected error" report with the traceback saved to a file.
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import os
+import re
 import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.jsonout import emit_json
 from dagrunner.version import VERSION
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are DagrunnerErrors (``bad-usage``, exit 2): the real
+    message survives ``--json``, the usage shown is the subcommand's, and a misspelt
+    command gets a did-you-mean."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = f"{' '.join(self.format_usage().split())}; see {self.prog} --help"
+        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if wrong:
+            choices = re.findall(r"'([^']*)'", wrong.group(2))
+            close = difflib.get_close_matches(wrong.group(1), choices, n=1)
+            if close:
+                hint = f"did you mean {close[0]!r}? " + hint
+        raise DagrunnerError("bad-usage", message, hint=hint)
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: None = None
+    ) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:  # told by the subcommand that was given, with its own usage
+            self.chosen(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def chosen(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The deepest subcommand parser that ``parsed`` went through."""
+        parser: argparse.ArgumentParser = self
+        while parser._subparsers is not None:
+            action = next(
+                a
+                for a in parser._subparsers._group_actions
+                if isinstance(a, argparse._SubParsersAction)
+            )
+            name = getattr(parsed, action.dest or "", None)
+            if name not in action.choices:
+                break
+            parser = action.choices[name]
+        return parser
 
 
 def _handler(name: str) -> Handler:
@@ -47,14 +89,14 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dagrunner",
         description="Run a repository's release gates as a DAG, and integrate parallel work safely.",
     )
     parser.add_argument("--version", action="version", version=f"dagrunner {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     rc = sub.add_parser("release-check", parents=[common], help="run the release gates")
@@ -82,9 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     wt = sub.add_parser("worktree", help="worker worktrees under the cache root")
     wt_sub = wt.add_subparsers(dest="worktree_command", required=True)
-    repo_opt = argparse.ArgumentParser(add_help=False)
+    repo_opt = Parser(add_help=False)
     repo_opt.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
-    target_opt = argparse.ArgumentParser(add_help=False)
+    target_opt = Parser(add_help=False)
     target_opt.add_argument(
         "--target", help="branch that counts as landed (default: the checked-out one)"
     )
@@ -188,19 +230,14 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: usage errors exit 2, --help/--version exit 0
-        code = exc.code if isinstance(exc.code, int) else ExitCode.BAD_INPUT
-        if code != 0 and wants_json(argv):
-            emit_json(
-                {
-                    "error": {
-                        "code": "bad-usage",
-                        "message": "invalid arguments",
-                        "hint": "see --help",
-                    }
-                }
-            )
-        return code
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else ExitCode.BAD_INPUT
+    except DagrunnerError as exc:  # a usage error (Parser.error)
+        if wants_json(argv):
+            emit_json({"error": exc.to_json()})
+        else:
+            print(exc.render(), file=sys.stderr)
+        return exc.exit_code
     handler = _handler(args.handler)
     try:
         return handler(args)

@@ -192,3 +192,16 @@ def test_failed_gate_summary_shows_its_log_tail_and_path(
     assert "    log: " in unit and unit.split("    log: ")[1].split("\n")[0].endswith("unit.log")
     assert "--- tool (failed): exit code 127; command not found: nosuchtool" in out
     assert "--- fine" not in out
+
+
+def test_usage_errors_keep_their_message_and_name_the_subcommand(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, body = run_json(capsys, "worktree", "list", "--bogus")
+    assert code == 2 and body["error"]["code"] == "bad-usage"
+    assert body["error"]["message"] == "unrecognized arguments: --bogus"
+    assert body["error"]["hint"].startswith("usage: dagrunner worktree list ")
+    assert run_cli(["relase-check"]) == 2
+    err = capsys.readouterr().err
+    assert "error[bad-usage]" in err and "did you mean 'release-check'?" in err
+    assert "Traceback" not in err
