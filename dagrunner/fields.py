@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from dagrunner.diagnostics import Problems
 from dagrunner.errors import DagrunnerError
+from dagrunner.inputs import glob_regex
 from dagrunner.units import parse_duration, parse_size
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -231,7 +232,10 @@ def relative_path(raw: Any) -> str:
 
 
 def globs(raw: Any) -> tuple[str, ...]:
-    return tuple(inside_repository(p, "every input glob") for p in string_list(raw))
+    patterns = tuple(inside_repository(p, "every input glob") for p in string_list(raw))
+    for pattern in patterns:
+        glob_regex(pattern)  # raises ValueError: checked at load, not when the run starts
+    return patterns
 
 
 def env_names(raw: Any) -> tuple[str, ...]:

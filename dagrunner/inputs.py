@@ -26,16 +26,25 @@ _WILDCARD = re.compile(r"[*?\[]")
 
 @lru_cache(maxsize=4096)
 def glob_regex(pattern: str) -> re.Pattern[str]:
-    """A glob relative to the repository root: ``*`` and ``?`` within a segment, ``**`` across."""
+    """A glob relative to the repository root: ``*`` and ``?`` within a segment, ``**`` across.
+
+    ``**`` crosses ``/`` only as a whole segment (``a/**/b``, ``a/**``); elsewhere (``a**b``)
+    it is ``*``.  ``[...]`` is a character class (``[!...]`` negated); ``{a,b}`` is not
+    supported.  Raises ValueError for a pattern that is not a valid glob.
+    """
     out: list[str] = []
     i = 0
     while i < len(pattern):
         ch = pattern[i]
-        if pattern.startswith("**/", i):
+        whole = i == 0 or pattern[i - 1] == "/"
+        if whole and pattern.startswith("**/", i):
             out.append("(?:.*/)?")
             i += 3
-        elif pattern.startswith("**", i):
+        elif whole and pattern.startswith("**", i) and i + 2 == len(pattern):
             out.append(".*")
+            i += 2
+        elif pattern.startswith("**", i):
+            out.append("[^/]*")
             i += 2
         elif ch == "*":
             out.append("[^/]*")
@@ -50,6 +59,8 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
                 i += 1
             else:
                 body = pattern[i + 1 : end].replace("\\", "\\\\")
+                if body in ("", "!"):
+                    raise ValueError(f"{pattern!r} has an empty character class []")
                 if body.startswith("!"):
                     body = "^" + body[1:]
                 out.append(f"[{body}]")
@@ -57,7 +68,10 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
         else:
             out.append(re.escape(ch))
             i += 1
-    return re.compile("".join(out) + r"\Z")
+    try:
+        return re.compile("".join(out) + r"\Z")
+    except re.error as exc:
+        raise ValueError(f"{pattern!r} is not a valid glob ({exc})") from None
 
 
 def literal_prefix(pattern: str) -> str:

@@ -49,9 +49,11 @@ def parse_size(value: object) -> int:
     if not isinstance(value, str):
         raise ValueError(f"expected a size such as 512M or 2G, got {type(value).__name__}")
     match = _SIZE.fullmatch(value.strip())
-    if match is None:
-        raise ValueError(f"{value!r} is not a size; use forms like 4096, 512K, 512M, 2G")
-    return int(float(match.group(1)) * 1024 ** _SIZE_POWER[match.group(2).lower()])
+    power = _SIZE_POWER[match.group(2).lower()] if match else 0
+    # "5i" (a binary suffix with no unit) and "1.5" (a fraction of a byte) are mistakes.
+    if match is None or (power == 0 and ("i" in match.group(3).lower() or "." in match.group(1))):
+        raise ValueError(f"{value[:40]!r} is not a size; use forms like 4096, 512K, 512M, 2G")
+    return int(float(match.group(1)) * 1024**power)
 
 
 def format_duration(seconds: float) -> str:

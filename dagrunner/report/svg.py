@@ -46,19 +46,32 @@ def _tip(gate: GateResult) -> str:
     return " | ".join(parts)
 
 
+def _levels(needs: dict[str, list[str]]) -> dict[str, int]:
+    """Longest chain of needs below each gate, without recursion (a 10,000-gate chain is fine).
+
+    Kahn's order over the needs; a gate left in a cycle (never in a validated run) gets 0.
+    """
+    waiting = {name: len(deps) for name, deps in needs.items()}
+    users: dict[str, list[str]] = {}
+    for name, deps in needs.items():
+        for dep in deps:
+            users.setdefault(dep, []).append(name)
+    level = {name: 0 for name in needs}
+    ready = [name for name, count in waiting.items() if count == 0]
+    while ready:
+        name = ready.pop()
+        for user in users.get(name, []):
+            level[user] = max(level[user], level[name] + 1)
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                ready.append(user)
+    return level
+
+
 def dag_layout(record: RunRecord) -> dict[str, Any]:
     """Layered layout: column = longest chain of needs, row order by the barycenter of needs."""
     gates = {g.id: g for g in record.gates}
-    level: dict[str, int] = {}
-
-    def depth(name: str, seen: frozenset[str] = frozenset()) -> int:
-        if name not in level:
-            needs = [n for n in gates[name].needs if n in gates and n not in seen]
-            level[name] = 1 + max((depth(n, seen | {name}) for n in needs), default=-1)
-        return level[name]
-
-    for name in gates:
-        depth(name)
+    level = _levels({name: [n for n in g.needs if n in gates] for name, g in gates.items()})
     columns: dict[int, list[str]] = {}
     for name in gates:
         columns.setdefault(level[name], []).append(name)
