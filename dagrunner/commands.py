@@ -167,7 +167,8 @@ def cmd_worktree(args: argparse.Namespace) -> int:
             setup_timeout=args.setup_timeout,
         )
     elif action == "list":
-        body = {"worktrees": lifecycle.list_worktrees(repo=args.repo, target=args.target)}
+        statuses = lifecycle.list_statuses(repo=args.repo, target=args.target)
+        body = {"worktrees": [s.to_json() for s in statuses]}
     elif action == "status":
         body = lifecycle.status(args.id, repo=args.repo, target=args.target)
     elif action == "claim":
@@ -187,12 +188,14 @@ def cmd_worktree(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(body)
     elif action == "list":
-        for item in body["worktrees"]:
-            state = "missing" if item["missing"] else ("clean" if item["clean"] else "dirty")
-            landed = "landed" if item["integrated"] else "unlanded"
+        for status in statuses:
+            state = "missing" if status.missing else ("clean" if status.clean else "dirty")
             print(
-                f"{item['id']:<30} {state:<8} {landed:<9} {item['session'] or '-':<12} {item['path']}"
+                f"{status.id:<30} {state:<8} {status.landing:<20} {status.session or '-':<12} "
+                f"{status.path}"
             )
+        if not statuses:
+            print("no worktrees are recorded for this repository (worktree allocate makes one)")
     elif action == "prune":
         for item in body["removed"]:
             print(

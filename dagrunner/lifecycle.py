@@ -137,13 +137,16 @@ def _status(ctx: Context, wt_id: str, state: dict[str, Any], target: str) -> Wor
     )
 
 
-def list_worktrees(*, repo: Path | None = None, target: str | None = None) -> list[dict[str, Any]]:
+def list_statuses(*, repo: Path | None = None, target: str | None = None) -> list[WorktreeStatus]:
+    """Every recorded worktree's status, in id order."""
     ctx = open_context(repo)
     goal = target or default_target(ctx)
-    return [
-        _status(ctx, wt_id, state, goal).to_json()
-        for wt_id, state in sorted(ctx.ledger.state().items())
-    ]
+    return [_status(ctx, wt_id, state, goal) for wt_id, state in sorted(ctx.ledger.state().items())]
+
+
+def list_worktrees(*, repo: Path | None = None, target: str | None = None) -> list[dict[str, Any]]:
+    """``list_statuses`` as JSON (the CLI's ``--json`` shape)."""
+    return [status.to_json() for status in list_statuses(repo=repo, target=target)]
 
 
 # -- cleanup / prune ---------------------------------------------------------------------

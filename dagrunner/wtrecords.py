@@ -103,6 +103,19 @@ class WorktreeStatus:
     def operation_in_progress(self) -> bool:
         return self.rebase_in_progress or self.merge_in_progress
 
+    @property
+    def landing(self) -> str:
+        """What of its work is on the target, in a word: ``landed`` only when all of it is."""
+        if self.missing:
+            return "missing"
+        if self.retained and "conflict" in self.retained:
+            return "conflict"
+        if not self.integrated:
+            return "committed-not-landed"
+        if not self.clean:
+            return "uncommitted"
+        return "landed"
+
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": self.id,

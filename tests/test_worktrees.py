@@ -12,7 +12,7 @@ import orjson
 import pytest
 from conftest import CLI, git, run_json
 
-from dagrunner import lifecycle
+from dagrunner import exporting, lifecycle
 from dagrunner import worktrees as wt
 from dagrunner.errors import DagrunnerError
 from dagrunner.repo import repo_info
@@ -403,3 +403,33 @@ def test_vanished_worktree_is_restored_from_its_branch(project: Path) -> None:
     assert again["restored"] is True and again["path"] == str(path)
     assert (path / "kept.txt").read_text() == "committed work\n"
     assert lifecycle.status("m/w1", repo=project)["missing"] is False
+
+
+def test_list_says_landed_only_when_all_the_work_landed(
+    project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dagrunner.cli import run_cli
+    from dagrunner.integration import integrate
+    from dagrunner.queue import submit
+    from dagrunner.repo import repo_info
+
+    assert run_cli(["worktree", "list", "--repo", str(project)]) == 0
+    assert "no worktrees are recorded" in capsys.readouterr().out
+    edited = Path(alloc(project, "edited")["path"])
+    (edited / "draft.txt").write_text("uncommitted\n")
+    committed = Path(alloc(project, "committed")["path"])
+    (committed / "work.txt").write_text("committed\n")
+    commit_all(committed)
+    for name, text in (("first", "one\n"), ("second", "two\n")):
+        path = Path(alloc(project, name, session=name)["path"])
+        (path / "README").write_text(text)
+        exporting.export(f"m/{name}", output=tmp_path / f"{name}.json", repo=project)
+    submit(repo_info(project), [tmp_path / "first.json", tmp_path / "second.json"])
+    (tmp_path / "gates.toml").write_text('[gates.ok]\nrun = ["true"]\n')
+    integrate(repo=project, manifest=tmp_path / "gates.toml")
+    assert run_cli(["worktree", "list", "--repo", str(project)]) == 0
+    rows = {line.split()[0]: line.split()[2] for line in capsys.readouterr().out.splitlines()}
+    assert rows["m/edited"] == "uncommitted"
+    assert rows["m/committed"] == "committed-not-landed"
+    assert rows["m/second"] == "conflict"
+    assert "m/first" not in rows  # landed and cleaned
