@@ -11,7 +11,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from dagrunner.records import GateResult, RunRecord, Status, failures_first
 from dagrunner.report.logtail import read_log, strip_ansi
@@ -87,21 +87,15 @@ def summary_table(record: RunRecord, run_dir: str) -> str:
         f"{record.status.upper()}: {', '.join(f'{n} {k}' for k, n in sorted(record.counts().items()))}"
         f" in {format_duration(record.wall)}"
     )
-    if speed:
+    ran = [g for g in record.gates if g.attempts]
+    if speed and not ran:
+        lines.append(f"nothing ran (no speedup to measure): wall {format_duration(speed['wall'])}")
+    elif speed:
+        lines += speed_lines(speed, crit, [g.waited for g in record.gates])
+    if speed.get("cache_hits"):
         lines.append(
-            f"wall {format_duration(speed['wall'])}, serial sum {format_duration(speed['serial_sum'])}, "
-            f"speedup {speed['speedup'] or 0:.2f}x, lower bound {format_duration(speed['lower_bound'])} "
-            f"(efficiency {speed['efficiency'] or 0:.0%}), governor wait "
-            f"{format_duration(speed['governor_wait'])}"
+            f"cache: {speed['cache_hits']} hit(s), {format_duration(speed['cache_saved'])} saved"
         )
-        lines.append(
-            f"critical path {format_duration(crit.get('duration', 0.0))}: "
-            f"{' -> '.join(crit.get('gates', []))}"
-        )
-        if speed.get("cache_hits"):
-            lines.append(
-                f"cache: {speed['cache_hits']} hit(s), {format_duration(speed['cache_saved'])} saved"
-            )
     for miss in record.budget.get("misses", []):
         lines.append(f"BUDGET MISSED: {miss['message']}")
     for envelope in (record.integration or {}).get("envelopes", []):
@@ -114,6 +108,31 @@ def summary_table(record: RunRecord, run_dir: str) -> str:
     lines += failure_tails(record, Path(run_dir))
     lines.append(f"report: {run_dir}/index.html")
     return "\n".join(lines)
+
+
+def speed_lines(speed: dict[str, Any], crit: dict[str, Any], waits: list[float]) -> list[str]:
+    """The speed evidence in words that do not mislead: the governor wait is a sum over gates
+    (the longest is named), and a lower bound above the critical path says it is the work."""
+    path = float(crit.get("duration", 0.0))
+    bound = float(speed["lower_bound"])
+    why = (
+        f" (work {format_duration(speed.get('work', 0.0))} / {speed.get('capacity_cpu', 0):g} cpu)"
+        if bound > path + 1e-9
+        else " (the critical path)"
+    )
+    wait = float(speed["governor_wait"])
+    waited = (
+        f"governor wait {format_duration(wait)} summed over gates, longest "
+        f"{format_duration(max(waits, default=0.0))}"
+        if wait
+        else "no gate waited for the governor"
+    )
+    return [
+        f"wall {format_duration(speed['wall'])}, serial sum {format_duration(speed['serial_sum'])}, "
+        f"speedup {speed['speedup'] or 0:.2f}x, lower bound {format_duration(bound)}{why} "
+        f"(efficiency {speed['efficiency'] or 0:.0%}), {waited}",
+        f"critical path {format_duration(path)}: {' -> '.join(crit.get('gates', []))}",
+    ]
 
 
 TAIL_LINES = 20

@@ -205,3 +205,32 @@ def test_usage_errors_keep_their_message_and_name_the_subcommand(
     err = capsys.readouterr().err
     assert "error[bad-usage]" in err and "did you mean 'release-check'?" in err
     assert "Traceback" not in err
+
+
+def test_summary_figures_say_what_they_are(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_manifest(
+        repo,
+        """
+        [governor]
+        cpu = 2
+        max_load = 1000
+        [gates.a]
+        run = ["sleep", "0.3"]
+        cpu = 2
+        [gates.b]
+        run = ["sleep", "0.3"]
+        cpu = 2
+        [gates.c]
+        run = ["true"]
+        inputs = ["README"]
+        """,
+    )
+    assert run_cli(["release-check", str(path), "--repo", str(repo), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "/ 2 cpu)" in out  # the lower bound is the work here, not the critical path
+    assert "summed over gates, longest" in out  # a sum is called a sum
+    only = ["--only", "c"]
+    assert run_cli(["release-check", str(path), "--repo", str(repo), "--quiet", *only]) == 0
+    out = capsys.readouterr().out
+    assert "nothing ran (no speedup to measure)" in out and "speedup 0.00x" not in out
+    assert "cache: 1 hit(s)" in out
