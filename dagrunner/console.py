@@ -83,10 +83,16 @@ def summary_table(record: RunRecord, run_dir: str) -> str:
     speed = record.speed
     crit = speed.get("critical_path", {})
     lines.append("")
-    lines.append(
+    verdict = (
         f"{record.status.upper()}: {', '.join(f'{n} {k}' for k, n in sorted(record.counts().items()))}"
         f" in {format_duration(record.wall)}"
     )
+    states = [e["state"] for e in (record.integration or {}).get("envelopes", [])]
+    if any(state != "landed" for state in states):  # a green run can still leave work behind
+        verdict += "; envelopes: " + ", ".join(
+            f"{states.count(s)} {s}" for s in sorted(set(states), key=lambda s: (s != "landed", s))
+        )
+    lines.append(verdict)
     ran = [g for g in record.gates if g.attempts]
     if speed and not ran:
         lines.append(f"nothing ran (no speedup to measure): wall {format_duration(speed['wall'])}")

@@ -63,6 +63,7 @@ class Swarm:
         self.integrations: dict[str, Integration] = {}
         self.locks = contextlib.ExitStack()
         self.mutex = threading.Lock()
+        self.allocated: list[str] = []  # worker nodes this run holds a claim on
         self.active = any(spec(graph, n).kind != "gate" for n in graph.nodes)
 
     # -- where a node runs -----------------------------------------------------------------
@@ -85,6 +86,7 @@ class Swarm:
                 setup_timeout=gate.setup_timeout,
                 env=self.env,
             )
+            self.allocated.append(node)
             return Path(info.path)
         above = integrations_above(self.graph, node)
         if above and above[0] in self.integrations:
@@ -177,6 +179,15 @@ class Swarm:
 
     # -- after the run -------------------------------------------------------------------------
 
+    def release_claims(self) -> None:
+        """The run's session lets go of its workers' worktrees: a retained one (a conflict, say)
+        must not block the next run, which may reuse it."""
+        from dagrunner import worktrees as wt
+
+        for node in self.allocated:
+            with contextlib.suppress(DagrunnerError):
+                wt.release(f"{self.mission}/{node}", session=f"run-{self.run_id}", repo=self.repo)
+
     def finish(self, results: list[GateResult], *, interrupted: bool) -> Any:
         """Final states for envelopes whose land did not happen; release locks; the summary."""
         summary: list[dict[str, Any]] = []
@@ -203,6 +214,7 @@ class Swarm:
                 integrator.result.end = integrator.head()
             summary.append({"node": node, **integrator.result.to_json()})
         self.locks.close()
+        self.release_claims()
         if not summary:
             return None
         envelopes = [e for s in summary for e in s["envelopes"]]

@@ -27,7 +27,10 @@ def set_threads(value: str) -> None:
 
 
 def commit(message: str) -> None:
+    """Commit everything; nothing to commit (a rerun on a base that has it) is fine."""
     subprocess.run(["git", "add", "-A"], check=True)
+    if subprocess.run(["git", "diff", "--cached", "--quiet"], check=False).returncode == 0:
+        return
     subprocess.run(
         [
             "git",
