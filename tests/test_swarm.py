@@ -134,3 +134,27 @@ def test_worker_setup_runs_first_and_a_failing_one_fails_the_worker(
     assert results["broken"]["status"] == "failed"
     assert "setup-failed" in results["broken"]["reason"]
     assert code == 1
+
+
+def test_swarm_demo_runs_again_in_the_same_copy(
+    demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["release-check", "manifests/swarm-demo.toml", "--repo", str(demo), "--quiet"]
+    first, _ = run_json(capsys, *argv)
+    second, body = run_json(capsys, *argv)
+    assert first == 0 and second == 0, body
+    outcome = {e["worker"]: e["state"] for e in body["integration"]["envelopes"]}
+    assert outcome["docs"] == outcome["feature"] == "rejected"  # nothing new to land
+    assert "conflict" in outcome.values()  # tune-b's retained worktree, reused, conflicts again
+    assert git(demo, "status", "--porcelain") == ""
+
+
+def test_verdict_names_envelopes_that_did_not_land(
+    demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dagrunner.cli import run_cli
+
+    argv = ["release-check", "manifests/swarm-demo.toml", "--repo", str(demo), "--quiet"]
+    assert run_cli(argv) == 0
+    out = capsys.readouterr().out
+    assert "PASSED: 7 passed in " in out and "; envelopes: 3 landed, 1 conflict" in out
