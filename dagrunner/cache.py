@@ -43,6 +43,9 @@ from dagrunner.repo import cache_root
 
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
 TOOL_TIMEOUT = 30.0
+TOOL_TEXT_KEPT = (
+    64 * 1024
+)  # of a tool's output, kept beside its hash so explain can say what differs
 # Derived from the commit, so it would miss every entry on every commit; it is
 # recorded in the proof instead (docs/cache.md says why).
 NOT_KEYED_ENV = frozenset({"SOURCE_DATE_EPOCH"})
@@ -68,7 +71,7 @@ class KeyParts:
     unmatched: list[str]
     needs: dict[str, str]  # gate -> its key
     tools: dict[str, str]  # command -> sha256 of its output
-    tool_lines: dict[str, str] = field(default_factory=dict)  # command -> first line, for people
+    tool_lines: dict[str, str] = field(default_factory=dict)  # command -> its output, for people
 
     @property
     def key(self) -> str:
@@ -93,7 +96,7 @@ class KeyParts:
             "env_names": sorted(self.env),
             "definition_digest": _digest(self.definition),
             "needs": self.needs,
-            "tools": {cmd: self.tool_lines.get(cmd, "") for cmd in self.tools},
+            "tools": {cmd: self.tool_lines.get(cmd, "").split("\n")[0] for cmd in self.tools},
             "format": CACHE_FORMAT,
         }
 
@@ -129,7 +132,7 @@ def tool_fingerprint(
         status = "timed out" if done.timed_out else f"exit {done.exit_code}"
         output = done.output + f"\n{done.error or status}".encode()
     text = output.decode("utf-8", "replace").strip()
-    return hashlib.sha256(output).hexdigest(), (text.splitlines() or [""])[0]
+    return hashlib.sha256(output).hexdigest(), text[:TOOL_TEXT_KEPT]
 
 
 def compute_keys(
@@ -383,10 +386,21 @@ def explain(current: KeyParts | str, stored: dict[str, Any] | None) -> list[str]
     for command in sorted(set(old_tools) | set(now["tools"])):
         if old_tools.get(command) != now["tools"].get(command):
             found.append(
-                f"tool changed: {command} ({lines.get(command, '?')!r} -> "
-                f"{now['tool_lines'].get(command, '?')!r})"
+                f"tool changed: {command}"
+                + _tool_difference(lines.get(command, ""), now["tool_lines"].get(command, ""))
             )
     return found or ["the key differs but no component does (a stored entry from another tool?)"]
+
+
+def _tool_difference(old: str, new: str, most: int = 6) -> str:
+    """The lines of a tool's output that differ (``-old`` / ``+new``), not just its first line."""
+    removed = [line for line in old.splitlines() if line not in set(new.splitlines())]
+    added = [line for line in new.splitlines() if line not in set(old.splitlines())]
+    shown = [f"-{line}" for line in removed[:most]] + [f"+{line}" for line in added[:most]]
+    if not shown:
+        return " (the same lines in another order, or only its exit status differs)"
+    more = len(removed) + len(added) - len(shown)
+    return ": " + "; ".join(shown) + (f" (and {more} more)" if more > 0 else "")
 
 
 def _differences(

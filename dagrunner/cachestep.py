@@ -146,15 +146,18 @@ def explain_gate(
     )
     current = keys[gate]
     stored = store.newest_parts(manifest.name, gate)
+    hit = isinstance(current, KeyParts) and store.lookup(current.key) is not None
+    # A hit is a hit, whichever entry is newest (after a revert, an older one matches).
+    changes = (
+        [f"hit: the current key {current.key[:12]} has a stored entry"]
+        if hit and isinstance(current, KeyParts)
+        else explain(current, stored)
+    )
     return {
         "gate": gate,
         "cacheable": isinstance(current, KeyParts),
         "key": current.key if isinstance(current, KeyParts) else None,
         "stored_key": stored.get("key") if stored else None,
-        "hit": bool(
-            isinstance(current, KeyParts)
-            and stored is not None
-            and store.lookup(current.key) is not None
-        ),
-        "changes": explain(current, stored),
+        "hit": hit,
+        "changes": changes,
     }

@@ -327,3 +327,28 @@ def test_budget_table_of_per_gate_durations(capsys: pytest.CaptureFixture[str], 
         capsys, repo, '[budget]\nmax_duration = { ghost = "1s" }\n[gates.a]\nrun = ["true"]\n'
     )
     assert code == 2 and body["error"]["key"] == "budget.max_duration.ghost"
+
+
+def test_explain_shows_the_tool_lines_that_differ_and_a_revert_is_a_hit(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repo / "tool.txt").write_text("toolkit\nplugin-a==1.0\nplugin-b==2.0\n")
+    manifest = """
+    [gates.g]
+    run = ["true"]
+    inputs = ["README"]
+    tools = ["cat tool.txt"]
+    """
+    assert check(capsys, repo, manifest)[0] == 0
+    (repo / "tool.txt").write_text("toolkit\nplugin-a==1.1\nplugin-b==2.0\n")
+    path = repo / "m.toml"
+    _, body = run_json(capsys, "cache", "explain", "g", str(path), "--repo", str(repo))
+    change = next(c for c in body["changes"] if c.startswith("tool changed: cat tool.txt"))
+    assert "-plugin-a==1.0" in change and "+plugin-a==1.1" in change and "toolkit" not in change
+    (repo / "tool.txt").write_text("toolkit\nplugin-a==1.0\nplugin-b==2.0\n")  # revert
+    assert check(capsys, repo, manifest)[0] == 0  # a hit of the first entry
+    (repo / "README").write_text("edited\n")
+    assert check(capsys, repo, manifest)[0] == 0  # stores a newer entry
+    (repo / "README").write_text("hello\n")  # revert: the first entry matches again
+    _, body = run_json(capsys, "cache", "explain", "g", str(path), "--repo", str(repo))
+    assert body["hit"] is True and body["changes"][0].startswith("hit: ")
