@@ -50,7 +50,9 @@ def test_failing_run_report_shows_failures_first(
     assert html.index('id="failures"') < html.index('id="dag"') < html.index('id="gates"')
     assert '<span class="verdict failed">failed</span>' in html
     # ANSI colour rendered, HTML in the log escaped, never interpreted
-    assert '<span class="ar">error</span>: &lt;b&gt;bad&lt;/b&gt; style &amp; more' in html
+    assert (
+        '<span style="color:#ff7b72">error</span>: &lt;b&gt;bad&lt;/b&gt; style &amp; more' in html
+    )
     assert "\x1b" not in html
     assert 'details class="gate-log" id="log-lint" open' in html
     assert 'details class="gate-log" id="log-unit">' in html  # passing logs closed

@@ -8,24 +8,21 @@ search.  Logs are embedded as bounded views (failing gates get more room) so a
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import jinja2
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 from dagrunner.fsutil import atomic_write
 from dagrunner.records import REPORT_ORDER, GateResult, RunRecord, Status, failures_first
-from dagrunner.report.logtail import ANSI
+from dagrunner.report.ansi import ansi_to_html
 from dagrunner.report.svg import dag_layout, timeline
 from dagrunner.units import format_duration, format_size
 
 FAILING_VIEW = 64 * 1024
 OTHER_VIEW = 4 * 1024
 TOTAL_LOG_BUDGET = 5 * 1024 * 1024 // 2
-_SGR = re.compile(r"\x1b\[([0-9;]*)m")
-_COLORS = {30: "k", 31: "r", 32: "g", 33: "y", 34: "b", 35: "m", 36: "c", 37: "w"}
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("dagrunner", "report/templates"),
@@ -36,32 +33,6 @@ _ENV = jinja2.Environment(
 )
 _ENV.filters["dur"] = format_duration
 _ENV.filters["size"] = format_size
-
-
-def ansi_to_html(text: str) -> Markup:
-    """Escape ``text`` and render ANSI colors/bold as spans; other escapes are dropped."""
-    out: list[str] = []
-    open_span = False
-    pos = 0
-    for match in _SGR.finditer(text):
-        out.append(str(escape(ANSI.sub("", text[pos : match.start()]))))
-        pos = match.end()
-        classes = []
-        for code in (int(c) for c in match.group(1).split(";") if c.isdigit()):
-            if code == 1:
-                classes.append("ab")
-            elif code in _COLORS or code - 60 in _COLORS:
-                classes.append("a" + _COLORS.get(code, _COLORS.get(code - 60, "")))
-        if open_span:
-            out.append("</span>")
-            open_span = False
-        if classes:
-            out.append(f'<span class="{" ".join(classes)}">')
-            open_span = True
-    out.append(str(escape(ANSI.sub("", text[pos:]))))
-    if open_span:
-        out.append("</span>")
-    return Markup("".join(out))
 
 
 def _log_view(run_dir: Path, gate: GateResult, limit: int) -> dict[str, Any]:
