@@ -117,18 +117,26 @@ def ansi_to_html(text: str) -> Markup:
     """Escape ``text`` and render its SGR styles as spans; other escapes are dropped."""
     out: list[str] = []
     style = Style()
+    after: dict[tuple[Style, str], Style] = {}  # a log repeats a few escapes many times
+    opening: dict[Style, str] = {}
     pos = 0
 
     def emit(chunk: str) -> None:
-        clean = str(escape(ANSI.sub("", chunk)))
+        clean = str(escape(ANSI.sub("", chunk) if "\x1b" in chunk else chunk))
         if not clean:
             return
-        css = style.css()
-        out.append(f'<span style="{css}">{clean}</span>' if css else clean)
+        if style not in opening:
+            css = style.css()
+            opening[style] = f'<span style="{css}">' if css else ""
+        start = opening[style]
+        out.append(f"{start}{clean}</span>" if start else clean)
 
     for match in _SGR.finditer(text):
         emit(text[pos : match.start()])
-        style = apply(style, match.group(1))
+        key = (style, match.group(1))
+        if key not in after:
+            after[key] = apply(style, match.group(1))
+        style = after[key]
         pos = match.end()
     emit(text[pos:])
     return Markup("".join(out))
