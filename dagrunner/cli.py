@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--fail-fast", action="store_true", help="stop at the first failure")
     rc.add_argument("--executor", default="local", help="local (default) or dask://HOST:PORT")
     rc.add_argument("--quiet", action="store_true", help="no progress lines")
+    rc.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what would run, what is cached (with proof), in which order; run nothing",
+    )
     rc.set_defaults(handler="cmd_release_check")
 
     gr = sub.add_parser("graph", parents=[common], help="show order, levels, critical path")

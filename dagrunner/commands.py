@@ -27,6 +27,7 @@ from dagrunner.records import RunStatus
 from dagrunner.release import release_check
 from dagrunner.report.ci import publish
 from dagrunner.runner import load_step
+from dagrunner.units import format_duration
 
 
 def cmd_release_check(args: argparse.Namespace) -> int:
@@ -40,6 +41,8 @@ def cmd_release_check(args: argparse.Namespace) -> int:
         no_cache=args.no_cache,
         executor=args.executor,
     )
+    if args.dry_run:
+        return _dry_run(options, as_json=args.json)
     _repo, manifest = load_step(options)  # loaded once: the run gets it
     progress = None if args.quiet else Progress(total=len(manifest.gates))
     options = replace(options, loaded=manifest, listener=progress)
@@ -59,6 +62,29 @@ def cmd_release_check(args: argparse.Namespace) -> int:
     if record.status is RunStatus.INTERRUPTED:
         return ExitCode.INTERRUPTED
     return ExitCode.OK if record.status is RunStatus.PASSED else ExitCode.FAILED
+
+
+def _dry_run(options: RunOptions, *, as_json: bool) -> int:
+    from dagrunner.dryrun import dry_run
+
+    body = dry_run(options)
+    if as_json:
+        emit_json(body)
+        return ExitCode.OK
+    width = max([len(g) for g in body["gates"]] + [4])
+    print(f"{'gate':<{width}}  {'would':<7} {'expected':>9}  needs")
+    for gate in body["order"]:
+        info = body["gates"][gate]
+        needs = ", ".join(info["needs"]) or "-"
+        print(
+            f"{gate:<{width}}  {info['action']:<7} {format_duration(info['expected']):>9}  {needs}"
+        )
+    crit = body["critical_path"]
+    print(
+        f"\ndry run: {body['would_run']} would run, {body['cached']} cached; expected critical "
+        f"path {format_duration(crit['expected'])}: {' -> '.join(crit['gates']) or '-'}"
+    )
+    return ExitCode.OK
 
 
 # -- graph ---------------------------------------------------------------------

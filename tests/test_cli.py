@@ -234,3 +234,31 @@ def test_summary_figures_say_what_they_are(repo: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "nothing ran (no speedup to measure)" in out and "speedup 0.00x" not in out
     assert "cache: 1 hit(s)" in out
+
+
+def test_dry_run_says_what_would_run_and_what_is_cached_and_runs_nothing(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_manifest(
+        repo,
+        """
+        [gates.a]
+        run = ["touch", "ran-a"]
+        inputs = ["README"]
+        [gates.b]
+        run = ["touch", "ran-b"]
+        needs = ["a"]
+        """,
+    )
+    code, body = run_json(capsys, "release-check", str(path), "--repo", str(repo), "--dry-run")
+    assert code == 0 and body["dry_run"] is True
+    assert {g: i["action"] for g, i in body["gates"].items()} == {"a": "run", "b": "run"}
+    assert body["order"] == ["a", "b"] and body["critical_path"]["gates"] == ["a", "b"]
+    assert not (repo / "ran-a").exists() and not (repo / "reports").exists()
+    assert run_cli(["release-check", str(path), "--repo", str(repo), "--quiet"]) == 0
+    capsys.readouterr()
+    (repo / "ran-a").unlink()
+    code, body = run_json(capsys, "release-check", str(path), "--repo", str(repo), "--dry-run")
+    assert body["gates"]["a"]["action"] == "cached" and body["gates"]["a"]["cache"]["hit"] is True
+    assert body["gates"]["b"]["cache"]["cacheable"] is False  # no inputs: always runs
+    assert body["would_run"] == 1 and body["cached"] == 1 and not (repo / "ran-a").exists()
