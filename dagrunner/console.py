@@ -45,13 +45,13 @@ class Progress:
         if event == "start":
             self.running[result.id] = now
             if not self.live:
-                self._line(f"[{now:7.1f}s] start  {result.id}")
+                self._line(f"[{now:7.1f}s] {'start':<7} {result.id}")
         else:
             self.running.pop(result.id, None)
             self.done += 1
             took = f" ({format_duration(result.duration)})" if result.attempts else ""
             why = f"  {result.reason}" if result.reason and not result.status.ok else ""
-            self._line(f"[{now:7.1f}s] {_MARK[result.status]:<7}{result.id}{took}{why}")
+            self._line(f"[{now:7.1f}s] {_MARK[result.status]:<7} {result.id}{took}{why}")
         if self.live:
             names = ", ".join(sorted(self.running)) or "-"
             self.stream.write(f"\r\x1b[K  {self.done}/{self.total} done; running: {names}"[:200])

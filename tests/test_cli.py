@@ -262,3 +262,17 @@ def test_dry_run_says_what_would_run_and_what_is_cached_and_runs_nothing(
     assert body["gates"]["a"]["action"] == "cached" and body["gates"]["a"]["cache"]["hit"] is True
     assert body["gates"]["b"]["cache"]["cacheable"] is False  # no inputs: always runs
     assert body["would_run"] == 1 and body["cached"] == 1 and not (repo / "ran-a").exists()
+
+
+def test_progress_lines_keep_the_mark_and_the_gate_apart() -> None:
+    import io
+
+    from dagrunner.console import Progress
+    from dagrunner.records import GateResult, Status
+
+    out = io.StringIO()
+    progress = Progress(total=1, stream=out, live=False)
+    progress("start", GateResult(id="esc", status=Status.PASSED))
+    progress("end", GateResult(id="esc", status=Status.TIMED_OUT, reason="timed out"))
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("] start   esc") and "] TIMEOUT esc" in lines[1]
