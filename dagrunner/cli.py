@@ -117,14 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
     rc.set_defaults(handler="cmd_release_check")
 
     gr = sub.add_parser("graph", parents=[common], help="show order, levels, critical path")
-    gr.add_argument("manifest", nargs="?", type=Path)
-    gr.add_argument("--repo", type=Path)
-    gr.add_argument("--only", action="append", metavar="GATE")
-    gr.add_argument("--format", choices=["text", "json", "dot"], default="text")
+    gr.add_argument("manifest", nargs="?", type=Path, help="default: manifests/release.toml")
+    gr.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
+    gr.add_argument("--only", action="append", metavar="GATE", help="GATE and what it needs")
+    gr.add_argument(
+        "--format",
+        choices=["text", "json", "dot"],
+        default="text",
+        help="output form (default text)",
+    )
     gr.set_defaults(handler="cmd_graph")
 
     dr = sub.add_parser("doctor", parents=[common], help="check git, worktree support and the root")
-    dr.add_argument("--repo", type=Path)
+    dr.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
     dr.set_defaults(handler="cmd_doctor")
 
     wt = sub.add_parser("worktree", help="worker worktrees under the cache root")
@@ -138,14 +143,20 @@ def build_parser() -> argparse.ArgumentParser:
     al = wt_sub.add_parser(
         "allocate", parents=[common, repo_opt], help="create (or return) a worktree"
     )
-    al.add_argument("--mission", required=True)
-    al.add_argument("--worker", required=True)
-    al.add_argument("--base", default="HEAD")
-    al.add_argument("--session")
+    al.add_argument("--mission", required=True, help="the mission (a safe name)")
+    al.add_argument("--worker", required=True, help="the worker (a safe name)")
+    al.add_argument("--base", default="HEAD", help="commit to start from (default HEAD)")
+    al.add_argument("--session", help="claim it for this session")
     al.add_argument(
         "--setup", action="append", metavar="CMD", help="command to run in the new worktree"
     )
-    al.add_argument("--setup-timeout", type=float, default=300.0, metavar="SECONDS")
+    al.add_argument(
+        "--setup-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="per setup step (default 300)",
+    )
     wt_sub.add_parser(
         "list", parents=[common, repo_opt, target_opt], help="every recorded worktree"
     )
@@ -153,24 +164,26 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("id", help="MISSION/WORKER")
     for name, text in (("claim", "claim for a session"), ("release", "release a session's claim")):
         cl = wt_sub.add_parser(name, parents=[common, repo_opt], help=text)
-        cl.add_argument("id")
-        cl.add_argument("--session", required=True)
-        cl.add_argument("--force", action="store_true")
+        cl.add_argument("id", help="MISSION/WORKER")
+        cl.add_argument("--session", required=True, help="the session that claims or releases")
+        cl.add_argument("--force", action="store_true", help="even when another session holds it")
     cu = wt_sub.add_parser(
         "cleanup", parents=[common, repo_opt, target_opt], help="remove if clean and landed"
     )
-    cu.add_argument("id")
+    cu.add_argument("id", help="MISSION/WORKER")
     cu.add_argument(
         "--force", action="store_true", help="remove even with work (saved on a backup ref)"
     )
     exp = wt_sub.add_parser("export", parents=[common, repo_opt], help="write its patch envelope")
-    exp.add_argument("id")
+    exp.add_argument("id", help="MISSION/WORKER")
     exp.add_argument("-o", "--output", type=Path, help="default: .git/dagrunner/exports/<id>.json")
     pn = wt_sub.add_parser(
         "prune", parents=[common, repo_opt, target_opt], help="drop stale worktrees"
     )
-    pn.add_argument("--idle", type=float, metavar="DAYS")
-    pn.add_argument("--dry-run", action="store_true")
+    pn.add_argument(
+        "--idle", type=float, metavar="DAYS", help="also clean unclaimed worktrees idle this long"
+    )
+    pn.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
     wt.set_defaults(handler="cmd_worktree")
     for parser_ in wt_sub.choices.values():
         parser_.set_defaults(handler="cmd_worktree")
@@ -178,7 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     ig = sub.add_parser("integrate", help="the integration queue")
     ig_sub = ig.add_subparsers(dest="integrate_command", required=True)
     sb = ig_sub.add_parser("submit", parents=[common, repo_opt], help="queue patch envelopes")
-    sb.add_argument("envelopes", nargs="+", type=Path, metavar="ENVELOPE")
+    sb.add_argument(
+        "envelopes", nargs="+", type=Path, metavar="ENVELOPE", help="envelope files to queue"
+    )
     ir = ig_sub.add_parser("run", parents=[common, repo_opt], help="apply, gate and land the queue")
     ir.add_argument("--target", help="branch to land on (default: the main checkout's branch)")
     ir.add_argument(
@@ -208,19 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
     ca = sub.add_parser("cache", help="explain or prune the gate cache")
     ca_sub = ca.add_subparsers(dest="cache_command", required=True)
     ex = ca_sub.add_parser("explain", parents=[common], help="why GATE hits or misses")
-    ex.add_argument("gate")
-    ex.add_argument("manifest", nargs="?", type=Path)
-    ex.add_argument("--repo", type=Path)
+    ex.add_argument("gate", help="the gate to explain")
+    ex.add_argument("manifest", nargs="?", type=Path, help="default: manifests/release.toml")
+    ex.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
     ex.set_defaults(handler="cmd_cache_explain")
     pr = ca_sub.add_parser("prune", parents=[common], help="bound the cache by size (LRU)")
     pr.add_argument("--max-size", required=True, help="e.g. 500M, 2G")
-    pr.add_argument("--dry-run", action="store_true")
+    pr.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
     pr.set_defaults(handler="cmd_cache_prune")
 
     rp = sub.add_parser("report", help="re-render a run's report")
     rp_sub = rp.add_subparsers(dest="report_command", required=True)
     html = rp_sub.add_parser("html", parents=[common], help="re-render RUN_DIR/index.html")
-    html.add_argument("run_dir", type=Path)
+    html.add_argument("run_dir", type=Path, help="a run directory (reports/<run-id>)")
     html.set_defaults(handler="cmd_report_html")
 
     return parser

@@ -172,8 +172,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _print_pairs(body: dict[str, Any]) -> None:
+    """``key  value`` lines, in words rather than Python values (no None, [] or True)."""
     for key, value in body.items():
-        print(f"{key:<20} {value}")
+        print(f"{key:<20} {_human(value)}")
+
+
+def _human(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return ", ".join(_human(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_human(v)}" for k, v in value.items()) or "none"
+    return str(value)
 
 
 def cmd_worktree(args: argparse.Namespace) -> int:
@@ -248,8 +261,8 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         if args.json:
             emit_json({"submitted": submitted})
         for item in [] if args.json else submitted:
-            note = " (already queued)" if item["duplicate"] else ""
-            print(f"{item['position']:>4}  {item['id']}{note}")
+            what = "already queued" if item["duplicate"] else "queued"
+            print(f"{what} at position {item['position']}: {item['id']} ({item['state']})")
         return ExitCode.OK
     if action == "status":
         status = queue_status(repo=args.repo)

@@ -276,3 +276,34 @@ def test_progress_lines_keep_the_mark_and_the_gate_apart() -> None:
     progress("end", GateResult(id="esc", status=Status.TIMED_OUT, reason="timed out"))
     lines = out.getvalue().splitlines()
     assert lines[0].endswith("] start   esc") and "] TIMEOUT esc" in lines[1]
+
+
+def test_every_option_and_argument_has_help_text() -> None:
+    import argparse
+
+    from dagrunner.cli import build_parser
+
+    missing: list[str] = []
+
+    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, child in action.choices.items():
+                    walk(child, f"{name} {sub}")
+            elif not action.help:
+                missing.append(f"{name} {(action.option_strings or [action.dest])[-1]}")
+
+    walk(build_parser(), "dagrunner")
+    assert not missing, missing
+
+
+def test_human_output_shows_words_not_python_values(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        run_cli(["worktree", "allocate", "--mission", "m", "--worker", "w", "--repo", str(repo)])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "None" not in out and "[]" not in out and "False" not in out
+    assert "session              -" in out and "copied               none" in out
