@@ -88,7 +88,7 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         f"{contained.mode}: {contained.describe()}",
         ""
         if contained.pidns or contained.cgroup_kill
-        else "gates are held by their process group only; see docs/security.md "
+        else "gates are held by their process group only; see dagrunner's docs/security.md "
         "(run as root, or enable user namespaces or cgroup delegation)",
     )
     try:

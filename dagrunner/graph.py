@@ -102,7 +102,7 @@ def _check_kinds(manifest: Manifest, graph: Graph) -> None:
                 f"{gate.kind} {gate.id!r} needs {wrong!r}: {why}",
                 where=str(manifest.path),
                 key=f"{manifest_key(gate)}.needs",
-                hint="see docs/manifest.md (workers, integrate, land)",
+                hint="see dagrunner's manifest reference (docs/manifest.md: workers, integrate, land)",
             )
 
 
