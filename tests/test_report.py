@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -270,3 +271,26 @@ def test_json_run_keeps_stdout_one_object_on_github(
     code, body = run_json(capsys, "release-check", str(path), "--repo", str(repo), "--quiet")
     assert code == 1 and body["status"] == "failed"
     assert os.environ["GITHUB_ACTIONS"] == "true"
+
+
+def test_timeline_and_reasons_do_not_mislead(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        """
+        [gates.quick-failure-with-a-long-name]
+        run = "exit 1"
+        [gates.slow]
+        run = ["sleep", "0.3"]
+        """,
+    )
+    assert code == 1
+    html = (run_dir / "index.html").read_text()
+    assert "exit code 1 · " in html and " · exit 1<" not in html  # said once
+    assert "too short to sample" in html  # not a meaningless ramp from 1-2 samples
+    ticks = re.findall(r'<text x="([0-9.]+)" y="\d+" fill="#5c6670" text-anchor="(\w+)">', html)
+    assert ticks and all(anchor == "end" or float(x) <= 900 for x, anchor in ticks)  # none cut
+    assert "dashed border: a worker; black border: integrate or land" in html
+    assert "too short to label in the timeline" in html and "quick-failure-with-a-long-name" in html

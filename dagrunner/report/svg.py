@@ -149,9 +149,7 @@ def timeline(record: RunRecord, width: int = 960) -> dict[str, Any]:
             "y": (g.lane or 0) * lane_h,
             "status": str(g.status),
             "tip": _tip(g) + f" | started {g.started:.2f}s, waited {g.waited:.2f}s",
-            "label": g.id
-            if ((g.finished or 0.0) - (g.started or 0.0)) * scale > 8 * len(g.id)
-            else "",
+            "label": g.id if _labelled(g, scale) else "",
         }
         for g in ran
     ]
@@ -175,9 +173,26 @@ def timeline(record: RunRecord, width: int = 960) -> dict[str, Any]:
         "system_cpu": line([(s["t"], s["cpu_percent"] / 100.0) for s in samples]),
         "declared_mem": line([(s["t"], s["declared_memory"] / mem_cap) for s in samples]),
         "pressured": [{"x": round(s["t"] * scale, 1)} for s in samples if s.get("pressured")],
-        "ticks": [{"x": round(t * scale, 1), "label": f"{t:.1f}s"} for t in _ticks(wall)],
+        "ticks": [
+            {
+                "x": round(t * scale, 1),
+                "label": f"{t:.1f}s",
+                "anchor": "end" if t * scale > width - 60 else "start",  # the last one not cut
+            }
+            for t in _ticks(wall)
+        ],
         "samples": len(samples),
+        "sampled": len(samples) >= MIN_SAMPLES,
+        "unlabeled": [{"id": g.id, "took": g.duration} for g in ran if not _labelled(g, scale)],
     }
+
+
+MIN_SAMPLES = 3  # fewer governor samples draw a meaningless ramp
+
+
+def _labelled(gate: GateResult, scale: float) -> bool:
+    """Whether a Gantt bar is wide enough to carry its gate's name."""
+    return ((gate.finished or 0.0) - (gate.started or 0.0)) * scale > 8 * len(gate.id)
 
 
 def _ticks(wall: float, count: int = 8) -> list[float]:
