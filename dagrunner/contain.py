@@ -190,14 +190,17 @@ def detect() -> Containment:
     if unshare:
         with tempfile.TemporaryDirectory(prefix="dagrunner-probe-") as tmp:
             init = ["/bin/sh", "-c", _INIT, "init", f"{tmp}/left", tmp, "--"]
-            probe = subprocess.run(
-                [*_unshare(unshare), *init, "true"],
-                capture_output=True,
-                stdin=subprocess.DEVNULL,
-                timeout=10,
-                check=False,
-            )
-            pidns = probe.returncode == 0
+            try:
+                probe = subprocess.run(
+                    [*_unshare(unshare), *init, "true"],
+                    capture_output=True,
+                    stdin=subprocess.DEVNULL,
+                    timeout=10,
+                    check=False,
+                )
+                pidns = probe.returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                pidns = False  # the fallback holds; doctor says which mode is in force
     own, mounts = _own_cgroups(), _mounts()
     cgroup_kill = pids = memory = None
     if "" in own and "" in mounts:
