@@ -99,6 +99,7 @@ class GateRunner:
     async def attempts(self, gate: GateSpec, node: str, command: str, root: Path) -> Outcome:
         attempts: list[Attempt] = []
         result = AttemptResult(exit_code=None)
+        number = 0
         try:
             for number in range(1, gate.retries + 2):
                 job = self.job(gate, number, root)
@@ -110,13 +111,15 @@ class GateRunner:
                     )
                 started = trio.current_time()
                 result = await self.executor.execute(job)
-                redact_file(Path(job.log_path), self.plan.secrets)
                 attempts.append(_attempt(node, number, started, trio.current_time(), result))
                 if result.passed:
                     break
         finally:
             _keep_final_log(self.run_dir, node, len(attempts) or 1)
-            redact_file(self.run_dir / "logs" / f"{node}.log", self.plan.secrets)
+            if self.plan.secrets:  # once per kept log, after the final one got its name
+                logs = self.run_dir / "logs"
+                for kept in [f"{node}.log"] + [f"{node}.try{n}.log" for n in range(1, number + 1)]:
+                    redact_file(logs / kept, self.plan.secrets)
         if not attempts:
             return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
         attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")

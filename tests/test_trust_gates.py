@@ -272,3 +272,25 @@ def test_tool_command_cannot_stall_planning_or_outlive_it(
     assert time.monotonic() - started < 20, "a background child of a tool command stalled it"
     assert not running("45.61")
     assert body["wall"] >= 1.0, "time spent on fingerprints is not counted in the wall"
+
+
+def test_every_attempts_log_of_a_retried_gate_is_redacted(
+    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_TOKEN", SECRET)
+    (repo / "leak.txt").write_text(f"token={SECRET}\n")
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        """
+        [gates.leak]
+        run = "cat leak.txt; test -e second || { touch second; exit 1; }"
+        retries = 1
+        """,
+    )
+    assert code == 0
+    logs = sorted((run_dir / "logs").glob("leak*.log"))
+    assert [p.name for p in logs] == ["leak.log", "leak.try1.log"]
+    for log in logs:
+        text = log.read_text()
+        assert SECRET not in text and "[redacted: $GITHUB_TOKEN]" in text
