@@ -76,6 +76,8 @@ class Containment:
 
     pidns: bool
     pdeathsig: bool
+    unshare: str = "unshare"  # resolved once by detect(), not per gate
+    setpriv: str = "setpriv"
     cgroup_kill: Path | None  # a cgroup v2 directory under which each gate gets its own
     pids: Path | None  # where a per-gate cgroup can carry pids.max (v2 or v1)
     memory: Path | None  # where a per-gate cgroup can carry a memory limit (v2 or v1)
@@ -222,6 +224,8 @@ def detect() -> Containment:
     return Containment(
         pidns=pidns,
         pdeathsig=setpriv is not None,
+        unshare=unshare or "unshare",
+        setpriv=setpriv or "setpriv",
         cgroup_kill=cgroup_kill,
         pids=pids,
         memory=memory,
@@ -324,13 +328,12 @@ def jail(
         hidden = ""
         if hide is not None and hide.is_dir() and not is_inside(cwd, hide):
             hidden = str(hide)
-        unshare = shutil.which("unshare") or "unshare"
         init = ["/bin/sh", "-c", _INIT, "init", str(left), hidden, *map(str, groups), "--"]
-        command = [*_unshare(unshare), *init, *command]
+        command = [*_unshare(found.unshare), *init, *command]
     elif groups:
         command = ["/bin/sh", "-c", _JOIN, "join", *map(str, groups), "--", *command]
     if found.pdeathsig:
-        command = [shutil.which("setpriv") or "setpriv", "--pdeathsig", "KILL", *command]
+        command = [found.setpriv, "--pdeathsig", "KILL", *command]
     return Jail(argv=command, cgroups=tuple(groups), left_file=left, pidns=found.pidns)
 
 

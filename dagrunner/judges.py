@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dagrunner.errors import DagrunnerError
+from dagrunner.fsutil import atomic_write
 from dagrunner.git import git
 from dagrunner.manifest import DEFAULT_MANIFEST
 
@@ -41,6 +42,9 @@ def trusted_manifest(
     rel = manifest_rel(given)
     if tree_under_test is not None:
         return tree_under_test / rel
+    dest = folder / head[:12] / rel.name
+    if dest.is_file():  # this head's manifest, already read (bisection gates it again)
+        return dest
     blob = git(["show", f"{head}:{rel.as_posix()}"], cwd=repo, check=False)
     if blob.returncode != 0:
         raise DagrunnerError(
@@ -49,7 +53,5 @@ def trusted_manifest(
             key="--manifest",
             hint="commit the manifest on the target branch, or pass --manifest /absolute/path",
         )
-    dest = folder / head[:12] / rel.name
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_bytes(blob.stdout)
+    atomic_write(dest, blob.stdout)  # whole or absent: a reused partial file would drop gates
     return dest
