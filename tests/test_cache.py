@@ -340,11 +340,12 @@ def test_explain_shows_the_tool_lines_that_differ_and_a_revert_is_a_hit(
     tools = ["cat tool.txt"]
     """
     assert check(capsys, repo, manifest)[0] == 0
-    (repo / "tool.txt").write_text("toolkit\nplugin-a==1.1\nplugin-b==2.0\n")
+    (repo / "tool.txt").write_text("toolkit\nplugin-a==1.1\x1b]0;pwned\x07\nplugin-b==2.0\n")
     path = repo / "m.toml"
     _, body = run_json(capsys, "cache", "explain", "g", str(path), "--repo", str(repo))
     change = next(c for c in body["changes"] if c.startswith("tool changed: cat tool.txt"))
     assert "-plugin-a==1.0" in change and "+plugin-a==1.1" in change and "toolkit" not in change
+    assert "\x1b" not in change and "\x07" not in change  # a tool cannot write to the terminal
     (repo / "tool.txt").write_text("toolkit\nplugin-a==1.0\nplugin-b==2.0\n")  # revert
     assert check(capsys, repo, manifest)[0] == 0  # a hit of the first entry
     (repo / "README").write_text("edited\n")
