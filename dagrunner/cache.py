@@ -40,7 +40,6 @@ from dagrunner.manifest import GateSpec, Manifest
 from dagrunner.proc import run_command
 from dagrunner.records import GateResult
 from dagrunner.repo import cache_root
-from dagrunner.report.logtail import strip_ansi
 
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
 TOOL_TIMEOUT = 30.0
@@ -395,6 +394,8 @@ def explain(current: KeyParts | str, stored: dict[str, Any] | None) -> list[str]
 
 def _tool_difference(old: str, new: str, most: int = 6) -> str:
     """The lines of a tool's output that differ (``-old`` / ``+new``), not just its first line."""
+    from dagrunner.report.logtail import strip_ansi  # only explain needs it; not on a run's path
+
     old, new = strip_ansi(old), strip_ansi(new)  # a tool's output is untrusted, like a gate's
     old_lines, new_lines = old.splitlines(), new.splitlines()
     removed = [line for line in old_lines if line not in set(new_lines)]
