@@ -252,12 +252,11 @@ def cmd_worktree(args: argparse.Namespace) -> int:
 
 def cmd_integrate(args: argparse.Namespace) -> int:
     from dagrunner.integration import integrate, queue_status
-    from dagrunner.queue import submit
-    from dagrunner.repo import repo_info
+    from dagrunner.queue import submit_files
 
     action = args.integrate_command
     if action == "submit":
-        submitted = submit(repo_info(args.repo), args.envelopes)
+        submitted = submit_files(args.envelopes, repo=args.repo)
         if args.json:
             emit_json({"submitted": submitted})
         for item in [] if args.json else submitted:
@@ -294,9 +293,7 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         )
         if result.land_blocked:
             blocked = result.land_blocked
-            print(
-                f"LANDING REFUSED ({blocked['code']}): {blocked['reason']} in {blocked['checkout']}"
-            )
+            print(f"LANDING REFUSED ({blocked.code}): {blocked.reason} in {blocked.checkout}")
         if result.target_moving:
             print("target-moving: the target kept moving; the rest stays queued")
         if result.checkout_stale:

@@ -195,7 +195,7 @@ def export_summary(
     mission, worker = split_id(wt_id)
     ctx = open_context(repo)
     state = recorded_state(ctx, wt_id)
-    path = Path(state["path"])
+    path = Path(state.path)
     if not path.is_dir():
         raise DagrunnerError(
             "worktree-missing",
@@ -204,7 +204,7 @@ def export_summary(
             hint="nothing to export; `worktree prune` drops the record",
         )
     envelope = export_worktree(
-        path, mission=mission, worker=worker, base=state["base"], session=state.get("session")
+        path, mission=mission, worker=worker, base=state.base, session=state.session
     )
     target = output or ctx.info.state_dir / "exports" / f"{envelope.id}.json"
     write_envelope(envelope, target)
@@ -214,7 +214,7 @@ def export_summary(
         envelope=envelope.id,
         tree=envelope.fields["tree"],
         diff_sha256=envelope.fields["diff_sha256"],
-        session=state.get("session"),
+        session=state.session,
         file=str(target),
     )
     fields = envelope.fields

@@ -64,5 +64,5 @@ def queue_status(*, repo: Path | None = None) -> dict[str, Any]:
     entries = list(Queue.of(ctx.info).entries().values())
     counts: dict[str, int] = {}
     for entry in entries:
-        counts[entry.get("state", "?")] = counts.get(entry.get("state", "?"), 0) + 1
-    return {"envelopes": entries, "counts": counts}
+        counts[entry.state] = counts.get(entry.state, 0) + 1
+    return {"envelopes": [e.to_json() for e in entries], "counts": counts}

@@ -17,25 +17,29 @@ ends with every envelope in one final state and no commit twice.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
+import dataclasses
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import orjson
 
 from dagrunner import checkout as checkouts
-from dagrunner import judges, recovery
+from dagrunner import judges, landing, recovery
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import locked
-from dagrunner.git import IDENTITY, git, is_dirty
+from dagrunner.git import IDENTITY, git
 from dagrunner.ledger import Ledger
 from dagrunner.lifecycle import clean_after_landing
 from dagrunner.manifest import load_manifest
-from dagrunner.outcomes import IntegrationResult, LandOutcome
+from dagrunner.outcomes import (
+    Details,
+    EnvelopeOutcome,
+    EnvelopeState,
+    IntegrationResult,
+    LandOutcome,
+)
 from dagrunner.plan import RunOptions
 from dagrunner.queue import Queue, same_repository
 from dagrunner.records import RunStatus
@@ -45,12 +49,6 @@ from dagrunner.worktrees import Context, default_target
 
 MAX_REBUILDS = 3
 HUNK_LIMIT = 16 * 1024
-
-
-def crash_point(name: str) -> None:
-    """Fault injection for the durability tests: SIGKILL ourselves at a named point."""
-    if os.environ.get("DAGRUNNER_CRASH_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def integrator_lock(path: Path, *, wait: bool) -> contextlib.AbstractContextManager[None]:
@@ -98,8 +96,8 @@ class Integrator:
         self.result = IntegrationResult(
             target=target, start="", end="", report_dir=str(self.reports)
         )
-        self.outcomes: dict[str, dict[str, Any]] = {}
-        self.meta: dict[str, dict[str, Any]] = {}
+        self.outcomes: dict[str, EnvelopeOutcome] = {}
+        self.meta: dict[str, tuple[str | None, str | None]] = {}
         self.stop = False
 
     # -- set-up --------------------------------------------------------------------------
@@ -176,52 +174,50 @@ class Integrator:
             if envelopes:
                 self.process(envelopes, rebuilds=0)
         self.result.end = self.head()
-        self.result.envelopes = list(self.outcomes.values())
         self.cleanup_landed_workers()
         self.write_report()
         return self.result
 
-    def who(self, envelope_id: str) -> dict[str, Any]:
-        """Mission and worker of a queued envelope (the journal is read once per run)."""
+    def outcome(self, envelope_id: str, state: EnvelopeState, details: Details) -> None:
+        """Say where an envelope ended in this run (with who made it: the journal is read once)."""
         if envelope_id not in self.meta:
-            self.meta = {
-                i: {"mission": e.get("mission"), "worker": e.get("worker")}
-                for i, e in self.queue.entries().items()
-            }
-        return self.meta.get(envelope_id, {"mission": None, "worker": None})
+            self.meta = {i: (e.mission, e.worker) for i, e in self.queue.entries().items()}
+        mission, worker = self.meta.get(envelope_id, (None, None))
+        self.outcomes[envelope_id] = EnvelopeOutcome(envelope_id, mission, worker, state, details)
+        self.result.envelopes = list(self.outcomes.values())
 
-    def finish(self, envelope_id: str, state: str, **details: Any) -> None:
+    def finish(self, envelope_id: str, state: EnvelopeState, details: Details) -> None:
+        """Journal an envelope's final state and report it."""
         if envelope_id in self.manifest_changers:
-            details["manifest_changed"] = True
-            details.setdefault(
-                "note", f"it changes {self.manifest_rel()}; it was gated by the target's own"
+            details = dataclasses.replace(
+                details,
+                manifest_changed=True,
+                note=details.note
+                or f"it changes {self.manifest_rel()}; it was gated by the target's own",
             )
-        entry = self.queue.record(envelope_id, state, **details)
-        self.outcomes[envelope_id] = {
-            "id": envelope_id,
-            **self.who(envelope_id),
-            **{k: v for k, v in entry.items() if k not in ("at", "id")},
-        }
+        self.queue.record(envelope_id, state, details)
+        self.outcome(envelope_id, state, details)
+
+    def reject(self, envelope_id: str, reason: str) -> None:
+        self.finish(envelope_id, EnvelopeState.REJECTED, Details(reason=reason))
 
     def admit(self, envelope_id: str) -> Envelope | None:
         """The envelope, re-validated; otherwise it is rejected with the reason."""
         try:
             envelope = self.queue.load(envelope_id)
         except DagrunnerError as exc:
-            self.finish(envelope_id, "rejected", reason=f"{exc.code}: {exc.message}")
+            self.reject(envelope_id, f"{exc.code}: {exc.message}")
             return None
         if not same_repository(envelope.fields["repo"], self.ctx.info):
-            self.finish(envelope_id, "rejected", reason="envelope-foreign-repo")
+            self.reject(envelope_id, "envelope-foreign-repo")
             return None
         if git(
             ["cat-file", "-e", f"{envelope.fields['base']}^{{commit}}"], cwd=self.repo, check=False
         ).returncode:
-            self.finish(
-                envelope_id, "rejected", reason="envelope-unknown-base: its base commit is not here"
-            )
+            self.reject(envelope_id, "envelope-unknown-base: its base commit is not here")
             return None
         if envelope.fields["empty"] or not envelope.diff:
-            self.finish(envelope_id, "rejected", reason="empty: the envelope holds no change")
+            self.reject(envelope_id, "empty: the envelope holds no change")
             return None
         return envelope
 
@@ -240,8 +236,10 @@ class Integrator:
         if not applied:
             return
         for envelope, _ in applied:
-            self.queue.record(envelope.id, "gating", gate_run=self.result.gate_runs + 1)
-        crash_point("gating")
+            self.queue.record(
+                envelope.id, EnvelopeState.GATING, Details(gate_run=self.result.gate_runs + 1)
+            )
+        recovery.crash_point("gating")
         passed, failing, report = self.gate()
         if passed:
             outcome = self.land(head, applied)
@@ -250,14 +248,20 @@ class Integrator:
                     self.result.target_moving = True
                     self.stop = True
                     for envelope, _ in applied:
-                        self.queue.record(envelope.id, "queued", note="target-moving")
+                        self.queue.record(
+                            envelope.id, EnvelopeState.QUEUED, Details(note="target-moving")
+                        )
                     return
                 self.result.rebuilds += 1
                 self.process([e for e, _ in applied], rebuilds=rebuilds + 1)
             return
         if len(applied) == 1:
             envelope = applied[0][0]
-            self.finish(envelope.id, "gates-failed", failed_gates=failing, report=report)
+            self.finish(
+                envelope.id,
+                EnvelopeState.GATES_FAILED,
+                Details(failed_gates=tuple(failing), report=report),
+            )
             return
         half = len(applied) // 2
         self.process([e for e, _ in applied[:half]], rebuilds=rebuilds)
@@ -265,8 +269,8 @@ class Integrator:
 
     def apply(self, envelope: Envelope) -> str | None:
         """Apply and commit one envelope; the new commit, or None (conflict or rejection recorded)."""
-        self.queue.record(envelope.id, "applying")
-        crash_point("applying")
+        self.queue.record(envelope.id, EnvelopeState.APPLYING)
+        recovery.crash_point("applying")
         before = git(["rev-parse", "HEAD"], cwd=self.wt).text
         with tempfile.NamedTemporaryFile(
             prefix="dagrunner-", suffix=".patch", delete=False
@@ -294,7 +298,7 @@ class Integrator:
                 env=IDENTITY,
             )
             commit = git(["rev-parse", "HEAD"], cwd=self.wt).text
-            self.queue.record(envelope.id, "applied", commit=commit)
+            self.queue.record(envelope.id, EnvelopeState.APPLIED, Details(commit=commit))
             return commit
         stderr = result.stderr.decode("utf-8", "replace").strip()
         unmerged = sorted(
@@ -309,19 +313,17 @@ class Integrator:
         ]
         self.reset(before)  # leave nothing of this envelope behind for the next one
         if result.returncode == 128 and not unmerged:
-            self.finish(
-                envelope.id,
-                "rejected",
-                reason=f"corrupt patch: {stderr.splitlines()[0] if stderr else ''}",
-            )
+            self.reject(envelope.id, f"corrupt patch: {stderr.splitlines()[0] if stderr else ''}")
             return None
         touched = sorted({c["path"] for c in envelope.fields["changed_files"]})
         self.finish(
             envelope.id,
-            "conflict",
-            conflicts=unmerged or touched,
-            hunks=hunks.decode("utf-8", "replace"),
-            reason=(stderr.splitlines() or ["does not apply"])[-1][:500],
+            EnvelopeState.CONFLICT,
+            Details(
+                conflicts=tuple(unmerged or touched),
+                hunks=hunks.decode("utf-8", "replace"),
+                reason=(stderr.splitlines() or ["does not apply"])[-1][:500],
+            ),
         )
         return None
 
@@ -340,96 +342,25 @@ class Integrator:
 
     def land(self, old: str, applied: list[tuple[Envelope, str]]) -> LandOutcome:
         """Move the target from ``old`` to the integration head: landed, moved, or blocked."""
-        new = git(["rev-parse", "HEAD"], cwd=self.wt).text
-        checkout = self.target_checkout()
-        if checkout is not None and is_dirty(checkout):
-            self.block(
-                applied,
-                checkout,
-                "target-checkout-dirty",
-                "the target branch is checked out there with uncommitted changes",
-            )
-            return LandOutcome.BLOCKED
-        for envelope, _ in applied:
-            self.queue.record(envelope.id, "landing", old=old, new=new)
-        crash_point("landing")
-        moved = git(
-            ["update-ref", "-m", f"dagrunner: land {len(applied)} envelope(s)", self.ref, new, old],
-            cwd=self.repo,
-            check=False,
-        )
-        if moved.returncode != 0:
-            if self.head() != old:
-                return LandOutcome.MOVED
-            # Not moved by anyone: the ref itself cannot be written (a lock, a full disk).
-            self.block(applied, Path(self.repo), "target-ref-unwritable", moved.message)
-            return LandOutcome.BLOCKED
-        crash_point("landed-ref")
-        if checkout is not None:
-            synced = git(["read-tree", "-m", "-u", old, new], cwd=checkout, check=False)
-            if synced.returncode != 0:
-                return self.failed_sync(applied, checkout, old, new, synced.message)
-        self.landed(applied, old, new)
-        return LandOutcome.LANDED
+        return landing.land(self, old, applied)
 
     def landed(self, applied: list[tuple[Envelope, str]], old: str, new: str) -> None:
         chain = git(["rev-list", "--reverse", f"{old}..{new}"], cwd=self.repo).text.split()
         for (envelope, _), commit in zip(applied, chain, strict=False):
-            self.finish(envelope.id, "landed", commit=commit)
-
-    def failed_sync(
-        self, applied: list[tuple[Envelope, str]], where: Path, old: str, new: str, why: str
-    ) -> LandOutcome:
-        """The ref moved but its checkout could not follow: move the ref back and restore the
-        checkout, or -- when the ref cannot move back -- say that the envelopes landed."""
-        back = git(["update-ref", self.ref, old, new], cwd=self.repo, check=False)
-        to = old if back.returncode == 0 else new
-        stale = checkouts.StaleCheckout(
-            checkout=str(where), target=self.target, old=old, new=new, to=to, reason=why
-        )
-        restored = checkouts.repair(where, old, new, to)
-        if not restored:
-            checkouts.remember(self.ctx.info.state_dir, stale)
-            self.result.checkout_stale = stale.to_json()
-        self.stop = True
-        try:
-            if to == old:
-                note = "the target was moved back" + (
-                    "; its checkout was restored" if restored else f"; restore it: {stale.command}"
-                )
-                self.block(applied, where, "target-checkout-blocked", f"{why} ({note})")
-                return LandOutcome.BLOCKED
-            self.landed(applied, old, new)  # the truth: the target holds them
-            return LandOutcome.LANDED
-        except OSError as exc:  # a full disk: the journal cannot say it, the result still does
-            self.result.land_blocked = {
-                "code": "disk-full",
-                "checkout": str(where),
-                "reason": f"{why}; then {exc.strerror}: the target is at {to[:12]}",
-            }
-            return LandOutcome.BLOCKED
-
-    def block(
-        self, applied: list[tuple[Envelope, str]], checkout: Path, code: str, why: str
-    ) -> None:
-        self.result.land_blocked = {"code": code, "checkout": str(checkout), "reason": why}
-        self.stop = True
-        for envelope, _ in applied:
-            self.queue.record(envelope.id, "queued", note=f"{code}: {why}")
-            self.outcomes[envelope.id] = {
-                "id": envelope.id,
-                **self.who(envelope.id),
-                "state": "queued",
-                "reason": f"landing refused ({code}): {why}",
-            }
+            self.finish(envelope.id, EnvelopeState.LANDED, Details(commit=commit))
 
     # -- after the run ----------------------------------------------------------------------
 
     def cleanup_landed_workers(self) -> None:
         """See ``lifecycle.clean_after_landing``: only a provably producing worktree goes."""
-        clean_after_landing(
+        kept = clean_after_landing(
             self.ctx, self.outcomes.values(), self.queue.load, default_target(self.ctx), self.env
         )
+        for envelope_id, worktree in kept.items():
+            self.outcomes[envelope_id] = dataclasses.replace(
+                self.outcomes[envelope_id], worktree=worktree
+            )
+        self.result.envelopes = list(self.outcomes.values())
 
     def write_report(self) -> None:
         from dagrunner.report import read_run_dir, write_run_dir

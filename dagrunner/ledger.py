@@ -11,8 +11,10 @@ its events.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,49 +50,97 @@ class Ledger:
         with locked(self.dir / "worktrees.lock"):
             yield
 
-    def append(self, event: str, wt_id: str, **fields: Any) -> dict[str, Any]:
+    def append(self, event: str, wt_id: str, **fields: Any) -> str:
+        """Write one event (fsynced); its time."""
         assert event in EVENTS, event
-        record = {"at": now(), "event": event, "id": wt_id, **fields}
-        append_line(self.path, orjson.dumps(record))
-        return record
+        at = now()
+        append_line(self.path, orjson.dumps({"at": at, "event": event, "id": wt_id, **fields}))
+        return at
 
     def events(self) -> list[dict[str, Any]]:
+        """The raw events, oldest first (the file's own shape)."""
         return read_lines(self.path)
 
-    def state(self) -> dict[str, dict[str, Any]]:
+    def state(self) -> dict[str, WorktreeRecord]:
         """Each worktree's current state, from its events (removed ones are left out)."""
-        states: dict[str, dict[str, Any]] = {}
+        states: dict[str, WorktreeRecord] = {}
         for event in self.events():
-            wt_id = event["id"]
-            kind = event["event"]
+            wt_id, kind, at = event.get("id"), event.get("event"), event.get("at")
+            if not isinstance(wt_id, str) or not isinstance(at, str):
+                continue  # not a line this ledger writes
             if kind == "allocated":
-                states[wt_id] = {
-                    **event,
-                    "created": event["at"],
-                    "session": event.get("session"),
-                    "last_activity": event["at"],
-                }
+                states[wt_id] = WorktreeRecord(
+                    id=wt_id,
+                    path=str(event.get("path")),
+                    branch=str(event.get("branch")),
+                    base=str(event.get("base")),
+                    created=at,
+                    last_activity=at,
+                    session=_text(event.get("session")),
+                )
                 continue
             state = states.get(wt_id)
             if state is None:
                 continue
-            state["last_activity"] = event["at"]
+            if kind in ("cleaned", "pooled", "pruned"):
+                states.pop(wt_id)
+                continue
+            change: dict[str, Any] = {"last_activity": at}
             if kind == "claimed":
-                state["session"] = event.get("session")
+                change["session"] = _text(event.get("session"))
             elif kind == "released":
-                state["session"] = None
+                change["session"] = None
             elif kind == "retained":
-                state["retained"] = event.get("reason")
+                change["retained"] = _text(event.get("reason"))
+            elif kind == "missing":
+                change["missing"] = True
             elif kind == "exported":
-                record = {
-                    k: event.get(k) for k in ("envelope", "tree", "file", "diff_sha256", "session")
-                }
-                state["exported"] = record
-                # Every export, by envelope id: the proof that this worktree produced it.
-                state.setdefault("exports", {})[event.get("envelope")] = record
-            elif kind in ("cleaned", "pooled", "pruned", "missing"):
-                if kind == "missing":
-                    state["missing"] = True
-                else:
-                    states.pop(wt_id)
+                change["exports"] = (*state.exports, ExportRecord.from_event(event))
+            states[wt_id] = dataclasses.replace(state, **change)
         return states
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class ExportRecord:
+    """One recorded export: the proof that a worktree produced an envelope."""
+
+    envelope: str | None
+    tree: str | None
+    diff_sha256: str | None
+    session: str | None  # the session that held the worktree when it exported
+    file: str | None
+
+    @classmethod
+    def from_event(cls, event: dict[str, Any]) -> ExportRecord:
+        return cls(
+            envelope=_text(event.get("envelope")),
+            tree=_text(event.get("tree")),
+            diff_sha256=_text(event.get("diff_sha256")),
+            session=_text(event.get("session")),
+            file=_text(event.get("file")),
+        )
+
+
+@dataclass(frozen=True)
+class WorktreeRecord:
+    """A worktree as the ledger knows it: the fold of its events."""
+
+    id: str
+    path: str
+    branch: str
+    base: str
+    created: str
+    last_activity: str
+    session: str | None = None  # the session that holds its claim
+    retained: str | None = None  # why a cleanup last kept it
+    missing: bool = False  # its folder was found gone
+    exports: tuple[ExportRecord, ...] = ()
+
+    def export_of(self, envelope_id: str) -> ExportRecord | None:
+        """The latest recorded export of ``envelope_id`` from this worktree."""
+        found = [e for e in self.exports if e.envelope == envelope_id]
+        return found[-1] if found else None

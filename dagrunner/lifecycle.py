@@ -9,6 +9,7 @@ worktree a running process uses is never removed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -22,7 +23,8 @@ from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import atomic_write
 from dagrunner.git import GitResult, git
-from dagrunner.ledger import now
+from dagrunner.ledger import WorktreeRecord, now
+from dagrunner.outcomes import EnvelopeOutcome, EnvelopeState
 from dagrunner.pool import pool_room, to_pool
 from dagrunner.statetree import backup_commit, state_tree
 from dagrunner.worktrees import (
@@ -79,23 +81,24 @@ def status(wt_id: str, *, repo: Path | None = None, target: str | None = None) -
     return _status(ctx, wt_id, recorded_state(ctx, wt_id), target or default_target(ctx)).to_json()
 
 
-def _status(ctx: Context, wt_id: str, state: dict[str, Any], target: str) -> WorktreeStatus:
-    path = Path(state["path"])
-    recorded = {
-        "id": wt_id,
-        "path": str(path),
-        "branch": state["branch"],
-        "base": state["base"],
-        "session": state.get("session"),
-        "created": state.get("created"),
-        "last_activity": state.get("last_activity"),
-        "target": target,
-        "retained": state.get("retained"),
-    }
+def _status(ctx: Context, wt_id: str, state: WorktreeRecord, target: str) -> WorktreeStatus:
+    path = Path(state.path)
+    recorded = WorktreeStatus(
+        id=wt_id,
+        path=str(path),
+        branch=state.branch,
+        base=state.base,
+        session=state.session,
+        created=state.created,
+        last_activity=state.last_activity,
+        target=target,
+        retained=state.retained,
+        missing=True,
+    )
     if not path.is_dir():
-        if not state.get("missing"):
+        if not state.missing:
             ctx.ledger.append("missing", wt_id)
-        return WorktreeStatus(**recorded, missing=True)
+        return recorded
     porcelain = git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=path).stdout
     staged = unstaged = untracked = unmerged = 0
     for entry in porcelain.split(b"\0"):
@@ -116,10 +119,10 @@ def _status(ctx: Context, wt_id: str, state: dict[str, Any], target: str) -> Wor
     behind, ahead = (
         (int(n) for n in counts.text.split()) if counts.returncode == 0 else (None, None)
     )
-    landed, why = integrated(path, head, state["base"], target)
+    landed, why = integrated(path, head, state.base, target)
     clean = staged == unstaged == untracked == unmerged == 0 and not rebase and not merge
-    return WorktreeStatus(
-        **recorded,
+    return dataclasses.replace(
+        recorded,
         missing=False,
         head=head,
         clean=clean,
@@ -129,7 +132,7 @@ def _status(ctx: Context, wt_id: str, state: dict[str, Any], target: str) -> Wor
         unmerged=unmerged,
         ahead=ahead,
         behind=behind,
-        diffstat=git(["diff", "--shortstat", "--no-ext-diff", state["base"]], cwd=path).text,
+        diffstat=git(["diff", "--shortstat", "--no-ext-diff", state.base], cwd=path).text,
         rebase_in_progress=rebase,
         merge_in_progress=merge,
         integrated=landed,
@@ -203,7 +206,7 @@ def cleanup(
 def cleanup_recorded(
     ctx: Context,
     wt_id: str,
-    state: dict[str, Any],
+    state: WorktreeRecord,
     *,
     force: bool,
     target: str,
@@ -212,7 +215,7 @@ def cleanup_recorded(
     assume_landed: bool = False,
 ) -> dict[str, Any]:
     """``assume_landed``: the caller checked that everything the worktree holds has landed."""
-    path, branch = Path(state["path"]), state["branch"]
+    path, branch = Path(state.path), state.branch
     if not path.is_dir():
         git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
         git(["worktree", "prune"], cwd=ctx.info.root, check=False)
@@ -255,7 +258,7 @@ def cleanup_recorded(
                     "why": why,
                     "branch": branch,
                     "head": info.head,
-                    "base": state["base"],
+                    "base": state.base,
                     "status": {
                         "staged": info.staged,
                         "unstaged": info.unstaged,
@@ -326,7 +329,7 @@ def prune(
         cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=idle_days)
     with ctx.ledger.exclusive():
         for wt_id, state in sorted(ctx.ledger.state().items()):
-            path = Path(state["path"])
+            path = Path(state.path)
             if not path.is_dir():
                 removed.append(
                     {"id": wt_id, "action": "dropped-record", "reason": "directory gone"}
@@ -335,10 +338,10 @@ def prune(
                     cleanup_recorded(ctx, wt_id, state, force=False, target=goal, env=env)
                 continue
             info = _status(ctx, wt_id, state, goal)
-            idle = cutoff is not None and dt.datetime.fromisoformat(state["last_activity"]) < cutoff
+            idle = cutoff is not None and dt.datetime.fromisoformat(state.last_activity) < cutoff
             reason = None
-            if state.get("session") and not info.integrated:
-                reason = f"claimed by session {state['session']!r}"
+            if state.session and not info.integrated:
+                reason = f"claimed by session {state.session!r}"
             elif not info.clean:
                 reason = "uncommitted work"
             elif not info.integrated and not idle:
@@ -346,17 +349,13 @@ def prune(
             if reason:
                 retained.append({"id": wt_id, "reason": reason})
                 continue
-            why = (
-                info.integrated_reason
-                if info.integrated
-                else f"idle since {state['last_activity']}"
-            )
+            why = info.integrated_reason if info.integrated else f"idle since {state.last_activity}"
             removed.append(
                 {
                     "id": wt_id,
                     "action": "remove",
                     "reason": why,
-                    "branch_kept": None if info.integrated else state["branch"],
+                    "branch_kept": None if info.integrated else state.branch,
                 }
             )
             if not dry_run:
@@ -377,59 +376,59 @@ def prune(
 
 def clean_after_landing(
     ctx: Context,
-    outcomes: Iterable[dict[str, Any]],
+    outcomes: Iterable[EnvelopeOutcome],
     load: Callable[[str], Envelope],
     target: str,
     env: Mapping[str, str],
-) -> None:
+) -> dict[str, str]:
     """A landed envelope's worktree goes only when it provably produced that envelope.
 
     Proof: the ledger records an export of exactly this envelope (id, tree and
     diff hash) from that worktree, no other session has claimed it since, and
     its full state is still that tree -- so everything it holds has landed.
     Anything less and the worktree is left alone with a note: an envelope's
-    mission, worker and tree are a worker's claims, not facts.
+    mission, worker and tree are a worker's claims, not facts.  Returns what
+    became of each landed envelope's worktree, by envelope id.
     """
     states = ctx.ledger.state()
+    done: dict[str, str] = {}
     for outcome in outcomes:
-        wt_id = f"{outcome.get('mission')}/{outcome.get('worker')}"
+        wt_id = f"{outcome.mission}/{outcome.worker}"
         state = states.get(wt_id)
-        if state is None or not Path(state["path"]).is_dir():
+        if state is None or not Path(state.path).is_dir():
             continue
-        if outcome["state"] != "landed":
-            ctx.ledger.append(
-                "retained", wt_id, reason=f"envelope {outcome['id']} {outcome['state']}"
-            )
+        if outcome.state is not EnvelopeState.LANDED:
+            ctx.ledger.append("retained", wt_id, reason=f"envelope {outcome.id} {outcome.state}")
             continue
-        envelope = load(outcome["id"])
-        why = unproven(envelope, state)
+        why = unproven(load(outcome.id), state)
         if why:
             ctx.ledger.append("retained", wt_id, reason=why)
-            outcome["worktree"] = f"retained: {why}"
+            done[outcome.id] = f"retained: {why}"
             continue
         try:
             with ctx.ledger.exclusive():
-                done = cleanup_recorded(
+                cleaned = cleanup_recorded(
                     ctx, wt_id, state, force=False, target=target, env=env, assume_landed=True
                 )
-            outcome["worktree"] = done["action"]
+            done[outcome.id] = cleaned["action"]
         except DagrunnerError as exc:
-            outcome["worktree"] = f"retained: {exc.message}"
+            done[outcome.id] = f"retained: {exc.message}"
+    return done
 
 
-def unproven(envelope: Envelope, state: dict[str, Any]) -> str:
+def unproven(envelope: Envelope, state: WorktreeRecord) -> str:
     """Why the worktree of ``state`` is not proven to hold exactly ``envelope`` ('' if it is)."""
     fields = envelope.fields
-    exported = state.get("exports", {}).get(envelope.id)
+    exported = state.export_of(envelope.id)
     if (
-        not exported
-        or exported.get("tree") != fields["tree"]
-        or exported.get("diff_sha256") != fields["diff_sha256"]
+        exported is None
+        or exported.tree != fields["tree"]
+        or exported.diff_sha256 != fields["diff_sha256"]
     ):
         return "no export of this envelope from this worktree is recorded"
-    owner = state.get("session")
-    if owner and owner != exported.get("session"):
+    owner = state.session
+    if owner and owner != exported.session:
         return f"claimed by session {owner!r}, not the exporting session"
-    if state_tree(Path(state["path"])) != fields["tree"]:
+    if state_tree(Path(state.path)) != fields["tree"]:
         return "holds work beyond the landed envelope"
     return ""

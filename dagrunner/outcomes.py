@@ -1,8 +1,16 @@
-"""What an integration run reports: each envelope's state and the run's verdict."""
+"""What an integration run reports: each envelope's state and the run's verdict.
+
+The records here cross from the integrator to the queue's journal, the swarm
+nodes, the report and the CLI; ``to_json`` turns them into the shapes users
+read (``integrate run --json``, ``integration.json``), ``from_json`` reads a
+journal line back.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +39,7 @@ class LandOutcome(enum.StrEnum):
     BLOCKED = "blocked"  # refused or impossible; ``land_blocked`` says why
 
 
-FINAL: frozenset[str] = frozenset(
+FINAL: frozenset[EnvelopeState] = frozenset(
     {
         EnvelopeState.LANDED,
         EnvelopeState.CONFLICT,
@@ -41,22 +49,133 @@ FINAL: frozenset[str] = frozenset(
 )
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _texts(value: Any) -> tuple[str, ...] | None:
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return None
+
+
+def _flag(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class Details:
+    """What a journal line says beyond the envelope's id and state; every field is optional.
+
+    The field order is the key order of the JSON (and of ``integrate status``)."""
+
+    commit: str | None = None  # applied/landed: the commit that holds the envelope
+    gate_run: int | None = None  # gating: which gate run of the integrator
+    old: str | None = None  # landing: the target before ...
+    new: str | None = None  # ... and after
+    run: str | None = None  # gating inside a swarm run: its run id
+    conflicts: tuple[str, ...] | None = None  # conflict: the paths
+    hunks: str | None = None  # conflict: the conflicting hunks (bounded)
+    failed_gates: tuple[str, ...] | None = None  # gates-failed
+    report: str | None = None  # gates-failed: the gate run that failed it
+    reason: str | None = None  # rejected, conflict, or a refused landing
+    manifest_changed: bool | None = None  # it changed the manifest; the target's gated it
+    note: str | None = None
+    recovered: bool | None = None  # landed, found so after a crash
+    recovered_from: str | None = None  # queued again after a crash in this state
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            f.name: list(v) if isinstance(v, tuple) else v
+            for f in dataclasses.fields(self)
+            if (v := getattr(self, f.name)) is not None
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Details:
+        gate_run = data.get("gate_run")
+        return cls(
+            commit=_text(data.get("commit")),
+            gate_run=gate_run if isinstance(gate_run, int) else None,
+            old=_text(data.get("old")),
+            new=_text(data.get("new")),
+            run=_text(data.get("run")),
+            conflicts=_texts(data.get("conflicts")),
+            hunks=_text(data.get("hunks")),
+            failed_gates=_texts(data.get("failed_gates")),
+            report=_text(data.get("report")),
+            reason=_text(data.get("reason")),
+            manifest_changed=_flag(data.get("manifest_changed")),
+            note=_text(data.get("note")),
+            recovered=_flag(data.get("recovered")),
+            recovered_from=_text(data.get("recovered_from")),
+        )
+
+    def merged(self, newer: Details) -> Details:
+        """These details with every field ``newer`` sets taken from it."""
+        changes = {
+            f.name: v
+            for f in dataclasses.fields(newer)
+            if (v := getattr(newer, f.name)) is not None
+        }
+        return dataclasses.replace(self, **changes)
+
+
+NO_DETAILS = Details()
+
+
+@dataclass(frozen=True)
+class EnvelopeOutcome:
+    """Where one envelope ended in an integration run (its final journal line, and who made it)."""
+
+    id: str
+    mission: str | None
+    worker: str | None
+    state: EnvelopeState
+    details: Details = NO_DETAILS
+    worktree: str | None = None  # landed: what became of the worker's worktree
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "mission": self.mission,
+            "worker": self.worker,
+            "state": str(self.state),
+            **self.details.to_json(),
+        }
+        if self.worktree is not None:
+            body["worktree"] = self.worktree
+        return body
+
+
+@dataclass(frozen=True)
+class LandBlocked:
+    """Why landing was refused or impossible (the target did not take the envelopes)."""
+
+    code: str
+    checkout: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": self.code, "checkout": self.checkout, "reason": self.reason}
+
+
 @dataclass
 class IntegrationResult:
     target: str
     start: str
     end: str
-    envelopes: list[dict[str, Any]] = field(default_factory=list)
+    envelopes: list[EnvelopeOutcome] = field(default_factory=list)
     gate_runs: int = 0
     rebuilds: int = 0
-    land_blocked: dict[str, Any] | None = None
+    land_blocked: LandBlocked | None = None
     target_moving: bool = False
     report_dir: str = ""
     checkout_stale: dict[str, str] | None = None  # landed, but the checkout could not follow
 
     @property
     def gates_failed(self) -> bool:
-        return any(e["state"] == EnvelopeState.GATES_FAILED for e in self.envelopes)
+        return any(e.state is EnvelopeState.GATES_FAILED for e in self.envelopes)
 
     @property
     def ok(self) -> bool:
@@ -79,15 +198,15 @@ class IntegrationResult:
             "target": self.target,
             "start": self.start,
             "end": self.end,
-            "envelopes": self.envelopes,
+            "envelopes": [e.to_json() for e in self.envelopes],
             "gate_runs": self.gate_runs,
             "rebuilds": self.rebuilds,
-            "land_blocked": self.land_blocked,
+            "land_blocked": self.land_blocked and self.land_blocked.to_json(),
             "target_moving": self.target_moving,
             "checkout_stale": self.checkout_stale,
             "report_dir": self.report_dir,
             "counts": {
-                s: sum(1 for e in self.envelopes if e["state"] == s)
-                for s in sorted({e["state"] for e in self.envelopes})
+                str(s): sum(1 for e in self.envelopes if e.state is s)
+                for s in sorted({e.state for e in self.envelopes})
             },
         }

@@ -26,8 +26,76 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import append_line, atomic_write, locked, read_lines
 from dagrunner.ledger import now
 from dagrunner.names import is_safe_id
-from dagrunner.outcomes import FINAL
+from dagrunner.outcomes import FINAL, NO_DETAILS, Details, EnvelopeState
 from dagrunner.repo import RepoInfo
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    """One envelope on the queue: its latest state, and every detail its journal lines gave."""
+
+    id: str
+    state: EnvelopeState
+    submitted: str | None = None
+    mission: str | None = None
+    worker: str | None = None
+    source: str | None = None  # the file it was submitted from
+    updated: str | None = None
+    details: Details = NO_DETAILS
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "submitted": self.submitted,
+            "state": str(self.state),
+        }
+        for key in ("mission", "worker", "source", "updated"):
+            if (value := getattr(self, key)) is not None:
+                body[key] = value
+        return {**body, **self.details.to_json()}
+
+    def followed_by(self, event: dict[str, Any]) -> QueueEntry:
+        """This entry after one more journal line (an unknown state is read as ``queued``:
+        the integrator then judges the envelope again rather than skip it)."""
+        try:
+            state = EnvelopeState(str(event.get("state")))
+        except ValueError:
+            state = EnvelopeState.QUEUED
+        at = event.get("at")
+        return QueueEntry(
+            id=self.id,
+            state=state,
+            submitted=self.submitted,
+            mission=_text(event.get("mission")) or self.mission,
+            worker=_text(event.get("worker")) or self.worker,
+            source=_text(event.get("source")) or self.source,
+            updated=at if isinstance(at, str) else self.updated,
+            details=self.details.merged(Details.from_json(event)),
+        )
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What ``submit`` did with one file: queued it, or found its id already queued."""
+
+    id: str
+    file: str
+    duplicate: bool
+    position: int
+    state: EnvelopeState
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "file": self.file,
+            "duplicate": self.duplicate,
+            "position": self.position,
+            "state": str(self.state),
+        }
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
@@ -54,27 +122,41 @@ class Queue:
     def lock(self) -> Any:
         return locked(self.dir / "queue.lock")
 
-    def record(self, envelope_id: str, state: str, **details: Any) -> dict[str, Any]:
-        entry = {"at": now(), "id": envelope_id, "state": state, **details}
-        append_line(self.journal, orjson.dumps(entry))
-        return entry
+    def record(
+        self,
+        envelope_id: str,
+        state: EnvelopeState,
+        details: Details = NO_DETAILS,
+        **origin: str,
+    ) -> None:
+        """Journal a state change (fsynced before it takes effect); ``origin`` is the mission,
+        worker and source that ``submit`` records once."""
+        line = {"at": now(), "id": envelope_id, "state": str(state), **origin, **details.to_json()}
+        append_line(self.journal, orjson.dumps(line))
 
-    def entries(self) -> dict[str, dict[str, Any]]:
+    def entries(self) -> dict[str, QueueEntry]:
         """Each envelope's latest state and details, in submission order."""
-        found: dict[str, dict[str, Any]] = {}
+        found: dict[str, QueueEntry] = {}
         for event in read_lines(self.journal):
-            current = found.setdefault(event["id"], {"id": event["id"], "submitted": event["at"]})
-            current.update({k: v for k, v in event.items() if k != "at"})
-            current["updated"] = event["at"]
+            envelope_id = event.get("id")
+            if not isinstance(envelope_id, str):
+                continue  # not a line this journal writes
+            at = event.get("at")
+            current = found.get(envelope_id) or QueueEntry(
+                id=envelope_id,
+                state=EnvelopeState.QUEUED,
+                submitted=at if isinstance(at, str) else None,
+            )
+            found[envelope_id] = current.followed_by(event)
         # an envelope file whose "queued" line a crash lost is still submitted
         folder = self.dir / "envelopes"
         if folder.is_dir():
             for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime):
-                found.setdefault(path.stem, {"id": path.stem, "state": "queued", "submitted": None})
+                found.setdefault(path.stem, QueueEntry(id=path.stem, state=EnvelopeState.QUEUED))
         return found
 
     def pending(self) -> list[str]:
-        return [i for i, e in self.entries().items() if e.get("state") not in FINAL]
+        return [i for i, e in self.entries().items() if e.state not in FINAL]
 
     def load(self, envelope_id: str) -> Envelope:
         return load_envelope(self.envelope_path(envelope_id))
@@ -87,7 +169,7 @@ def same_repository(identity: dict[str, Any], info: RepoInfo) -> bool:
     return bool(set(identity.get("root_commits", [])) & set(here["root_commits"]))
 
 
-def submit(info: RepoInfo, files: Iterable[Path]) -> list[dict[str, Any]]:
+def submit(info: RepoInfo, files: Iterable[Path]) -> list[Submitted]:
     """Put envelopes on the queue (durably) and return each one's position.
 
     Every file is validated first; a bad one raises (exit 2) and nothing is queued.
@@ -115,27 +197,27 @@ def submit(info: RepoInfo, files: Iterable[Path]) -> list[dict[str, Any]]:
             )
         envelopes.append((path, envelope, raw))
     queue = Queue.of(info)
-    results = []
+    results: list[Submitted] = []
     with queue.lock():
         known = queue.entries()
         for path, envelope, raw in envelopes:
             order = list(known)
             if envelope.id in known:
                 results.append(
-                    {
-                        "id": envelope.id,
-                        "file": str(path),
-                        "duplicate": True,
-                        "position": order.index(envelope.id) + 1,
-                        "state": known[envelope.id].get("state"),
-                    }
+                    Submitted(
+                        id=envelope.id,
+                        file=str(path),
+                        duplicate=True,
+                        position=order.index(envelope.id) + 1,
+                        state=known[envelope.id].state,
+                    )
                 )
                 continue
             try:
                 atomic_write(queue.envelope_path(envelope.id), raw)
                 queue.record(
                     envelope.id,
-                    "queued",
+                    EnvelopeState.QUEUED,
                     mission=envelope.fields["mission"],
                     worker=envelope.fields["worker"],
                     source=str(path),
@@ -148,25 +230,26 @@ def submit(info: RepoInfo, files: Iterable[Path]) -> list[dict[str, Any]]:
                     f"could not store the envelope: {exc.strerror or exc}",
                     where=str(queue.dir),
                     exit_code=ExitCode.ENVIRONMENT,
-                    details={"queued_before": [r["id"] for r in results]},
+                    details={"queued_before": [r.id for r in results]},
                     hint="free disk space (or fix permissions) under the queue folder, then "
                     "submit again; envelopes listed as queued_before are already queued",
                 ) from None
-            known[envelope.id] = {"id": envelope.id, "state": "queued"}
+            known[envelope.id] = QueueEntry(id=envelope.id, state=EnvelopeState.QUEUED)
             results.append(
-                {
-                    "id": envelope.id,
-                    "file": str(path),
-                    "duplicate": False,
-                    "position": len(known),
-                    "state": "queued",
-                }
+                Submitted(
+                    id=envelope.id,
+                    file=str(path),
+                    duplicate=False,
+                    position=len(known),
+                    state=EnvelopeState.QUEUED,
+                )
             )
     return results
 
 
 def submit_files(files: Iterable[Path], *, repo: Path | None = None) -> list[dict[str, Any]]:
-    """``submit`` for the repository at ``repo`` (default: the current directory)."""
+    """``submit`` for the repository at ``repo`` (default: the current directory), as the
+    public API and ``integrate submit --json`` give it."""
     from dagrunner.repo import repo_info
 
-    return submit(repo_info(repo), files)
+    return [s.to_json() for s in submit(repo_info(repo), files)]

@@ -9,6 +9,8 @@ that cannot move.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,27 +20,39 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import read_lines
 from dagrunner.git import git
 from dagrunner.gitlocks import check_locks
-from dagrunner.outcomes import FINAL
+from dagrunner.outcomes import FINAL, Details, EnvelopeState
 from dagrunner.trailers import landed_on_target
 
 if TYPE_CHECKING:
     from dagrunner.integrator import Integrator
 
 
+def crash_point(name: str) -> None:
+    """Fault injection for the durability tests: SIGKILL ourselves at a named point
+    (``DAGRUNNER_CRASH_AT``: applying, gating, landing, landed-ref)."""
+    if os.environ.get("DAGRUNNER_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def recover(it: Integrator) -> None:
     """After a crash: envelopes whose commit is already on the target are landed; the rest requeue."""
-    pending = {i: e for i, e in it.queue.entries().items() if e.get("state") not in FINAL}
+    pending = {i: e for i, e in it.queue.entries().items() if e.state not in FINAL}
     if not pending:
         return
     landed = landed_on_target(it.repo, it.ref)
     for envelope_id, entry in pending.items():
         commit = landed_commit(it, envelope_id, landed)
         if commit is not None:
-            it.queue.record(envelope_id, "landed", commit=commit, recovered=True)
-            if entry.get("state") == "landing":
-                finish_checkout_sync(it, entry["old"], entry["new"])
-        elif entry.get("state") != "queued":
-            it.queue.record(envelope_id, "queued", recovered_from=entry.get("state"))
+            it.queue.record(
+                envelope_id, EnvelopeState.LANDED, Details(commit=commit, recovered=True)
+            )
+            old, new = entry.details.old, entry.details.new
+            if entry.state is EnvelopeState.LANDING and old and new:
+                finish_checkout_sync(it, old, new)
+        elif entry.state is not EnvelopeState.QUEUED:
+            it.queue.record(
+                envelope_id, EnvelopeState.QUEUED, Details(recovered_from=str(entry.state))
+            )
 
 
 def finish_checkout_sync(it: Integrator, old: str, new: str) -> None:

@@ -26,7 +26,7 @@ from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.graph import Graph, integrations_above, spec
 from dagrunner.manifest import LAND_PREFIX, Manifest
-from dagrunner.outcomes import LandOutcome
+from dagrunner.outcomes import Details, EnvelopeState, LandOutcome
 from dagrunner.records import GateResult, Status
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ class Swarm:
         integrator.result.start = head
         integrator.prepare_worktree(head)
         files = [self.envelopes[w] for w in gate.needs if w in self.envelopes]
-        ids = [entry["id"] for entry in submit(ctx.info, files)] if files else []
+        ids = [entry.id for entry in submit(ctx.info, files)] if files else []
         if gate.queue:
             ids += [i for i in integrator.queue.pending() if i not in ids]
         state = Integration(integrator=integrator, head=head)
@@ -145,7 +145,7 @@ class Swarm:
                 conflicts += 1
             else:
                 state.applied.append((envelope, commit))
-                integrator.queue.record(envelope_id, "gating", run=self.run_id)
+                integrator.queue.record(envelope_id, EnvelopeState.GATING, Details(run=self.run_id))
         return Status.PASSED, (
             f"applied {len(state.applied)} envelope(s) on {target} at {head[:12]}; "
             f"{conflicts} conflict(s), {len(ids) - len(state.applied) - conflicts} rejected"
@@ -160,7 +160,6 @@ class Swarm:
         integrator.result.end = integrator.head()
         if outcome is LandOutcome.LANDED:
             state.landed = True
-            integrator.result.envelopes = list(integrator.outcomes.values())
             integrator.cleanup_landed_workers()
             return Status.PASSED, (
                 f"landed {len(state.applied)} envelope(s): {integrator.target} "
@@ -169,13 +168,16 @@ class Swarm:
         if outcome is LandOutcome.MOVED:
             state.moved = True
             for envelope, _ in state.applied:
-                integrator.queue.record(envelope.id, "queued", note="target-moving")
+                integrator.queue.record(
+                    envelope.id, EnvelopeState.QUEUED, Details(note="target-moving")
+                )
             return (
                 Status.FAILED,
                 "target-moving: the target moved during the run; envelopes stay queued",
             )
-        blocked = integrator.result.land_blocked or {}
-        return Status.FAILED, f"landing refused ({blocked.get('code')}): {blocked.get('reason')}"
+        blocked = integrator.result.land_blocked
+        why = f"({blocked.code}): {blocked.reason}" if blocked else "(no reason was given)"
+        return Status.FAILED, f"landing refused {why}"
 
     # -- after the run -------------------------------------------------------------------------
 
@@ -203,13 +205,16 @@ class Swarm:
                 for envelope, _ in state.applied:
                     if interrupted or state.moved or not failing:
                         integrator.queue.record(
-                            envelope.id, "queued", note="the run ended before landing"
+                            envelope.id,
+                            EnvelopeState.QUEUED,
+                            Details(note="the run ended before landing"),
                         )
                     else:
                         integrator.finish(
-                            envelope.id, "gates-failed", failed_gates=failing, report=self.run_id
+                            envelope.id,
+                            EnvelopeState.GATES_FAILED,
+                            Details(failed_gates=tuple(failing), report=self.run_id),
                         )
-            integrator.result.envelopes = list(integrator.outcomes.values())
             if not integrator.result.end:
                 integrator.result.end = integrator.head()
             summary.append({"node": node, **integrator.result.to_json()})

@@ -23,7 +23,7 @@ import pathspec
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git import git, is_dirty
-from dagrunner.ledger import Ledger
+from dagrunner.ledger import Ledger, WorktreeRecord
 from dagrunner.names import RULE, is_safe_name
 from dagrunner.pool import take_from_pool
 from dagrunner.proc import Finished, run_command, without_git
@@ -136,8 +136,8 @@ def _allocate_locked(
     path = ctx.root / mission / worker
     with ctx.ledger.exclusive():
         existing = ctx.ledger.state().get(wt_id)
-        if existing is not None and not existing.get("missing") and Path(existing["path"]).is_dir():
-            owner = existing.get("session")
+        if existing is not None and not existing.missing and Path(existing.path).is_dir():
+            owner = existing.session
             if owner and session and owner != session:
                 raise DagrunnerError(
                     "claimed",
@@ -148,7 +148,9 @@ def _allocate_locked(
                 )
             if session and not owner:
                 ctx.ledger.append("claimed", wt_id, session=session)
-            return _describe(ctx, wt_id, {**existing, "session": owner or session}, reused=True)
+            return _describe(
+                ctx, existing, session=owner or session, created=existing.created, reused=True
+            )
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise DagrunnerError(
                 "path-occupied",
@@ -193,7 +195,7 @@ def _allocate_locked(
                 cwd=ctx.info.root,
             )
         copied = _copy_included(ctx.info.root, path)
-        record = ctx.ledger.append(
+        at = ctx.ledger.append(
             "allocated",
             wt_id,
             path=str(path),
@@ -205,18 +207,14 @@ def _allocate_locked(
         )
     if setup:
         _run_setup(ctx, wt_id, path, branch, setup, setup_timeout, env)
+    made = WorktreeRecord(wt_id, str(path), branch, base_commit, created=at, last_activity=at)
     return _describe(
-        ctx,
-        wt_id,
-        {**record, "session": session, "created": record["at"]},
-        reused=False,
-        pooled=pooled,
-        copied=tuple(copied),
+        ctx, made, session=session, created=at, reused=False, pooled=pooled, copied=tuple(copied)
     )
 
 
 def _restore(
-    ctx: Context, wt_id: str, existing: dict[str, Any], path: Path, branch: str, session: str | None
+    ctx: Context, wt_id: str, existing: WorktreeRecord, path: Path, branch: str, session: str | None
 ) -> Allocation:
     git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
     git(["worktree", "prune"], cwd=ctx.info.root, check=False)
@@ -226,19 +224,20 @@ def _restore(
         cwd=ctx.info.root,
     )
     copied = _copy_included(ctx.info.root, path)
-    owner = existing.get("session") or session
-    record = ctx.ledger.append(
+    owner = existing.session or session
+    at = ctx.ledger.append(
         "allocated",
         wt_id,
         path=str(path),
         branch=branch,
-        base=existing["base"],
+        base=existing.base,
         session=owner,
         pooled=False,
         copied=copied,
         restored=True,
     )
-    return _describe(ctx, wt_id, {**record, "created": record["at"]}, reused=True, restored=True)
+    made = WorktreeRecord(wt_id, str(path), branch, existing.base, created=at, last_activity=at)
+    return _describe(ctx, made, session=owner, created=at, reused=True, restored=True)
 
 
 def _main_dirty(ctx: Context) -> bool | None:
@@ -250,22 +249,23 @@ def _main_dirty(ctx: Context) -> bool | None:
 
 def _describe(
     ctx: Context,
-    wt_id: str,
-    state: Mapping[str, Any],
+    state: WorktreeRecord,
     *,
+    session: str | None,
+    created: str,
     reused: bool,
     pooled: bool = False,
     copied: tuple[str, ...] = (),
     restored: bool = False,
 ) -> Allocation:
     return Allocation(
-        id=wt_id,
-        path=state["path"],
-        branch=state["branch"],
-        base=state["base"],
+        id=state.id,
+        path=state.path,
+        branch=state.branch,
+        base=state.base,
         root=str(ctx.root),
-        session=state.get("session"),
-        created=state.get("created", state.get("at")),
+        session=session,
+        created=created,
         reused=reused,
         pooled=pooled,
         copied=copied,
@@ -355,7 +355,7 @@ def default_target(ctx: Context) -> str:
     return "main"
 
 
-def recorded_state(ctx: Context, wt_id: str) -> dict[str, Any]:
+def recorded_state(ctx: Context, wt_id: str) -> WorktreeRecord:
     state = ctx.ledger.state().get(wt_id)
     if state is None:
         raise DagrunnerError(
@@ -388,7 +388,7 @@ def claim(
     check_slug("session", session)
     ctx = open_context(repo)
     with ctx.ledger.exclusive():
-        owner = recorded_state(ctx, wt_id).get("session")
+        owner = recorded_state(ctx, wt_id).session
         _check_owner(wt_id, owner, session, force, "claimed")
         if owner != session:
             ctx.ledger.append(
@@ -404,7 +404,7 @@ def release(
     check_slug("session", session)
     ctx = open_context(repo)
     with ctx.ledger.exclusive():
-        owner = recorded_state(ctx, wt_id).get("session")
+        owner = recorded_state(ctx, wt_id).session
         _check_owner(wt_id, owner, session, force, "not-owner")
         if owner:
             ctx.ledger.append("released", wt_id, session=session, owner=owner)

@@ -71,7 +71,7 @@ def run_mode(base: Path, count: int, gate_seconds: float, batch: int) -> dict[st
     wall = time.perf_counter() - start
     counts: dict[str, int] = {}
     for outcome in result.envelopes:
-        counts[outcome["state"]] = counts.get(outcome["state"], 0) + 1
+        counts[outcome.state] = counts.get(outcome.state, 0) + 1
     return {"wall": wall, "gate_runs": result.gate_runs, "counts": counts}
 
 

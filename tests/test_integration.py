@@ -76,7 +76,7 @@ def breaks_gate(path: Path) -> None:
 
 
 def states(repo: Path) -> dict[str, str]:
-    return {e["id"].split(".")[1]: e["state"] for e in Queue.of(repo_info(repo)).entries().values()}
+    return {e.id.split(".")[1]: e.state for e in Queue.of(repo_info(repo)).entries().values()}
 
 
 def trailers(repo: Path) -> list[str]:
@@ -252,13 +252,13 @@ def test_second_integrator_says_who_holds_the_lock(
 def test_envelope_tampered_in_the_queue_is_rejected(project: Path) -> None:
     envelope = worker(project, "w1", independent_1)
     (entry,) = submit(repo_info(project), [envelope])
-    stored = Queue.of(repo_info(project)).envelope_path(entry["id"])
+    stored = Queue.of(repo_info(project)).envelope_path(entry.id)
     fields = orjson.loads(stored.read_bytes())
     fields["diff"] = fields["diff"].replace("+one", "+evil")
     stored.write_bytes(orjson.dumps(fields))
     result = integrate(repo=project)
-    assert result.envelopes[0]["state"] == "rejected"
-    assert result.envelopes[0]["reason"].startswith("envelope-hash")
+    assert result.envelopes[0].state == "rejected"
+    assert (result.envelopes[0].details.reason or "").startswith("envelope-hash")
     assert trailers(project) == []
 
 

@@ -52,3 +52,57 @@ def test_status_export_and_integrate_json_keep_their_shapes(
     _, result = run_json(capsys, "integrate", "run", *base)
     assert list(result) == INTEGRATE_KEYS
     assert result["counts"] == {"landed": 1}
+
+
+SUBMIT_KEYS = ["id", "file", "duplicate", "position", "state"]
+OUTCOME_KEYS = {
+    "landed": ["id", "mission", "worker", "state", "commit", "worktree"],
+    "conflict": ["id", "mission", "worker", "state", "conflicts", "hunks", "reason"],
+    "gates-failed": ["id", "mission", "worker", "state", "failed_gates", "report"],
+    "rejected": ["id", "mission", "worker", "state", "reason"],
+}
+ENTRY = ["id", "submitted", "state", "mission", "worker", "source", "updated"]
+QUEUE_KEYS = {
+    "landed": [*ENTRY, "commit", "gate_run", "old", "new"],
+    "conflict": [*ENTRY, "conflicts", "hunks", "reason"],
+    "gates-failed": [*ENTRY, "commit", "gate_run", "failed_gates", "report"],
+    "rejected": [*ENTRY, "reason"],
+}
+
+
+def test_every_envelope_outcome_and_queue_entry_keeps_its_shape(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One run that lands, conflicts, fails gates and rejects: each outcome's keys, in order."""
+    (repo / "manifests").mkdir()
+    (repo / "manifests" / "release.toml").write_text('[gates.ok]\nrun = "test ! -e bad"\n')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "manifest")
+    base = ["--repo", str(repo)]
+    work = {"a": ("a.txt", "x\n"), "b": ("README", "one\n"), "c": ("README", "two\n")}
+    work |= {"d": ("bad", "x\n"), "e": ("", "")}  # d fails the gate, e is empty
+    files = []
+    for worker, (name, text) in work.items():
+        _, allocated = run_json(
+            capsys, "worktree", "allocate", "--mission", "m", "--worker", worker, *base
+        )
+        if name:
+            (Path(allocated["path"]) / name).write_text(text)
+        out = str(repo.parent / f"{worker}.json")
+        run_json(capsys, "worktree", "export", f"m/{worker}", "-o", out, *base)
+        files.append(out)
+    _, submitted = run_json(capsys, "integrate", "submit", *files, *base)
+    assert [list(s) for s in submitted["submitted"]] == [SUBMIT_KEYS] * 5
+    code, result = run_json(capsys, "integrate", "run", *base)
+    assert code == 1  # d failed its gates
+    states = {e["worker"]: e["state"] for e in result["envelopes"]}
+    assert states == {
+        "a": "landed", "b": "landed", "c": "conflict", "d": "gates-failed", "e": "rejected"
+    }  # fmt: skip
+    for outcome in result["envelopes"]:
+        assert list(outcome) == OUTCOME_KEYS[outcome["state"]], outcome["state"]
+    assert result["counts"] == {"conflict": 1, "gates-failed": 1, "landed": 2, "rejected": 1}
+    _, queue = run_json(capsys, "integrate", "status", *base)
+    assert list(queue) == ["envelopes", "counts"]
+    for entry in queue["envelopes"]:
+        assert list(entry) == QUEUE_KEYS[entry["state"]], entry["state"]

@@ -16,6 +16,7 @@ from dagrunner import worktrees as wt
 from dagrunner.envelope import envelope_id, load_envelope, parse_envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.integration import integrate
+from dagrunner.outcomes import EnvelopeState
 from dagrunner.queue import Queue, submit
 from dagrunner.repo import repo_info
 
@@ -88,8 +89,8 @@ def test_forged_provenance_lands_but_never_cleans_the_victims_worktree(
     result = integrate(repo=project)
 
     outcome = result.envelopes[0]
-    assert outcome["state"] == "landed"  # the harmless diff itself may land ...
-    assert outcome["worktree"].startswith("retained:"), outcome
+    assert outcome.state == "landed"  # the harmless diff itself may land ...
+    assert (outcome.worktree or "").startswith("retained:"), outcome
     # ... but the victim's worktree, branch, commit and draft are all still there.
     assert (victim / "draft.txt").read_text() == "uncommitted draft\n"
     assert (victim / "feature.txt").exists()
@@ -103,8 +104,8 @@ def test_genuine_landing_still_cleans_its_own_worktree(project: Path, tmp_path: 
     export(project, "honest", tmp_path / "honest.json")
     submit(repo_info(project), [tmp_path / "honest.json"])
     result = integrate(repo=project)
-    assert result.envelopes[0]["state"] == "landed"
-    assert result.envelopes[0]["worktree"] in ("pooled", "removed")
+    assert result.envelopes[0].state == "landed"
+    assert result.envelopes[0].worktree in ("pooled", "removed")
     assert not path.exists()
 
 
@@ -130,14 +131,14 @@ def test_recovery_trusts_only_the_integrators_own_trailers(project: Path, tmp_pa
     fields = export(project, "victim", tmp_path / "victim.json")
     info = repo_info(project)
     submit(info, [tmp_path / "victim.json"])
-    Queue.of(info).record(fields["id"], "applying")  # as if a crash interrupted it
+    Queue.of(info).record(fields["id"], EnvelopeState.APPLYING)  # as if a crash interrupted it
     # Somebody else's commit on main carries the victim's id as a trailer.
     (project / "other.txt").write_text("other\n")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", f"unrelated\n\nDagrunner-Envelope: {fields['id']}")
     result = integrate(repo=project)
     outcome = result.envelopes[0]
-    assert outcome["state"] == "landed" and not outcome.get("recovered")
+    assert outcome.state == "landed" and not outcome.details.recovered
     assert git(project, "show", "main:victim.txt") == "victim's file\n"
 
 
@@ -209,8 +210,8 @@ def test_envelope_cannot_approve_itself_by_rewriting_the_manifest(
     submit(repo_info(project), [tmp_path / "cheat.json"])
     result = integrate(repo=project)
     outcome = result.envelopes[0]
-    assert outcome["state"] == "gates-failed" and outcome["failed_gates"] == ["check"]
-    assert outcome["manifest_changed"] is True
+    assert outcome.state == "gates-failed" and outcome.details.failed_gates == ("check",)
+    assert outcome.details.manifest_changed is True
     assert not result.ok and result.exit_code == 1  # the API's verdict is the CLI's
     assert "bad.txt" not in git(project, "ls-tree", "-r", "--name-only", "main")
 
@@ -222,7 +223,7 @@ def test_trust_envelope_manifest_is_an_explicit_opt_in(project: Path, tmp_path: 
     export(project, "cheat", tmp_path / "cheat.json")
     submit(repo_info(project), [tmp_path / "cheat.json"])
     result = integrate(repo=project, trust_envelope_manifest=True)
-    assert result.envelopes[0]["state"] == "landed"
+    assert result.envelopes[0].state == "landed"
 
 
 # -- 5. changed_files is verified; the diff is read by its structure ---------------------------------

@@ -84,7 +84,7 @@ def test_full_disk_while_landing_tells_the_truth_and_repairs_later(
     assert code == 0, last
     assert git(repo, "status", "--porcelain") == ""
     assert (repo / "big.bin").stat().st_size == 3_000_000
-    assert {e["state"] for e in Queue.of(repo_info(repo)).entries().values()} == {"landed"}
+    assert {e.state for e in Queue.of(repo_info(repo)).entries().values()} == {"landed"}
 
 
 @root_only
@@ -111,7 +111,7 @@ def test_stale_target_ref_lock_stops_before_any_gate_run(
     assert str(lock) in body["error"]["message"] and "rm " in body["error"]["hint"]
     assert Queue.of(repo_info(repo)).pending(), "nothing may be decided while the ref is stuck"
     lock.unlink()
-    assert integrate(repo=repo).envelopes[0]["state"] == "landed"
+    assert integrate(repo=repo).envelopes[0].state == "landed"
 
 
 def test_stale_index_lock_of_the_target_checkout_is_named(tmp_path: Path) -> None:
@@ -126,12 +126,12 @@ def test_stale_index_lock_of_the_target_checkout_is_named(tmp_path: Path) -> Non
 def test_stale_lock_in_the_integrators_own_worktree_is_cleared(tmp_path: Path) -> None:
     repo = make_project(tmp_path)
     submit(repo_info(repo), [envelope(repo, "w1")])
-    assert integrate(repo=repo).envelopes[0]["state"] == "landed"  # makes the worktree
+    assert integrate(repo=repo).envelopes[0].state == "landed"  # makes the worktree
     own = next((repo / ".git" / "worktrees").iterdir())
     (own / "index.lock").write_text("")
     submit(repo_info(repo), [envelope(repo, "w2")])
     result = integrate(repo=repo)
-    assert result.envelopes[0]["state"] == "landed" and result.gate_runs == 1
+    assert result.envelopes[0].state == "landed" and result.gate_runs == 1
     assert not (own / "index.lock").exists()
 
 
@@ -144,5 +144,5 @@ def test_ref_that_cannot_be_written_is_not_mistaken_for_a_moving_target(tmp_path
     result = integrate(repo=repo)
     assert result.gate_runs == 1, "a ref that cannot move must not burn rebuilds"
     assert result.land_blocked is not None
-    assert result.land_blocked["code"] == "target-ref-unwritable"
+    assert result.land_blocked.code == "target-ref-unwritable"
     assert not result.target_moving
