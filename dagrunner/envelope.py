@@ -65,15 +65,33 @@ def max_bytes(env: Mapping[str, str] | None = None) -> int:
         return DEFAULT_MAX_BYTES
 
 
-def repo_identity(path: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RepoIdentity:
+    """Which repository an envelope says it came from: its common git dir and root commits."""
+
+    common_dir: str | None
+    root_commits: frozenset[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"common_dir": self.common_dir, "root_commits": sorted(self.root_commits)}
+
+    def same_as(self, other: RepoIdentity) -> bool:
+        """The same repository: one common dir, or (a clone) a shared root commit."""
+        if self.common_dir is not None and self.common_dir == other.common_dir:
+            return True
+        return bool(self.root_commits & other.root_commits)
+
+
+def repo_identity(path: Path) -> RepoIdentity:
     common = git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=path).text
     roots = git(["rev-list", "--max-parents=0", "HEAD"], cwd=path, check=False).text.split()
-    return {"common_dir": common, "root_commits": sorted(roots)}
+    return RepoIdentity(common, frozenset(roots))
 
 
 @dataclass(frozen=True)
 class Envelope:
-    """A validated envelope: its fields and the raw diff bytes."""
+    """A validated envelope: its fields (the wire form, kept to write back byte-for-byte),
+    the raw diff bytes, and typed views of the fields other modules read."""
 
     fields: dict[str, Any]
     diff: bytes
@@ -81,6 +99,61 @@ class Envelope:
     @property
     def id(self) -> str:
         return str(self.fields["id"])
+
+    @property
+    def mission(self) -> str:
+        return str(self.fields["mission"])
+
+    @property
+    def worker(self) -> str:
+        return str(self.fields["worker"])
+
+    @property
+    def base(self) -> str:
+        return str(self.fields["base"])
+
+    @property
+    def head(self) -> str:
+        return str(self.fields["head"])
+
+    @property
+    def tree(self) -> str:
+        return str(self.fields["tree"])
+
+    @property
+    def diff_sha256(self) -> str:
+        return str(self.fields["diff_sha256"])
+
+    @property
+    def diff_bytes(self) -> int:
+        return int(self.fields["diff_bytes"])
+
+    @property
+    def empty(self) -> bool:
+        return bool(self.fields["empty"])
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The paths it changes (a rename's new path), in changed_files order."""
+        return tuple(str(c["path"]) for c in self.fields["changed_files"])
+
+    @property
+    def touched(self) -> frozenset[str]:
+        """Every path it touches: new paths and a rename's old ones."""
+        olds = {str(c["old_path"]) for c in self.fields["changed_files"] if c.get("old_path")}
+        return frozenset(self.paths) | olds
+
+    @property
+    def repo(self) -> RepoIdentity:
+        claimed = self.fields["repo"]
+        common = claimed.get("common_dir")
+        roots = claimed.get("root_commits")
+        return RepoIdentity(
+            common if isinstance(common, str) else None,
+            frozenset(r for r in roots if isinstance(r, str))
+            if isinstance(roots, list)
+            else frozenset(),
+        )
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(self.fields, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)

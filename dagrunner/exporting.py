@@ -136,7 +136,7 @@ def export_worktree(
         "mission": mission,
         "worker": worker,
         "session": session,
-        "repo": repo_identity(path),
+        "repo": repo_identity(path).to_json(),
         "base": base,
         "head": head,
         "tree": tree,
@@ -212,23 +212,22 @@ def export_summary(
         "exported",
         wt_id,
         envelope=envelope.id,
-        tree=envelope.fields["tree"],
-        diff_sha256=envelope.fields["diff_sha256"],
+        tree=envelope.tree,
+        diff_sha256=envelope.diff_sha256,
         session=state.session,
         file=str(target),
     )
-    fields = envelope.fields
     return ExportSummary(
         id=envelope.id,
         file=str(target),
         worktree=wt_id,
-        empty=fields["empty"],
-        base=fields["base"],
-        head=fields["head"],
-        tree=fields["tree"],
-        changed_files=len(fields["changed_files"]),
-        diff_bytes=fields["diff_bytes"],
-        diff_sha256=fields["diff_sha256"],
+        empty=envelope.empty,
+        base=envelope.base,
+        head=envelope.head,
+        tree=envelope.tree,
+        changed_files=len(envelope.paths),
+        diff_bytes=envelope.diff_bytes,
+        diff_sha256=envelope.diff_sha256,
     )
 
 

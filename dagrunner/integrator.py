@@ -208,15 +208,15 @@ class Integrator:
         except DagrunnerError as exc:
             self.reject(envelope_id, f"{exc.code}: {exc.message}")
             return None
-        if not same_repository(envelope.fields["repo"], self.ctx.info):
+        if not same_repository(envelope, self.ctx.info):
             self.reject(envelope_id, "envelope-foreign-repo")
             return None
         if git(
-            ["cat-file", "-e", f"{envelope.fields['base']}^{{commit}}"], cwd=self.repo, check=False
+            ["cat-file", "-e", f"{envelope.base}^{{commit}}"], cwd=self.repo, check=False
         ).returncode:
             self.reject(envelope_id, "envelope-unknown-base: its base commit is not here")
             return None
-        if envelope.fields["empty"] or not envelope.diff:
+        if envelope.empty or not envelope.diff:
             self.reject(envelope_id, "empty: the envelope holds no change")
             return None
         return envelope
@@ -286,12 +286,9 @@ class Integrator:
         finally:
             patch.unlink(missing_ok=True)
         if result.returncode == 0:
-            fields = envelope.fields
-            paths = {c.get("path") for c in fields["changed_files"]}
-            paths |= {c.get("old_path") for c in fields["changed_files"]}
-            if self.manifest_rel().as_posix() in paths:
+            if self.manifest_rel().as_posix() in envelope.touched:
                 self.manifest_changers.add(envelope.id)
-            message = commit_message(fields)
+            message = commit_message(envelope)
             git(
                 ["commit", "-q", "--no-verify", "--no-gpg-sign", "--allow-empty", "-m", message],
                 cwd=self.wt,
@@ -315,7 +312,7 @@ class Integrator:
         if result.returncode == 128 and not unmerged:
             self.reject(envelope.id, f"corrupt patch: {stderr.splitlines()[0] if stderr else ''}")
             return None
-        touched = sorted({c["path"] for c in envelope.fields["changed_files"]})
+        touched = sorted(set(envelope.paths))
         self.finish(
             envelope.id,
             EnvelopeState.CONFLICT,

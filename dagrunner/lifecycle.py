@@ -418,17 +418,16 @@ def clean_after_landing(
 
 def unproven(envelope: Envelope, state: WorktreeRecord) -> str:
     """Why the worktree of ``state`` is not proven to hold exactly ``envelope`` ('' if it is)."""
-    fields = envelope.fields
     exported = state.export_of(envelope.id)
     if (
         exported is None
-        or exported.tree != fields["tree"]
-        or exported.diff_sha256 != fields["diff_sha256"]
+        or exported.tree != envelope.tree
+        or exported.diff_sha256 != envelope.diff_sha256
     ):
         return "no export of this envelope from this worktree is recorded"
     owner = state.session
     if owner and owner != exported.session:
         return f"claimed by session {owner!r}, not the exporting session"
-    if state_tree(Path(state.path)) != fields["tree"]:
+    if state_tree(Path(state.path)) != envelope.tree:
         return "holds work beyond the landed envelope"
     return ""

@@ -162,11 +162,9 @@ class Queue:
         return load_envelope(self.envelope_path(envelope_id))
 
 
-def same_repository(identity: dict[str, Any], info: RepoInfo) -> bool:
-    here = repo_identity(info.root)
-    if identity.get("common_dir") == here["common_dir"]:
-        return True
-    return bool(set(identity.get("root_commits", [])) & set(here["root_commits"]))
+def same_repository(envelope: Envelope, info: RepoInfo) -> bool:
+    """Whether ``envelope`` says it came from this repository (or a clone of it)."""
+    return envelope.repo.same_as(repo_identity(info.root))
 
 
 def submit(info: RepoInfo, files: Iterable[Path]) -> list[Submitted]:
@@ -188,7 +186,7 @@ def submit(info: RepoInfo, files: Iterable[Path]) -> list[Submitted]:
                 hint="check the path",
             ) from None
         envelope = parse_envelope(raw, where=str(path))
-        if not same_repository(envelope.fields["repo"], info):
+        if not same_repository(envelope, info):
             raise DagrunnerError(
                 "envelope-foreign-repo",
                 "the envelope was exported from another repository",
@@ -218,8 +216,8 @@ def submit(info: RepoInfo, files: Iterable[Path]) -> list[Submitted]:
                 queue.record(
                     envelope.id,
                     EnvelopeState.QUEUED,
-                    mission=envelope.fields["mission"],
-                    worker=envelope.fields["worker"],
+                    mission=envelope.mission,
+                    worker=envelope.worker,
                     source=str(path),
                 )
             except OSError as exc:

@@ -77,7 +77,7 @@ def landed_commit(
         envelope = it.queue.load(envelope_id)
     except DagrunnerError:
         return None
-    return commit if envelope.fields["diff_sha256"] == sha else None
+    return commit if envelope.diff_sha256 == sha else None
 
 
 def preflight(it: Integrator) -> None:

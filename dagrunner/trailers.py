@@ -9,22 +9,25 @@ queued envelope: text that anyone else wrote into a message proves nothing.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dagrunner.git import git
 from dagrunner.names import is_safe_id
+
+if TYPE_CHECKING:
+    from dagrunner.envelope import Envelope
 
 TRAILER = "Dagrunner-Envelope"
 SHA_TRAILER = "Dagrunner-Envelope-Sha256"
 
 
-def commit_message(fields: dict[str, Any]) -> str:
-    """The integrator's commit message for a (validated) envelope's fields."""
+def commit_message(envelope: Envelope) -> str:
+    """The integrator's commit message for a (validated) envelope."""
     return (
-        f"dagrunner: integrate {fields['mission']}/{fields['worker']}\n\n"
-        f"{TRAILER}: {fields['id']}\nDagrunner-Mission: {fields['mission']}\n"
-        f"Dagrunner-Worker: {fields['worker']}\nDagrunner-Base: {fields['base']}\n"
-        f"{SHA_TRAILER}: {fields['diff_sha256']}\n"
+        f"dagrunner: integrate {envelope.mission}/{envelope.worker}\n\n"
+        f"{TRAILER}: {envelope.id}\nDagrunner-Mission: {envelope.mission}\n"
+        f"Dagrunner-Worker: {envelope.worker}\nDagrunner-Base: {envelope.base}\n"
+        f"{SHA_TRAILER}: {envelope.diff_sha256}\n"
     )
 
 
