@@ -11,9 +11,9 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from dagrunner.records import GateResult, RunRecord, Status, failures_first
+from dagrunner.records import GateResult, RunRecord, Speed, Status, failures_first
 from dagrunner.report.logtail import read_log, strip_ansi
 from dagrunner.units import format_duration, format_size
 
@@ -81,7 +81,6 @@ def summary_table(record: RunRecord, run_dir: str) -> str:
             f"{gate.id:<{width}}  {gate.status!s:<11} {took:>8} {mem:>9}  {gate.reason}"[:220]
         )
     speed = record.speed
-    crit = speed.get("critical_path", {})
     lines.append("")
     verdict = (
         f"{record.status.upper()}: {', '.join(f'{n} {k}' for k, n in sorted(record.counts().items()))}"
@@ -94,16 +93,16 @@ def summary_table(record: RunRecord, run_dir: str) -> str:
         )
     lines.append(verdict)
     ran = [g for g in record.gates if g.attempts]
-    if speed and not ran:
-        lines.append(f"nothing ran (no speedup to measure): wall {format_duration(speed['wall'])}")
-    elif speed:
-        lines += speed_lines(speed, crit, [g.waited for g in record.gates])
-    if speed.get("cache_hits"):
+    if not ran:
+        lines.append(f"nothing ran (no speedup to measure): wall {format_duration(speed.wall)}")
+    else:
+        lines += speed_lines(speed, [g.waited for g in record.gates])
+    if speed.cache_hits:
         lines.append(
-            f"cache: {speed['cache_hits']} hit(s), {format_duration(speed['cache_saved'])} saved"
+            f"cache: {speed.cache_hits} hit(s), {format_duration(speed.cache_saved)} saved"
         )
-    for miss in record.budget.get("misses", []):
-        lines.append(f"BUDGET MISSED: {miss['message']}")
+    for miss in record.budget.misses:
+        lines.append(f"BUDGET MISSED: {miss.message}")
     for envelope in (record.integration or {}).get("envelopes", []):
         detail = envelope.get("commit") or ", ".join(
             envelope.get("conflicts") or envelope.get("failed_gates") or []
@@ -116,17 +115,17 @@ def summary_table(record: RunRecord, run_dir: str) -> str:
     return "\n".join(lines)
 
 
-def speed_lines(speed: dict[str, Any], crit: dict[str, Any], waits: list[float]) -> list[str]:
+def speed_lines(speed: Speed, waits: list[float]) -> list[str]:
     """The speed evidence in words that do not mislead: the governor wait is a sum over gates
     (the longest is named), and a lower bound above the critical path says it is the work."""
-    path = float(crit.get("duration", 0.0))
-    bound = float(speed["lower_bound"])
+    path = speed.critical_path.duration
+    bound = speed.lower_bound
     why = (
-        f" (work {format_duration(speed.get('work', 0.0))} / {speed.get('capacity_cpu', 0):g} cpu)"
+        f" (work {format_duration(speed.work)} / {speed.capacity_cpu:g} cpu)"
         if bound > path + 1e-9
         else " (the critical path)"
     )
-    wait = float(speed["governor_wait"])
+    wait = speed.governor_wait
     waited = (
         f"governor wait {format_duration(wait)} summed over gates, longest "
         f"{format_duration(max(waits, default=0.0))}"
@@ -134,10 +133,10 @@ def speed_lines(speed: dict[str, Any], crit: dict[str, Any], waits: list[float])
         else "no gate waited for the governor"
     )
     return [
-        f"wall {format_duration(speed['wall'])}, serial sum {format_duration(speed['serial_sum'])}, "
-        f"speedup {speed['speedup'] or 0:.2f}x, lower bound {format_duration(bound)}{why} "
-        f"(efficiency {speed['efficiency'] or 0:.0%}), {waited}",
-        f"critical path {format_duration(path)}: {' -> '.join(crit.get('gates', []))}",
+        f"wall {format_duration(speed.wall)}, serial sum {format_duration(speed.serial_sum)}, "
+        f"speedup {speed.speedup or 0:.2f}x, lower bound {format_duration(bound)}{why} "
+        f"(efficiency {speed.efficiency or 0:.0%}), {waited}",
+        f"critical path {format_duration(path)}: {' -> '.join(speed.critical_path.gates)}",
     ]
 
 

@@ -177,7 +177,7 @@ def record_step(
     budget = check_budget(plan.manifest.budget, plan.graph, results, speed)
     if scheduled.interrupted:
         status = RunStatus.INTERRUPTED
-    elif all(r.status.ok for r in results) and budget["ok"]:
+    elif all(r.status.ok for r in results) and budget.ok:
         status = RunStatus.PASSED
     else:
         status = RunStatus.FAILED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 from conftest import git, run_json
 
@@ -106,3 +107,32 @@ def test_every_envelope_outcome_and_queue_entry_keeps_its_shape(
     assert list(queue) == ["envelopes", "counts"]
     for entry in queue["envelopes"]:
         assert list(entry) == QUEUE_KEYS[entry["state"]], entry["state"]
+
+
+SPEED_KEYS = [
+    "wall", "serial_sum", "speedup", "critical_path", "work", "capacity_cpu", "lower_bound",
+    "efficiency", "cache_saved", "cache_hits", "governor_wait",
+]  # fmt: skip
+MISS_KEYS = ["budget", "limit", "measured", "message"]
+
+
+def test_speed_and_budget_evidence_keep_their_shapes(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = repo / "m.toml"
+    manifest.write_text(
+        '[budget]\nmax_wall = "1ms"\nmin_speedup = 5\nmax_duration = { a = "1ms" }\n'
+        '[gates.a]\nrun = "sleep 0.05"\n[gates.b]\nrun = "sleep 0.05"\nneeds = ["a"]\n'
+    )
+    code, body = run_json(capsys, "release-check", str(manifest), "--repo", str(repo))
+    assert code == 1
+    assert list(body["speed"]) == SPEED_KEYS
+    assert list(body["speed"]["critical_path"]) == ["gates", "duration"]
+    assert body["speed"]["critical_path"]["gates"] == ["a", "b"]
+    assert list(body["budget"]) == ["declared", "ok", "misses"]
+    assert [m["budget"] for m in body["budget"]["misses"]] == [
+        "max_wall", "min_speedup", "gates.a.max_duration"
+    ]  # fmt: skip
+    assert all(list(m) == MISS_KEYS for m in body["budget"]["misses"])
+    run = orjson.loads((Path(body["run_dir"]) / "run.json").read_bytes())
+    assert run["speed"] == body["speed"] and run["budget"] == body["budget"]

@@ -26,10 +26,10 @@ def markdown_summary(record: RunRecord, run_dir: Path) -> str:
         f"### {_ICON.get(str(record.status), '')} dagrunner {record.manifest.get('name', '')}: "
         f"{record.status}",
         "",
-        f"wall {format_duration(speed.get('wall', 0.0))} · serial sum "
-        f"{format_duration(speed.get('serial_sum', 0.0))} · speedup {speed.get('speedup') or 0:.2f}x · "
-        f"critical path {' → '.join(speed.get('critical_path', {}).get('gates', []))} · "
-        f"cache hits {speed.get('cache_hits', 0)}",
+        f"wall {format_duration(speed.wall)} · serial sum "
+        f"{format_duration(speed.serial_sum)} · speedup {speed.speedup or 0:.2f}x · "
+        f"critical path {' → '.join(speed.critical_path.gates)} · "
+        f"cache hits {speed.cache_hits}",
         "",
         "| gate | status | duration | note |",
         "| --- | --- | --- | --- |",
@@ -38,8 +38,8 @@ def markdown_summary(record: RunRecord, run_dir: Path) -> str:
         note = gate.reason.replace("|", "\\|")
         took = format_duration(gate.duration) if gate.attempts else "—"
         lines.append(f"| `{gate.id}` | {gate.status} | {took} | {note} |")
-    for miss in record.budget.get("misses", []):
-        lines.append(f"\n**Budget missed:** {miss['message']}")
+    for miss in record.budget.misses:
+        lines.append(f"\n**Budget missed:** {miss.message}")
     lines.append(f"\nReport: `{run_dir / 'index.html'}`\n")
     return "\n".join(lines)
 
@@ -58,6 +58,6 @@ def publish(record: RunRecord, run_dir: Path, env: Mapping[str, str], stream: Te
             stream.write(
                 f"::error title={title}::{_escape_data(gate.reason or str(gate.status))}\n"
             )
-    for miss in record.budget.get("misses", []):
-        stream.write(f"::error title=speed budget missed::{_escape_data(miss['message'])}\n")
+    for miss in record.budget.misses:
+        stream.write(f"::error title=speed budget missed::{_escape_data(miss.message)}\n")
     stream.flush()

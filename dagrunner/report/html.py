@@ -79,7 +79,7 @@ def _context(record: RunRecord, run_dir: Path) -> dict[str, Any]:
         "failures": failures,
         "logs": logs,
         "speed": speed,
-        "crit": speed.get("critical_path", {"gates": [], "duration": 0.0}),
+        "crit": speed.critical_path,
         "dag": dag_layout(record),
         "timeline": timeline(record),
         "counts": sorted(record.counts().items(), key=lambda kv: REPORT_ORDER[Status(kv[0])]),

@@ -88,7 +88,7 @@ def dag_layout(record: RunRecord) -> dict[str, Any]:
 
         for index, name in enumerate(sorted(names, key=barycenter)):
             row[name] = float(index)
-    critical = list(record.speed.get("critical_path", {}).get("gates", []))
+    critical = list(record.speed.critical_path.gates)
     crit_edges = set(itertools.pairwise(critical))
     boxes = {
         name: Box(
