@@ -20,6 +20,7 @@ import trio
 from dagrunner.cachestep import RunCache
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors import Executor
+from dagrunner.executors.local import LocalExecutor
 from dagrunner.graph import spec
 from dagrunner.logs import redact_file
 from dagrunner.manifest import GateSpec
@@ -49,6 +50,7 @@ class GateRunner:
         self.cache = cache
         self.nodes = nodes
         self.sandbox_root = Path(tempfile.mkdtemp(prefix="dagrunner-sandbox-"))
+        self.local: Executor = LocalExecutor()
 
     def job(self, gate: GateSpec, attempt: int, root: Path) -> GateJob:
         argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
@@ -67,6 +69,8 @@ class GateRunner:
             else None,
             max_pids=self.plan.manifest.governor.max_pids or None,
             hide=str(self.cache.store.root),
+            cpu=gate.cpu,
+            memory=gate.memory,
         )
 
     async def __call__(self, node: str, t0: float) -> Outcome:
@@ -96,6 +100,10 @@ class GateRunner:
             outcome = replace(outcome, reason="; ".join(filter(None, [note, outcome.reason])))
         return outcome
 
+    def executor_of(self, gate: GateSpec) -> Executor:
+        """A worker node edits its worktree on this machine; gates go where the run sends them."""
+        return self.local if gate.kind == "worker" else self.executor
+
     async def attempts(self, gate: GateSpec, node: str, command: str, root: Path) -> Outcome:
         attempts: list[Attempt] = []
         result = AttemptResult(exit_code=None)
@@ -110,7 +118,7 @@ class GateRunner:
                         command=command,
                     )
                 started = trio.current_time()
-                result = await self.executor.execute(job)
+                result = await self.executor_of(gate).execute(job)
                 attempts.append(_attempt(node, number, started, trio.current_time(), result))
                 if result.passed:
                     break
@@ -129,8 +137,11 @@ class GateRunner:
 def _attempt(
     node: str, number: int, started: float, finished: float, result: AttemptResult
 ) -> Attempt:
+    if result.ran is not None:  # measured where it ran: time queued elsewhere is not its own
+        started = max(started, finished - result.ran)
     return Attempt(
         number=number,
+        worker=result.worker,
         started=started,
         finished=finished,
         exit_code=result.exit_code,

@@ -8,7 +8,9 @@ never kills what runs.  Every sample is kept for the report.
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -51,8 +53,28 @@ def machine_cpus() -> int:
         return psutil.cpu_count() or 1
 
 
-def resolve_capacity(spec: GovernorSpec, *, jobs: int | None = None) -> Capacity:
-    """The run's capacity: ``auto`` values read from this machine."""
+@dataclass(frozen=True)
+class Machine:
+    """One place gates run, as a cluster declares it (a Dask worker and its resources)."""
+
+    name: str
+    cpu: float
+    memory: int
+
+
+def resolve_capacity(
+    spec: GovernorSpec, *, jobs: int | None = None, machines: Sequence[Machine] = ()
+) -> Capacity:
+    """The run's capacity: ``auto`` values read from this machine -- or, when gates run on a
+    cluster's ``machines``, their sum (this machine's load and memory then hold nothing back)."""
+    if machines:
+        return Capacity(
+            cpu=spec.cpu if spec.cpu is not None else sum(m.cpu for m in machines),
+            memory=spec.memory if spec.memory is not None else sum(m.memory for m in machines),
+            jobs=jobs,
+            max_load=math.inf,
+            min_available_memory=0,
+        )
     memory = psutil.virtual_memory()
     cpus = machine_cpus()
     return Capacity(
@@ -70,9 +92,26 @@ def resolve_capacity(spec: GovernorSpec, *, jobs: int | None = None) -> Capacity
     )
 
 
-def check_fits(gates: list[GateSpec], capacity: Capacity, *, where: str) -> None:
-    """Raise ``gate-never-fits`` (exit 2) for a gate larger than the whole capacity."""
+def check_fits(
+    gates: list[GateSpec], capacity: Capacity, *, where: str, machines: Sequence[Machine] = ()
+) -> None:
+    """Raise ``gate-never-fits`` (exit 2) for a gate larger than the whole capacity, or than
+    the largest of the cluster's ``machines`` (a gate runs on one of them)."""
     for gate in gates:
+        if machines and not any(
+            gate.cpu <= m.cpu + _EPS and gate.memory <= m.memory for m in machines
+        ):
+            big = max(machines, key=lambda m: (m.cpu, m.memory))
+            raise DagrunnerError(
+                "gate-never-fits",
+                f"gate {gate.id!r} declares cpu={gate.cpu:g}, memory={gate.memory} bytes; "
+                f"no worker of the cluster holds that (the largest, {big.name}, has "
+                f"cpu={big.cpu:g}, memory={big.memory} bytes)",
+                where=where,
+                key=f"gates.{gate.id}",
+                hint="lower the gate's cpu/memory, or start a worker with "
+                '--resources "cpu=N,memory=BYTES" that holds it',
+            )
         if gate.cpu > capacity.cpu + _EPS or gate.memory > capacity.memory:
             raise DagrunnerError(
                 "gate-never-fits",

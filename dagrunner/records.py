@@ -60,6 +60,7 @@ class Attempt:
     leftover_killed: int = 0
     survivors: tuple[int, ...] = ()
     log: str = ""  # path relative to the run directory
+    worker: str = ""  # the Dask worker that ran it ("" on this machine)
 
     @property
     def duration(self) -> float:
@@ -127,7 +128,12 @@ class GateResult:
         fields["status"] = Status(fields["status"])
         fields["needs"] = tuple(fields.get("needs", ()))
         fields["attempts"] = tuple(
-            Attempt(**{**a, "survivors": tuple(a.get("survivors", ()))})
+            Attempt(
+                **{
+                    **{k: v for k, v in a.items() if k in Attempt.__dataclass_fields__},
+                    "survivors": tuple(a.get("survivors", ())),
+                }
+            )
             for a in fields.get("attempts", ())
         )
         return cls(**fields)

@@ -154,6 +154,13 @@ def resolve_repo(repo: Path | None) -> Path:
     return toplevel(base) or base
 
 
+def remote_root() -> Path:
+    """Where a Dask worker keeps checkouts of shipped sources: ``DAGRUNNER_REMOTE_DIR``,
+    else ``remote/`` under the cache root."""
+    explicit = os.environ.get("DAGRUNNER_REMOTE_DIR")
+    return Path(explicit) if explicit else cache_root() / "remote"
+
+
 def cache_root() -> Path:
     """``DAGRUNNER_CACHE_DIR``, else ``$XDG_CACHE_HOME/dagrunner/cache``, else ``~/.cache/...``."""
     explicit = os.environ.get("DAGRUNNER_CACHE_DIR")

@@ -16,6 +16,7 @@ import signal
 import socket
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from dagrunner.evidence import check_budget, speed_evidence
 from dagrunner.executors import Executor, executor_for
 from dagrunner.fsutil import mark_own_output
 from dagrunner.git import head_info
-from dagrunner.governor import Governor, check_fits, resolve_capacity
+from dagrunner.governor import Governor, Machine, check_fits, resolve_capacity
 from dagrunner.graph import build_graph, expected_durations, select, spec
 from dagrunner.history import history_path, read_history, record_history
 from dagrunner.manifest import DEFAULT_MANIFEST, Manifest, load_manifest
@@ -57,12 +58,20 @@ def load_step(options: RunOptions) -> tuple[Path, Manifest]:
     return repo, load_manifest(path)
 
 
-def plan_step(repo: Path, manifest: Manifest, options: RunOptions) -> Plan:
+def plan_step(
+    repo: Path, manifest: Manifest, options: RunOptions, machines: Sequence[Machine] = ()
+) -> Plan:
+    """``machines``: where a cluster runs the gates (empty: this machine)."""
     graph = build_graph(manifest)
     if options.only:
         graph = select(graph, options.only, where=str(manifest.path))
-    capacity = resolve_capacity(manifest.governor, jobs=options.jobs)
-    check_fits([spec(graph, n) for n in graph.nodes], capacity, where=str(manifest.path))
+    capacity = resolve_capacity(manifest.governor, jobs=options.jobs, machines=machines)
+    check_fits(
+        [spec(graph, n) for n in graph.nodes],
+        capacity,
+        where=str(manifest.path),
+        machines=machines,
+    )
     history = history_path(repo, manifest.name, options.history_root)
     git_info = head_info(repo)
     commit_time = git_info.get("commit_time")
@@ -269,8 +278,8 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
     """
     disable_dumping()  # gates (and anything else of our user) cannot read our /proc
     repo, manifest = load_step(options)
-    plan = plan_step(repo, manifest, options)
     with executor_for(options.executor) as executor:
+        plan = plan_step(repo, manifest, options, executor.machines())
         return _run(plan, options, executor)
 
 

@@ -48,6 +48,8 @@ class GateJob:
     max_pids: int | None = DEFAULT_MAX_PIDS  # enforced where a pids cgroup is delegated
     hide: str | None = None  # a folder the gate must not see (the cache store)
     keep_home: bool = False  # non-gate commands (proc.py) may keep the caller's HOME/TMPDIR
+    cpu: float = 1.0  # declared: where a cluster places the attempt
+    memory: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +65,8 @@ class AttemptResult:
     leftover_killed: int = 0  # processes still running after the gate exited
     survivors: tuple[int, ...] = ()  # pids that outlived SIGKILL (should never happen)
     containment: str = "session"
+    worker: str = ""  # the remote worker that ran it ("" here)
+    ran: float | None = None  # seconds from the gate's start to its end, measured where it ran
 
     @property
     def passed(self) -> bool:

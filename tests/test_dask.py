@@ -1,53 +1,262 @@
-"""Gates on a real Dask LocalCluster through the same scheduler, governor and sandbox."""
+"""Gates on a real Dask cluster: ``dask scheduler`` and ``dask worker`` processes (the CLI
+programs), one worker in its own mount namespace where the submitter's repositories are
+hidden -- it shares nothing with the submitter but the network."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import check, gate_results, running
+from conftest import check, gate_results, git, running
 
 pytestmark = pytest.mark.slow
+DASK = [sys.executable, "-m", "distributed.cli.dask_worker"]
+
+
+@dataclass
+class Cluster:
+    address: str  # dask://HOST:PORT
+    small: str  # a worker that sees the filesystem: cpu=1
+    hidden: str  # a worker that cannot see the submitter's repositories: cpu=4
+    hidden_nanny: int
+
+
+def _wait_for_workers(scheduler_file: Path, count: int) -> dict[str, dict[str, float]]:
+    from distributed import Client
+
+    with Client(scheduler_file=str(scheduler_file), timeout="30s") as client:
+        client.wait_for_workers(count, timeout=60)
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        return {a: dict(w.get("resources") or {}) for a, w in workers.items()}
 
 
 @pytest.fixture(scope="module")
-def dask_address() -> Iterator[str]:
-    from distributed import LocalCluster
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("the hidden worker needs unshare as root (CI runs as root)")
+    base = tmp_path_factory.getbasetemp()  # every test's repository lives under it
+    outside = Path(tempfile.mkdtemp(prefix="dagrunner-dask-", dir="/var/tmp"))
+    scheduler_file = outside / "scheduler.json"
+    procs: list[subprocess.Popen[bytes]] = []
 
-    with LocalCluster(
-        n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0"
-    ) as cluster:
-        yield "dask://" + str(cluster.scheduler_address).split("://", 1)[1]
+    def worker_env(name: str) -> dict[str, str]:
+        home = outside / name
+        home.mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGRUNNER_", "GIT_"))}
+        return {**env, "HOME": str(home), "DAGRUNNER_REMOTE_DIR": str(home / "remote")}
+
+    try:
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
+                 "--dashboard-address", ":0", "--scheduler-file", str(scheduler_file)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not scheduler_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        common = ["--scheduler-file", str(scheduler_file), "--dashboard-address", ":0"]
+        procs.append(
+            subprocess.Popen(
+                [*DASK, *common, "--nthreads", "1", "--resources", "cpu=1,memory=2e9",
+                 "--local-directory", str(outside / "small-dir")],
+                env=worker_env("small"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+        hide = f"mount -t tmpfs tmpfs '{base}' && exec \"$@\""
+        procs.append(
+            subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh",
+                 *DASK, *common, "--nthreads", "4", "--resources", "cpu=4,memory=8e9",
+                 "--local-directory", str(outside / "hidden-dir")],
+                env=worker_env("hidden"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+        workers = _wait_for_workers(scheduler_file, 2)
+        small = next(a for a, r in workers.items() if r.get("cpu") == 1)
+        hidden = next(a for a, r in workers.items() if r.get("cpu") == 4)
+        address = "dask://" + __import__("json").loads(scheduler_file.read_text())["address"][6:]
+        yield Cluster(address, small, hidden, procs[-1].pid)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(outside, ignore_errors=True)
 
 
-def test_gates_run_on_the_cluster(
-    repo: Path, capsys: pytest.CaptureFixture[str], dask_address: str
+def test_the_hidden_worker_cannot_see_the_repository(repo: Path, cluster: Cluster) -> None:
+    """The premise of the tests below: that worker's view has no repository."""
+    from distributed import Client
+
+    with Client(cluster.address.replace("dask://", "tcp://"), timeout="10s") as client:
+        seen = client.run(os.path.exists, str(repo), workers=[cluster.hidden])
+    assert seen == {cluster.hidden: False}
+
+
+def test_gates_run_on_the_shipped_source_only(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
 ) -> None:
-    code, body, run_dir = check(
+    """A gate that fails here fails there; an uncommitted file is seen; a cpu=4 gate runs on
+    the worker that declares cpu=4 although this machine has 2 cores."""
+    (repo / "notes.txt").write_text("TODO: finish\n")
+    git(repo, "add", "notes.txt")
+    git(repo, "commit", "-q", "-m", "a TODO")
+    (repo / "only-here.txt").write_text("uncommitted\n")
+    code, _, run_dir = check(
         capsys,
         repo,
         """
-        [gates.a]
-        run = "echo on-worker pid $$; echo $HOME"
-        [gates.b]
-        run = "echo second; exit 3"
-        needs = ["a"]
-        [gates.c]
-        run = "sleep 300.0331 & echo $! > grandchild.pid; sleep 301"
-        timeout = "1s"
+        [gates.sees-uncommitted]
+        run = "grep -q uncommitted only-here.txt"
+        cpu = 4
+        [gates.no-todo]
+        run = "! grep -rq TODO ."
+        cpu = 4
+        [gates.small]
+        run = "echo on-worker $HOME"
     """,
         "--executor",
-        dask_address,
+        cluster.address,
+    )
+    gates = gate_results(run_dir)
+    assert gates["sees-uncommitted"]["status"] == "passed", gates["sees-uncommitted"]["reason"]
+    assert gates["no-todo"]["status"] == "failed"  # as it fails locally
+    assert code == 1
+    for name in ("sees-uncommitted", "no-todo"):
+        assert [a["worker"] for a in gates[name]["attempts"]] == [cluster.hidden]
+    assert gates["small"]["status"] == "passed"
+    assert "on-worker" in (run_dir / "logs" / "small.log").read_text()
+
+
+def test_a_gate_bigger_than_every_worker_is_named_at_plan_time(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
+    code, body, _ = check(
+        capsys, repo, '[gates.huge]\nrun = ["true"]\ncpu = 8\n', "--executor", cluster.address
+    )
+    assert code == 2 and body["error"]["code"] == "gate-never-fits"
+    assert cluster.hidden in body["error"]["message"]
+    assert not (repo / "reports").exists()
+
+
+def test_a_gate_that_kills_its_worker_is_worker_lost_once_per_attempt(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
+    """Killed as the OOM killer would: each attempt ends worker-lost (retries + 1 of them),
+    Dask never runs the gate twice for one attempt, and the run ends with full records."""
+    stop = threading.Event()
+    killed: list[int] = []
+
+    def kill_its_worker() -> None:
+        while not stop.is_set():
+            for pid in running("300.0441"):
+                try:
+                    chain = psutil.Process(pid).parents()
+                except psutil.NoSuchProcess:
+                    continue
+                worker = next((p for p in chain if p.ppid() == cluster.hidden_nanny), None)
+                if worker is not None and worker.pid not in killed:
+                    killed.append(worker.pid)
+                    os.kill(worker.pid, signal.SIGKILL)
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=kill_its_worker, daemon=True)
+    watcher.start()
+    try:
+        code, body, run_dir = check(
+            capsys,
+            repo,
+            '[gates.hog]\nrun = "sleep 300.0441"\ncpu = 4\nretries = 1\n',
+            "--executor",
+            cluster.address,
+        )
+    finally:
+        stop.set()
+        watcher.join()
+    assert code == 1, body
+    hog = gate_results(run_dir)["hog"]
+    assert hog["status"] == "failed"
+    assert len(hog["attempts"]) == 2 and len(killed) == 2
+    for attempt in hog["attempts"]:
+        assert attempt["error"].startswith("worker-lost"), attempt
+        assert cluster.hidden.rsplit(":", 1)[0] in attempt["error"]
+    assert (run_dir / "run.json").exists() and (run_dir / "junit.xml").exists()
+    cluster.hidden = _worker_with_cpu(cluster, 4)  # the nanny brought it back
+
+
+def _worker_with_cpu(cluster: Cluster, cpu: float) -> str:
+    from distributed import Client
+
+    with Client(cluster.address.replace("dask://", "tcp://"), timeout="10s") as client:
+        client.wait_for_workers(2, timeout=60)
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+    return next(str(a) for a, w in workers.items() if (w.get("resources") or {}).get("cpu") == cpu)
+
+
+def test_a_timeout_counts_from_the_gate_start_and_ends_its_remote_tree(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
+    """Timed by the worker from the gate's start: shipping and Dask's queue are not its time."""
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        '[gates.slow]\nrun = "sleep 300.0331 & sleep 301"\ntimeout = "1s"\ncpu = 4\n',
+        "--executor",
+        cluster.address,
+    )
+    assert code == 1
+    slow = gate_results(run_dir)["slow"]
+    assert slow["status"] == "timed-out"
+    assert 0.9 <= slow["duration"] < 2.0, slow["duration"]
+    assert "timed out after 1." in slow["reason"], slow["reason"]
+    _gone("300.0331")
+
+
+def test_fail_fast_ends_a_remote_tree(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        """
+        [gates.fails]
+        run = "sleep 1; exit 3"
+        [gates.long]
+        run = "sleep 300.0551"
+        cpu = 4
+    """,
+        "--executor",
+        cluster.address,
+        "--fail-fast",
     )
     assert code == 1
     gates = gate_results(run_dir)
-    assert gates["a"]["status"] == "passed"
-    assert "on-worker pid" in (run_dir / "logs" / "a.log").read_text()
-    assert gates["b"]["status"] == "failed" and gates["b"]["exit_code"] == 3
-    assert gates["c"]["status"] == "timed-out"
-    assert not running("300.0331")
-    assert body["options"]["executor"] == dask_address
+    assert gates["fails"]["status"] == "failed" and gates["fails"]["exit_code"] == 3
+    assert gates["long"]["status"] == "cancelled", gates["long"]
+    _gone("300.0551")
+
+
+def _gone(marker: str) -> None:
+    deadline = time.monotonic() + 15
+    while running(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not running(marker)
 
 
 def test_unreachable_scheduler_is_an_environment_error(

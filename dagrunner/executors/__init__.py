@@ -13,11 +13,16 @@ from typing import Protocol
 import trio
 
 from dagrunner.errors import DagrunnerError
+from dagrunner.governor import Machine
 from dagrunner.sandbox import AttemptResult, GateJob
 
 
 class Executor(Protocol):
     name: str
+
+    def machines(self) -> list[Machine]:
+        """Where gates run, when that is not this machine (empty: this machine)."""
+        ...
 
     async def execute(self, job: GateJob) -> AttemptResult:
         """Run one attempt; cancellation must end the attempt's process tree."""

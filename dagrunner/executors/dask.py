@@ -1,11 +1,22 @@
 """Run gate attempts on a Dask distributed cluster (``--executor dask://HOST:PORT[?timeout=10s]``).
 
-Each attempt becomes one Dask task that runs the same sandbox as the local
-executor, on whichever worker the Dask scheduler picks; our own scheduler and
-governor still decide *when* a gate starts.  Requirements on the cluster: the
-repository is at the same path on every worker (a shared or identical
-checkout), and workers have the gates' tools.  The bounded log travels back
-with the result and is written into the local run directory.
+Workers share nothing with the submitter but the network (docs/distributed.md):
+
+- **Source travels with the run.**  The checkout's full state is packed once
+  per run as a commit and a git bundle (``ship.pack``), scattered to every
+  worker; each worker checks that commit out once under its own cache root
+  (``ship.materialise``) and runs the gate there.  When it cannot, the attempt
+  fails (``worker-checkout``) -- a gate never runs anywhere else.
+- **Capacity is the cluster's.**  ``machines()`` reads each worker's declared
+  resources (``--resources "cpu=N,memory=BYTES"``; else its threads and memory
+  limit); the governor admits no more than their sum, and each attempt asks
+  Dask for its declared ``cpu``/``memory`` when every worker declares them.
+- **Faults are failures.**  An attempt runs at most once: a task that Dask
+  starts again because its worker died returns ``worker-lost`` (naming that
+  worker) instead of running the gate a second time; any other Dask error is
+  a failed attempt with a coded reason.  The manifest's ``retries`` decide.
+- **Timing is the gate's.**  The worker measures the attempt from its start;
+  time queued in Dask shows as the gate's wait, not its duration.
 
 Cancelling an attempt (Ctrl-C, --fail-fast, a timeout of ours) sets a Dask
 ``Event`` that the remote task watches; it then ends its process tree there.
@@ -14,6 +25,8 @@ Cancelling an attempt (Ctrl-C, --fail-fast, a timeout of ours) sets a Dask
 from __future__ import annotations
 
 import tempfile
+import threading
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -22,20 +35,47 @@ from typing import Any
 import trio
 
 from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.git import git
+from dagrunner.governor import Machine
+from dagrunner.repo import remote_root
 from dagrunner.sandbox import AttemptResult, GateJob, run_job
+from dagrunner.ship import ShipError, materialise, pack
 
 CANCEL_POLL = 0.2
 
 
-def run_remote(job: GateJob, cancel_name: str) -> tuple[AttemptResult, bytes]:
-    """Executed on a Dask worker: run the attempt in a local sandbox there."""
-    from distributed import Event
+def _failed(error: str, worker: str = "") -> tuple[AttemptResult, bytes]:
+    return AttemptResult(exit_code=None, error=error, worker=worker), f"{error}\n".encode()
 
+
+def run_remote(
+    job: GateJob, rel_cwd: str, commit: str, bundle: bytes, key: str
+) -> tuple[AttemptResult, bytes]:
+    """Executed on a Dask worker: at most once per attempt, in a checkout of the run's source."""
+    from distributed import Event, Variable, get_worker
+
+    here = str(get_worker().address)
+    started, where = Event(f"{key}-started"), Variable(f"{key}-where")
+    if started.is_set():  # Dask ran this before, on a worker that died: never twice
+        lost = str(where.get(timeout=5))
+        return _failed(f"worker-lost: worker {lost} died while running the gate", lost)
+    where.set(here)
+    started.set()
+    try:
+        checkout = materialise(commit, bundle, remote_root())
+    except (ShipError, OSError) as exc:
+        return _failed(f"worker-checkout: on {here}: {exc}", here)
+    cwd = checkout / rel_cwd
+    cwd.mkdir(parents=True, exist_ok=True)  # git keeps no empty folder
     with tempfile.TemporaryDirectory(prefix="dagrunner-remote-") as tmp:
         local = replace(
-            job, log_path=str(Path(tmp) / "gate.log"), sandbox_dir=str(Path(tmp) / "sb")
+            job,
+            cwd=str(cwd),
+            log_path=str(Path(tmp) / "gate.log"),
+            sandbox_dir=str(Path(tmp) / "sb"),
+            hide=None,  # the submitter's cache store is not here
         )
-        cancel = Event(cancel_name)
+        cancel = Event(f"{key}-cancel")
 
         async def main() -> AttemptResult:
             result: AttemptResult | None = None
@@ -51,8 +91,11 @@ def run_remote(job: GateJob, cancel_name: str) -> tuple[AttemptResult, bytes]:
                 nursery.cancel_scope.cancel()
             return result or AttemptResult(exit_code=None, interrupted=True, error="cancelled")
 
+        began = time.monotonic()
         result = trio.run(main)
-        return result, Path(local.log_path).read_bytes()
+        ran = time.monotonic() - began
+        log = Path(local.log_path).read_bytes() if Path(local.log_path).exists() else b""
+        return replace(result, worker=here, ran=ran), log
 
 
 class DaskExecutor:
@@ -73,6 +116,9 @@ class DaskExecutor:
                 )
             self.timeout = value
         self._client: Any = self._connect()
+        self._declared: frozenset[str] = frozenset()  # resources every worker declares
+        self._ship_lock = threading.Lock()
+        self._shipped: dict[str, tuple[str, Any]] = {}  # checkout -> (commit, bundle future)
 
     def _connect(self) -> Any:
         try:
@@ -94,27 +140,107 @@ class DaskExecutor:
                 hint="start one (dask scheduler; dask worker ADDRESS) or check the address",
             ) from None
 
+    def machines(self) -> list[Machine]:
+        """The cluster's workers with what each declares (``cpu``/``memory`` resources, else
+        its threads and memory limit); no worker is an environment error."""
+        workers = self._client.scheduler_info(n_workers=-1).get("workers", {})
+        if not workers:
+            raise DagrunnerError(
+                "dask-no-workers",
+                f"the Dask scheduler at {self.address} has no workers",
+                exit_code=ExitCode.ENVIRONMENT,
+                hint="start one: dask worker " + self.address,
+            )
+        found = []
+        declared: set[str] | None = None
+        for address, info in sorted(workers.items()):
+            resources = info.get("resources") or {}
+            names = {k for k in ("cpu", "memory") if k in resources}
+            declared = names if declared is None else declared & names
+            found.append(
+                Machine(
+                    name=address,
+                    cpu=float(resources.get("cpu", info.get("nthreads", 1))),
+                    memory=int(resources.get("memory", info.get("memory_limit") or 0)),
+                )
+            )
+        self._declared = frozenset(declared or ())
+        return found
+
+    def _ship(self, cwd: str) -> tuple[str, str, Any]:
+        """The checkout holding ``cwd``, packed and scattered once per run: (path of ``cwd``
+        inside it, commit, the bundle's future)."""
+        top = git(["rev-parse", "--show-toplevel"], cwd=Path(cwd)).text
+        rel = Path(cwd).resolve().relative_to(Path(top).resolve()).as_posix()
+        with self._ship_lock:
+            if top not in self._shipped:
+                shipment = pack(Path(top))
+                future = self._client.scatter(shipment.bundle, broadcast=True, hash=False)
+                self._shipped[top] = (shipment.commit, future)
+            commit, future = self._shipped[top]
+        return rel, commit, future
+
     async def execute(self, job: GateJob) -> AttemptResult:
         from distributed import Event
 
-        cancel_name = f"dagrunner-cancel-{uuid.uuid4().hex}"
+        try:
+            rel, commit, bundle = await trio.to_thread.run_sync(self._ship, job.cwd)
+        except (DagrunnerError, OSError) as exc:
+            return AttemptResult(exit_code=None, error=f"ship-failed: {exc}")
+        key = f"dagrunner-{job.gate}-{uuid.uuid4().hex[:12]}"
+        resources = {
+            name: value
+            for name, value in (("cpu", job.cpu), ("memory", job.memory))
+            if name in self._declared and value
+        }
         future = self._client.submit(
-            run_remote, job, cancel_name, pure=False, key=f"{job.gate}-{uuid.uuid4().hex[:8]}"
+            run_remote,
+            job,
+            rel,
+            commit,
+            bundle,
+            key,
+            key=key,
+            pure=False,
+            retries=0,
+            resources=resources or None,
         )
         try:
             result, log = await trio.to_thread.run_sync(future.result, abandon_on_cancel=True)
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
-                event = Event(cancel_name, client=self._client)
+                event = Event(f"{key}-cancel", client=self._client)
                 await trio.to_thread.run_sync(event.set)
                 with trio.move_on_after(job.grace + 5):
-                    await trio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+                    await trio.to_thread.run_sync(_settle, future, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(self._forget, key)
             raise
+        except Exception as exc:  # KilledWorker, a lost dependency, a worker's own error ...
+            kind = type(exc).__name__
+            code = "worker-lost" if kind == "KilledWorker" else "dask-error"
+            result, log = _failed(f"{code}: {kind}: {str(exc)[:300]}")
+        await trio.to_thread.run_sync(self._forget, key)
         Path(job.log_path).write_bytes(log)
         typed: AttemptResult = result
         return typed
+
+    def _forget(self, key: str) -> None:
+        """Drop the attempt's events and variable from the scheduler."""
+        from distributed import Event, Variable
+
+        for name in (f"{key}-started", f"{key}-cancel"):
+            Event(name, client=self._client).clear()
+        Variable(f"{key}-where", client=self._client).delete()
 
     async def aclose(self) -> None:
         if self._client is not None:
             await trio.to_thread.run_sync(self._client.close)
             self._client = None
+
+
+def _settle(future: Any) -> None:
+    """Wait for a cancelled attempt's task to end, whatever it ended with."""
+    try:
+        future.result()
+    except Exception:
+        return

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dagrunner.governor import Machine
 from dagrunner.sandbox import AttemptResult, GateJob, run_job
 
 
 class LocalExecutor:
     name = "local"
+
+    def machines(self) -> list[Machine]:
+        return []  # this machine: the governor reads it
 
     async def execute(self, job: GateJob) -> AttemptResult:
         return await run_job(job)
