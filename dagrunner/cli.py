@@ -130,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     dr = sub.add_parser("doctor", parents=[common], help="check git, worktree support and the root")
     dr.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
+    dr.add_argument(
+        "--executor",
+        default="local",
+        help="also check a cluster: dask://HOST:PORT (its workers, resources and versions)",
+    )
     dr.set_defaults(handler="cmd_doctor")
 
     wt = sub.add_parser("worktree", help="worker worktrees under the cache root")
@@ -201,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="gates to run: a path in the target's head (default manifests/release.toml), "
         "or an absolute path to your own file; never read from the tree under test",
+    )
+    ir.add_argument(
+        "--executor",
+        default="local",
+        help="where the gates run: local (default) or dask://HOST:PORT (docs/distributed.md)",
     )
     ir.add_argument(
         "--trust-envelope-manifest",

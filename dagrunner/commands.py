@@ -156,9 +156,11 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from dagrunner.doctor import doctor
+    from dagrunner.doctor import check_cluster, doctor
 
     report = doctor(args.repo)
+    if args.executor != "local":
+        check_cluster(report, args.executor)
     if args.json:
         emit_json(
             {"ok": report.ok, "findings": [f.to_json() for f in report.findings], **report.facts}
@@ -277,6 +279,7 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         batch=args.batch,
         wait=not args.no_wait,
         trust_envelope_manifest=args.trust_envelope_manifest,
+        executor=args.executor,
     )
     body = result.to_json()
     if args.json:

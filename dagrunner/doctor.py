@@ -105,3 +105,33 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
     else:
         report.add("PASS", "disk", f"{free >> 30} GiB free under the root")
     return report
+
+
+def check_cluster(report: Report, spec: str) -> None:
+    """The cluster's workers: each one's resources, dagrunner and git versions (``--executor``)."""
+    from dagrunner.executors.dask import DaskExecutor
+
+    try:
+        cluster = DaskExecutor(spec)
+    except DagrunnerError as exc:
+        report.add("FAIL", "cluster", exc.message, exc.hint)
+        return
+    try:
+        workers = cluster.workers()
+    finally:
+        cluster.close()
+    report.facts["workers"] = [
+        {"address": w.address, "cpu": w.cpu, "memory": w.memory, "dagrunner": w.dagrunner,
+         "git": w.git, "problem": w.problem}
+        for w in workers
+    ]  # fmt: skip
+    if not workers:
+        report.add("FAIL", "cluster", f"{cluster.address} has no workers", "start one")
+    for w in workers:
+        report.add(
+            "FAIL" if w.problem else "PASS",
+            "worker",
+            f"{w.address}: cpu={w.cpu:g}, memory={w.memory >> 20} MiB, dagrunner "
+            f"{w.dagrunner or '-'}, git {w.git or '-'}" + (f" -- {w.problem}" if w.problem else ""),
+            "install the same dagrunner and git there" if w.problem else "",
+        )

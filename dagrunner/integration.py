@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dagrunner.executors import executor_for
 from dagrunner.integrator import Integrator, integrator_lock
 from dagrunner.outcomes import IntegrationResult
 from dagrunner.queue import Queue
@@ -39,12 +40,17 @@ def integrate(
     wait: bool = True,
     env: Mapping[str, str] | None = None,
     trust_envelope_manifest: bool = False,
+    executor: str = "local",
 ) -> IntegrationResult:
-    """Drain the queue of ``repo`` onto ``target`` (default: the main checkout's branch)."""
+    """Drain the queue of ``repo`` onto ``target`` (default: the main checkout's branch);
+    ``executor`` runs the gates (``local``, or ``dask://HOST:PORT``)."""
     from dagrunner.runner import new_run_id
 
     env = os.environ if env is None else env
     ctx = open_context(repo, env)
+    if executor != "local":  # an unreachable cluster fails now, before anything is applied
+        with executor_for(executor) as cluster:
+            cluster.machines()
     goal = target or default_target(ctx)
     lock = ctx.info.state_dir / f"integrate-{goal.replace('/', '--')}.lock"
     with integrator_lock(lock, wait=wait):
@@ -56,6 +62,7 @@ def integrate(
             env=env,
             run_id=new_run_id(),
             trust_envelope_manifest=trust_envelope_manifest,
+            executor=executor,
         ).run()
 
 

@@ -77,6 +77,7 @@ class Integrator:
         env: Mapping[str, str],
         run_id: str,
         trust_envelope_manifest: bool = False,
+        executor: str = "local",
     ) -> None:
         self.ctx = ctx
         self.repo = ctx.info.root
@@ -91,6 +92,7 @@ class Integrator:
         self.reports = ctx.root / ".integration" / "reports" / run_id
         self.manifest_arg = manifest
         self.trust_envelope_manifest = trust_envelope_manifest
+        self.executor = executor
         self.manifest_file: Path | None = None
         self.manifest_changers: set[str] = set()
         self.result = IntegrationResult(
@@ -329,7 +331,13 @@ class Integrator:
         run_dir = self.reports / f"gates-{self.result.gate_runs:02d}"
         manifest = self.manifest_file or self.trusted_manifest(self.head())
         record, _ = release_check(
-            RunOptions(repo=self.wt, manifest=manifest, report_dir=run_dir, environ=self.env)
+            RunOptions(
+                repo=self.wt,
+                manifest=manifest,
+                report_dir=run_dir,
+                environ=self.env,
+                executor=self.executor,
+            )
         )
         failing = [g.id for g in record.gates if not g.status.ok]
         return record.status is RunStatus.PASSED, failing, str(run_dir)

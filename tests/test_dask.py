@@ -4,6 +4,7 @@ hidden -- it shares nothing with the submitter but the network."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,7 +19,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import check, gate_results, git, running
+from conftest import check, gate_results, git, run_json, running
+
+import dagrunner
+from dagrunner.version import VERSION
 
 pytestmark = pytest.mark.slow
 DASK = [sys.executable, "-m", "distributed.cli.dask_worker"]
@@ -72,7 +76,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             subprocess.Popen(
                 [*DASK, *common, "--nthreads", "1", "--resources", "cpu=1,memory=2e9",
                  "--local-directory", str(outside / "small-dir")],
-                env=worker_env("small"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=worker_env("small"), cwd=outside / "small", stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
         )  # fmt: skip
         hide = f"mount -t tmpfs tmpfs '{base}' && exec \"$@\""
@@ -81,7 +86,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh",
                  *DASK, *common, "--nthreads", "4", "--resources", "cpu=4,memory=8e9",
                  "--local-directory", str(outside / "hidden-dir")],
-                env=worker_env("hidden"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=worker_env("hidden"), cwd=outside / "hidden", stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
         )  # fmt: skip
         workers = _wait_for_workers(scheduler_file, 2)
@@ -257,6 +263,94 @@ def _gone(marker: str) -> None:
     while running(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not running(marker)
+
+
+def test_integration_gates_run_on_the_cluster(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
+    """``integrate run --executor``: the integration worktree is shipped like any checkout;
+    the gate that judges an envelope fails there as it would here."""
+    (repo / "manifests").mkdir()
+    (repo / "manifests" / "release.toml").write_text(
+        '[gates.check]\nrun = "! grep -rq BROKEN --include=*.txt ."\ncpu = 4\n'
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "manifest")
+    base = ["--repo", str(repo)]
+    files = []
+    for name, text in (("good", "fine\n"), ("bad", "BROKEN\n")):
+        _, made = run_json(
+            capsys, "worktree", "allocate", "--mission", "m", "--worker", name, *base
+        )
+        (Path(made["path"]) / f"{name}.txt").write_text(text)
+        out = str(repo.parent / f"{name}.json")
+        run_json(capsys, "worktree", "export", f"m/{name}", "-o", out, *base)
+        files.append(out)
+    run_json(capsys, "integrate", "submit", *files, *base)
+    code, body = run_json(capsys, "integrate", "run", "--executor", cluster.address, *base)
+    assert code == 1
+    assert {e["worker"]: e["state"] for e in body["envelopes"]} == {
+        "good": "landed",
+        "bad": "gates-failed",
+    }
+    for run in sorted(Path(body["report_dir"]).glob("gates-*")):
+        check_gate = gate_results(run)["check"]
+        assert [a["worker"] for a in check_gate["attempts"]] == [cluster.hidden]
+
+
+def test_doctor_lists_the_workers(capsys: pytest.CaptureFixture[str], cluster: Cluster) -> None:
+    code, body = run_json(capsys, "doctor", "--executor", cluster.address)
+    workers = {w["address"]: w for w in body["workers"]}
+    assert set(workers) == {cluster.small, cluster.hidden}
+    assert workers[cluster.hidden]["cpu"] == 4 and workers[cluster.small]["cpu"] == 1
+    assert all(
+        w["dagrunner"] == VERSION and w["git"] and not w["problem"] for w in workers.values()
+    )
+    assert code == 0 or any(
+        f["level"] == "FAIL" and f["check"] != "worker" for f in body["findings"]
+    )
+
+
+def test_a_worker_with_another_dagrunner_is_refused_before_any_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A real second installation of dagrunner, at another version, on its own cluster."""
+    other = tmp_path / "other-install"
+    shutil.copytree(Path(dagrunner.__file__).parent, other / "dagrunner")
+    version = other / "dagrunner" / "version.py"
+    version.write_text(version.read_text().replace(VERSION, VERSION + ".other"))
+    outside = Path(tempfile.mkdtemp(prefix="dagrunner-dask-", dir="/var/tmp"))
+    scheduler_file = outside / "scheduler.json"
+    env = {**os.environ, "PYTHONPATH": str(other), "HOME": str(outside)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
+             "--dashboard-address", ":0", "--scheduler-file", str(scheduler_file)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not scheduler_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        procs.append(
+            subprocess.Popen(
+                [*DASK, "--scheduler-file", str(scheduler_file), "--dashboard-address", ":0",
+                 "--local-directory", str(outside / "dir")],
+                env=env, cwd=outside, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+        _wait_for_workers(scheduler_file, 1)
+        address = "dask://" + json.loads(scheduler_file.read_text())["address"][6:]
+        code, body, _ = check(capsys, repo, '[gates.a]\nrun = "touch ran"\n', "--executor", address)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=20)
+        shutil.rmtree(outside, ignore_errors=True)
+    assert code == 3 and body["error"]["code"] == "dask-worker-unfit"
+    assert f"{VERSION}.other there" in body["error"]["message"]
+    assert not (repo / "reports").exists() and not (repo / "ran").exists()
 
 
 def test_unreachable_scheduler_is_an_environment_error(

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,37 @@ from dagrunner.governor import Machine
 from dagrunner.repo import remote_root
 from dagrunner.sandbox import AttemptResult, GateJob, run_job
 from dagrunner.ship import ShipError, materialise, pack
+from dagrunner.version import VERSION
 
 CANCEL_POLL = 0.2
 
 
 def _failed(error: str, worker: str = "") -> tuple[AttemptResult, bytes]:
     return AttemptResult(exit_code=None, error=error, worker=worker), f"{error}\n".encode()
+
+
+@dataclass(frozen=True)
+class WorkerFacts:
+    """What a worker has that gates depend on."""
+
+    address: str
+    cpu: float
+    memory: int
+    dagrunner: str  # its dagrunner version ("" when it has none)
+    git: str  # its git version ("" when it has none)
+    problem: str = ""  # why it cannot run gates ("" when it can)
+
+
+def _facts_here() -> tuple[str, str]:
+    """Run on each worker by ``client.run``: its dagrunner and git versions."""
+    from dagrunner.repo import git_version
+    from dagrunner.version import VERSION
+
+    try:
+        have_git = ".".join(map(str, git_version()))
+    except DagrunnerError:
+        have_git = ""
+    return VERSION, have_git
 
 
 def run_remote(
@@ -140,10 +165,44 @@ class DaskExecutor:
                 hint="start one (dask scheduler; dask worker ADDRESS) or check the address",
             ) from None
 
-    def machines(self) -> list[Machine]:
-        """The cluster's workers with what each declares (``cpu``/``memory`` resources, else
-        its threads and memory limit); no worker is an environment error."""
+    def workers(self) -> list[WorkerFacts]:
+        """Every worker: what it declares (``cpu``/``memory`` resources, else its threads and
+        memory limit) and its dagrunner and git versions (what ``doctor`` lists)."""
         workers = self._client.scheduler_info(n_workers=-1).get("workers", {})
+        versions = self._client.run(_facts_here, on_error="return") if workers else {}
+        found = []
+        declared: set[str] | None = None
+        for address, info in sorted(workers.items()):
+            resources = info.get("resources") or {}
+            names = {k for k in ("cpu", "memory") if k in resources}
+            declared = names if declared is None else declared & names
+            facts = versions.get(address)
+            if isinstance(facts, tuple) and len(facts) == 2:
+                (theirs, have_git), problem = facts, ""
+            else:
+                theirs, have_git = "", ""
+                problem = f"dagrunner cannot run there: {type(facts).__name__}: {facts}"[:300]
+            if not problem and theirs != VERSION:
+                problem = f"dagrunner {theirs} there, {VERSION} here"
+            if not problem and not have_git:
+                problem = "git is not installed there"
+            found.append(
+                WorkerFacts(
+                    address=address,
+                    cpu=float(resources.get("cpu", info.get("nthreads", 1))),
+                    memory=int(resources.get("memory", info.get("memory_limit") or 0)),
+                    dagrunner=theirs,
+                    git=have_git,
+                    problem=problem,
+                )
+            )
+        self._declared = frozenset(declared or ())
+        return found
+
+    def machines(self) -> list[Machine]:
+        """Where the gates will run; no worker, or one that cannot run them (another dagrunner
+        version, no git), is an environment error before any gate runs."""
+        workers = self.workers()
         if not workers:
             raise DagrunnerError(
                 "dask-no-workers",
@@ -151,21 +210,16 @@ class DaskExecutor:
                 exit_code=ExitCode.ENVIRONMENT,
                 hint="start one: dask worker " + self.address,
             )
-        found = []
-        declared: set[str] | None = None
-        for address, info in sorted(workers.items()):
-            resources = info.get("resources") or {}
-            names = {k for k in ("cpu", "memory") if k in resources}
-            declared = names if declared is None else declared & names
-            found.append(
-                Machine(
-                    name=address,
-                    cpu=float(resources.get("cpu", info.get("nthreads", 1))),
-                    memory=int(resources.get("memory", info.get("memory_limit") or 0)),
-                )
+        unfit = [w for w in workers if w.problem]
+        if unfit:
+            raise DagrunnerError(
+                "dask-worker-unfit",
+                "; ".join(f"{w.address}: {w.problem}" for w in unfit[:5]),
+                exit_code=ExitCode.ENVIRONMENT,
+                hint=f"install dagrunner {VERSION} and git on every worker "
+                "(see dagrunner doctor --executor ...)",
             )
-        self._declared = frozenset(declared or ())
-        return found
+        return [Machine(w.address, w.cpu, w.memory) for w in workers]
 
     def _ship(self, cwd: str) -> tuple[str, str, Any]:
         """The checkout holding ``cwd``, packed and scattered once per run: (path of ``cwd``
@@ -232,10 +286,13 @@ class DaskExecutor:
             Event(name, client=self._client).clear()
         Variable(f"{key}-where", client=self._client).delete()
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
         if self._client is not None:
-            await trio.to_thread.run_sync(self._client.close)
+            self._client.close()
             self._client = None
+
+    async def aclose(self) -> None:
+        await trio.to_thread.run_sync(self.close)
 
 
 def _settle(future: Any) -> None:
