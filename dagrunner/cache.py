@@ -26,7 +26,7 @@ import hmac
 import os
 import secrets
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,10 @@ def tool_fingerprint(
     return hashlib.sha256(output).hexdigest(), text[:TOOL_TEXT_KEPT]
 
 
+Fingerprint = Callable[[str, Mapping[str, str]], tuple[str, str]]
+"""(command, the gate's environment) -> (hash of its output, the output for people)."""
+
+
 def compute_keys(
     manifest: Manifest,
     graph: Graph,
@@ -143,8 +147,12 @@ def compute_keys(
     repo: Path,
     *,
     hide: Path | None = None,
+    fingerprint: Fingerprint | None = None,
 ) -> dict[str, KeyParts | str]:
-    """Each gate's key parts, or a sentence saying why it is not cacheable."""
+    """Each gate's key parts, or a sentence saying why it is not cacheable.
+
+    ``fingerprint`` takes the tools' fingerprints where the gates run (a cluster's
+    workers); by default here, in ``repo``."""
     result: dict[str, KeyParts | str] = {}
     tools: dict[tuple[str, str], tuple[str, str]] = {}
     above = integration_map(graph)
@@ -169,7 +177,11 @@ def compute_keys(
         for command in gate.tools:
             cache_key = (command, _digest(dict(env)))
             if cache_key not in tools:
-                tools[cache_key] = tool_fingerprint(command, env, repo, hide=hide)
+                tools[cache_key] = (
+                    fingerprint(command, env)
+                    if fingerprint is not None
+                    else tool_fingerprint(command, env, repo, hide=hide)
+                )
             fingerprints[command], lines[command] = tools[cache_key]
         files, unmatched = input_files(snapshot, gate.inputs)
         needs: dict[str, str] = {}

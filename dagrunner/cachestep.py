@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dagrunner.cache import KeyParts, Store, compute_keys
+from dagrunner.cache import Fingerprint, KeyParts, Store, compute_keys
 from dagrunner.graph import Graph, spec
 from dagrunner.inputs import take_snapshot
 from dagrunner.manifest import Manifest
@@ -28,6 +28,7 @@ class RunCache:
         run_dir: Path,
         read: bool,
         store: Store | None = None,
+        fingerprint: Fingerprint | None = None,
     ) -> None:
         self.manifest = manifest
         self.run_dir = run_dir
@@ -39,7 +40,9 @@ class RunCache:
         if any(spec(graph, n).inputs and spec(graph, n).kind == "gate" for n in graph.nodes):
             snapshot = take_snapshot(repo)
             self.snapshot_files, self.hashed_files = len(snapshot.paths), snapshot.hashed
-            self.keys = compute_keys(manifest, graph, snapshot, envs, repo, hide=self.store.root)
+            self.keys = compute_keys(
+                manifest, graph, snapshot, envs, repo, hide=self.store.root, fingerprint=fingerprint
+            )
         else:
             self.keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}
         self.setup_seconds = time.monotonic() - started

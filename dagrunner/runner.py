@@ -295,6 +295,7 @@ def _run(plan: Plan, options: RunOptions, executor: Executor) -> tuple[RunRecord
         run_dir=run_dir,
         read=not options.no_cache,
         store=Store(options.cache_root) if options.cache_root else None,
+        fingerprint=executor.fingerprinter(),
     )
     env = options.environ if options.environ is not None else os.environ
     nodes = (options.node_kinds or PlainGates.open)(plan, run_id, env)
@@ -310,7 +311,7 @@ def _run(plan: Plan, options: RunOptions, executor: Executor) -> tuple[RunRecord
     record = record_step(plan, options, run_id=run_id, started_at=started_at, scheduled=scheduled)
     record.cache = cache.summary(scheduled.results)
     record.integration = integration
-    record.warnings = cache.warnings() + record.warnings
+    record.warnings = cache.warnings() + executor.warnings + record.warnings
     write_run_dir(record, run_dir)
     record_history(plan.history, scheduled.results)
     return record, run_dir

@@ -298,6 +298,24 @@ def test_integration_gates_run_on_the_cluster(
         assert [a["worker"] for a in check_gate["attempts"]] == [cluster.hidden]
 
 
+def test_tools_are_fingerprinted_where_gates_run(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
+    """The hidden worker cannot see the repository, the other can: the tool's output differs
+    between them, the run says so naming both, and the key is made of both outputs."""
+    tool = f'test -d "{repo}"'  # exit 0 where the repository is visible, 1 where it is not
+    manifest = f"[gates.a]\nrun = ['true']\ninputs = ['README']\ntools = ['{tool}']\n"
+    code, body, run_dir = check(capsys, repo, manifest, "--executor", cluster.address)
+    assert code == 0, body
+    warning = next(w for w in body["warnings"] if "differs across workers" in w)
+    assert cluster.hidden in warning and cluster.small in warning
+    proof = gate_results(run_dir)["a"]["cache"]
+    assert proof["cacheable"] is True
+    local_code, local_body, local_dir = check(capsys, repo, manifest)
+    assert local_code == 0
+    assert gate_results(local_dir)["a"]["cache"]["key"] != proof["key"]  # not the same tools
+
+
 def test_doctor_lists_the_workers(capsys: pytest.CaptureFixture[str], cluster: Cluster) -> None:
     code, body = run_json(capsys, "doctor", "--executor", cluster.address)
     workers = {w["address"]: w for w in body["workers"]}

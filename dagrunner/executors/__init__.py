@@ -12,6 +12,7 @@ from typing import Protocol
 
 import trio
 
+from dagrunner.cache import Fingerprint
 from dagrunner.errors import DagrunnerError
 from dagrunner.governor import Machine
 from dagrunner.sandbox import AttemptResult, GateJob
@@ -22,6 +23,15 @@ class Executor(Protocol):
 
     def machines(self) -> list[Machine]:
         """Where gates run, when that is not this machine (empty: this machine)."""
+        ...
+
+    def fingerprinter(self) -> Fingerprint | None:
+        """Takes tool fingerprints where gates run (None: here)."""
+        ...
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the run should say about where its gates ran."""
         ...
 
     async def execute(self, job: GateJob) -> AttemptResult:

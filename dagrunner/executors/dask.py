@@ -24,16 +24,19 @@ Cancelling an attempt (Ctrl-C, --fail-fast, a timeout of ours) sets a Dask
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from dagrunner.cache import Fingerprint
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git import git
 from dagrunner.governor import Machine
@@ -71,6 +74,15 @@ def _facts_here() -> tuple[str, str]:
     except DagrunnerError:
         have_git = ""
     return VERSION, have_git
+
+
+def _fingerprint_here(command: str, env: dict[str, str]) -> tuple[str, str]:
+    """Run on each worker by ``client.run``: a tool's fingerprint there."""
+    from dagrunner.cache import tool_fingerprint
+
+    where = remote_root()
+    where.mkdir(parents=True, exist_ok=True)
+    return tool_fingerprint(command, env, where)
 
 
 def run_remote(
@@ -144,6 +156,7 @@ class DaskExecutor:
         self._declared: frozenset[str] = frozenset()  # resources every worker declares
         self._ship_lock = threading.Lock()
         self._shipped: dict[str, tuple[str, Any]] = {}  # checkout -> (commit, bundle future)
+        self._warnings: list[str] = []
 
     def _connect(self) -> Any:
         try:
@@ -220,6 +233,35 @@ class DaskExecutor:
                 "(see dagrunner doctor --executor ...)",
             )
         return [Machine(w.address, w.cpu, w.memory) for w in workers]
+
+    def fingerprinter(self) -> Fingerprint:
+        return self.fingerprint
+
+    @property
+    def warnings(self) -> list[str]:
+        return self._warnings
+
+    def fingerprint(self, command: str, env: Mapping[str, str]) -> tuple[str, str]:
+        """A tool's fingerprint on every worker: theirs when all agree; when they differ, one
+        made of all of them (so no entry is shared between workers that disagree) and a
+        warning naming who differs."""
+        found = self._client.run(_fingerprint_here, command, dict(env), on_error="return")
+        prints = {
+            a: f if isinstance(f, tuple) else ("error", f"{type(f).__name__}: {f}")
+            for a, f in found.items()
+        }
+        if len({h for h, _ in prints.values()}) <= 1 and prints:
+            return next(iter(prints.values()))
+        by_worker = sorted(prints.items())
+        self._warnings.append(
+            f"tool {command!r} differs across workers: "
+            + "; ".join(
+                f"{a}: {text.splitlines()[0] if text else ''}" for a, (_, text) in by_worker
+            )
+            + " -- their cache entries are not shared"
+        )
+        combined = hashlib.sha256("\n".join(sorted({h for h, _ in prints.values()})).encode())
+        return combined.hexdigest(), "\n".join(f"{a}: {text}" for a, (_, text) in by_worker)
 
     def _ship(self, cwd: str) -> tuple[str, str, Any]:
         """The checkout holding ``cwd``, packed and scattered once per run: (path of ``cwd``

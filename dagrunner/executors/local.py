@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dagrunner.cache import Fingerprint
 from dagrunner.governor import Machine
 from dagrunner.sandbox import AttemptResult, GateJob, run_job
 
@@ -11,6 +12,13 @@ class LocalExecutor:
 
     def machines(self) -> list[Machine]:
         return []  # this machine: the governor reads it
+
+    def fingerprinter(self) -> Fingerprint | None:
+        return None
+
+    @property
+    def warnings(self) -> list[str]:
+        return []
 
     async def execute(self, job: GateJob) -> AttemptResult:
         return await run_job(job)
