@@ -98,6 +98,29 @@ def plan_step(
     )
 
 
+FOLLOW_INTERVAL = 2.0
+
+
+async def _follow_cluster(
+    plan: Plan, options: RunOptions, executor: Executor, scheduler: Scheduler
+) -> None:
+    """Workers that join or leave mid-run change the capacity the governor admits against."""
+    governor = scheduler.governor
+    while True:
+        await trio.sleep(FOLLOW_INTERVAL)
+        try:
+            machines = await trio.to_thread.run_sync(executor.following)
+        except Exception:
+            continue
+        if not machines:
+            continue  # every worker gone for now: what runs ends worker-lost; wait for one
+        grown = resolve_capacity(plan.manifest.governor, jobs=options.jobs, machines=machines)
+        bigger = grown.cpu > governor.capacity.cpu or grown.memory > governor.capacity.memory
+        governor.capacity = grown
+        if bigger:
+            scheduler.wake()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Scheduled:
     results: list[GateResult]
@@ -150,6 +173,8 @@ async def schedule_step(
                 if executor.name == "local":
                     interval = max(plan.manifest.governor.sample_interval, 0.5)
                     nursery.start_soon(_sweep_orphans, interval, warnings)
+                else:
+                    nursery.start_soon(_follow_cluster, plan, options, executor, scheduler)
                 results = await scheduler.run()
                 nursery.cancel_scope.cancel()
         wall = trio.current_time() - start

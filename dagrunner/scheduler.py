@@ -100,6 +100,10 @@ class Scheduler:
         order = list(self.graph.nodes)
         return [self.results[node] for node in order if node in self.results]
 
+    def wake(self) -> None:
+        """Look again at what can start (the capacity grew)."""
+        self._wake.set()
+
     def interrupt(self) -> None:
         """End the run now: running gates' trees are ended, the rest are skipped."""
         self.interrupted = True

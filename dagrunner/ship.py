@@ -58,6 +58,12 @@ def pack(checkout: Path) -> Shipment:
         return Shipment(commit, bundle.read_bytes())
 
 
+def ready(commit: str, root: Path) -> Path | None:
+    """The complete checkout of ``commit`` under ``root``, if this machine has it."""
+    checkout = root / "trees" / commit
+    return checkout if (root / "trees" / f"{commit}.complete").exists() else None
+
+
 def materialise(commit: str, bundle: bytes, root: Path) -> Path:
     """A checkout of ``commit`` under ``root`` (made from ``bundle`` when not there yet)."""
     trees = root / "trees"

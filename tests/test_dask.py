@@ -311,9 +311,59 @@ def test_tools_are_fingerprinted_where_gates_run(
     assert cluster.hidden in warning and cluster.small in warning
     proof = gate_results(run_dir)["a"]["cache"]
     assert proof["cacheable"] is True
-    local_code, local_body, local_dir = check(capsys, repo, manifest)
+    local_code, _, local_dir = check(capsys, repo, manifest)
     assert local_code == 0
     assert gate_results(local_dir)["a"]["cache"]["key"] != proof["key"]  # not the same tools
+
+
+def test_a_worker_joining_mid_run_adds_capacity(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster, tmp_path: Path
+) -> None:
+    """big and tick fill the cluster (4 + 1); when tick ends, wide (cpu=2) cannot start until
+    the capacity grows: a cpu=2 worker joins, and wide runs there long before big ends."""
+    joined: list[subprocess.Popen[bytes]] = []
+
+    def join() -> None:
+        time.sleep(1.0)
+        joined.append(
+            subprocess.Popen(
+                [*DASK, cluster.address.replace("dask://", "tcp://"), "--nthreads", "2",
+                 "--resources", "cpu=2,memory=2e9", "--dashboard-address", ":0",
+                 "--local-directory", str(tmp_path / "joined")],
+                env={**os.environ, "DAGRUNNER_REMOTE_DIR": str(tmp_path / "joined-remote")},
+                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+
+    joiner = threading.Thread(target=join)
+    joiner.start()
+    try:
+        code, body, run_dir = check(
+            capsys,
+            repo,
+            """
+            [gates.big]
+            run = "sleep 8"
+            cpu = 4
+            [gates.tick]
+            run = "sleep 1"
+            [gates.wide]
+            run = ["true"]
+            cpu = 2
+            needs = ["tick"]
+        """,
+            "--executor",
+            cluster.address,
+        )
+    finally:
+        joiner.join()
+        for proc in joined:
+            proc.terminate()
+            proc.wait(timeout=30)
+    assert code == 0, body
+    gates = gate_results(run_dir)
+    assert gates["wide"]["started"] < gates["big"]["finished"] - 1.0, gates["wide"]
+    assert gates["wide"]["attempts"][0]["worker"] not in (cluster.small, cluster.hidden)
 
 
 def test_doctor_lists_the_workers(capsys: pytest.CaptureFixture[str], cluster: Cluster) -> None:

@@ -25,6 +25,10 @@ class Executor(Protocol):
         """Where gates run, when that is not this machine (empty: this machine)."""
         ...
 
+    def following(self) -> list[Machine]:
+        """Where gates run now (a cluster's workers join and leave); quick, no checks."""
+        ...
+
     def fingerprinter(self) -> Fingerprint | None:
         """Takes tool fingerprints where gates run (None: here)."""
         ...

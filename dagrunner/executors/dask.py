@@ -3,10 +3,12 @@
 Workers share nothing with the submitter but the network (docs/distributed.md):
 
 - **Source travels with the run.**  The checkout's full state is packed once
-  per run as a commit and a git bundle (``ship.pack``), scattered to every
-  worker; each worker checks that commit out once under its own cache root
-  (``ship.materialise``) and runs the gate there.  When it cannot, the attempt
-  fails (``worker-checkout``) -- a gate never runs anywhere else.
+  per run as a commit and a git bundle (``ship.pack``) and checked out on
+  every worker under its own cache root (``ship.materialise``, out of band:
+  the bundle is no task's dependency, so losing a worker loses no data).  A
+  worker that joins later answers ``need-source`` and gets it then.  A gate
+  runs only in that checkout: a worker that cannot make it fails the attempt
+  (``worker-checkout``).
 - **Capacity is the cluster's.**  ``machines()`` reads each worker's declared
   resources (``--resources "cpu=N,memory=BYTES"``; else its threads and memory
   limit); the governor admits no more than their sum, and each attempt asks
@@ -39,13 +41,18 @@ import trio
 from dagrunner.cache import Fingerprint
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git import git
-from dagrunner.governor import Machine
+from dagrunner.governor import Machine, Placement
 from dagrunner.repo import remote_root
 from dagrunner.sandbox import AttemptResult, GateJob, run_job
-from dagrunner.ship import ShipError, materialise, pack
+from dagrunner.ship import Shipment, materialise, pack, ready
 from dagrunner.version import VERSION
 
 CANCEL_POLL = 0.2
+PLACE_POLL = 0.05
+STASH_TRIES = 3
+NEED_SOURCE = "need-source"
+GONE = "worker-gone"  # the pinned worker left before the gate started: place it again
+WAIT_STEP = 1.0
 
 
 def _failed(error: str, worker: str = "") -> tuple[AttemptResult, bytes]:
@@ -62,6 +69,15 @@ class WorkerFacts:
     dagrunner: str  # its dagrunner version ("" when it has none)
     git: str  # its git version ("" when it has none)
     problem: str = ""  # why it cannot run gates ("" when it can)
+
+
+def _size(info: Mapping[str, Any]) -> tuple[float, int]:
+    """A worker's (cpu, memory): its declared resources, else its threads and memory limit."""
+    resources = info.get("resources") or {}
+    return (
+        float(resources.get("cpu", info.get("nthreads", 1))),
+        int(resources.get("memory", info.get("memory_limit") or 0)),
+    )
 
 
 def _facts_here() -> tuple[str, str]:
@@ -85,10 +101,16 @@ def _fingerprint_here(command: str, env: dict[str, str]) -> tuple[str, str]:
     return tool_fingerprint(command, env, where)
 
 
-def run_remote(
-    job: GateJob, rel_cwd: str, commit: str, bundle: bytes, key: str
-) -> tuple[AttemptResult, bytes]:
-    """Executed on a Dask worker: at most once per attempt, in a checkout of the run's source."""
+def stash_here(commit: str, bundle: bytes) -> str:
+    """Run on workers by ``client.run``: check the run's source out here, before any gate."""
+    return str(materialise(commit, bundle, remote_root()))
+
+
+def run_remote(job: GateJob, rel_cwd: str, commit: str, key: str) -> tuple[AttemptResult, bytes]:
+    """Executed on a Dask worker: at most once per attempt, in a checkout of the run's source.
+
+    A worker without the checkout (one that joined after the source was shipped) answers
+    ``need-source`` without starting anything; the submitter stashes it there and asks again."""
     from distributed import Event, Variable, get_worker
 
     here = str(get_worker().address)
@@ -96,12 +118,11 @@ def run_remote(
     if started.is_set():  # Dask ran this before, on a worker that died: never twice
         lost = str(where.get(timeout=5))
         return _failed(f"worker-lost: worker {lost} died while running the gate", lost)
+    checkout = ready(commit, remote_root())
+    if checkout is None:
+        return AttemptResult(exit_code=None, error=NEED_SOURCE, worker=here), b""
     where.set(here)
     started.set()
-    try:
-        checkout = materialise(commit, bundle, remote_root())
-    except (ShipError, OSError) as exc:
-        return _failed(f"worker-checkout: on {here}: {exc}", here)
     cwd = checkout / rel_cwd
     cwd.mkdir(parents=True, exist_ok=True)  # git keeps no empty folder
     with tempfile.TemporaryDirectory(prefix="dagrunner-remote-") as tmp:
@@ -155,8 +176,9 @@ class DaskExecutor:
         self._client: Any = self._connect()
         self._declared: frozenset[str] = frozenset()  # resources every worker declares
         self._ship_lock = threading.Lock()
-        self._shipped: dict[str, tuple[str, Any]] = {}  # checkout -> (commit, bundle future)
+        self._shipped: dict[str, Shipment] = {}  # checkout -> its source, packed
         self._warnings: list[str] = []
+        self.placement = Placement()
 
     def _connect(self) -> Any:
         try:
@@ -178,18 +200,23 @@ class DaskExecutor:
                 hint="start one (dask scheduler; dask worker ADDRESS) or check the address",
             ) from None
 
-    def workers(self) -> list[WorkerFacts]:
+    def workers(self, *, versions: bool = True) -> list[WorkerFacts]:
         """Every worker: what it declares (``cpu``/``memory`` resources, else its threads and
         memory limit) and its dagrunner and git versions (what ``doctor`` lists)."""
         workers = self._client.scheduler_info(n_workers=-1).get("workers", {})
-        versions = self._client.run(_facts_here, on_error="return") if workers else {}
+        if not versions:
+            return [
+                WorkerFacts(address, *_size(info), dagrunner="", git="")
+                for address, info in sorted(workers.items())
+            ]
+        found_versions = self._client.run(_facts_here, on_error="return") if workers else {}
         found = []
         declared: set[str] | None = None
         for address, info in sorted(workers.items()):
             resources = info.get("resources") or {}
             names = {k for k in ("cpu", "memory") if k in resources}
             declared = names if declared is None else declared & names
-            facts = versions.get(address)
+            facts = found_versions.get(address)
             if isinstance(facts, tuple) and len(facts) == 2:
                 (theirs, have_git), problem = facts, ""
             else:
@@ -200,14 +227,7 @@ class DaskExecutor:
             if not problem and not have_git:
                 problem = "git is not installed there"
             found.append(
-                WorkerFacts(
-                    address=address,
-                    cpu=float(resources.get("cpu", info.get("nthreads", 1))),
-                    memory=int(resources.get("memory", info.get("memory_limit") or 0)),
-                    dagrunner=theirs,
-                    git=have_git,
-                    problem=problem,
-                )
+                WorkerFacts(address, *_size(info), dagrunner=theirs, git=have_git, problem=problem)
             )
         self._declared = frozenset(declared or ())
         return found
@@ -232,7 +252,16 @@ class DaskExecutor:
                 hint=f"install dagrunner {VERSION} and git on every worker "
                 "(see dagrunner doctor --executor ...)",
             )
-        return [Machine(w.address, w.cpu, w.memory) for w in workers]
+        machines = [Machine(w.address, w.cpu, w.memory) for w in workers]
+        self.placement.update(machines)
+        return machines
+
+    def following(self) -> list[Machine]:
+        """The workers now (no version check: ``machines`` did it), to follow joins and leaves."""
+        machines = [Machine(w.address, w.cpu, w.memory) for w in self.workers(versions=False)]
+        if machines:
+            self.placement.update(machines)
+        return machines
 
     def fingerprinter(self) -> Fingerprint:
         return self.fingerprint
@@ -263,27 +292,75 @@ class DaskExecutor:
         combined = hashlib.sha256("\n".join(sorted({h for h, _ in prints.values()})).encode())
         return combined.hexdigest(), "\n".join(f"{a}: {text}" for a, (_, text) in by_worker)
 
-    def _ship(self, cwd: str) -> tuple[str, str, Any]:
-        """The checkout holding ``cwd``, packed and scattered once per run: (path of ``cwd``
-        inside it, commit, the bundle's future)."""
+    def _ship(self, cwd: str) -> tuple[str, str]:
+        """The checkout holding ``cwd``, packed once per run and checked out on every worker:
+        (the path of ``cwd`` inside it, the commit)."""
         top = git(["rev-parse", "--show-toplevel"], cwd=Path(cwd)).text
         rel = Path(cwd).resolve().relative_to(Path(top).resolve()).as_posix()
         with self._ship_lock:
             if top not in self._shipped:
                 shipment = pack(Path(top))
-                future = self._client.scatter(shipment.bundle, broadcast=True, hash=False)
-                self._shipped[top] = (shipment.commit, future)
-            commit, future = self._shipped[top]
-        return rel, commit, future
+                self._client.run(stash_here, shipment.commit, shipment.bundle, on_error="return")
+                self._shipped[top] = shipment
+            commit = self._shipped[top].commit
+        return rel, commit
+
+    def _stash(self, commit: str, worker: str) -> str:
+        """Check ``commit`` out on one worker (it joined after the source was shipped); why
+        it could not ('' when it could)."""
+        bundle = next(s.bundle for s in self._shipped.values() if s.commit == commit)
+        done = self._client.run(stash_here, commit, bundle, workers=[worker], on_error="return")
+        problem = done.get(worker)
+        return "" if isinstance(problem, str) else f"{type(problem).__name__}: {problem}"[:300]
 
     async def execute(self, job: GateJob) -> AttemptResult:
-        from distributed import Event
-
         try:
-            rel, commit, bundle = await trio.to_thread.run_sync(self._ship, job.cwd)
+            rel, commit = await trio.to_thread.run_sync(self._ship, job.cwd)
         except (DagrunnerError, OSError) as exc:
             return AttemptResult(exit_code=None, error=f"ship-failed: {exc}")
         key = f"dagrunner-{job.gate}-{uuid.uuid4().hex[:12]}"
+        try:
+            problem = ""
+            for _ in range(STASH_TRIES):
+                result, log = await self._placed(job, rel, commit, key)
+                if result.error != NEED_SOURCE:
+                    break
+                problem = await trio.to_thread.run_sync(self._stash, commit, result.worker)
+            else:
+                result, log = _failed(
+                    f"worker-checkout: on {result.worker}: {problem or 'no checkout'}",
+                    result.worker,
+                )
+        finally:
+            await trio.to_thread.run_sync(self._forget, key)
+        Path(job.log_path).write_bytes(log)
+        return result
+
+    async def _placed(
+        self, job: GateJob, rel: str, commit: str, key: str
+    ) -> tuple[AttemptResult, bytes]:
+        """The attempt on a worker with room for it now; placed again if that worker leaves
+        before the gate starts."""
+        while True:
+            place = self.placement.take(job.cpu, job.memory)
+            if place is None:  # admitted, but no one worker has the room free yet
+                await trio.sleep(PLACE_POLL)
+                continue
+            try:
+                result, log = await self._run(job, rel, commit, key, place)
+            finally:
+                self.placement.give_back(place, job.cpu, job.memory)
+            if result.error != GONE:
+                return result, log
+
+    async def _run(
+        self, job: GateJob, rel: str, commit: str, key: str, place: str
+    ) -> tuple[AttemptResult, bytes]:
+        """One submission, pinned to ``place``: its result and log.  A Dask error is a failed
+        attempt; the worker leaving is ``worker-lost`` when the gate had started there (it is
+        never run twice), else ``GONE`` (place it again)."""
+        from distributed import Event
+
         resources = {
             name: value
             for name, value in (("cpu", job.cpu), ("memory", job.memory))
@@ -294,31 +371,40 @@ class DaskExecutor:
             job,
             rel,
             commit,
-            bundle,
             key,
-            key=key,
+            key=f"{key}-{uuid.uuid4().hex[:6]}",
             pure=False,
             retries=0,
             resources=resources or None,
+            workers=[place],
+            allow_other_workers=False,  # loose restrictions ignore resources on a re-run
         )
         try:
-            result, log = await trio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+            while True:
+                done = await trio.to_thread.run_sync(_wait, future, abandon_on_cancel=True)
+                if done is not None:
+                    return done
+                if place not in self.placement.machines:  # it left (or died and came back)
+                    await trio.to_thread.run_sync(future.cancel)
+                    return await trio.to_thread.run_sync(self._left, key, place)
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
                 event = Event(f"{key}-cancel", client=self._client)
                 await trio.to_thread.run_sync(event.set)
                 with trio.move_on_after(job.grace + 5):
                     await trio.to_thread.run_sync(_settle, future, abandon_on_cancel=True)
-                await trio.to_thread.run_sync(self._forget, key)
             raise
-        except Exception as exc:  # KilledWorker, a lost dependency, a worker's own error ...
+        except Exception as exc:  # KilledWorker, a worker's own error ...
             kind = type(exc).__name__
             code = "worker-lost" if kind == "KilledWorker" else "dask-error"
-            result, log = _failed(f"{code}: {kind}: {str(exc)[:300]}")
-        await trio.to_thread.run_sync(self._forget, key)
-        Path(job.log_path).write_bytes(log)
-        typed: AttemptResult = result
-        return typed
+            return _failed(f"{code}: {kind}: {str(exc)[:300]}")
+
+    def _left(self, key: str, place: str) -> tuple[AttemptResult, bytes]:
+        from distributed import Event
+
+        if Event(f"{key}-started", client=self._client).is_set():
+            return _failed(f"worker-lost: worker {place} died while running the gate", place)
+        return AttemptResult(exit_code=None, error=GONE, worker=place), b""
 
     def _forget(self, key: str) -> None:
         """Drop the attempt's events and variable from the scheduler."""
@@ -335,6 +421,17 @@ class DaskExecutor:
 
     async def aclose(self) -> None:
         await trio.to_thread.run_sync(self.close)
+
+
+def _wait(future: Any) -> tuple[AttemptResult, bytes] | None:
+    """The attempt's result, or None when it is not done within a second."""
+    from distributed import TimeoutError as DaskTimeout
+
+    try:
+        done: tuple[AttemptResult, bytes] = future.result(timeout=WAIT_STEP)
+    except (DaskTimeout, TimeoutError):
+        return None
+    return done
 
 
 def _settle(future: Any) -> None:

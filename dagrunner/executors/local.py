@@ -13,6 +13,9 @@ class LocalExecutor:
     def machines(self) -> list[Machine]:
         return []  # this machine: the governor reads it
 
+    def following(self) -> list[Machine]:
+        return []
+
     def fingerprinter(self) -> Fingerprint | None:
         return None
 
