@@ -150,6 +150,29 @@ def test_gates_run_on_the_shipped_source_only(
     assert "on-worker" in (run_dir / "logs" / "small.log").read_text()
 
 
+def test_a_changed_source_is_exactly_the_new_state_on_the_worker(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
+    """The second run ships only the change, into a checkout that held the first: the
+    changed file is new, the deleted one gone, and what the first run's gate left is gone."""
+    (repo / "f.txt").write_text("one\n")
+    (repo / "g.txt").write_text("delete me\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "two files")
+    first = '[gates.a]\nrun = "grep -q one f.txt && echo left > leftover.txt"\ncpu = 4\n'
+    code, _, _ = check(capsys, repo, first, "--executor", cluster.address)
+    assert code == 0
+    (repo / "f.txt").write_text("two\n")
+    (repo / "g.txt").unlink()
+    second = (
+        '[gates.a]\nrun = "grep -q two f.txt && test ! -e g.txt && test ! -e leftover.txt"\n'
+        "cpu = 4\n"
+    )
+    code, _, run_dir = check(capsys, repo, second, "--executor", cluster.address)
+    assert code == 0, (run_dir / "logs" / "a.log").read_text()
+    assert gate_results(run_dir)["a"]["attempts"][0]["worker"] == cluster.hidden
+
+
 def test_a_gate_bigger_than_every_worker_is_named_at_plan_time(
     repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
 ) -> None:

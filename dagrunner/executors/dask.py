@@ -27,36 +27,28 @@ Cancelling an attempt (Ctrl-C, --fail-fast, a timeout of ours) sets a Dask
 from __future__ import annotations
 
 import hashlib
-import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from dagrunner import ship
 from dagrunner.cache import Fingerprint
 from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.executors import remote
 from dagrunner.git import git
 from dagrunner.governor import Machine, Placement
-from dagrunner.repo import remote_root
-from dagrunner.sandbox import AttemptResult, GateJob, run_job
-from dagrunner.ship import Shipment, materialise, pack, ready
+from dagrunner.sandbox import AttemptResult, GateJob
 from dagrunner.version import VERSION
 
-CANCEL_POLL = 0.2
 PLACE_POLL = 0.05
 STASH_TRIES = 3
-NEED_SOURCE = "need-source"
 GONE = "worker-gone"  # the pinned worker left before the gate started: place it again
 WAIT_STEP = 1.0
-
-
-def _failed(error: str, worker: str = "") -> tuple[AttemptResult, bytes]:
-    return AttemptResult(exit_code=None, error=error, worker=worker), f"{error}\n".encode()
 
 
 @dataclass(frozen=True)
@@ -80,82 +72,6 @@ def _size(info: Mapping[str, Any]) -> tuple[float, int]:
     )
 
 
-def _facts_here() -> tuple[str, str]:
-    """Run on each worker by ``client.run``: its dagrunner and git versions."""
-    from dagrunner.repo import git_version
-    from dagrunner.version import VERSION
-
-    try:
-        have_git = ".".join(map(str, git_version()))
-    except DagrunnerError:
-        have_git = ""
-    return VERSION, have_git
-
-
-def _fingerprint_here(command: str, env: dict[str, str]) -> tuple[str, str]:
-    """Run on each worker by ``client.run``: a tool's fingerprint there."""
-    from dagrunner.cache import tool_fingerprint
-
-    where = remote_root()
-    where.mkdir(parents=True, exist_ok=True)
-    return tool_fingerprint(command, env, where)
-
-
-def stash_here(commit: str, bundle: bytes) -> str:
-    """Run on workers by ``client.run``: check the run's source out here, before any gate."""
-    return str(materialise(commit, bundle, remote_root()))
-
-
-def run_remote(job: GateJob, rel_cwd: str, commit: str, key: str) -> tuple[AttemptResult, bytes]:
-    """Executed on a Dask worker: at most once per attempt, in a checkout of the run's source.
-
-    A worker without the checkout (one that joined after the source was shipped) answers
-    ``need-source`` without starting anything; the submitter stashes it there and asks again."""
-    from distributed import Event, Variable, get_worker
-
-    here = str(get_worker().address)
-    started, where = Event(f"{key}-started"), Variable(f"{key}-where")
-    if started.is_set():  # Dask ran this before, on a worker that died: never twice
-        lost = str(where.get(timeout=5))
-        return _failed(f"worker-lost: worker {lost} died while running the gate", lost)
-    checkout = ready(commit, remote_root())
-    if checkout is None:
-        return AttemptResult(exit_code=None, error=NEED_SOURCE, worker=here), b""
-    where.set(here)
-    started.set()
-    cwd = checkout / rel_cwd
-    cwd.mkdir(parents=True, exist_ok=True)  # git keeps no empty folder
-    with tempfile.TemporaryDirectory(prefix="dagrunner-remote-") as tmp:
-        local = replace(
-            job,
-            cwd=str(cwd),
-            log_path=str(Path(tmp) / "gate.log"),
-            sandbox_dir=str(Path(tmp) / "sb"),
-            hide=None,  # the submitter's cache store is not here
-        )
-        cancel = Event(f"{key}-cancel")
-
-        async def main() -> AttemptResult:
-            result: AttemptResult | None = None
-            async with trio.open_nursery() as nursery:
-
-                async def watch() -> None:
-                    while not await trio.to_thread.run_sync(cancel.is_set):
-                        await trio.sleep(CANCEL_POLL)
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(watch)
-                result = await run_job(local)
-                nursery.cancel_scope.cancel()
-            return result or AttemptResult(exit_code=None, interrupted=True, error="cancelled")
-
-        began = time.monotonic()
-        result = trio.run(main)
-        ran = time.monotonic() - began
-        log = Path(local.log_path).read_bytes() if Path(local.log_path).exists() else b""
-        return replace(result, worker=here, ran=ran), log
-
-
 class DaskExecutor:
     name = "dask"
 
@@ -176,7 +92,8 @@ class DaskExecutor:
         self._client: Any = self._connect()
         self._declared: frozenset[str] = frozenset()  # resources every worker declares
         self._ship_lock = threading.Lock()
-        self._shipped: dict[str, Shipment] = {}  # checkout -> its source, packed
+        self._shipped: dict[str, ship.Shipment] = {}  # checkout -> its source, packed
+        self._tops: dict[str, tuple[str, str]] = {}  # a gate's cwd -> (its checkout, path in it)
         self._warnings: list[str] = []
         self.placement = Placement()
 
@@ -209,7 +126,7 @@ class DaskExecutor:
                 WorkerFacts(address, *_size(info), dagrunner="", git="")
                 for address, info in sorted(workers.items())
             ]
-        found_versions = self._client.run(_facts_here, on_error="return") if workers else {}
+        found_versions = self._client.run(remote.facts_here, on_error="return") if workers else {}
         found = []
         declared: set[str] | None = None
         for address, info in sorted(workers.items()):
@@ -274,7 +191,7 @@ class DaskExecutor:
         """A tool's fingerprint on every worker: theirs when all agree; when they differ, one
         made of all of them (so no entry is shared between workers that disagree) and a
         warning naming who differs."""
-        found = self._client.run(_fingerprint_here, command, dict(env), on_error="return")
+        found = self._client.run(remote.fingerprint_here, command, dict(env), on_error="return")
         prints = {
             a: f if isinstance(f, tuple) else ("error", f"{type(f).__name__}: {f}")
             for a, f in found.items()
@@ -294,22 +211,34 @@ class DaskExecutor:
 
     def _ship(self, cwd: str) -> tuple[str, str]:
         """The checkout holding ``cwd``, packed once per run and checked out on every worker:
-        (the path of ``cwd`` inside it, the commit)."""
-        top = git(["rev-parse", "--show-toplevel"], cwd=Path(cwd)).text
-        rel = Path(cwd).resolve().relative_to(Path(top).resolve()).as_posix()
+        (the path of ``cwd`` inside it, the commit).  The bundle leaves out the sources every
+        worker already holds."""
+        if cwd not in self._tops:
+            top = git(["rev-parse", "--show-toplevel"], cwd=Path(cwd)).text
+            self._tops[cwd] = top, Path(cwd).resolve().relative_to(Path(top).resolve()).as_posix()
+        top, rel = self._tops[cwd]
         with self._ship_lock:
             if top not in self._shipped:
-                shipment = pack(Path(top))
-                self._client.run(stash_here, shipment.commit, shipment.bundle, on_error="return")
-                self._shipped[top] = shipment
+                commit = ship.source_commit(Path(top))
+                holds = self._client.run(remote.held_here, on_error="return")
+                common = set.intersection(
+                    *(set(h) if isinstance(h, list) else set() for h in holds.values())
+                ) if holds else set()  # fmt: skip
+                base = ship.known_here(Path(top), sorted(common - {commit}))
+                packed = ship.bundle(Path(top), commit, base)
+                self._client.run(remote.stash_here, commit, packed, on_error="return")
+                self._shipped[top] = ship.Shipment(commit, packed)
             commit = self._shipped[top].commit
         return rel, commit
 
     def _stash(self, commit: str, worker: str) -> str:
-        """Check ``commit`` out on one worker (it joined after the source was shipped); why
-        it could not ('' when it could)."""
-        bundle = next(s.bundle for s in self._shipped.values() if s.commit == commit)
-        done = self._client.run(stash_here, commit, bundle, workers=[worker], on_error="return")
+        """Check ``commit`` out on one worker (it joined after the source was shipped, with the
+        whole source); why it could not ('' when it could)."""
+        top = next(t for t, s in self._shipped.items() if s.commit == commit)
+        whole = ship.bundle(Path(top), commit)
+        done = self._client.run(
+            remote.stash_here, commit, whole, workers=[worker], on_error="return"
+        )
         problem = done.get(worker)
         return "" if isinstance(problem, str) else f"{type(problem).__name__}: {problem}"[:300]
 
@@ -323,11 +252,11 @@ class DaskExecutor:
             problem = ""
             for _ in range(STASH_TRIES):
                 result, log = await self._placed(job, rel, commit, key)
-                if result.error != NEED_SOURCE:
+                if result.error != remote.NEED_SOURCE:
                     break
                 problem = await trio.to_thread.run_sync(self._stash, commit, result.worker)
             else:
-                result, log = _failed(
+                result, log = remote.failed(
                     f"worker-checkout: on {result.worker}: {problem or 'no checkout'}",
                     result.worker,
                 )
@@ -367,7 +296,7 @@ class DaskExecutor:
             if name in self._declared and value
         }
         future = self._client.submit(
-            run_remote,
+            remote.run_remote,
             job,
             rel,
             commit,
@@ -397,13 +326,13 @@ class DaskExecutor:
         except Exception as exc:  # KilledWorker, a worker's own error ...
             kind = type(exc).__name__
             code = "worker-lost" if kind == "KilledWorker" else "dask-error"
-            return _failed(f"{code}: {kind}: {str(exc)[:300]}")
+            return remote.failed(f"{code}: {kind}: {str(exc)[:300]}")
 
     def _left(self, key: str, place: str) -> tuple[AttemptResult, bytes]:
         from distributed import Event
 
         if Event(f"{key}-started", client=self._client).is_set():
-            return _failed(f"worker-lost: worker {place} died while running the gate", place)
+            return remote.failed(f"worker-lost: worker {place} died while running the gate", place)
         return AttemptResult(exit_code=None, error=GONE, worker=place), b""
 
     def _forget(self, key: str) -> None:
