@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import check, gate_results, git, run_json, running
+from conftest import CLI, check, gate_results, git, run_json, running
 
 import dagrunner
 from dagrunner.version import VERSION
@@ -286,6 +286,28 @@ def _gone(marker: str) -> None:
     while running(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not running(marker)
+
+
+def test_ctrl_c_ends_a_remote_tree_and_records_the_run(
+    repo: Path, tmp_path: Path, cluster: Cluster
+) -> None:
+    manifest = repo / "m.toml"
+    manifest.write_text('[gates.long]\nrun = "sleep 300.0661"\ncpu = 4\n')
+    proc = subprocess.Popen(
+        [*CLI, "release-check", str(manifest), "--repo", str(repo), "--executor", cluster.address,
+         "--report-dir", str(tmp_path / "run"), "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not running("300.0661"):
+        assert time.monotonic() < deadline and proc.poll() is None, "the gate never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    _gone("300.0661")
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["status"] == "interrupted"
+    assert [g["status"] for g in run["gates"]] == ["interrupted"]
 
 
 def test_integration_gates_run_on_the_cluster(
