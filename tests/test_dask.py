@@ -36,6 +36,20 @@ class Cluster:
     hidden_nanny: int
 
 
+def start_scheduler(scheduler_file: Path) -> subprocess.Popen[bytes]:
+    """``dask scheduler`` on a free port; returns once it has written ``scheduler_file``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
+         "--dashboard-address", ":0", "--scheduler-file", str(scheduler_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not scheduler_file.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the scheduler did not start"
+        time.sleep(0.1)
+    return proc
+
+
 def _wait_for_workers(scheduler_file: Path, count: int) -> dict[str, dict[str, float]]:
     from distributed import Client
 
@@ -61,16 +75,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         return {**env, "HOME": str(home), "DAGRUNNER_REMOTE_DIR": str(home / "remote")}
 
     try:
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
-                 "--dashboard-address", ":0", "--scheduler-file", str(scheduler_file)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while not scheduler_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        procs.append(start_scheduler(scheduler_file))
         common = ["--scheduler-file", str(scheduler_file), "--dashboard-address", ":0"]
         procs.append(
             subprocess.Popen(
@@ -435,17 +440,8 @@ def test_a_worker_with_another_dagrunner_is_refused_before_any_gate(
     outside = Path(tempfile.mkdtemp(prefix="dagrunner-dask-", dir="/var/tmp"))
     scheduler_file = outside / "scheduler.json"
     env = {**os.environ, "PYTHONPATH": str(other), "HOME": str(outside)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
-             "--dashboard-address", ":0", "--scheduler-file", str(scheduler_file)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-    ]  # fmt: skip
+    procs = [start_scheduler(scheduler_file)]
     try:
-        deadline = time.monotonic() + 30
-        while not scheduler_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
         procs.append(
             subprocess.Popen(
                 [*DASK, "--scheduler-file", str(scheduler_file), "--dashboard-address", ":0",
