@@ -25,7 +25,7 @@ from dagrunner.jsonout import emit_json
 from dagrunner.plan import RunOptions
 from dagrunner.records import RunStatus
 from dagrunner.release import release_check
-from dagrunner.report.ci import publish
+from dagrunner.report.ci import commands_off, publish
 from dagrunner.runner import load_step
 from dagrunner.units import format_duration
 
@@ -58,7 +58,8 @@ def cmd_release_check(args: argparse.Namespace) -> int:
         body.pop("governor", None)  # samples belong in run.json, not on an orchestrator's stdout
         emit_json(body)
     else:
-        print(summary_table(record, str(run_dir)))
+        with commands_off(os.environ, sys.stdout):  # the summary quotes gates' logs
+            print(summary_table(record, str(run_dir)))
     if record.status is RunStatus.INTERRUPTED:
         return ExitCode.INTERRUPTED
     return ExitCode.OK if record.status is RunStatus.PASSED else ExitCode.FAILED

@@ -261,6 +261,50 @@ def test_github_summary_and_annotations(
     assert "| `bad` | failed |" in text and "| `good` | passed |" in text
 
 
+def test_github_annotations_point_at_files_and_a_gate_cannot_forge_commands(
+    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ruff/mypy/pytest-style ``path:line:`` lines become annotations on those files; the
+    log tail is folded in a group; a line the gate printed as a workflow command is quoted
+    between ``::stop-commands::`` and its token, never read as one."""
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    log = (
+        "src/app.py:3:5: F401 [*] `os` imported but unused\n"
+        "src/app.py:9: error: Incompatible return value type\n"
+        "/usr/lib/python3/x.py:1: not ours\n"
+        "::add-mask::forged\n"
+        "::error title=forged::pass\n"
+    )
+    (repo / "out.txt").write_text(log)
+    path = repo / "m.toml"
+    path.write_text('[gates.lint]\nrun = "cat out.txt; exit 1"\n')
+    code = run_cli(["release-check", str(path), "--repo", str(repo), "--quiet"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 1
+    assert (
+        "::error file=src/app.py,line=3,col=5,title=gate lint failed::F401 [*] `os` imported "
+        "but unused" in out
+    )
+    assert (
+        "::error file=src/app.py,line=9,title=gate lint failed::error: Incompatible return "
+        "value type" in out
+    )
+    assert not any("x.py" in line and line.startswith("::error") for line in out)
+    start = out.index("::group::log of gate lint (failed)")
+    token = out[start + 1].removeprefix("::stop-commands::")
+    assert len(token) == 32 and out[start + 1].startswith("::stop-commands::")
+    end = out.index(f"::{token}::")
+    assert out[end + 1] == "::endgroup::"
+    assert "::add-mask::forged" in out[start:end] and "::error title=forged::pass" in out[start:end]
+    quoted = [i for i, line in enumerate(out) if "forged" in line]
+    fences = [i for i, line in enumerate(out) if line.startswith("::stop-commands::")]
+    for i in quoted:  # every echo of the forged line, in the group and in the summary, is fenced
+        opened = max(f for f in fences if f < i)
+        closing = out.index(f"::{out[opened].removeprefix('::stop-commands::')}::", opened)
+        assert opened < i < closing
+
+
 def test_json_run_keeps_stdout_one_object_on_github(
     repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

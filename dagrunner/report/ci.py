@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import re
+import secrets
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TextIO
 
 from dagrunner.records import RunRecord, Status
+from dagrunner.report.logtail import read_log, strip_ansi
 from dagrunner.units import format_duration
+
+ANNOTATIONS_PER_GATE = 10  # GitHub shows 10 error annotations per step
+GROUP_LINES = 200
+_LOCATION = re.compile(
+    r"^\s*(?P<file>[\w.][\w./+@-]*\.[A-Za-z0-9]+):(?P<line>\d+)(?::(?P<col>\d+))?:?\s*(?P<msg>.*)$"
+)
 
 _ICON = {"passed": "✅", "failed": "❌", "interrupted": "⏹️"}
 
@@ -44,20 +54,66 @@ def markdown_summary(record: RunRecord, run_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def on_github(env: Mapping[str, str]) -> bool:
+    return env.get("GITHUB_ACTIONS") == "true"
+
+
+@contextlib.contextmanager
+def commands_off(env: Mapping[str, str], stream: TextIO) -> Iterator[None]:
+    """On GitHub, what is written in the block is never read as a workflow command: a gate's
+    output (untrusted) could otherwise print ``::add-mask::`` or ``::error`` of its own."""
+    if not on_github(env):
+        yield
+        return
+    token = secrets.token_hex(16)
+    stream.write(f"::stop-commands::{token}\n")
+    try:
+        yield
+    finally:
+        stream.flush()
+        stream.write(f"::{token}::\n")
+        stream.flush()
+
+
+def locations(text: str, most: int = ANNOTATIONS_PER_GATE) -> list[tuple[str, int, int, str]]:
+    """``path:line[:col]: message`` places in a log (ruff, mypy, pytest, compilers print them):
+    (path, line, column or 0, message), repository-relative paths only, at most ``most``."""
+    found: list[tuple[str, int, int, str]] = []
+    for line in text.splitlines():
+        match = _LOCATION.match(line)
+        if match is None or match["file"].startswith(("/", "..")) or "/../" in match["file"]:
+            continue
+        where = (match["file"], int(match["line"]), int(match["col"] or 0), match["msg"].strip())
+        if where not in found:
+            found.append(where)
+        if len(found) >= most:
+            break
+    return found
+
+
 def publish(record: RunRecord, run_dir: Path, env: Mapping[str, str], stream: TextIO) -> None:
-    """Append the summary to ``$GITHUB_STEP_SUMMARY`` and annotate failed gates, when on GitHub."""
+    """On GitHub: append the summary to ``$GITHUB_STEP_SUMMARY``; annotate each failed gate
+    (and every ``path:line:`` its log names); fold each failed gate's log tail in a group."""
     summary = env.get("GITHUB_STEP_SUMMARY")
-    if not summary and env.get("GITHUB_ACTIONS") != "true":
+    if not summary and not on_github(env):
         return
     if summary:
         with Path(summary).open("a", encoding="utf-8") as handle:
             handle.write(markdown_summary(record, run_dir))
-    for gate in record.gates:
-        if gate.status in (Status.FAILED, Status.TIMED_OUT):
-            title = _escape_property(f"gate {gate.id} {gate.status}")
-            stream.write(
-                f"::error title={title}::{_escape_data(gate.reason or str(gate.status))}\n"
-            )
+    failed = [g for g in record.gates if g.status in (Status.FAILED, Status.TIMED_OUT)]
+    for gate in failed:
+        title = _escape_property(f"gate {gate.id} {gate.status}")
+        stream.write(f"::error title={title}::{_escape_data(gate.reason or str(gate.status))}\n")
+        text = strip_ansi(read_log(run_dir, gate.log, limit=64 * 1024))
+        for file, line, col, message in locations(text):
+            place = f"file={_escape_property(file)},line={line}" + (f",col={col}" if col else "")
+            stream.write(f"::error {place},title={title}::{_escape_data(message or file)}\n")
     for miss in record.budget.misses:
         stream.write(f"::error title=speed budget missed::{_escape_data(miss.message)}\n")
+    for gate in failed:
+        tail = strip_ansi(read_log(run_dir, gate.log, limit=64 * 1024)).splitlines()
+        stream.write(f"::group::{_escape_data(f'log of gate {gate.id} ({gate.status})')}\n")
+        with commands_off(env, stream):
+            stream.write("".join(f"{line}\n" for line in tail[-GROUP_LINES:]))
+        stream.write("::endgroup::\n")
     stream.flush()
