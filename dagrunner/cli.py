@@ -18,7 +18,7 @@ import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.jsonout import emit_json
@@ -69,10 +69,36 @@ class Parser(argparse.ArgumentParser):
 def _handler(name: str) -> Handler:
     """A command's handler, imported only when that command runs: ``--version`` and ``--help``
     load none of the machinery (networkx, trio, the report)."""
+    if name == "cmd_completion":  # it needs the parser, which lives here
+        return _completion
     from dagrunner import commands
 
     found: Handler = getattr(commands, name)
     return found
+
+
+# -- completion ------------------------------------------------------------------
+
+
+def _completion(args: argparse.Namespace) -> int:
+    """A completion script generated from the parser itself (shtab), so it never drifts:
+    ``eval "$(dagrunner completion bash)"`` or save it where the shell loads completions."""
+    import shtab
+
+    parser = build_parser()
+    _paths_complete_as_files(parser, shtab)
+    print(shtab.complete(parser, shell=args.shell))
+    return ExitCode.OK
+
+
+def _paths_complete_as_files(parser: argparse.ArgumentParser, shtab: Any) -> None:
+    """Every argument typed ``Path`` completes file names."""
+    for action in parser._actions:  # argparse keeps no public view of them
+        if action.type is Path:
+            action.complete = shtab.FILE  # type: ignore[attr-defined]
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _paths_complete_as_files(child, shtab)
 
 
 # -- parser ------------------------------------------------------------------------
@@ -248,6 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     html.add_argument("run_dir", type=Path, help="a run directory (reports/<run-id>)")
     html.set_defaults(handler="cmd_report_html")
 
+    co = sub.add_parser("completion", help="print a shell completion script")
+    co.add_argument(
+        "shell", choices=["bash", "zsh", "fish", "tcsh"], help="the shell to complete for"
+    )
+    co.set_defaults(handler="cmd_completion")
     return parser
 
 

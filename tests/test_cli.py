@@ -307,3 +307,32 @@ def test_human_output_shows_words_not_python_values(
     out = capsys.readouterr().out
     assert "None" not in out and "[]" not in out and "False" not in out
     assert "session              -" in out and "copied               none" in out
+
+
+def _complete(words: list[str]) -> list[str]:
+    """What bash offers after ``words`` with dagrunner's generated completion loaded."""
+    script = subprocess.run(
+        [*CLI, "completion", "bash"], capture_output=True, text=True, check=True
+    ).stdout
+    line = " ".join(words)
+    probe = (
+        f"{script}\nCOMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; COMP_LINE='{line}'; "
+        'COMP_POINT=${#COMP_LINE}; _shtab_dagrunner; printf "%s\\n" "${COMPREPLY[@]}"'
+    )
+    done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+def test_bash_completion_offers_commands_options_and_choices() -> None:
+    assert "release-check" in _complete(["dagrunner", "rel"])
+    assert "--fail-fast" in _complete(["dagrunner", "release-check", "--fa"])
+    assert _complete(["dagrunner", "graph", "--format", ""]) == ["text", "json", "dot"]
+    assert "allocate" in _complete(["dagrunner", "worktree", "al"])
+
+
+def test_every_shell_gets_a_script_naming_the_commands() -> None:
+    for shell in ("bash", "zsh", "fish", "tcsh"):
+        out = subprocess.run(
+            [*CLI, "completion", shell], capture_output=True, text=True, check=True
+        ).stdout
+        assert "release-check" in out and "integrate" in out, shell
