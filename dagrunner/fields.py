@@ -39,6 +39,9 @@ class Table:
         self.problems = problems
         self.used: set[str] = set()
         self.unknown: list[str] = []
+        # What was read, by key: how (its converter) or as which table; ``schema.py`` reads these.
+        self.converters: dict[str, Callable[[Any], Any]] = {}
+        self.children: dict[str, Table] = {}
         if not isinstance(data, dict):
             self.fail(
                 "manifest-type",
@@ -59,6 +62,7 @@ class Table:
     def take(self, name: str, convert: Callable[[Any], T], default: T) -> T:
         """The converted value of ``name``; its default when missing or wrong (recorded)."""
         self.used.add(name)
+        self.converters[name] = convert
         if name not in self.data:
             return default
         raw = self.data[name]
@@ -82,7 +86,9 @@ class Table:
 
     def table(self, name: str) -> Table:
         self.used.add(name)
-        return Table(self.data.get(name, {}), self.path(name), self.file, self.problems)
+        child = Table(self.data.get(name, {}), self.path(name), self.file, self.problems)
+        self.children[name] = child
+        return child
 
     def finish(self) -> list[str]:
         """Record every key nobody read; the did-you-mean suggestions, to suppress consequences."""
@@ -168,6 +174,7 @@ def auto(convert: Callable[[Any], T]) -> Callable[[Any], T | None]:
     def inner(raw: Any) -> T | None:
         return None if raw == "auto" else convert(raw)
 
+    inner.__wrapped__ = convert  # type: ignore[attr-defined]  # what schema.py describes
     return inner
 
 

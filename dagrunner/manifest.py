@@ -354,6 +354,15 @@ def load_manifest(path: Path) -> Manifest:
         ) from None
     problems = Problems(data.decode("utf-8", "replace"), json=path.suffix == ".json")
     top = Table(_parse(path, data), "", file, problems)
+    manifest = read_tables(top, path)
+    problems.raise_if_any()
+    return replace(manifest, digest=hashlib.sha256(data).hexdigest())
+
+
+def read_tables(top: Table, path: Path) -> Manifest:
+    """The manifest that ``top`` holds; every mistake is recorded in ``top.problems`` (the
+    caller raises them).  ``schema.py`` runs it on a sample to learn every key it reads."""
+    top.take("$schema", string, "")  # an editor's pointer to docs/manifest.schema.json
     schema = top.take("schema", count, SCHEMA_VERSION)
     if schema != SCHEMA_VERSION:
         top.fail(
@@ -400,17 +409,16 @@ def load_manifest(path: Path) -> Manifest:
             )
         else:
             gates[gate_id] = replace(gates[gate_id], max_duration=seconds)
-    if not gates and not problems:
+    if not gates and not top.problems:
         top.fail(
             "manifest-no-gates",
             "the manifest defines no gates",
             key="gates",
             hint="add at least one [gates.NAME] table with a run = [...] command",
         )
-    problems.raise_if_any()
     return Manifest(
         path=path,
-        digest=hashlib.sha256(data).hexdigest(),
+        digest="",
         name=name,
         description=description,
         governor=governor,
