@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,9 +26,10 @@ from dagrunner.graph import spec
 from dagrunner.logs import redact_file
 from dagrunner.manifest import GateSpec
 from dagrunner.plan import NodeKinds, Plan
-from dagrunner.records import Attempt, Status
+from dagrunner.records import Attempt, Status, TestRun
 from dagrunner.sandbox import AttemptResult, GateJob
 from dagrunner.scheduler import Outcome
+from dagrunner.testresults import read_junit
 from dagrunner.units import format_duration
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
@@ -108,6 +110,7 @@ class GateRunner:
         attempts: list[Attempt] = []
         result = AttemptResult(exit_code=None)
         number = 0
+        began = time.time()  # a JUnit file older than this is not this run's
         try:
             for number in range(1, gate.retries + 2):
                 job = self.job(gate, number, root)
@@ -131,7 +134,15 @@ class GateRunner:
         if not attempts:
             return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
         attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")
-        return replace(judge(gate, tuple(attempts), command), cache=self.cache.miss_proof(node))
+        outcome = replace(judge(gate, tuple(attempts), command), cache=self.cache.miss_proof(node))
+        if gate.junit is None:
+            return outcome
+        if self.executor_of(gate).name != "local":
+            tests = TestRun(problem="per-test results are not collected from remote workers")
+        else:
+            where = Path(os.path.normpath(root / gate.cwd)) / gate.junit
+            tests = await trio.to_thread.run_sync(lambda: read_junit(where, since=began))
+        return replace(outcome, tests=tests)
 
 
 def _attempt(

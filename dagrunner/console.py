@@ -86,6 +86,13 @@ def summary_table(record: RunRecord, run_dir: str) -> str:
         f"{record.status.upper()}: {', '.join(f'{n} {k}' for k, n in sorted(record.counts().items()))}"
         f" in {format_duration(record.wall)}"
     )
+    counted = [g.tests for g in record.gates if g.tests is not None and not g.tests.problem]
+    if counted:
+        verdict += (
+            f"; tests: {sum(t.tests for t in counted)} run, "
+            f"{sum(t.failures + t.errors for t in counted)} failed, "
+            f"{sum(t.skipped for t in counted)} skipped"
+        )
     states = [e["state"] for e in (record.integration or {}).get("envelopes", [])]
     if any(state != "landed" for state in states):  # a green run can still leave work behind
         verdict += "; envelopes: " + ", ".join(
@@ -144,6 +151,25 @@ TAIL_LINES = 20
 _NOT_FOUND = re.compile(r"([^\s:]+): (?:command )?not found\s*$", re.M)  # dash and bash
 
 
+def _failed_tests(gate: GateResult, most: int = 10) -> list[str]:
+    """The failed test cases of a gate that wrote a JUnit file: read before its log."""
+    tests = gate.tests
+    if tests is None:
+        return []
+    if tests.problem:
+        return [f"    tests: {tests.problem}"]
+    failed = tests.failed
+    lines = [f"    failed tests ({len(failed)} of {tests.tests}):"] if failed else []
+    for case in failed[:most]:
+        where = f"{case.suite}::{case.name}" if case.suite else case.name
+        lines.append(
+            f"      {where}: {case.message.splitlines()[0] if case.message else case.outcome}"[:300]
+        )
+    if len(failed) > most:
+        lines.append(f"      ... and {len(failed) - most} more (junit.xml, the report)")
+    return lines
+
+
 def failure_tails(record: RunRecord, run_dir: Path) -> list[str]:
     """For each failed or timed-out gate: why (a missing command named), the last lines of its
     log, and the log's path -- what an engineer reads first, like pytest's short summary."""
@@ -160,6 +186,7 @@ def failure_tails(record: RunRecord, run_dir: Path) -> list[str]:
         if gate.attempts[-1].exit_code == 127 and missing:
             header += f"; command not found: {missing[-1]}"
         lines.append(header)
+        lines += _failed_tests(gate)
         lines += [f"    {line}"[:300] for line in tail[-TAIL_LINES:]] or ["    (no output)"]
         lines.append(f"    log: {run_dir / rel}")
     return lines

@@ -76,6 +76,7 @@ class GateSpec:
     max_duration: float | None = None
     log_limit: int = DEFAULT_LOG_LIMIT
     description: str = ""
+    junit: str | None = None  # a JUnit XML file the gate writes, relative to its cwd
     kind: str = "gate"  # gate | worker | integrate | land
     base: str = "HEAD"  # worker: the commit its worktree starts from
     target: str | None = None  # integrate: the branch to land on (default: the checked-out one)
@@ -177,6 +178,7 @@ def _read_gate(gate_id: str, table: Table, defaults: GateSpec, kind: str = "gate
         max_duration=table.take("max_duration", duration, None),
         log_limit=table.take("log_limit", size, defaults.log_limit),
         description=table.take("description", string, ""),
+        junit=table.take("junit", relative_path, None),
         kind=kind,
         base=table.take("base", string, "HEAD") if kind == "worker" else "HEAD",
         setup=table.take("setup", string_list, ()) if kind == "worker" else (),

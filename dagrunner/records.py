@@ -68,6 +68,60 @@ class Attempt:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TestCase:
+    """One test case that did not pass, from a gate's JUnit file."""
+
+    __test__ = False  # not a pytest class
+
+    suite: str
+    name: str
+    outcome: str  # failed | error | skipped
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TestRun:
+    """What a gate's JUnit file says (``testresults.py``): counts, and the cases that did not
+    pass; or why it could not be read (``problem``)."""
+
+    __test__ = False  # not a pytest class
+
+    tests: int = 0
+    failures: int = 0
+    errors: int = 0
+    skipped: int = 0
+    cases: tuple[TestCase, ...] = ()
+    problem: str = ""
+
+    @property
+    def failed(self) -> tuple[TestCase, ...]:
+        return tuple(c for c in self.cases if c.outcome in ("failed", "error"))
+
+    @classmethod
+    def from_json(cls, body: Any) -> TestRun | None:
+        if not isinstance(body, dict):
+            return None
+        cases = tuple(
+            TestCase(**{k: str(c.get(k, "")) for k in ("suite", "name", "outcome", "message")})
+            for c in body.get("cases", ())
+            if isinstance(c, dict)
+        )
+
+        def count(key: str) -> int:
+            value = body.get(key)
+            return value if isinstance(value, int) else 0
+
+        return cls(
+            tests=count("tests"),
+            failures=count("failures"),
+            errors=count("errors"),
+            skipped=count("skipped"),
+            cases=cases,
+            problem=str(body.get("problem", "")),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class GateResult:
     id: str
     status: Status
@@ -85,6 +139,7 @@ class GateResult:
     cache: dict[str, Any] | None = None
     command: str = ""
     kind: str = "gate"  # gate | worker | integrate | land
+    tests: TestRun | None = None  # from the gate's JUnit file (its ``junit`` key)
 
     @property
     def duration(self) -> float:
@@ -127,6 +182,7 @@ class GateResult:
         fields = {k: v for k, v in body.items() if k in cls.__dataclass_fields__}
         fields["status"] = Status(fields["status"])
         fields["needs"] = tuple(fields.get("needs", ()))
+        fields["tests"] = TestRun.from_json(fields.get("tests"))
         fields["attempts"] = tuple(
             Attempt(
                 **{

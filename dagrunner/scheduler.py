@@ -20,7 +20,7 @@ import trio
 
 from dagrunner.governor import Governor
 from dagrunner.graph import Graph, bottom_levels, spec
-from dagrunner.records import Attempt, GateResult, Status
+from dagrunner.records import Attempt, GateResult, Status, TestRun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +33,7 @@ class Outcome:
     memory_exceeded: bool = False
     cache: dict[str, Any] | None = None
     command: str = ""
+    tests: TestRun | None = None
 
 
 RunGate = Callable[[str, float], Awaitable[Outcome]]  # (gate id, run start) -> outcome
@@ -254,6 +255,7 @@ class Scheduler:
             cache=outcome.cache,
             command=outcome.command,
             kind=gate.kind,
+            tests=outcome.tests,
         )
         self.results[node] = result
         if self.listener is not None:

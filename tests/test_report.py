@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -324,6 +326,8 @@ def test_timeline_and_reasons_do_not_mislead(
         capsys,
         repo,
         """
+        [governor]
+        sample_interval = "30s"  # one or two samples however loaded the machine is
         [gates.quick-failure-with-a-long-name]
         run = "exit 1"
         [gates.slow]
@@ -338,3 +342,48 @@ def test_timeline_and_reasons_do_not_mislead(
     assert ticks and all(anchor == "end" or float(x) <= 900 for x, anchor in ticks)  # none cut
     assert "dashed border: a worker; black border: integrate or land" in html
     assert "too short to label in the timeline" in html and "quick-failure-with-a-long-name" in html
+
+
+def test_a_gates_own_junit_file_names_its_failed_tests(
+    repo: Path, capsys: pytest.CaptureFixture[str], junit_schema: Any
+) -> None:
+    """A real pytest writes --junitxml; the terminal names the failed case before the log,
+    the verdict counts tests, the gate JSON keeps them, the run's junit.xml and the HTML
+    report carry the case; a stale file from before the run is not read as this run's."""
+    (repo / "t.py").write_text(
+        "import pytest\n\n"
+        "def test_one():\n    assert True\n\n"
+        "def test_two():\n    assert 1 == 2, 'two is not one'\n\n"
+        "@pytest.mark.skip(reason='later')\ndef test_three():\n    pass\n"
+    )
+    (repo / "old.xml").write_text(
+        '<testsuite><testcase name="ancient"><failure/></testcase></testsuite>'
+    )
+    os.utime(repo / "old.xml", (1_000_000_000, 1_000_000_000))
+    path = repo / "m.toml"
+    path.write_text(
+        f'[gates.unit]\nrun = [{json.dumps(sys.executable)}, "-m", "pytest", "-q", "-p", '
+        '"no:cacheprovider", "t.py", "--junitxml=out/junit.xml"]\njunit = "out/junit.xml"\n'
+        '[gates.stale]\nrun = "exit 1"\njunit = "old.xml"\n'
+    )
+    code = run_cli(["release-check", str(path), "--repo", str(repo), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "failed tests (1 of 3):" in out
+    assert "t::test_two: AssertionError: two is not one" in out
+    assert "tests: 3 run, 1 failed, 1 skipped" in out
+    assert "tests: old.xml is older than this run: not its results" in out
+    run_dir = sorted((repo / "reports").glob("2*"))[-1]
+    unit = orjson.loads((run_dir / "gates" / "unit.json").read_bytes())
+    assert (unit["tests"]["tests"], unit["tests"]["failures"], unit["tests"]["skipped"]) == (
+        3,
+        1,
+        1,
+    )
+    junit = ET.parse(run_dir / "junit.xml").getroot()
+    suite = next(s for s in junit.iter("testsuite") if s.get("name", "").endswith(".unit"))
+    case = next(c for c in suite.iter("testcase") if c.get("name") == "test_two")
+    assert case.find("failure") is not None
+    junit_schema.validate(str(run_dir / "junit.xml"))
+    html = (run_dir / "index.html").read_text()
+    assert "test_two" in html and "two is not one" in html

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from dagrunner.records import RunRecord, Status
+from dagrunner.records import RunRecord, Status, TestRun
 from dagrunner.report.logtail import read_log, strip_ansi
 
 TAIL_BYTES = 16 * 1024
@@ -75,6 +75,9 @@ def render_junit(record: RunRecord, run_dir: Path) -> bytes:
         elif gate.status is Status.CACHED:
             out = ET.SubElement(case, "system-out")
             out.text = f"[dagrunner] {gate.reason}\n{tail}"
+    for gate in record.gates:
+        if gate.tests is not None and gate.tests.cases:
+            _gate_tests(suites, name, gate.id, gate.tests)
     ET.indent(suites)
     body: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)
     return body
@@ -93,3 +96,20 @@ def write_junit(record: RunRecord, run_dir: Path) -> None:
     from dagrunner.fsutil import atomic_write
 
     atomic_write(run_dir / "junit.xml", render_junit(record, run_dir), durable=False)
+
+
+def _gate_tests(suites: ET.Element, name: str, gate: str, tests: TestRun) -> None:
+    """The gate's own test cases that did not pass (its JUnit file), as a suite of their own."""
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name=f"{name}.{gate}",
+        tests=str(len(tests.cases)),
+        failures=str(sum(1 for c in tests.cases if c.outcome == "failed")),
+        errors=str(sum(1 for c in tests.cases if c.outcome == "error")),
+        skipped=str(sum(1 for c in tests.cases if c.outcome == "skipped")),
+    )
+    for case in tests.cases:
+        element = ET.SubElement(suite, "testcase", classname=case.suite or gate, name=case.name)
+        tag = {"failed": "failure", "error": "error", "skipped": "skipped"}[case.outcome]
+        ET.SubElement(element, tag, message=case.message)
