@@ -253,6 +253,16 @@ def cmd_worktree(args: argparse.Namespace) -> int:
 # -- integrate ---------------------------------------------------------------------
 
 
+def _gate_runs(runs: int, cached: int) -> str:
+    """How often the gates ran, in words that do not claim work the cache did."""
+    if not runs:
+        return "no gate run"
+    said = f"{runs} gate run{'s' if runs != 1 else ''}"
+    if cached == runs:
+        return f"{said}, every gate answered from the cache"
+    return f"{said} ({cached} answered wholly from the cache)" if cached else said
+
+
 def cmd_integrate(args: argparse.Namespace) -> int:
     from dagrunner.integration import integrate, queue_status
     from dagrunner.queue import submit_files
@@ -293,7 +303,7 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             print(f"{item['state']:<13} {item['id']}  {extra or item.get('reason', '')}")
         print(
             f"{body['target']}: {body['start'][:12]} -> {body['end'][:12]}; "
-            f"{body['gate_runs']} gate run(s); report {body['report_dir']}"
+            f"{_gate_runs(result.gate_runs, result.cached_runs)}; report {body['report_dir']}"
         )
         if result.land_blocked:
             blocked = result.land_blocked

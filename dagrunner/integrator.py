@@ -42,7 +42,7 @@ from dagrunner.outcomes import (
 )
 from dagrunner.plan import RunOptions
 from dagrunner.queue import Queue, same_repository
-from dagrunner.records import RunStatus
+from dagrunner.records import RunStatus, Status
 from dagrunner.runner import release_check
 from dagrunner.trailers import commit_message
 from dagrunner.worktrees import Context, default_target
@@ -340,6 +340,8 @@ class Integrator:
             )
         )
         failing = [g.id for g in record.gates if not g.status.ok]
+        if record.gates and all(g.status is Status.CACHED for g in record.gates):
+            self.result.cached_runs += 1
         return record.status is RunStatus.PASSED, failing, str(run_dir)
 
     def target_checkout(self) -> Path | None:

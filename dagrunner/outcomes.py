@@ -167,6 +167,7 @@ class IntegrationResult:
     end: str
     envelopes: list[EnvelopeOutcome] = field(default_factory=list)
     gate_runs: int = 0
+    cached_runs: int = 0  # gate runs where every gate was a cache hit (said, not in the JSON)
     rebuilds: int = 0
     land_blocked: LandBlocked | None = None
     target_moving: bool = False

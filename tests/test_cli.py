@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import CLI, check, run_json, write_manifest
+from conftest import CLI, check, git, run_json, write_manifest
 
 from dagrunner.cli import run_cli
 
@@ -336,3 +336,28 @@ def test_every_shell_gets_a_script_naming_the_commands() -> None:
             [*CLI, "completion", shell], capture_output=True, text=True, check=True
         ).stdout
         assert "release-check" in out and "integrate" in out, shell
+
+
+def test_integrate_says_when_the_cache_answered_every_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repo / "manifests").mkdir()
+    (repo / "manifests" / "release.toml").write_text(
+        '[gates.readme]\nrun = "grep -q hello README"\ninputs = ["README"]\n'
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "manifest")
+    base = ["--repo", str(repo)]
+    lines = []
+    for worker in ("a", "b"):
+        _, made = run_json(
+            capsys, "worktree", "allocate", "--mission", "m", "--worker", worker, *base
+        )
+        (Path(made["path"]) / f"{worker}.txt").write_text("x\n")
+        out = str(repo.parent / f"{worker}.json")
+        run_json(capsys, "worktree", "export", f"m/{worker}", "-o", out, *base)
+        run_json(capsys, "integrate", "submit", out, *base)
+        assert run_cli(["integrate", "run", *base]) == 0
+        lines.append(capsys.readouterr().out)
+    assert "1 gate run;" in lines[0] and "cache" not in lines[0]
+    assert "1 gate run, every gate answered from the cache;" in lines[1]

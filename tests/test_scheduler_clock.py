@@ -110,3 +110,12 @@ def test_fail_fast_stops_the_run_at_the_first_failure() -> None:
     assert results["long"].status is Status.CANCELLED
     assert results["long"].finished == pytest.approx(1.0)  # cancelled when quick failed
     assert results["after"].status is Status.SKIPPED
+
+
+def test_a_short_gate_nothing_waits_for_starts_before_long_shards() -> None:
+    """lint (50 ms) beside four 60 s test shards on 2 slots: it runs first (it fails fastest),
+    and the makespan grows by its own duration at most."""
+    shards = {f"shard{i}": 60.0 for i in range(4)}
+    results = run({**{s: () for s in shards}, "lint": ()}, {**shards, "lint": 0.05})
+    assert span(results["lint"]) == (0, 0.05)
+    assert max(r.finished or 0 for r in results.values()) <= 120.05 + 1e-6
