@@ -9,8 +9,10 @@ else into an "unexpected error" report with the traceback saved to a file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import errno
+import io
 import os
 import re
 import sys
@@ -124,6 +126,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     common = Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    loud = common.add_mutually_exclusive_group()
+    loud.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="say less: no output on success (release-check: no progress lines; its final "
+        "table still prints); errors always print",
+    )
+    loud.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say more: an error's details; release-check: longer log tails of failed gates",
+    )
 
     rc = sub.add_parser("release-check", parents=[common], help="run the release gates")
     rc.add_argument("manifest", nargs="?", type=Path, help="default: manifests/release.toml")
@@ -134,7 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--only", action="append", metavar="GATE", help="run GATE and what it needs")
     rc.add_argument("--fail-fast", action="store_true", help="stop at the first failure")
     rc.add_argument("--executor", default="local", help="local (default) or dask://HOST:PORT")
-    rc.add_argument("--quiet", action="store_true", help="no progress lines")
     rc.add_argument(
         "--dry-run",
         action="store_true",
@@ -300,13 +315,19 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
             print(exc.render(), file=sys.stderr)
         return exc.exit_code
     handler = _handler(args.handler)
+    hushed = (
+        getattr(args, "quiet", False)
+        and not getattr(args, "json", False)
+        and args.handler != "cmd_release_check"
+    )
     try:
-        return handler(args)
+        with contextlib.redirect_stdout(io.StringIO()) if hushed else contextlib.nullcontext():
+            return handler(args)
     except DagrunnerError as exc:
         if getattr(args, "json", False):
             emit_json({"error": exc.to_json()})
         else:
-            print(exc.render(), file=sys.stderr)
+            print(exc.render(verbose=getattr(args, "verbose", False)), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -59,7 +59,7 @@ def cmd_release_check(args: argparse.Namespace) -> int:
         emit_json(body)
     else:
         with commands_off(os.environ, sys.stdout):  # the summary quotes gates' logs
-            print(summary_table(record, str(run_dir)))
+            print(summary_table(record, str(run_dir), tail_lines=100 if args.verbose else 20))
     if record.status is RunStatus.INTERRUPTED:
         return ExitCode.INTERRUPTED
     return ExitCode.OK if record.status is RunStatus.PASSED else ExitCode.FAILED

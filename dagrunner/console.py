@@ -68,8 +68,9 @@ class Progress:
             self.stream.flush()
 
 
-def summary_table(record: RunRecord, run_dir: str) -> str:
-    """The final table, failures first, and the speed evidence."""
+def summary_table(record: RunRecord, run_dir: str, *, tail_lines: int = 20) -> str:
+    """The final table, failures first, the speed evidence, and each failed gate's log tail
+    (``tail_lines`` of it)."""
     gates = failures_first(record.gates)
 
     width = max([len(g.id) for g in gates] + [4])
@@ -117,7 +118,7 @@ def summary_table(record: RunRecord, run_dir: str) -> str:
         lines.append(
             f"envelope {envelope['state']:<12} {envelope['id']}  {detail or envelope.get('reason', '')}"
         )
-    lines += failure_tails(record, Path(run_dir))
+    lines += failure_tails(record, Path(run_dir), tail_lines=tail_lines)
     lines.append(f"report: {run_dir}/index.html")
     return "\n".join(lines)
 
@@ -147,7 +148,6 @@ def speed_lines(speed: Speed, waits: list[float]) -> list[str]:
     ]
 
 
-TAIL_LINES = 20
 _NOT_FOUND = re.compile(r"([^\s:]+): (?:command )?not found\s*$", re.M)  # dash and bash
 
 
@@ -170,7 +170,7 @@ def _failed_tests(gate: GateResult, most: int = 10) -> list[str]:
     return lines
 
 
-def failure_tails(record: RunRecord, run_dir: Path) -> list[str]:
+def failure_tails(record: RunRecord, run_dir: Path, *, tail_lines: int = 20) -> list[str]:
     """For each failed or timed-out gate: why (a missing command named), the last lines of its
     log, and the log's path -- what an engineer reads first, like pytest's short summary."""
     lines: list[str] = []
@@ -187,6 +187,6 @@ def failure_tails(record: RunRecord, run_dir: Path) -> list[str]:
             header += f"; command not found: {missing[-1]}"
         lines.append(header)
         lines += _failed_tests(gate)
-        lines += [f"    {line}"[:300] for line in tail[-TAIL_LINES:]] or ["    (no output)"]
+        lines += [f"    {line}"[:300] for line in tail[-tail_lines:]] or ["    (no output)"]
         lines.append(f"    log: {run_dir / rel}")
     return lines

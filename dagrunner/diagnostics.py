@@ -38,7 +38,7 @@ class ManyErrors(DagrunnerError):
             body["errors"] = [dict(e.to_json(), line=line) for line, e in self.errors]
         return body
 
-    def render(self) -> str:
+    def render(self, *, verbose: bool = False) -> str:
         if len(self.errors) == 1:
             return self.errors[0][1].render()
         lines = [f"{len(self.errors)} mistakes in {self.where}:"]

@@ -61,11 +61,15 @@ class DagrunnerError(Exception):
             body["details"] = self.details
         return body
 
-    def render(self) -> str:
-        """Human form: ``error[code]: file: key: message`` and a hint line."""
+    def render(self, *, verbose: bool = False) -> str:
+        """Human form: ``error[code]: file: key: message``, a hint line, and with ``verbose``
+        the details (``key: value`` lines)."""
         place = ": ".join(p for p in (self.where, self.key) if p)
         head = f"error[{self.code}]: {place + ': ' if place else ''}{self.message}"
-        return f"{head}\n  hint: {self.hint}" if self.hint else head
+        lines = [head] + ([f"  hint: {self.hint}"] if self.hint else [])
+        if verbose:
+            lines += [f"  {k}: {v}" for k, v in (self.details or {}).items()]
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.render()

@@ -361,3 +361,26 @@ def test_integrate_says_when_the_cache_answered_every_gate(
         lines.append(capsys.readouterr().out)
     assert "1 gate run;" in lines[0] and "cache" not in lines[0]
     assert "1 gate run, every gate answered from the cache;" in lines[1]
+
+
+def test_quiet_and_verbose_on_every_command(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--repo", str(repo)]
+    assert run_cli(["worktree", "allocate", "--mission", "m", "--worker", "w", "-q", *base]) == 0
+    assert capsys.readouterr().out == ""  # success says nothing with -q
+    take = ["worktree", "claim", "m/w", "--session", "other", *base]
+    run_cli(["worktree", "claim", "m/w", "--session", "mine", *base])
+    capsys.readouterr()
+    assert run_cli([*take, "-q"]) == 4
+    quiet = capsys.readouterr()
+    assert quiet.out == "" and "error[claimed]" in quiet.err and "owner:" not in quiet.err
+    assert run_cli([*take, "-v"]) == 4
+    assert "  owner: mine" in capsys.readouterr().err  # -v: the error's details
+    noisy = write_manifest(repo, '[gates.noisy]\nrun = "seq 1 60; exit 1"\n')
+    assert run_cli(["release-check", str(noisy), *base, "-q"]) == 1
+    short = capsys.readouterr().out
+    assert run_cli(["release-check", str(noisy), *base, "-q", "-v"]) == 2  # one or the other
+    capsys.readouterr()
+    assert run_cli(["release-check", str(noisy), *base, "-v"]) == 1
+    long = capsys.readouterr().out
+    assert "    41\n" in short and "    40\n" not in short  # the last 20 lines
+    assert "    1\n" in long and "    60\n" in long  # -v: up to 100
