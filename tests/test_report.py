@@ -385,5 +385,17 @@ def test_a_gates_own_junit_file_names_its_failed_tests(
     case = next(c for c in suite.iter("testcase") if c.get("name") == "test_two")
     assert case.find("failure") is not None
     junit_schema.validate(str(run_dir / "junit.xml"))
-    html = (run_dir / "index.html").read_text()
-    assert "test_two" in html and "two is not one" in html
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=_chromium(), args=["--no-sandbox", "--disable-gpu"]
+        )
+        page = browser.new_page()
+        page.goto((run_dir / "index.html").as_uri())
+        listed = page.locator("#fail-unit .failed-tests li")
+        assert listed.count() == 1 and listed.first.is_visible()
+        assert "t::test_two" in listed.first.inner_text()
+        assert "two is not one" in listed.first.inner_text()
+        assert "3 run, 1 failed, 1 skipped" in page.locator("#fail-unit .tests").inner_text()
+        browser.close()
