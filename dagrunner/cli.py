@@ -73,9 +73,11 @@ def _handler(name: str) -> Handler:
     load none of the machinery (networkx, trio, the report)."""
     if name == "cmd_completion":  # it needs the parser, which lives here
         return _completion
-    from dagrunner import commands
-
-    found: Handler = getattr(commands, name)
+    if name in ("cmd_doctor", "cmd_worktree", "cmd_integrate"):
+        from dagrunner import workcommands as module
+    else:
+        from dagrunner import commands as module  # type: ignore[no-redef]
+    found: Handler = getattr(module, name)
     return found
 
 

@@ -137,9 +137,17 @@ def _mounts() -> dict[str, Path]:
     return found
 
 
+def _pid_namespace() -> int:
+    """This process's PID namespace (its inode): a pid means something only within it."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def _usable(directory: Path, files: Sequence[str]) -> Path | None:
     """A parent for per-gate cgroups under ``directory``, if we can make one with ``files``."""
-    base = directory / f"dagrunner-{os.getpid()}"
+    base = directory / f"dagrunner-{_pid_namespace()}-{os.getpid()}"
     _remove_stale(directory)
     try:
         base.mkdir(exist_ok=True)
@@ -163,10 +171,13 @@ def _rmdir_tree(base: Path) -> None:
 
 
 def _remove_stale(directory: Path) -> None:
-    """Folders of runners that died without removing theirs (SIGKILL)."""
+    """Folders of runners that died without removing theirs (SIGKILL).  Only runners of our
+    own PID namespace are judged: a nested run inside a gate sees other pids (or none) in
+    its /proc, and must never take a live outer runner's folder for a dead one's."""
+    ours = _pid_namespace()
     with contextlib.suppress(OSError):
-        for entry in directory.glob("dagrunner-*"):
-            pid = entry.name.removeprefix("dagrunner-")
+        for entry in directory.glob(f"dagrunner-{ours}-*"):
+            pid = entry.name.rsplit("-", 1)[1]
             if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
                 _rmdir_tree(entry)
 

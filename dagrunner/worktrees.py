@@ -26,7 +26,6 @@ from dagrunner.git import git, is_dirty
 from dagrunner.ledger import Ledger, WorktreeRecord
 from dagrunner.names import RULE, is_safe_name
 from dagrunner.pool import take_from_pool
-from dagrunner.proc import Finished, run_command, without_git
 from dagrunner.repo import RepoInfo, repo_info, worktree_root
 from dagrunner.wtrecords import Allocation, as_json
 
@@ -307,6 +306,8 @@ def _run_setup(
     timeout: float,
     env: Mapping[str, str],
 ) -> None:
+    from dagrunner.proc import Finished, run_command, without_git  # trio: only for setup
+
     for command in setup:
         try:
             argv = shlex.split(command)

@@ -384,3 +384,28 @@ def test_quiet_and_verbose_on_every_command(repo: Path, capsys: pytest.CaptureFi
     long = capsys.readouterr().out
     assert "    41\n" in short and "    40\n" not in short  # the last 20 lines
     assert "    1\n" in long and "    60\n" in long  # -v: up to 100
+
+
+def test_a_swarms_small_calls_load_none_of_the_machinery(repo: Path, tmp_path: Path) -> None:
+    """allocate, export and submit are what an orchestrator calls hundreds of times: none of
+    them imports networkx, trio, jinja2 or the report (psutil is allowed: lifecycle reads
+    processes)."""
+    envelope = tmp_path / "e.json"
+    calls = [
+        ["worktree", "allocate", "--mission", "m", "--worker", "w", "--repo", str(repo)],
+        ["worktree", "export", "m/w", "-o", str(envelope), "--repo", str(repo)],
+        ["integrate", "submit", str(envelope), "--repo", str(repo)],
+    ]
+    for argv in calls:
+        probe = (
+            "import sys\n"
+            "from dagrunner.cli import run_cli\n"
+            f"code = run_cli({argv!r})\n"
+            "heavy = sorted(m for m in ('networkx', 'trio', 'jinja2', 'dagrunner.report') "
+            "if m in sys.modules)\n"
+            "print(code, heavy)\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=False
+        )
+        assert proc.stdout.strip().splitlines()[-1] == "0 []", (argv, proc.stdout, proc.stderr)
