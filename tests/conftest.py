@@ -65,6 +65,14 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
+def commit_release_manifest(repo: Path, body: str) -> None:
+    """Commit ``body`` as the repository's ``manifests/release.toml`` (what integration reads)."""
+    (repo / "manifests").mkdir(exist_ok=True)
+    (repo / "manifests" / "release.toml").write_text(body)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "manifest")
+
+
 def write_manifest(repo: Path, body: str, name: str = "m.toml") -> Path:
     path = repo / name
     path.write_text(textwrap.dedent(body))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import CLI, check, git, run_json, write_manifest
+from conftest import CLI, check, commit_release_manifest, run_json, write_manifest
 
 from dagrunner.cli import run_cli
 
@@ -341,12 +341,9 @@ def test_every_shell_gets_a_script_naming_the_commands() -> None:
 def test_integrate_says_when_the_cache_answered_every_gate(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (repo / "manifests").mkdir()
-    (repo / "manifests" / "release.toml").write_text(
-        '[gates.readme]\nrun = "grep -q hello README"\ninputs = ["README"]\n'
+    commit_release_manifest(
+        repo, '[gates.readme]\nrun = "grep -q hello README"\ninputs = ["README"]\n'
     )
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "manifest")
     base = ["--repo", str(repo)]
     lines = []
     for worker in ("a", "b"):

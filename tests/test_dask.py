@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CLI, check, gate_results, git, run_json, running
+from conftest import CLI, check, commit_release_manifest, gate_results, git, run_json, running
 
 import dagrunner
 from dagrunner.version import VERSION
@@ -320,12 +320,9 @@ def test_integration_gates_run_on_the_cluster(
 ) -> None:
     """``integrate run --executor``: the integration worktree is shipped like any checkout;
     the gate that judges an envelope fails there as it would here."""
-    (repo / "manifests").mkdir()
-    (repo / "manifests" / "release.toml").write_text(
-        '[gates.check]\nrun = "! grep -rq BROKEN --include=*.txt ."\ncpu = 4\n'
+    commit_release_manifest(
+        repo, '[gates.check]\nrun = "! grep -rq BROKEN --include=*.txt ."\ncpu = 4\n'
     )
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "manifest")
     base = ["--repo", str(repo)]
     files = []
     for name, text in (("good", "fine\n"), ("bad", "BROKEN\n")):

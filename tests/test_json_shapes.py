@@ -6,7 +6,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import git, run_json
+from conftest import commit_release_manifest, run_json
 
 ALLOCATE_KEYS = [
     "id", "path", "branch", "base", "root", "session", "created", "reused", "pooled", "copied",
@@ -33,10 +33,7 @@ INTEGRATE_KEYS = [
 def test_status_export_and_integrate_json_keep_their_shapes(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (repo / "manifests").mkdir()
-    (repo / "manifests" / "release.toml").write_text('[gates.ok]\nrun = ["true"]\n')
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "manifest")
+    commit_release_manifest(repo, '[gates.ok]\nrun = ["true"]\n')
     base = ["--repo", str(repo)]
     _, allocated = run_json(
         capsys, "worktree", "allocate", "--mission", "m", "--worker", "w", *base
@@ -75,10 +72,7 @@ def test_every_envelope_outcome_and_queue_entry_keeps_its_shape(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """One run that lands, conflicts, fails gates and rejects: each outcome's keys, in order."""
-    (repo / "manifests").mkdir()
-    (repo / "manifests" / "release.toml").write_text('[gates.ok]\nrun = "test ! -e bad"\n')
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "manifest")
+    commit_release_manifest(repo, '[gates.ok]\nrun = "test ! -e bad"\n')
     base = ["--repo", str(repo)]
     work = {"a": ("a.txt", "x\n"), "b": ("README", "one\n"), "c": ("README", "two\n")}
     work |= {"d": ("bad", "x\n"), "e": ("", "")}  # d fails the gate, e is empty
