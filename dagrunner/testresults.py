@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from dagrunner.records import TestCase, TestRun
+from dagrunner.report.logtail import strip_ansi
 
 MAX_BYTES = 32 * 1024 * 1024
 MAX_CASES = 200
@@ -44,11 +45,11 @@ def read_junit(path: Path, *, since: float) -> TestRun:
         counts[{"failed": "failures", "error": "errors", "skipped": "skipped"}[outcome]] += 1
         if len(cases) < MAX_CASES:
             cases.append(
-                TestCase(
-                    suite=case.get("classname", "")[:300],
-                    name=case.get("name", "")[:300],
+                TestCase(  # a gate's words: no escape sequence reaches a terminal
+                    suite=strip_ansi(case.get("classname", ""))[:300],
+                    name=strip_ansi(case.get("name", ""))[:300],
                     outcome=outcome,
-                    message=message[:MESSAGE],
+                    message=strip_ansi(message)[:MESSAGE],
                 )
             )
     return TestRun(

@@ -399,3 +399,21 @@ def test_a_gates_own_junit_file_names_its_failed_tests(
         assert "two is not one" in listed.first.inner_text()
         assert "3 run, 1 failed, 1 skipped" in page.locator("#fail-unit .tests").inner_text()
         browser.close()
+
+
+def test_a_junit_file_cannot_put_escape_sequences_on_the_terminal(tmp_path: Path) -> None:
+    """The file is a gate's words: names and messages lose their escape sequences, and a
+    file larger than the bound is not read at all."""
+    from dagrunner import testresults
+
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuite><testcase classname="s" name="t&#155;31mred">'
+        '<failure message="boom &#157;0;owned&#156; done"/></testcase></testsuite>'
+    )  # XML 1.0 refuses ESC itself; C1 controls (CSI, OSC, ST) it lets through
+    (case,) = testresults.read_junit(junit, since=0).cases
+    text = case.name + case.message + case.suite
+    assert not any("\x80" <= ch <= "\x9f" or ch == "\x1b" for ch in text), repr(text)
+    with junit.open("ab") as handle:
+        handle.truncate(testresults.MAX_BYTES + 1)
+    assert "larger than" in testresults.read_junit(junit, since=0).problem

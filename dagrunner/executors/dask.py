@@ -42,6 +42,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors import remote
 from dagrunner.git import git
 from dagrunner.governor import Machine, Placement
+from dagrunner.report.logtail import strip_ansi
 from dagrunner.sandbox import AttemptResult, GateJob
 from dagrunner.version import VERSION
 
@@ -192,8 +193,10 @@ class DaskExecutor:
         made of all of them (so no entry is shared between workers that disagree) and a
         warning naming who differs."""
         found = self._client.run(remote.fingerprint_here, command, dict(env), on_error="return")
-        prints = {
-            a: f if isinstance(f, tuple) else ("error", f"{type(f).__name__}: {f}")
+        prints = {  # a tool's output is untrusted, like a gate's: no escape sequences
+            a: (f[0], strip_ansi(f[1]))
+            if isinstance(f, tuple)
+            else ("error", strip_ansi(f"{type(f).__name__}: {f}"))
             for a, f in found.items()
         }
         if len({h for h, _ in prints.values()}) <= 1 and prints:
