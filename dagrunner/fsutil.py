@@ -57,6 +57,11 @@ def append_line(path: Path, line: bytes) -> None:
         os.close(fd)
 
 
+def text_of(value: Any) -> str | None:
+    """A string read back from a JSON line, or None when the line holds something else."""
+    return value if isinstance(value, str) else None
+
+
 def read_lines(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSON-lines file; a line a crash cut short is skipped."""
     try:

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from dagrunner.fsutil import append_line, locked, read_lines
+from dagrunner.fsutil import append_line, locked, read_lines, text_of
 
 EVENTS = {
     "allocated",
@@ -76,7 +76,7 @@ class Ledger:
                     base=str(event.get("base")),
                     created=at,
                     last_activity=at,
-                    session=_text(event.get("session")),
+                    session=text_of(event.get("session")),
                 )
                 continue
             state = states.get(wt_id)
@@ -87,21 +87,17 @@ class Ledger:
                 continue
             change: dict[str, Any] = {"last_activity": at}
             if kind == "claimed":
-                change["session"] = _text(event.get("session"))
+                change["session"] = text_of(event.get("session"))
             elif kind == "released":
                 change["session"] = None
             elif kind == "retained":
-                change["retained"] = _text(event.get("reason"))
+                change["retained"] = text_of(event.get("reason"))
             elif kind == "missing":
                 change["missing"] = True
             elif kind == "exported":
                 change["exports"] = (*state.exports, ExportRecord.from_event(event))
             states[wt_id] = dataclasses.replace(state, **change)
         return states
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
@@ -117,11 +113,11 @@ class ExportRecord:
     @classmethod
     def from_event(cls, event: dict[str, Any]) -> ExportRecord:
         return cls(
-            envelope=_text(event.get("envelope")),
-            tree=_text(event.get("tree")),
-            diff_sha256=_text(event.get("diff_sha256")),
-            session=_text(event.get("session")),
-            file=_text(event.get("file")),
+            envelope=text_of(event.get("envelope")),
+            tree=text_of(event.get("tree")),
+            diff_sha256=text_of(event.get("diff_sha256")),
+            session=text_of(event.get("session")),
+            file=text_of(event.get("file")),
         )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagrunner.errors import ExitCode
+from dagrunner.fsutil import text_of
 
 
 class EnvelopeState(enum.StrEnum):
@@ -47,10 +48,6 @@ FINAL: frozenset[EnvelopeState] = frozenset(
         EnvelopeState.REJECTED,
     }
 )
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def _texts(value: Any) -> tuple[str, ...] | None:
@@ -95,20 +92,20 @@ class Details:
     def from_json(cls, data: Mapping[str, Any]) -> Details:
         gate_run = data.get("gate_run")
         return cls(
-            commit=_text(data.get("commit")),
+            commit=text_of(data.get("commit")),
             gate_run=gate_run if isinstance(gate_run, int) else None,
-            old=_text(data.get("old")),
-            new=_text(data.get("new")),
-            run=_text(data.get("run")),
+            old=text_of(data.get("old")),
+            new=text_of(data.get("new")),
+            run=text_of(data.get("run")),
             conflicts=_texts(data.get("conflicts")),
-            hunks=_text(data.get("hunks")),
+            hunks=text_of(data.get("hunks")),
             failed_gates=_texts(data.get("failed_gates")),
-            report=_text(data.get("report")),
-            reason=_text(data.get("reason")),
+            report=text_of(data.get("report")),
+            reason=text_of(data.get("reason")),
             manifest_changed=_flag(data.get("manifest_changed")),
-            note=_text(data.get("note")),
+            note=text_of(data.get("note")),
             recovered=_flag(data.get("recovered")),
-            recovered_from=_text(data.get("recovered_from")),
+            recovered_from=text_of(data.get("recovered_from")),
         )
 
     def merged(self, newer: Details) -> Details:

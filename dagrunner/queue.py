@@ -23,7 +23,7 @@ import orjson
 
 from dagrunner.envelope import Envelope, load_envelope, parse_envelope, repo_identity
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.fsutil import append_line, atomic_write, locked, read_lines
+from dagrunner.fsutil import append_line, atomic_write, locked, read_lines, text_of
 from dagrunner.ledger import now
 from dagrunner.names import is_safe_id
 from dagrunner.outcomes import FINAL, NO_DETAILS, Details, EnvelopeState
@@ -66,9 +66,9 @@ class QueueEntry:
             id=self.id,
             state=state,
             submitted=self.submitted,
-            mission=_text(event.get("mission")) or self.mission,
-            worker=_text(event.get("worker")) or self.worker,
-            source=_text(event.get("source")) or self.source,
+            mission=text_of(event.get("mission")) or self.mission,
+            worker=text_of(event.get("worker")) or self.worker,
+            source=text_of(event.get("source")) or self.source,
             updated=at if isinstance(at, str) else self.updated,
             details=self.details.merged(Details.from_json(event)),
         )
@@ -92,10 +92,6 @@ class Submitted:
             "position": self.position,
             "state": str(self.state),
         }
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
