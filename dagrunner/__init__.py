@@ -2,7 +2,8 @@
 
 The public API: ``release_check`` runs a manifest's gate DAG and returns its
 record; ``allocate`` / ``export`` / ``cleanup`` manage worker worktrees;
-``submit`` queues patch envelopes and ``integrate`` drains the queue.  The CLI
+``submit`` queues patch envelopes and ``integrate`` drains the queue; ``watch``
+and ``wait_for`` follow its events.  The CLI
 (``dagrunner``) is a thin layer over these functions.  Names are imported on
 first use, so ``dagrunner release-check`` does not load the integration code.
 """
@@ -16,6 +17,7 @@ from dagrunner.version import VERSION as __version__
 
 _EXPORTS = {
     "DagrunnerError": "dagrunner.errors",
+    "Event": "dagrunner.events",
     "ExitCode": "dagrunner.errors",
     "GateResult": "dagrunner.records",
     "IntegrationResult": "dagrunner.integration",
@@ -31,9 +33,12 @@ _EXPORTS = {
     "load_manifest": "dagrunner.manifest",
     "release_check": "dagrunner.release",
     "submit": "dagrunner.queue",
+    "wait_for": "dagrunner.events",
+    "watch": "dagrunner.events",
 }
 __all__ = [
     "DagrunnerError",
+    "Event",
     "ExitCode",
     "GateResult",
     "IntegrationResult",
@@ -50,10 +55,13 @@ __all__ = [
     "load_manifest",
     "release_check",
     "submit",
+    "wait_for",
+    "watch",
 ]
 
 if TYPE_CHECKING:
     from dagrunner.errors import DagrunnerError, ExitCode
+    from dagrunner.events import Event, wait_for, watch
     from dagrunner.exporting import export
     from dagrunner.integration import IntegrationResult, integrate
     from dagrunner.lifecycle import cleanup

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.jsonout import emit_json
+from dagrunner.units import MAX_WINDOW, parse_duration
 from dagrunner.version import VERSION
 
 Handler = Callable[[argparse.Namespace], int]
@@ -115,6 +116,29 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _count(text: str) -> int:
+    if text == "0":
+        return 0
+    return _positive_int(text)
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _window(text: str) -> int | None:
+    """``auto`` (None: adaptive) or 1..MAX_WINDOW."""
+    if text == "auto":
+        return None
+    value = _positive_int(text)
+    if value > MAX_WINDOW:
+        raise argparse.ArgumentTypeError(f"at most {MAX_WINDOW}")
     return value
 
 
@@ -242,6 +266,30 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument(
         "envelopes", nargs="+", type=Path, metavar="ENVELOPE", help="envelope files to queue"
     )
+    sb.add_argument(
+        "--wait",
+        action="store_true",
+        help="return when every envelope reached a final state (whoever runs the integrator); "
+        "exit 0 landed, 1 gates-failed, 4 conflict, 2 rejected",
+    )
+    sb.add_argument(
+        "--timeout",
+        type=_duration,
+        metavar="DUR",
+        help="with --wait: give up after DUR (e.g. 10m); exit 124",
+    )
+    wa = ig_sub.add_parser(
+        "watch", parents=[common, repo_opt], help="follow the queue's events (JSON Lines)"
+    )
+    wa.add_argument(
+        "--since",
+        type=_count,
+        default=0,
+        metavar="CURSOR",
+        help="start after the event with this cursor (default: from the first event)",
+    )
+    wa.add_argument("--once", action="store_true", help="print what happened so far, then stop")
+    wa.add_argument("--timeout", type=_duration, metavar="DUR", help="stop following after DUR")
     ir = ig_sub.add_parser("run", parents=[common, repo_opt], help="apply, gate and land the queue")
     ir.add_argument("--target", help="branch to land on (default: the main checkout's branch)")
     ir.add_argument(
@@ -265,6 +313,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=1,
         help="envelopes gated together (bisected on failure)",
+    )
+    ir.add_argument(
+        "--window",
+        type=_window,
+        help="queue items gated at once, each on the speculative head of those ahead "
+        "(default: the manifest's [integrate] window, else adaptive: what the governor holds)",
+    )
+    ir.add_argument(
+        "--confirm-failures",
+        type=_count,
+        metavar="N",
+        help="re-runs of failed gates on the same tree before an item is blamed (default 1)",
     )
     ir.add_argument(
         "--no-wait", action="store_true", help="fail instead of waiting for another integrator"

@@ -21,6 +21,7 @@ class ExitCode(enum.IntEnum):
     BAD_INPUT = 2  # bad usage or bad input (manifest, envelope, name)
     ENVIRONMENT = 3  # environment unfit (no git, worktrees unsupported, unsafe root)
     REFUSED = 4  # refused to protect work (dirty, unlanded, claimed, files held open)
+    TIMED_OUT = 124  # a wait ran out of time (integrate submit --wait --timeout)
     INTERRUPTED = 130
 
 

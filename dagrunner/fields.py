@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from dagrunner.diagnostics import Problems
 from dagrunner.errors import DagrunnerError
 from dagrunner.inputs import glob_regex
-from dagrunner.units import parse_duration, parse_size
+from dagrunner.units import MAX_WINDOW, parse_duration, parse_size
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 T = TypeVar("T")
@@ -161,6 +161,14 @@ def count(raw: Any) -> int:
     if raw < 0:
         raise ValueError(f"{raw} is negative; use a whole number >= 0")
     return raw
+
+
+def window(raw: Any) -> int:
+    """How many queue items an integration pipeline gates at once."""
+    value = count(raw)
+    if not 1 <= value <= MAX_WINDOW:
+        raise ValueError(f"{value} is out of range; use 1 to {MAX_WINDOW}")
+    return value
 
 
 def positive(raw: Any) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -170,6 +170,9 @@ class Governor:
         self.samples: list[GovernorSample] = []
         self.peak_cpu = 0.0
         self.peak_memory = 0
+        # Schedulers sharing this governor (an integration pipeline gates several trees at
+        # once): each is woken when any of them frees capacity.
+        self.wakers: list[Callable[[], None]] = []
         psutil.cpu_percent(interval=None)  # prime: the first real reading covers the run
 
     def fits(self, cpu: float, memory: int) -> bool:
@@ -199,6 +202,8 @@ class Governor:
         self.used_cpu = max(0.0, self.used_cpu - cpu)
         self.used_memory = max(0, self.used_memory - memory)
         self.running -= 1
+        for wake in self.wakers:
+            wake()
 
     def sample(self, t: float) -> GovernorSample:
         """Read the machine now; update ``pressured``; keep the sample."""

@@ -41,9 +41,13 @@ def integrate(
     env: Mapping[str, str] | None = None,
     trust_envelope_manifest: bool = False,
     executor: str = "local",
+    window: int | None = None,
+    confirm_failures: int | None = None,
 ) -> IntegrationResult:
     """Drain the queue of ``repo`` onto ``target`` (default: the main checkout's branch);
-    ``executor`` runs the gates (``local``, or ``dask://HOST:PORT``)."""
+    ``executor`` runs the gates (``local``, or ``dask://HOST:PORT``).  ``window``: queue items
+    gated at once (default: the manifest's ``[integrate] window``, else adaptive);
+    ``confirm_failures``: re-runs of failed gates before blame (default: the manifest's, 1)."""
     from dagrunner.runner import new_run_id
 
     env = os.environ if env is None else env
@@ -63,6 +67,8 @@ def integrate(
             run_id=new_run_id(),
             trust_envelope_manifest=trust_envelope_manifest,
             executor=executor,
+            window=window,
+            confirm_failures=confirm_failures,
         ).run()
 
 

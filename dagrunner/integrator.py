@@ -23,11 +23,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import orjson
+import trio
 
 from dagrunner import checkout as checkouts
 from dagrunner import judges, landing, recovery
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.executors import executor_for
 from dagrunner.fsutil import locked
 from dagrunner.git import IDENTITY, git
 from dagrunner.ledger import Ledger
@@ -40,14 +42,11 @@ from dagrunner.outcomes import (
     IntegrationResult,
     LandOutcome,
 )
-from dagrunner.plan import RunOptions
+from dagrunner.pipeline import Pipeline
 from dagrunner.queue import Queue, same_repository
-from dagrunner.records import RunStatus, Status
-from dagrunner.runner import release_check
 from dagrunner.trailers import commit_message
 from dagrunner.worktrees import Context, default_target
 
-MAX_REBUILDS = 3
 HUNK_LIMIT = 16 * 1024
 
 
@@ -78,6 +77,8 @@ class Integrator:
         run_id: str,
         trust_envelope_manifest: bool = False,
         executor: str = "local",
+        window: int | None = None,
+        confirm_failures: int | None = None,
     ) -> None:
         self.ctx = ctx
         self.repo = ctx.info.root
@@ -85,7 +86,7 @@ class Integrator:
         self.ref = f"refs/heads/{target}"
         self.batch = max(1, batch)
         self.env = env
-        self.queue = Queue.of(ctx.info)
+        self.queue = Queue.of(ctx.info, target=target)
         self.ledger = Ledger(ctx.info.state_dir)
         slug = target.replace("/", "--")
         self.wt = ctx.root / ".integration" / slug
@@ -93,6 +94,8 @@ class Integrator:
         self.manifest_arg = manifest
         self.trust_envelope_manifest = trust_envelope_manifest
         self.executor = executor
+        self.window = window  # None: the manifest's [integrate] window, else adaptive
+        self.confirm_failures = confirm_failures  # None: the manifest's (default 1)
         self.manifest_file: Path | None = None
         self.manifest_changers: set[str] = set()
         self.result = IntegrationResult(
@@ -115,11 +118,13 @@ class Integrator:
             )
         return probe.text
 
-    def prepare_worktree(self, head: str) -> None:
-        if not (self.wt / ".git").exists():
-            self.wt.parent.mkdir(parents=True, exist_ok=True)
+    def prepare_worktree(self, head: str, path: Path | None = None) -> None:
+        """The integration worktree at ``path`` (default: the first one) exists, at ``head``."""
+        path = path or self.wt
+        if not (path / ".git").exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
             # A registration whose folder was deleted by hand is locked: unlock, then prune it.
-            git(["worktree", "unlock", str(self.wt)], cwd=self.repo, check=False)
+            git(["worktree", "unlock", str(path)], cwd=self.repo, check=False)
             git(["worktree", "prune"], cwd=self.repo, check=False)
             git(
                 [
@@ -129,29 +134,30 @@ class Integrator:
                     "--lock",
                     "--reason",
                     "dagrunner: integration",
-                    str(self.wt),
+                    str(path),
                     head,
                 ],
                 cwd=self.repo,
             )
-        self.reset(head)
+        self.reset(head, path)
 
-    def reset(self, commit: str) -> None:
+    def reset(self, commit: str, path: Path | None = None) -> None:
         """Exactly ``commit`` and nothing else (no stage entries, no stray file)."""
-        git(["reset", "-q", "--hard", commit], cwd=self.wt)
-        git(["clean", "-q", "-ffdx"], cwd=self.wt)
+        git(["reset", "-q", "--hard", commit], cwd=path or self.wt)
+        git(["clean", "-q", "-ffdx"], cwd=path or self.wt)
 
     def manifest_rel(self) -> Path:
         return judges.manifest_rel(self.manifest_arg)
 
-    def trusted_manifest(self, head: str) -> Path:
-        """See ``judges.trusted_manifest``: never the tree under test."""
+    def trusted_manifest(self, head: str, tree: Path | None = None) -> Path:
+        """See ``judges.trusted_manifest``: never the tree under test (at ``tree``, default
+        the first integration worktree) unless the caller opted in."""
         return judges.trusted_manifest(
             repo=self.repo,
             head=head,
             target=self.target,
             given=self.manifest_arg,
-            tree_under_test=self.wt if self.trust_envelope_manifest else None,
+            tree_under_test=(tree or self.wt) if self.trust_envelope_manifest else None,
             folder=self.reports / "manifest",
         )
 
@@ -168,13 +174,14 @@ class Integrator:
         self.result.start = start
         self.prepare_worktree(start)
         # a bad or missing manifest fails before anything is applied
-        load_manifest(self.trusted_manifest(start))
-        pending = self.queue.pending()
-        while pending and not self.stop:
-            batch, pending = pending[: self.batch], pending[self.batch :]
-            envelopes = [e for e in (self.admit(i) for i in batch) if e is not None]
-            if envelopes:
-                self.process(envelopes, rebuilds=0)
+        manifest = load_manifest(self.trusted_manifest(start))
+        window = self.window or manifest.integrate.window
+        confirm = self.confirm_failures
+        if confirm is None:
+            confirm = manifest.integrate.confirm_failures
+        with executor_for(self.executor) as executor:
+            drain = Pipeline(self, executor, manifest, window=window, confirm=confirm)
+            trio.run(drain.run)
         self.result.end = self.head()
         self.cleanup_landed_workers()
         self.write_report()
@@ -223,57 +230,16 @@ class Integrator:
             return None
         return envelope
 
-    def process(self, envelopes: list[Envelope], *, rebuilds: int) -> None:
-        """Apply ``envelopes`` on the target's head, gate once, land -- or bisect the failure."""
-        if self.stop:
-            return
-        head = self.head()
-        self.reset(head)
-        self.manifest_file = self.trusted_manifest(head)
-        applied: list[tuple[Envelope, str]] = []
-        for envelope in envelopes:
-            commit = self.apply(envelope)
-            if commit:
-                applied.append((envelope, commit))
-        if not applied:
-            return
-        for envelope, _ in applied:
-            self.queue.record(
-                envelope.id, EnvelopeState.GATING, Details(gate_run=self.result.gate_runs + 1)
-            )
-        recovery.crash_point("gating")
-        passed, failing, report = self.gate()
-        if passed:
-            outcome = self.land(head, applied)
-            if outcome is LandOutcome.MOVED:
-                if rebuilds >= MAX_REBUILDS:
-                    self.result.target_moving = True
-                    self.stop = True
-                    for envelope, _ in applied:
-                        self.queue.record(
-                            envelope.id, EnvelopeState.QUEUED, Details(note="target-moving")
-                        )
-                    return
-                self.result.rebuilds += 1
-                self.process([e for e, _ in applied], rebuilds=rebuilds + 1)
-            return
-        if len(applied) == 1:
-            envelope = applied[0][0]
-            self.finish(
-                envelope.id,
-                EnvelopeState.GATES_FAILED,
-                Details(failed_gates=tuple(failing), report=report),
-            )
-            return
-        half = len(applied) // 2
-        self.process([e for e, _ in applied[:half]], rebuilds=rebuilds)
-        self.process([e for e, _ in applied[half:]], rebuilds=rebuilds)
-
-    def apply(self, envelope: Envelope) -> str | None:
-        """Apply and commit one envelope; the new commit, or None (conflict or rejection recorded)."""
+    def apply(
+        self, envelope: Envelope, wt: Path | None = None, *, final: bool = True
+    ) -> str | None:
+        """Apply and commit one envelope in ``wt`` (default: the first integration worktree);
+        the new commit, or None.  ``final``: a conflict or corrupt patch is its outcome
+        (recorded); otherwise (a speculative head) it is queued again, to be judged later."""
+        wt = wt or self.wt
         self.queue.record(envelope.id, EnvelopeState.APPLYING)
         recovery.crash_point("applying")
-        before = git(["rev-parse", "HEAD"], cwd=self.wt).text
+        before = git(["rev-parse", "HEAD"], cwd=wt).text
         with tempfile.NamedTemporaryFile(
             prefix="dagrunner-", suffix=".patch", delete=False
         ) as handle:
@@ -282,7 +248,7 @@ class Integrator:
         try:
             result = git(
                 ["apply", "--3way", "--index", "--whitespace=nowarn", str(patch)],
-                cwd=self.wt,
+                cwd=wt,
                 check=False,
             )
         finally:
@@ -293,24 +259,31 @@ class Integrator:
             message = commit_message(envelope)
             git(
                 ["commit", "-q", "--no-verify", "--no-gpg-sign", "--allow-empty", "-m", message],
-                cwd=self.wt,
+                cwd=wt,
                 env=IDENTITY,
             )
-            commit = git(["rev-parse", "HEAD"], cwd=self.wt).text
+            commit = git(["rev-parse", "HEAD"], cwd=wt).text
             self.queue.record(envelope.id, EnvelopeState.APPLIED, Details(commit=commit))
             return commit
         stderr = result.stderr.decode("utf-8", "replace").strip()
         unmerged = sorted(
             {
                 line.split("\t", 1)[1]
-                for line in git(["ls-files", "-u"], cwd=self.wt).text.splitlines()
+                for line in git(["ls-files", "-u"], cwd=wt).text.splitlines()
                 if "\t" in line
             }
         )
-        hunks = git(["diff", "--no-ext-diff", "--no-color"], cwd=self.wt, check=False).stdout[
+        hunks = git(["diff", "--no-ext-diff", "--no-color"], cwd=wt, check=False).stdout[
             :HUNK_LIMIT
         ]
-        self.reset(before)  # leave nothing of this envelope behind for the next one
+        self.reset(before, wt)  # leave nothing of this envelope behind for the next one
+        if not final:
+            self.queue.record(
+                envelope.id,
+                EnvelopeState.QUEUED,
+                Details(note="does not apply on the speculative head; retried at the front"),
+            )
+            return None
         if result.returncode == 128 and not unmerged:
             self.reject(envelope.id, f"corrupt patch: {stderr.splitlines()[0] if stderr else ''}")
             return None
@@ -326,35 +299,33 @@ class Integrator:
         )
         return None
 
-    def gate(self) -> tuple[bool, list[str], str]:
-        self.result.gate_runs += 1
-        run_dir = self.reports / f"gates-{self.result.gate_runs:02d}"
-        manifest = self.manifest_file or self.trusted_manifest(self.head())
-        record, _ = release_check(
-            RunOptions(
-                repo=self.wt,
-                manifest=manifest,
-                report_dir=run_dir,
-                environ=self.env,
-                executor=self.executor,
-            )
-        )
-        failing = [g.id for g in record.gates if not g.status.ok]
-        if record.gates and all(g.status is Status.CACHED for g in record.gates):
-            self.result.cached_runs += 1
-        return record.status is RunStatus.PASSED, failing, str(run_dir)
-
     def target_checkout(self) -> Path | None:
         return checkouts.checkout_of(self.repo, self.ref)
 
-    def land(self, old: str, applied: list[tuple[Envelope, str]]) -> LandOutcome:
-        """Move the target from ``old`` to the integration head: landed, moved, or blocked."""
-        return landing.land(self, old, applied)
+    def land(
+        self,
+        old: str,
+        applied: list[tuple[Envelope, str]],
+        new: str | None = None,
+        *,
+        flaky: tuple[str, ...] = (),
+    ) -> LandOutcome:
+        """Move the target from ``old`` to ``new`` (default: the integration worktree's head):
+        landed, moved, or blocked."""
+        return landing.land(self, old, applied, new, flaky=flaky)
 
-    def landed(self, applied: list[tuple[Envelope, str]], old: str, new: str) -> None:
+    def landed(
+        self,
+        applied: list[tuple[Envelope, str]],
+        old: str,
+        new: str,
+        flaky: tuple[str, ...] = (),
+    ) -> None:
         chain = git(["rev-list", "--reverse", f"{old}..{new}"], cwd=self.repo).text.split()
         for (envelope, _), commit in zip(applied, chain, strict=False):
-            self.finish(envelope.id, EnvelopeState.LANDED, Details(commit=commit))
+            self.finish(
+                envelope.id, EnvelopeState.LANDED, Details(commit=commit, flaky_gates=flaky or None)
+            )
 
     # -- after the run ----------------------------------------------------------------------
 

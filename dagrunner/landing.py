@@ -25,9 +25,17 @@ if TYPE_CHECKING:
 Applied = list[tuple["Envelope", str]]
 
 
-def land(it: Integrator, old: str, applied: Applied) -> LandOutcome:
-    """Move the target from ``old`` to the integration head: landed, moved, or blocked."""
-    new = git(["rev-parse", "HEAD"], cwd=it.wt).text
+def land(
+    it: Integrator,
+    old: str,
+    applied: Applied,
+    new: str | None = None,
+    *,
+    flaky: tuple[str, ...] = (),
+) -> LandOutcome:
+    """Move the target from ``old`` to ``new`` (default: the integration worktree's head):
+    landed, moved, or blocked.  ``flaky``: gates that passed only when re-run on that tree."""
+    new = new or git(["rev-parse", "HEAD"], cwd=it.wt).text
     checkout = it.target_checkout()
     if checkout is not None and is_dirty(checkout):
         block(
@@ -57,7 +65,7 @@ def land(it: Integrator, old: str, applied: Applied) -> LandOutcome:
         synced = git(["read-tree", "-m", "-u", old, new], cwd=checkout, check=False)
         if synced.returncode != 0:
             return failed_sync(it, applied, checkout, old, new, synced.message)
-    it.landed(applied, old, new)
+    it.landed(applied, old, new, flaky)
     return LandOutcome.LANDED
 
 

@@ -40,6 +40,7 @@ from dagrunner.fields import (
     string,
     string_list,
     timeout,
+    window,
 )
 
 SCHEMA_VERSION = 1
@@ -110,6 +111,24 @@ class BudgetSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class IntegrateSpec:
+    """``[integrate]``'s own keys: how ``integrate run`` drains the queue."""
+
+    window: int | None = None  # queue items gated at once; None: adaptive (what fits)
+    confirm_failures: int = 1  # re-runs of failed gates before an item is blamed
+
+
+INTEGRATE_SETTINGS = ("window", "confirm_failures")
+
+
+def _read_integrate_settings(table: Table) -> IntegrateSpec:
+    return IntegrateSpec(
+        window=table.take("window", auto(window), None),
+        confirm_failures=table.take("confirm_failures", count, 1),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Manifest:
     path: Path
     digest: str
@@ -119,6 +138,7 @@ class Manifest:
     budget: BudgetSpec = BudgetSpec()
     env: EnvSpec = EnvSpec()
     cache_salt: str = ""
+    integrate: IntegrateSpec = IntegrateSpec()
     gates: Mapping[str, GateSpec] = field(default_factory=dict)
 
 
@@ -387,9 +407,14 @@ def read_tables(top: Table, path: Path) -> Manifest:
         "integrate": _read_integrate,
         "land": _read_land,
     }
+    integrate = IntegrateSpec()
     for section, read in readers.items():
         table = top.table(section)
+        if section == "integrate":
+            integrate = _read_integrate_settings(table)
         for node_id in table.data:
+            if section == "integrate" and node_id in INTEGRATE_SETTINGS:
+                continue
             table.used.add(node_id)
             spec = read(node_id, table.table(node_id))
             if spec.id in gates:
@@ -427,5 +452,6 @@ def read_tables(top: Table, path: Path) -> Manifest:
         budget=budget,
         env=env,
         cache_salt=cache_salt,
+        integrate=integrate,
         gates=gates,
     )

@@ -68,12 +68,15 @@ class Details:
 
     commit: str | None = None  # applied/landed: the commit that holds the envelope
     gate_run: int | None = None  # gating: which gate run of the integrator
+    head: str | None = None  # gating: the speculative head its item was applied on
+    position: int | None = None  # gating: its item's place in the pipeline's window (0: front)
     old: str | None = None  # landing: the target before ...
     new: str | None = None  # ... and after
     run: str | None = None  # gating inside a swarm run: its run id
     conflicts: tuple[str, ...] | None = None  # conflict: the paths
     hunks: str | None = None  # conflict: the conflicting hunks (bounded)
     failed_gates: tuple[str, ...] | None = None  # gates-failed
+    flaky_gates: tuple[str, ...] | None = None  # failed, then passed when re-run on that tree
     report: str | None = None  # gates-failed: the gate run that failed it
     reason: str | None = None  # rejected, conflict, or a refused landing
     manifest_changed: bool | None = None  # it changed the manifest; the target's gated it
@@ -90,16 +93,19 @@ class Details:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Details:
-        gate_run = data.get("gate_run")
+        gate_run, position = data.get("gate_run"), data.get("position")
         return cls(
             commit=text_of(data.get("commit")),
             gate_run=gate_run if isinstance(gate_run, int) else None,
+            head=text_of(data.get("head")),
+            position=position if isinstance(position, int) else None,
             old=text_of(data.get("old")),
             new=text_of(data.get("new")),
             run=text_of(data.get("run")),
             conflicts=_texts(data.get("conflicts")),
             hunks=text_of(data.get("hunks")),
             failed_gates=_texts(data.get("failed_gates")),
+            flaky_gates=_texts(data.get("flaky_gates")),
             report=text_of(data.get("report")),
             reason=text_of(data.get("reason")),
             manifest_changed=_flag(data.get("manifest_changed")),
@@ -157,15 +163,63 @@ class LandBlocked:
         return {"code": self.code, "checkout": self.checkout, "reason": self.reason}
 
 
+class Verdict(enum.StrEnum):
+    """What one gate run of the pipeline said about its item's tree."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    FLAKY = "flaky"  # a confirmation re-run passed what had failed
+    CONFIRMED = "confirmed"  # a confirmation re-run failed again: the item is blamed
+    CANCELLED = "cancelled"  # an item ahead failed or the target moved: it is rebuilt
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """One gate run of the pipeline: which envelopes, on which speculative head, how it ended
+    (``start``/``end`` in seconds from the run's start): the report's timeline."""
+
+    gate_run: int
+    envelopes: tuple[str, ...]
+    head: str
+    commit: str
+    position: int
+    start: float
+    end: float
+    verdict: Verdict
+    confirm: bool = False  # a re-run of failed gates on the same tree
+    gates: tuple[str, ...] = ()  # the failing (or flaky) gates
+    report: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gate_run": self.gate_run,
+            "envelopes": list(self.envelopes),
+            "head": self.head,
+            "commit": self.commit,
+            "position": self.position,
+            "start": round(self.start, 3),
+            "end": round(self.end, 3),
+            "verdict": str(self.verdict),
+            "confirm": self.confirm,
+            "gates": list(self.gates),
+            "report": self.report,
+        }
+
+
 @dataclass
 class IntegrationResult:
     target: str
     start: str
     end: str
     envelopes: list[EnvelopeOutcome] = field(default_factory=list)
-    gate_runs: int = 0
+    gate_runs: int = 0  # including confirmation re-runs
     cached_runs: int = 0  # gate runs where every gate was a cache hit (said, not in the JSON)
+    confirm_runs: int = 0  # re-runs of failed gates on the same tree (flake confirmation)
     rebuilds: int = 0
+    resets: int = 0  # items rebuilt because one ahead of them failed
+    window: int = 1  # the pipeline's ceiling: queue items gated at once
+    pipeline: list[Speculation] = field(default_factory=list)
+    interrupted: bool = False
     land_blocked: LandBlocked | None = None
     target_moving: bool = False
     report_dir: str = ""
@@ -181,6 +235,7 @@ class IntegrationResult:
         was not refused, the target did not keep moving, and its checkout followed."""
         return (
             self.land_blocked is None
+            and not self.interrupted
             and not self.target_moving
             and not self.checkout_stale
             and not self.gates_failed
@@ -188,7 +243,10 @@ class IntegrationResult:
 
     @property
     def exit_code(self) -> ExitCode:
-        """0, or 1 when not ``ok`` (conflicts and rejections are outcomes, not failures)."""
+        """0, or 1 when not ``ok`` (conflicts and rejections are outcomes, not failures);
+        130 when interrupted."""
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
         return ExitCode.OK if self.ok else ExitCode.FAILED
 
     def to_json(self) -> dict[str, Any]:
@@ -198,11 +256,16 @@ class IntegrationResult:
             "end": self.end,
             "envelopes": [e.to_json() for e in self.envelopes],
             "gate_runs": self.gate_runs,
+            "confirm_runs": self.confirm_runs,
             "rebuilds": self.rebuilds,
+            "resets": self.resets,
+            "window": self.window,
+            "interrupted": self.interrupted,
             "land_blocked": self.land_blocked and self.land_blocked.to_json(),
             "target_moving": self.target_moving,
             "checkout_stale": self.checkout_stale,
             "report_dir": self.report_dir,
+            "pipeline": [p.to_json() for p in self.pipeline],
             "counts": {
                 str(s): sum(1 for e in self.envelopes if e.state is s)
                 for s in sorted({e.state for e in self.envelopes})

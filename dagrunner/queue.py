@@ -97,10 +97,11 @@ class Submitted:
 @dataclass(frozen=True)
 class Queue:
     dir: Path
+    target: str | None = None  # the integrator's branch: its journal lines name it
 
     @classmethod
-    def of(cls, info: RepoInfo) -> Queue:
-        return cls(info.state_dir / "queue")
+    def of(cls, info: RepoInfo, *, target: str | None = None) -> Queue:
+        return cls(info.state_dir / "queue", target)
 
     @property
     def journal(self) -> Path:
@@ -123,11 +124,20 @@ class Queue:
         envelope_id: str,
         state: EnvelopeState,
         details: Details = NO_DETAILS,
+        *,
+        event: str | None = None,
         **origin: str,
     ) -> None:
         """Journal a state change (fsynced before it takes effect); ``origin`` is the mission,
-        worker and source that ``submit`` records once."""
-        line = {"at": now(), "id": envelope_id, "state": str(state), **origin, **details.to_json()}
+        worker and source that ``submit`` records once; ``event`` names a change that is not
+        a state of its own (``flaky``, ``speculation-reset``: see ``events.py``)."""
+        line: dict[str, Any] = {"at": now(), "id": envelope_id, "state": str(state)}
+        if event is not None:
+            line["event"] = event
+        if self.target is not None:
+            line["target"] = self.target
+        line.update(origin)
+        line.update(details.to_json())
         append_line(self.journal, orjson.dumps(line))
 
     def entries(self) -> dict[str, QueueEntry]:

@@ -145,10 +145,13 @@ async def schedule_step(
     cache: RunCache,
     executor: Executor,
     nodes: NodeKinds,
+    governor: Governor | None = None,
 ) -> Scheduled:
-    """Run the plan through the executor, under the governor."""
+    """Run the plan through the executor, under the governor (``governor``: one shared with
+    other runs in this trio loop, which then also owns Ctrl-C)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    governor = Governor(plan.capacity)
+    shared = governor is not None
+    governor = governor or Governor(plan.capacity)
     runner = GateRunner(plan, executor, run_dir, cache, nodes)
     scheduler = Scheduler(
         plan.graph,
@@ -164,7 +167,8 @@ async def schedule_step(
     start = trio.current_time()
     warnings: list[str] = []
     in_main_thread = threading.current_thread() is threading.main_thread()
-    signals = trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) if in_main_thread else None
+    own_signals = in_main_thread and not shared
+    signals = trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) if own_signals else None
     try:
         with signals or contextlib.nullcontext() as received:
             async with trio.open_nursery() as nursery:
@@ -308,7 +312,18 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
         return _run(plan, options, executor)
 
 
-def _run(plan: Plan, options: RunOptions, executor: Executor) -> tuple[RunRecord, Path]:
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """A run's set-up before its gates are scheduled."""
+
+    run_id: str
+    run_dir: Path
+    started_at: str
+    cache: RunCache
+    nodes: NodeKinds
+
+
+def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
     run_id = new_run_id()
     run_dir = prepare_run_dir(plan.repo, options.report_dir, run_id)
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -324,16 +339,20 @@ def _run(plan: Plan, options: RunOptions, executor: Executor) -> tuple[RunRecord
     )
     env = options.environ if options.environ is not None else os.environ
     nodes = (options.node_kinds or PlainGates.open)(plan, run_id, env)
-    try:
-        scheduled = trio.run(schedule_step, plan, options, run_dir, cache, executor, nodes)
-    except BaseException:
-        nodes.finish([], interrupted=True)  # requeue what was applied, release the locks
-        raise
+    return Prepared(run_id=run_id, run_dir=run_dir, started_at=started_at, cache=cache, nodes=nodes)
+
+
+def _finish(
+    plan: Plan, options: RunOptions, executor: Executor, prepared: Prepared, scheduled: Scheduled
+) -> tuple[RunRecord, Path]:
+    cache, run_dir = prepared.cache, prepared.run_dir
     # Tool fingerprints ran before the schedule: the user waited for them too.
     scheduled = replace(scheduled, wall=scheduled.wall + cache.setup_seconds)
-    integration = nodes.finish(scheduled.results, interrupted=scheduled.interrupted)
-    cache.store_passed(scheduled.results, run_id)
-    record = record_step(plan, options, run_id=run_id, started_at=started_at, scheduled=scheduled)
+    integration = prepared.nodes.finish(scheduled.results, interrupted=scheduled.interrupted)
+    cache.store_passed(scheduled.results, prepared.run_id)
+    record = record_step(
+        plan, options, run_id=prepared.run_id, started_at=prepared.started_at, scheduled=scheduled
+    )
     record.cache = cache.summary(scheduled.results)
     record.integration = integration
     record.warnings = cache.warnings() + executor.warnings + record.warnings
@@ -342,4 +361,34 @@ def _run(plan: Plan, options: RunOptions, executor: Executor) -> tuple[RunRecord
     return record, run_dir
 
 
-__all__ = ["Plan", "RunOptions", "load_step", "plan_step", "release_check"]
+def _run(plan: Plan, options: RunOptions, executor: Executor) -> tuple[RunRecord, Path]:
+    prepared = _prepare(plan, options, executor)
+    try:
+        scheduled = trio.run(
+            schedule_step, plan, options, prepared.run_dir, prepared.cache, executor, prepared.nodes
+        )
+    except BaseException:
+        prepared.nodes.finish([], interrupted=True)  # requeue what was applied, release the locks
+        raise
+    return _finish(plan, options, executor, prepared, scheduled)
+
+
+async def gate_run(
+    options: RunOptions, executor: Executor, governor: Governor
+) -> tuple[RunRecord, Path]:
+    """``release_check`` inside a running trio loop, under a ``governor`` shared with the
+    loop's other runs and on an ``executor`` it opened: an integration pipeline gates several
+    trees at once this way.  Blocking steps (git, fingerprints, the report) run in threads."""
+    disable_dumping()
+    repo, manifest = await trio.to_thread.run_sync(load_step, options)
+    plan = await trio.to_thread.run_sync(
+        lambda: plan_step(repo, manifest, options, executor.machines())
+    )
+    prepared = await trio.to_thread.run_sync(_prepare, plan, options, executor)
+    scheduled = await schedule_step(
+        plan, options, prepared.run_dir, prepared.cache, executor, prepared.nodes, governor
+    )
+    return await trio.to_thread.run_sync(_finish, plan, options, executor, prepared, scheduled)
+
+
+__all__ = ["Plan", "RunOptions", "gate_run", "load_step", "plan_step", "release_check"]

@@ -105,16 +105,20 @@ class Scheduler:
         # Collect the roots first: a cache hit among them makes its dependents ready at once.
         for node in [n for n in self.graph.nodes if self._waiting_needs[n] == 0]:
             self._make_ready(node)
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._sample_loop)
-            while len(self.results) < self.graph.number_of_nodes():
-                self._start_what_fits(nursery)
-                if len(self.results) == self.graph.number_of_nodes():
-                    break
-                await self._wake.wait()
-                self._wake = trio.Event()
-            nursery.cancel_scope.cancel()
+        self.governor.wakers.append(self.wake)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._sample_loop)
+                while len(self.results) < self.graph.number_of_nodes():
+                    self._start_what_fits(nursery)
+                    if len(self.results) == self.graph.number_of_nodes():
+                        break
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.governor.wakers.remove(self.wake)
         if self.interrupted:
             self._skip_rest(Status.SKIPPED, "the run was interrupted before it started")
         order = list(self.graph.nodes)

@@ -20,6 +20,7 @@ from typing import Any
 from dagrunner import fields as f
 from dagrunner.diagnostics import Problems
 from dagrunner.manifest import SCHEMA_VERSION, read_tables
+from dagrunner.units import MAX_WINDOW
 
 SCHEMA_ID = "https://dagrunner.invalid/manifest.schema.json"
 _DURATION: dict[str, Any] = {
@@ -42,6 +43,7 @@ FRAGMENTS: dict[Callable[[Any], Any], dict[str, Any]] = {
     f.interval: {**_DURATION, "description": "a duration of at least 10ms"},
     f.size: _SIZE,
     f.fraction: {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    f.window: {"type": "integer", "minimum": 1, "maximum": MAX_WINDOW},
     f.command: {
         "description": "an argv array, or a string run by sh -c",
         "anyOf": [{"type": "string", "minLength": 1}, {**_STRINGS, "minItems": 1}],
@@ -87,6 +89,9 @@ def _object(table: f.Table) -> dict[str, Any]:
                 "description": f"[{name}.ID] tables; ids are shared by every kind of node",
                 "additionalProperties": _object(node),
             }
+            settings = {key: fragment(convert) for key, convert in child.converters.items()}
+            if settings:  # [integrate] window = ...: the section's own keys beside its nodes
+                properties[name]["properties"] = settings
         else:
             properties[name] = _object(child)
     return {"type": "object", "additionalProperties": False, "properties": properties}

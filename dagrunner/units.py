@@ -1,9 +1,11 @@
-"""Durations (``90s``, ``5m``, ``1h30m``) and sizes (``512M``, ``2GiB``)."""
+"""Durations (``90s``, ``5m``, ``1h30m``), sizes (``512M``, ``2GiB``) and a few bounds."""
 
 from __future__ import annotations
 
 import math
 import re
+
+MAX_WINDOW = 64  # queue items an integration pipeline gates at once, at most
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -123,17 +123,55 @@ def _gate_runs(runs: int, cached: int) -> str:
     return f"{said} ({cached} answered wholly from the cache)" if cached else said
 
 
+def _wait(ids: list[str], submitted: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """``submit --wait``: each envelope's final entry; the exit code of the first in submission
+    order that did not land (0 when all landed)."""
+    import time
+
+    from dagrunner.events import WAIT_EXIT, final_entry, wait_for
+
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    entries = []
+    for envelope_id in ids:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        for event in wait_for(envelope_id, repo=args.repo, timeout=left):
+            if not args.json:
+                print(f"{event.event:<17} {envelope_id}", flush=True)
+        entries.append(final_entry(envelope_id, repo=args.repo))
+    if args.json:
+        emit_json({"submitted": submitted, "outcomes": [e.to_json() for e in entries]})
+    codes = [WAIT_EXIT[e.state] for e in entries if e.state in WAIT_EXIT]
+    return next((code for code in codes if code != ExitCode.OK), ExitCode.OK)
+
+
 def cmd_integrate(args: argparse.Namespace) -> int:
     action = args.integrate_command
     if action == "submit":
         from dagrunner.queue import submit_files
 
         submitted = submit_files(args.envelopes, repo=args.repo)
-        if args.json:
-            emit_json({"submitted": submitted})
         for item in [] if args.json else submitted:
             what = "already queued" if item["duplicate"] else "queued"
             print(f"{what} at position {item['position']}: {item['id']} ({item['state']})")
+        if not args.wait:
+            if args.json:
+                emit_json({"submitted": submitted})
+            return ExitCode.OK
+        return _wait([item["id"] for item in submitted], submitted, args)
+    if action == "watch":
+        from dagrunner.events import watch
+
+        for event in watch(
+            repo=args.repo, since=args.since, follow=not args.once, timeout=args.timeout
+        ):
+            if args.json:
+                emit_json(event.to_json())
+            else:
+                print(
+                    f"{event.cursor:>8} {event.at or '':<29} {event.event:<17} {event.id}"
+                    f"{'  ' + event.details.commit if event.details.commit else ''}",
+                    flush=True,
+                )
         return ExitCode.OK
     from dagrunner.integration import integrate, queue_status
 
@@ -152,6 +190,8 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         wait=not args.no_wait,
         trust_envelope_manifest=args.trust_envelope_manifest,
         executor=args.executor,
+        window=args.window,
+        confirm_failures=args.confirm_failures,
     )
     body = result.to_json()
     if args.json:

@@ -129,7 +129,8 @@ def test_five_workers_scenario(
     outcome = {e["worker"]: e for e in body["envelopes"]}
     assert outcome["w3"]["conflicts"] == ["shared.txt"] and "TWO from w3" in outcome["w3"]["hunks"]
     assert outcome["w5"]["failed_gates"] == ["check"] and Path(outcome["w5"]["report"]).is_dir()
-    assert outcome["w1"]["commit"] and body["gate_runs"] == 4
+    # 4 gate runs, and one more confirming w5's failure on the same tree
+    assert outcome["w1"]["commit"] and body["gate_runs"] == 5 and body["confirm_runs"] == 1
     # the target holds exactly the landed work, and its gates pass there
     landed = [envelopes[n] for n in ("w1", "w2", "w4")]
     assert git(project, "rev-parse", "main^{tree}").strip() == expected_tree(
@@ -144,7 +145,7 @@ def test_five_workers_scenario(
     # landed workers are cleaned up; the others keep their work
     left = {w["id"] for w in lifecycle.list_worktrees(repo=project)}
     assert left == {"swarm/w3", "swarm/w5"}
-    html = (Path(body["report_dir"]) / "gates-04" / "index.html").read_text()
+    html = (Path(body["report_dir"]) / "gates-05" / "index.html").read_text()
     assert 'id="integration"' in html and "conflicting: shared.txt" in html
 
 
@@ -207,10 +208,11 @@ def test_batch_bisects_to_the_culprit(project: Path) -> None:
         "b4": breaks_gate,
     }
     submit(repo_info(project), [worker(project, n, changes[n]) for n in names])
-    result = integrate(repo=project, batch=4)
+    result = integrate(repo=project, batch=4, window=1)
     assert states(project) == {"b1": "landed", "b2": "landed", "b3": "landed", "b4": "gates-failed"}
-    # [b1..b4] fails; [b1 b2] passes and lands; [b3 b4] fails; [b3] lands; [b4] fails
-    assert result.gate_runs == 5
+    # [b1..b4] fails; [b1 b2] passes and lands; [b3 b4] fails; [b3] lands; [b4] fails --
+    # and each failure is confirmed once on its tree before it is blamed
+    assert result.gate_runs == 5 + 3 and result.confirm_runs == 3
     assert sorted(t.split(".")[1] for t in trailers(project)) == ["b1", "b2", "b3"]
 
 

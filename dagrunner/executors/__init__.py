@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 import trio
@@ -36,6 +37,10 @@ class Executor(Protocol):
     @property
     def warnings(self) -> list[str]:
         """What the run should say about where its gates ran."""
+        ...
+
+    def fresh(self, checkout: Path) -> None:
+        """``checkout`` holds another tree now: nothing taken from it before is reused."""
         ...
 
     async def execute(self, job: GateJob) -> AttemptResult:

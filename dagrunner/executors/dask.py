@@ -234,6 +234,13 @@ class DaskExecutor:
             commit = self._shipped[top].commit
         return rel, commit
 
+    def fresh(self, checkout: Path) -> None:
+        """The source of ``checkout`` is packed again for its next gate (a pipeline slot)."""
+        top = checkout.resolve()
+        with self._ship_lock:
+            for known in [k for k in self._shipped if Path(k).resolve() == top]:
+                del self._shipped[known]
+
     def _stash(self, commit: str, worker: str) -> str:
         """Check ``commit`` out on one worker (it joined after the source was shipped, with the
         whole source); why it could not ('' when it could)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dagrunner.cache import Fingerprint
 from dagrunner.governor import Machine
 from dagrunner.sandbox import AttemptResult, GateJob, run_job
@@ -22,6 +24,9 @@ class LocalExecutor:
     @property
     def warnings(self) -> list[str]:
         return []
+
+    def fresh(self, checkout: Path) -> None:
+        return None  # gates run in the checkout itself
 
     async def execute(self, job: GateJob) -> AttemptResult:
         return await run_job(job)

@@ -1,0 +1,448 @@
+"""The speculative integration pipeline: several queue items gated at once, landed in order.
+
+An item is one envelope (or ``--batch`` of them).  The first ``window`` items
+are each applied, in their own integration worktree, on the speculative head
+"target + every item ahead of it still expected to land", and their gates run
+at the same time under one governor.  Items land strictly in queue order, each
+by compare-and-swap, as soon as it and every item ahead of it passed.
+
+- A failed gate run is first re-run on the same tree (``confirm_failures``):
+  a pass marks the gates ``flaky`` on its envelopes, and the item goes on.
+- A confirmed failure halves the window and resets every item behind it onto a
+  head without it (their runs are cancelled).  The item itself is judged at
+  the front: a batch splits into two halves, one envelope is ``gates-failed``.
+- A conflict at the front is final.  Behind it, the conflict may be with an
+  item that will not land, so the item waits for the front; no gate runs.
+- The window grows by one after each landing (ceiling: ``window``).
+
+Every step is journaled before it takes effect (``queue.py``); after a crash,
+``recovery.recover`` discards the speculation (only commits on the target
+count), so a rerun ends with each envelope in one final state.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import trio
+
+from dagrunner.errors import DagrunnerError
+from dagrunner.executors import Executor
+from dagrunner.governor import Governor, resolve_capacity
+from dagrunner.manifest import Manifest
+from dagrunner.outcomes import Details, EnvelopeState, LandOutcome, Speculation, Verdict
+from dagrunner.plan import RunOptions
+from dagrunner.records import RunStatus, Status
+from dagrunner.recovery import crash_point
+from dagrunner.runner import gate_run
+
+if TYPE_CHECKING:
+    from dagrunner.envelope import Envelope
+    from dagrunner.integrator import Integrator
+
+MAX_REBUILDS = 3  # landings lost to somebody else moving the target, then target-moving
+MAX_AUTO_WINDOW = 4
+
+
+class Stage(enum.Enum):
+    WAITING = "waiting"  # to be built on the speculative head
+    GATING = "gating"
+    PASSED = "passed"
+    FAILED = "failed"  # confirmed: judged when it reaches the front
+    DEFERRED = "deferred"  # conflicts on a speculative head: built again at the front
+
+
+@dataclass(eq=False)
+class Item:
+    envelopes: list[Envelope]
+    stage: Stage = Stage.WAITING
+    generation: int = 0  # a reset makes the runs of earlier generations stale
+    base: str = ""  # the speculative head it was applied on
+    commit: str = ""  # its tree: what lands
+    manifest: Path | None = None
+    applied: list[tuple[Envelope, str]] = field(default_factory=list)
+    confirms: int = 0
+    failing: tuple[str, ...] = ()
+    flaky: tuple[str, ...] = ()
+    report: str = ""
+    scope: trio.CancelScope | None = None
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(e.id for e in self.envelopes)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One gate run's verdict, sent from its task to the controller."""
+
+    item: Item
+    generation: int
+    passed: bool
+    failing: tuple[str, ...]
+    report: str
+    confirm: bool
+
+
+def auto_window(manifest: Manifest, cpu: float) -> int:
+    """The adaptive ceiling: as many whole gate runs as the governor's CPU holds (1 to 4)."""
+    need = sum(gate.cpu for gate in manifest.gates.values()) or 1.0
+    return max(1, min(MAX_AUTO_WINDOW, int(cpu // need)))
+
+
+class Pipeline:
+    def __init__(
+        self,
+        it: Integrator,
+        executor: Executor,
+        manifest: Manifest,
+        *,
+        window: int | None,
+        confirm: int,
+    ) -> None:
+        self.it = it
+        self.executor = executor
+        capacity = resolve_capacity(manifest.governor, machines=executor.machines())
+        self.governor = Governor(capacity)
+        self.ceiling = window or auto_window(manifest, capacity.cpu)
+        self.window = self.ceiling
+        self.confirm = confirm
+        self.items: list[Item] = []
+        self.pending = it.queue.pending()
+        self.head = it.head()
+        self.free: list[Path] = [it.wt]
+        self.made = 1
+        self.moves = 0
+        self.t0 = 0.0
+        self.error: DagrunnerError | None = None
+        it.result.window = self.ceiling
+
+    # -- the controller ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.t0 = trio.current_time()
+        send, self.receive = trio.open_memory_channel[Finished](math.inf)
+        self.send = send
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            if threading.current_thread() is threading.main_thread():
+                nursery.start_soon(self.on_signal)
+            while not self.it.stop:
+                await self.settle()
+                if self.it.stop:
+                    break
+                await self.fill()
+                if not self.items:
+                    break
+                await self.take(await self.receive.receive())
+            nursery.cancel_scope.cancel()
+        self.requeue_rest()
+        if self.error is not None:
+            raise self.error
+
+    async def on_signal(self) -> None:
+        """Ctrl-C or SIGTERM: every gate run ends, and what was in flight is queued again."""
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+            async for _ in received:
+                self.it.result.interrupted = True
+                self.it.stop = True
+                self.nursery.cancel_scope.cancel()
+                return
+
+    async def settle(self) -> None:
+        """Land or judge at the front while the front is decided."""
+        while self.items and not self.it.stop:
+            front = self.items[0]
+            if front.stage is Stage.PASSED:
+                await self.land(front)
+            elif front.stage is Stage.FAILED:
+                self.blame(front)
+            elif front.stage is Stage.DEFERRED:
+                front.stage = Stage.WAITING  # at the front its conflicts are its own
+                return
+            else:
+                return
+
+    async def fill(self) -> None:
+        """Build and start every item in the window that waits (in queue order)."""
+        position = 0
+        while position < self.window and not self.it.stop:
+            if position == len(self.items) and not self.admit_item():
+                return
+            item = self.items[position]
+            if item.stage is Stage.DEFERRED:
+                return  # nothing behind it can be built before it is
+            if item.stage is Stage.WAITING:
+                built = await self.build(item, position)
+                if built == "deferred":
+                    return
+                if built == "gone":
+                    continue  # nothing of it to gate: it left the pipeline
+                self.launch(item, position)
+            position += 1
+
+    def admit_item(self) -> bool:
+        while self.pending:
+            envelopes: list[Envelope] = []
+            while self.pending and len(envelopes) < self.it.batch:
+                envelope = self.it.admit(self.pending.pop(0))  # a rejection is journaled
+                if envelope is not None:
+                    envelopes.append(envelope)
+            if envelopes:
+                self.items.append(Item(envelopes))
+                return True
+        return False
+
+    # -- building and gating -----------------------------------------------------------------
+
+    def base_for(self, position: int) -> str:
+        """The speculative head: the tree of the nearest item ahead still expected to land."""
+        for ahead in reversed(self.items[:position]):
+            if ahead.stage is not Stage.FAILED:
+                return ahead.commit
+        return self.head
+
+    async def build(self, item: Item, position: int) -> Literal["built", "deferred", "gone"]:
+        """Apply the item on its speculative head: built; deferred (it conflicts behind the
+        front); or gone (its envelopes all ended at the front: conflict, rejected)."""
+        item.base = self.base_for(position)
+        slot = await self.take_slot()
+        try:
+            built = await trio.to_thread.run_sync(self.apply_all, item, slot, position == 0)
+        finally:
+            self.free.append(slot)
+        if not built:
+            item.stage = Stage.DEFERRED
+            return "deferred"
+        if not item.applied:
+            self.items.remove(item)
+            return "gone"
+        return "built"
+
+    def apply_all(self, item: Item, slot: Path, final: bool) -> bool:
+        it = self.it
+        it.reset(item.base, slot)
+        item.applied = []
+        for envelope in item.envelopes:
+            commit = it.apply(envelope, slot, final=final)
+            if commit is not None:
+                item.applied.append((envelope, commit))
+            elif not final:
+                for done, _ in item.applied:
+                    it.queue.record(done.id, EnvelopeState.QUEUED, Details(note="deferred"))
+                item.applied = []
+                return False
+        item.envelopes = [e for e, _ in item.applied]  # the rest ended (conflict, rejected)
+        item.commit = item.applied[-1][1] if item.applied else item.base
+        item.manifest = it.trusted_manifest(self.head, slot)
+        return True
+
+    async def take_slot(self) -> Path:
+        """A free integration worktree (made when none is free).  Slots are taken and given
+        back in the trio thread only, so two tasks never hold one."""
+        if self.free:
+            return self.free.pop()
+        slot = self.it.wt.parent / ".speculative" / self.it.wt.name / str(self.made)
+        self.made += 1
+        await trio.to_thread.run_sync(self.it.prepare_worktree, self.head, slot)
+        return slot
+
+    def launch(self, item: Item, position: int, *, confirm: bool = False) -> None:
+        it = self.it
+        it.result.gate_runs += 1
+        number = it.result.gate_runs
+        item.stage = Stage.GATING
+        if confirm:
+            it.result.confirm_runs += 1
+        else:
+            for envelope in item.envelopes:
+                it.queue.record(
+                    envelope.id,
+                    EnvelopeState.GATING,
+                    Details(gate_run=number, head=item.base, position=position),
+                )
+            crash_point("gating")
+            if position > 0:
+                crash_point("speculating")
+        self.nursery.start_soon(self.gate, item, number, position, confirm)
+
+    async def gate(self, item: Item, number: int, position: int, confirm: bool) -> None:
+        """One gate run of ``item``'s tree in a slot of its own; its verdict to the controller."""
+        generation, start = item.generation, trio.current_time() - self.t0
+        run_dir = self.it.reports / f"gates-{number:02d}"
+        finished: Finished | None = None
+        slot = await self.take_slot()
+        try:
+            with trio.CancelScope() as scope:
+                item.scope = scope
+                await trio.to_thread.run_sync(self.it.reset, item.commit, slot)
+                self.executor.fresh(slot)
+                record, _ = await gate_run(
+                    RunOptions(
+                        repo=slot,
+                        manifest=item.manifest,
+                        report_dir=run_dir,
+                        environ=self.it.env,
+                        executor=self.it.executor,
+                        only=item.failing if confirm else (),
+                    ),
+                    self.executor,
+                    self.governor,
+                )
+                failing = tuple(g.id for g in record.gates if not g.status.ok)
+                if record.gates and all(g.status is Status.CACHED for g in record.gates):
+                    self.it.result.cached_runs += 1
+                finished = Finished(
+                    item,
+                    generation,
+                    record.status is RunStatus.PASSED,
+                    failing,
+                    str(run_dir),
+                    confirm,
+                )
+        except DagrunnerError as exc:  # the run could not start (a bad manifest): stop, say it
+            self.error = self.error or exc
+            self.it.stop = True
+            self.nursery.cancel_scope.cancel()
+        finally:
+            self.free.append(slot)  # the run is over (a cancelled one ended its trees first)
+        if finished is None or generation != item.generation:
+            verdict = Verdict.CANCELLED
+        elif finished.passed:
+            verdict = Verdict.FLAKY if confirm else Verdict.PASSED
+        else:
+            verdict = Verdict.CONFIRMED if confirm else Verdict.FAILED
+        self.it.result.pipeline.append(
+            Speculation(
+                gate_run=number,
+                envelopes=item.ids,
+                head=item.base,
+                commit=item.commit,
+                position=position,
+                start=start,
+                end=trio.current_time() - self.t0,
+                verdict=verdict,
+                confirm=confirm,
+                gates=finished.failing if finished else (),
+                report=str(run_dir),
+            )
+        )
+        if finished is not None:
+            self.send.send_nowait(finished)
+
+    # -- verdicts ----------------------------------------------------------------------------
+
+    async def take(self, done: Finished) -> None:
+        item = done.item
+        if done.generation != item.generation or item not in self.items:
+            return  # a run of a tree that was reset since
+        it = self.it
+        if done.passed:
+            if done.confirm:
+                item.flaky = item.failing
+                for envelope in item.envelopes:
+                    it.queue.record(
+                        envelope.id,
+                        EnvelopeState.GATING,
+                        Details(flaky_gates=item.flaky, report=done.report),
+                        event="flaky",
+                    )
+            item.stage = Stage.PASSED
+            return
+        item.failing, item.report = done.failing, done.report
+        if item.confirms < self.confirm:
+            item.confirms += 1
+            crash_point("confirming")
+            self.launch(item, self.items.index(item), confirm=True)
+            return
+        item.stage = Stage.FAILED
+        self.window = max(1, self.window // 2)
+        self.reset_from(self.items.index(item) + 1, cause=item)
+
+    def reset_from(self, index: int, *, cause: Item | None) -> None:
+        """Every item from ``index`` on is built again (on a head without ``cause``)."""
+        why = (
+            f"rebuilt without {', '.join(cause.ids)}"
+            if cause is not None
+            else "rebuilt on the target's new head"
+        )
+        reset = False
+        for item in self.items[index:]:
+            if item.stage is Stage.WAITING:
+                continue
+            item.generation += 1
+            if item.scope is not None:
+                item.scope.cancel()  # its run ends its process trees, then frees its slot
+            built = item.stage is not Stage.DEFERRED
+            item.stage, item.confirms, item.failing, item.flaky = Stage.WAITING, 0, (), ()
+            item.applied = []
+            if built:
+                reset = True
+                self.it.result.resets += 1
+                for envelope in item.envelopes:
+                    self.it.queue.record(
+                        envelope.id,
+                        EnvelopeState.QUEUED,
+                        Details(note=why),
+                        event="speculation-reset",
+                    )
+        if reset:
+            crash_point("speculation-reset")
+
+    def blame(self, front: Item) -> None:
+        """A confirmed failure at the front: split a batch, or judge the one envelope."""
+        self.items.pop(0)
+        if len(front.envelopes) > 1:
+            half = len(front.envelopes) // 2
+            self.items[0:0] = [Item(front.envelopes[:half]), Item(front.envelopes[half:])]
+            self.reset_from(2, cause=None)  # they were built without the halves now ahead
+            return
+        (envelope,) = front.envelopes
+        self.it.finish(
+            envelope.id,
+            EnvelopeState.GATES_FAILED,
+            Details(failed_gates=front.failing, report=front.report),
+        )
+
+    async def land(self, front: Item) -> None:
+        it = self.it
+        outcome = await trio.to_thread.run_sync(
+            lambda: it.land(front.base, front.applied, front.commit, flaky=front.flaky)
+        )
+        if outcome is LandOutcome.LANDED:
+            self.items.pop(0)
+            self.head, self.moves = front.commit, 0
+            self.window = min(self.ceiling, self.window + 1)
+        elif outcome is LandOutcome.MOVED:
+            self.moves += 1
+            if self.moves > MAX_REBUILDS:
+                it.result.target_moving = True
+                it.stop = True
+                return
+            it.result.rebuilds += 1
+            self.head = it.head()
+            self.reset_from(0, cause=None)
+        # BLOCKED: landing.block said why, queued the front again and stopped the run
+
+    def requeue_rest(self) -> None:
+        """The run stopped early: what it applied and did not finish is queued again."""
+        it = self.it
+        note = (
+            "interrupted"
+            if it.result.interrupted
+            else "target-moving"
+            if it.result.target_moving
+            else "the run stopped before it"
+        )
+        for item in self.items:
+            if item.stage is Stage.DEFERRED or (item.stage is Stage.WAITING and not item.applied):
+                continue  # its journal says queued already
+            for envelope in item.envelopes:
+                if envelope.id not in it.outcomes:
+                    it.queue.record(envelope.id, EnvelopeState.QUEUED, Details(note=note))
