@@ -348,7 +348,11 @@ class Integrator:
         (self.reports / "integration.json").write_bytes(
             orjson.dumps(summary, option=orjson.OPT_INDENT_2)
         )
-        runs = sorted(self.reports.glob("gates-*"))
+        # the newest gate run that wrote a record (a cancelled run wrote none)
+        runs = sorted(
+            (r for r in self.reports.glob("gates-*") if (r / "run.json").is_file()),
+            key=lambda r: int(r.name.removeprefix("gates-")),
+        )
         if runs:
             record = read_run_dir(runs[-1])
             record.integration = summary

@@ -54,6 +54,7 @@ class Stage(enum.Enum):
     WAITING = "waiting"  # to be built on the speculative head
     GATING = "gating"
     PASSED = "passed"
+    SUSPECT = "suspect"  # failed while an item ahead was undecided: confirmed once they pass
     FAILED = "failed"  # confirmed: judged when it reaches the front
     DEFERRED = "deferred"  # conflicts on a speculative head: built again at the front
 
@@ -137,6 +138,7 @@ class Pipeline:
                 await self.settle()
                 if self.it.stop:
                     break
+                self.confirm_next()
                 await self.fill()
                 if not self.items:
                     break
@@ -357,13 +359,25 @@ class Pipeline:
             return
         item.failing, item.report = done.failing, done.report
         if item.confirms < self.confirm:
-            item.confirms += 1
-            crash_point("confirming")
-            self.launch(item, self.items.index(item), confirm=True)
+            # Confirmed only when every item ahead passed: until then the failure may be
+            # theirs, and a re-run would be spent on it.
+            item.stage = Stage.SUSPECT
+            self.confirm_next()
             return
         item.stage = Stage.FAILED
         self.window = max(1, self.window // 2)
         self.reset_from(self.items.index(item) + 1, cause=item)
+
+    def confirm_next(self) -> None:
+        """Re-run the failed gates of the first undecided item, when it failed."""
+        for index, item in enumerate(self.items):
+            if item.stage is Stage.PASSED:
+                continue
+            if item.stage is Stage.SUSPECT:
+                item.confirms += 1
+                crash_point("confirming")
+                self.launch(item, index, confirm=True)
+            return
 
     def reset_from(self, index: int, *, cause: Item | None) -> None:
         """Every item from ``index`` on is built again (on a head without ``cause``)."""

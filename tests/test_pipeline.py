@@ -1,0 +1,328 @@
+"""The speculative pipeline on real repositories and processes: order, blame, flakes,
+conflicts, crashes, and the event stream orchestrators wait on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import orjson
+import pytest
+from conftest import CLI, git
+from test_integration import (
+    breaks_gate,
+    expected_tree,
+    project,  # noqa: F401  (the fixture)
+    same_lines,
+    states,
+    trailers,
+    worker,
+)
+
+from dagrunner import wait_for, watch
+from dagrunner.integration import integrate
+from dagrunner.queue import Queue, submit
+from dagrunner.repo import repo_info
+
+ROOT = Path(__file__).resolve().parents[1]
+EVENT_SCHEMA = orjson.loads((ROOT / "docs" / "integration-event.schema.json").read_bytes())
+
+
+def recording_gate(tmp: Path, seconds: float = 0.3) -> Path:
+    """A gate that writes the tree it judged, then fails on BROKEN, after ``seconds``."""
+    manifest = tmp / "recording.toml"
+    manifest.write_text(
+        f"""
+[gates.check]
+run = "sleep {seconds}; git rev-parse 'HEAD^{{tree}}' >> '{tmp / "gated.txt"}'; ! grep -rq BROKEN --include=*.txt ."
+"""
+    )
+    return manifest
+
+
+def numbered(project: Path, count: int, bad: set[int] = frozenset()) -> list[Path]:  # type: ignore[assignment]
+    return [
+        worker(
+            project,
+            f"n{i:02d}",
+            breaks_gate
+            if i in bad
+            else (lambda p, i=i: (p / f"n{i:02d}.txt").write_text(f"{i}\n")),
+        )
+        for i in range(1, count + 1)
+    ]
+
+
+def landed_chain(project: Path, base: str) -> list[str]:
+    return git(project, "rev-list", "--reverse", f"{base}..main").split()
+
+
+def test_ten_envelopes_window_four_land_in_order_each_tree_gated(
+    project: Path, tmp_path: Path
+) -> None:
+    base = git(project, "rev-parse", "HEAD").strip()
+    envelopes = numbered(project, 10)
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project, manifest=recording_gate(tmp_path), window=4)
+    assert result.ok and result.window == 4
+    assert set(states(project).values()) == {"landed"}
+    # strictly in queue order, one commit each
+    assert [t.split(".")[1] for t in trailers(project)][::-1] == [f"n{i:02d}" for i in range(1, 11)]
+    gated = set((tmp_path / "gated.txt").read_text().split())
+    for commit in landed_chain(project, base):
+        assert git(project, "rev-parse", f"{commit}^{{tree}}").strip() in gated
+    assert git(project, "rev-parse", "main^{tree}").strip() == expected_tree(
+        project, base, envelopes, tmp_path
+    )
+    # several items were gated at once, on speculative heads behind the front
+    runs = result.pipeline
+    assert max(r.position for r in runs) >= 1
+    assert any(a.start < b.end and b.start < a.end for a in runs for b in runs if a is not b)
+    assert result.gate_runs == 10 and result.confirm_runs == 0
+
+
+def test_culprit_at_position_three_is_blamed_and_the_rest_land_without_it(
+    project: Path, tmp_path: Path
+) -> None:
+    base = git(project, "rev-parse", "HEAD").strip()
+    envelopes = numbered(project, 10, bad={3})
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.2), window=4)
+    assert states(project) == {
+        f"n{i:02d}": "gates-failed" if i == 3 else "landed" for i in range(1, 11)
+    }
+    assert [t.split(".")[1] for t in trailers(project)][::-1] == [
+        f"n{i:02d}" for i in range(1, 11) if i != 3
+    ]
+    good = [e for i, e in enumerate(envelopes, 1) if i != 3]
+    assert git(project, "rev-parse", "main^{tree}").strip() == expected_tree(
+        project, base, good, tmp_path
+    )
+    culprit = next(e for e in result.envelopes if e.worker == "n03")
+    assert culprit.details.failed_gates == ("check",)
+    assert result.confirm_runs == 1 and result.resets >= 1
+    assert any(r.verdict == "confirmed" for r in result.pipeline)
+    gated = set((tmp_path / "gated.txt").read_text().split())
+    for commit in landed_chain(project, base):
+        assert git(project, "rev-parse", f"{commit}^{{tree}}").strip() in gated
+
+
+def flaky_gate(tmp: Path) -> Path:
+    marker = tmp / "failed-once"
+    manifest = tmp / "flaky.toml"
+    manifest.write_text(
+        f"""
+[gates.check]
+run = "[ -e '{marker}' ] || {{ touch '{marker}'; exit 1; }}"
+"""
+    )
+    return manifest
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_gate_that_fails_once_is_flaky_and_blames_nobody(
+    project: Path, tmp_path: Path, batch: int
+) -> None:
+    envelopes = numbered(project, 3)
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project, manifest=flaky_gate(tmp_path), batch=batch, window=1)
+    assert result.ok
+    assert set(states(project).values()) == {"landed"}
+    flaky = [e for e in result.envelopes if e.details.flaky_gates]
+    assert flaky and all(e.details.flaky_gates == ("check",) for e in flaky)
+    assert len(flaky) == batch  # the whole first item, never split
+    assert result.confirm_runs == 1
+    assert result.gate_runs == (3 if batch == 1 else 1) + 1
+    assert [r.verdict for r in result.pipeline].count("flaky") == 1
+    events = [e for e in watch(repo=project, follow=False) if e.event == "flaky"]
+    assert {e.id for e in events} == {e.id for e in flaky}
+
+
+def test_conflicts_cost_no_gate_run(project: Path, tmp_path: Path) -> None:
+    def first_edit(path: Path) -> None:
+        (path / "shared.txt").write_text("one\nTWO from a\nthree\n")
+
+    envelopes = [
+        worker(project, "c1", first_edit),
+        worker(project, "c2", same_lines),  # the same line as c1: conflicts once c1 lands
+        worker(project, "c3", lambda p: (p / "c3.txt").write_text("3\n")),
+        worker(project, "c4", lambda p: (p / "c4.txt").write_text("4\n")),
+    ]
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.2), window=4)
+    assert states(project) == {"c1": "landed", "c2": "conflict", "c3": "landed", "c4": "landed"}
+    assert result.gate_runs == 3
+    assert len((tmp_path / "gated.txt").read_text().split()) == 3
+
+
+def test_manifest_integrate_table_sets_the_window(project: Path) -> None:
+    body = (project / "manifests" / "release.toml").read_text()
+    (project / "manifests" / "release.toml").write_text(
+        "[integrate]\nwindow = 1\nconfirm_failures = 0\n" + body
+    )
+    git(project, "commit", "-qam", "window 1")
+    submit(repo_info(project), numbered(project, 2, bad={1}))
+    result = integrate(repo=project)
+    assert result.window == 1 and result.confirm_runs == 0
+    assert states(project) == {"n01": "gates-failed", "n02": "landed"}
+
+
+def run_cli(project: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    return subprocess.run(
+        [*CLI, *args],
+        cwd=project,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["speculating", "confirming", "speculation-reset", "landing"])
+def test_sigkill_in_the_pipeline_then_rerun(project: Path, tmp_path: Path, point: str) -> None:
+    base = git(project, "rev-parse", "HEAD").strip()
+    envelopes = numbered(project, 5, bad={2})
+    submit(repo_info(project), envelopes)
+    manifest = recording_gate(tmp_path, 0.2)
+    args = ("integrate", "run", "--json", "--window", "3", "--manifest", str(manifest))
+    crashed = run_cli(project, *args, env={"DAGRUNNER_CRASH_AT": point})
+    assert crashed.returncode == -9, crashed.stderr.decode()
+    rerun = run_cli(project, *args)
+    assert rerun.returncode == 1, rerun.stderr.decode()  # n02: gates failed
+    assert states(project) == {
+        f"n{i:02d}": "gates-failed" if i == 2 else "landed" for i in range(1, 6)
+    }
+    ids = trailers(project)
+    assert len(ids) == len(set(ids)) == 4, f"duplicated or missing commits: {ids}"
+    good = [e for i, e in enumerate(envelopes, 1) if i != 2]
+    assert git(project, "rev-parse", "main^{tree}").strip() == expected_tree(
+        project, base, good, tmp_path
+    )
+    assert git(project, "status", "--porcelain") == ""
+
+
+def test_sigint_ends_the_pipeline_and_queues_what_was_in_flight(
+    project: Path, tmp_path: Path
+) -> None:
+    submit(repo_info(project), numbered(project, 3))
+    manifest = recording_gate(tmp_path, 30)
+    proc = subprocess.Popen(
+        [*CLI, "integrate", "run", "--json", "--window", "2", "--manifest", str(manifest)],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and list(states(project).values()).count("gating") < 2:
+        time.sleep(0.1)
+    assert list(states(project).values()).count("gating") == 2
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert orjson.loads(out)["interrupted"] is True
+    assert set(states(project).values()) == {"queued"}
+    assert not (tmp_path / "gated.txt").exists()  # no gate got to judge anything
+    assert integrate(repo=project, manifest=recording_gate(tmp_path, 0)).ok
+    assert set(states(project).values()) == {"landed"}
+
+
+# -- waiting and watching -----------------------------------------------------------------
+
+
+def test_submit_wait_returns_each_final_state_while_another_process_integrates(
+    project: Path, tmp_path: Path
+) -> None:
+    def first_edit(path: Path) -> None:
+        (path / "shared.txt").write_text("one\nTWO from a\nthree\n")
+
+    files = {
+        "good": worker(project, "good", lambda p: (p / "good.txt").write_text("g\n")),
+        "first": worker(project, "first", first_edit),
+        "second": worker(project, "second", same_lines),
+        "bad": worker(project, "bad", breaks_gate),
+        "evil": worker(project, "evil", lambda p: (p / "evil.txt").write_text("e\n")),
+    }
+    entries = {e.id.split(".")[1]: e for e in submit(repo_info(project), list(files.values()))}
+    stored = Queue.of(repo_info(project)).envelope_path(entries["evil"].id)
+    tampered = orjson.loads(stored.read_bytes())
+    tampered["diff"] = tampered["diff"].replace("+e", "+x")
+    stored.write_bytes(orjson.dumps(tampered))
+    waiters = {
+        name: subprocess.Popen(
+            [*CLI, "integrate", "submit", str(files[name]), "--wait", "--json"],
+            cwd=project,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for name in ("good", "second", "bad", "evil")
+    }
+    time.sleep(0.5)  # the waiters wait before anyone integrates
+    assert all(w.poll() is None for w in waiters.values())
+    integrator = run_cli(project, "integrate", "run", "--manifest", str(recording_gate(tmp_path)))
+    assert integrator.returncode == 1, integrator.stderr.decode()
+    expected = {"good": (0, "landed"), "second": (4, "conflict"), "bad": (1, "gates-failed")}
+    expected["evil"] = (2, "rejected")
+    for name, proc in waiters.items():
+        out, err = proc.communicate(timeout=60)
+        body = orjson.loads(out)
+        assert (proc.returncode, body["outcomes"][0]["state"]) == expected[name], err.decode()
+        assert body["outcomes"][0]["id"] == entries[name].id
+    assert [e.event for e in wait_for(entries["good"].id, repo=project)][-1] == "landed"
+
+
+def test_submit_wait_times_out_with_a_documented_code(project: Path) -> None:
+    envelope = worker(project, "w1", lambda p: (p / "w.txt").write_text("w\n"))
+    waited = run_cli(
+        project, "integrate", "submit", str(envelope), "--wait", "--timeout", "0.3s", "--json"
+    )
+    assert waited.returncode == 124
+    assert orjson.loads(waited.stdout)["error"]["code"] == "wait-timeout"
+    assert set(states(project).values()) == {"queued"}  # still queued: nothing undone
+
+
+def test_watch_resumed_after_restarts_misses_no_event(project: Path, tmp_path: Path) -> None:
+    submit(repo_info(project), numbered(project, 4, bad={2}))
+    manifest = recording_gate(tmp_path, 0.2)
+    args = ("integrate", "run", "--window", "2", "--manifest", str(manifest))
+    follower = subprocess.Popen(
+        [*CLI, "integrate", "watch", "--json"], cwd=project, stdout=subprocess.PIPE
+    )
+    crashed = run_cli(project, *args, env={"DAGRUNNER_CRASH_AT": "speculating"})
+    assert crashed.returncode == -9
+    time.sleep(0.5)  # the follower reads on while the integrator is gone, then it stops too
+    follower.kill()
+    seen = [orjson.loads(line) for line in follower.communicate()[0].splitlines()]
+    assert seen and seen[-1]["event"] == "gating"
+    rerun = run_cli(project, *args)
+    assert rerun.returncode == 1
+    resumed = run_cli(
+        project, "integrate", "watch", "--json", "--once", "--since", str(seen[-1]["cursor"])
+    )
+    assert resumed.returncode == 0
+    rest = [orjson.loads(line) for line in resumed.stdout.splitlines()]
+    everything = [e.to_json() for e in watch(repo=project, follow=False)]
+    assert seen + rest == everything
+    cursors = [e["cursor"] for e in everything]
+    assert cursors == sorted(set(cursors))
+    for event in everything:
+        jsonschema.validate(event, EVENT_SCHEMA)
+    names = {e["event"] for e in everything}
+    assert {"submitted", "applying", "gating", "gates-failed", "landed"} <= names
+    assert {"speculation-reset", "queued"} & names  # the crash's and the failure's rebuilds
+    finals = {
+        e["worker"]: e["event"] for e in everything if e["event"] in ("landed", "gates-failed")
+    }
+    assert finals == {"n01": "landed", "n02": "gates-failed", "n03": "landed", "n04": "landed"}
+    assert all(e["target"] == "main" for e in everything if e["event"] == "landed")
+
+
+def test_a_cursor_that_is_not_a_line_end_is_a_clear_error(project: Path) -> None:
+    submit(repo_info(project), numbered(project, 1))
+    bad = run_cli(project, "integrate", "watch", "--json", "--once", "--since", "3")
+    assert bad.returncode == 2
+    assert orjson.loads(bad.stdout)["error"]["code"] == "watch-cursor"
