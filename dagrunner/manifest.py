@@ -8,13 +8,11 @@ to do.  Cross-gate checks (unknown dependencies, cycles) live in ``graph.py``.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from dagrunner.contain import DEFAULT_MAX_PIDS
 from dagrunner.diagnostics import Problems
@@ -42,6 +40,7 @@ from dagrunner.fields import (
     timeout,
     window,
 )
+from dagrunner.manifesttext import parse_text
 
 SCHEMA_VERSION = 1
 DEFAULT_MANIFEST = Path("manifests/release.toml")
@@ -290,70 +289,6 @@ def _read_defaults(table: Table) -> GateSpec:
     return spec
 
 
-def _no_duplicate_keys(file: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        result: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in result:
-                raise DagrunnerError(
-                    "manifest-duplicate-id",
-                    f"{key!r} is defined twice",
-                    where=file,
-                    key=key,
-                    hint="give each gate (and each key) one definition",
-                )
-            result[key] = value
-        return result
-
-    return hook
-
-
-def _parse(path: Path, data: bytes) -> dict[str, Any]:
-    try:
-        return _parse_text(path, data)
-    except RecursionError:
-        raise DagrunnerError(
-            "manifest-parse",
-            "the file is nested too deeply to read",
-            where=str(path),
-            hint="a manifest needs a few levels of tables; flatten it",
-        ) from None
-
-
-def _parse_text(path: Path, data: bytes) -> dict[str, Any]:
-    file = str(path)
-    if path.suffix == ".json":
-        try:
-            parsed = json.loads(data, object_pairs_hook=_no_duplicate_keys(file))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DagrunnerError(
-                "manifest-parse", f"not valid JSON: {exc}", where=file, hint="fix the syntax"
-            ) from None
-        if not isinstance(parsed, dict):
-            raise DagrunnerError(
-                "manifest-type", "the top level must be an object", where=file, hint="wrap it in {}"
-            )
-        return parsed
-    try:
-        return tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise DagrunnerError(
-            "manifest-parse", f"not UTF-8: {exc}", where=file, hint="save the file as UTF-8"
-        ) from None
-    except tomllib.TOMLDecodeError as exc:
-        text = str(exc)
-        if "twice" in text or "overwrite" in text.lower():
-            raise DagrunnerError(
-                "manifest-duplicate-id",
-                f"a table or key is defined twice ({text})",
-                where=file,
-                hint="give each gate (and each key) one definition",
-            ) from None
-        raise DagrunnerError(
-            "manifest-parse", f"not valid TOML: {text}", where=file, hint="fix the syntax"
-        ) from None
-
-
 def load_manifest(path: Path) -> Manifest:
     """Read and validate the manifest at ``path``.
 
@@ -375,7 +310,7 @@ def load_manifest(path: Path) -> Manifest:
             "manifest-unreadable", exc.strerror or str(exc), where=file, hint="check the path"
         ) from None
     problems = Problems(data.decode("utf-8", "replace"), json=path.suffix == ".json")
-    top = Table(_parse(path, data), "", file, problems)
+    top = Table(parse_text(path, data), "", file, problems)
     manifest = read_tables(top, path)
     problems.raise_if_any()
     return replace(manifest, digest=hashlib.sha256(data).hexdigest())

@@ -68,21 +68,22 @@ class Details:
 
     commit: str | None = None  # applied/landed: the commit that holds the envelope
     gate_run: int | None = None  # gating: which gate run of the integrator
-    head: str | None = None  # gating: the speculative head its item was applied on
-    position: int | None = None  # gating: its item's place in the pipeline's window (0: front)
     old: str | None = None  # landing: the target before ...
     new: str | None = None  # ... and after
     run: str | None = None  # gating inside a swarm run: its run id
     conflicts: tuple[str, ...] | None = None  # conflict: the paths
     hunks: str | None = None  # conflict: the conflicting hunks (bounded)
     failed_gates: tuple[str, ...] | None = None  # gates-failed
-    flaky_gates: tuple[str, ...] | None = None  # failed, then passed when re-run on that tree
     report: str | None = None  # gates-failed: the gate run that failed it
     reason: str | None = None  # rejected, conflict, or a refused landing
     manifest_changed: bool | None = None  # it changed the manifest; the target's gated it
     note: str | None = None
     recovered: bool | None = None  # landed, found so after a crash
     recovered_from: str | None = None  # queued again after a crash in this state
+    # added with the speculative pipeline (after the older keys, so their order holds)
+    head: str | None = None  # gating: the speculative head its item was applied on
+    position: int | None = None  # gating: its item's place in the pipeline's window (0: front)
+    flaky_gates: tuple[str, ...] | None = None  # failed, then passed when re-run on that tree
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -115,13 +116,14 @@ class Details:
         )
 
     def merged(self, newer: Details) -> Details:
-        """These details with every field ``newer`` sets taken from it."""
+        """These details with every field ``newer`` sets taken from it; ``note`` speaks of
+        one line only (a speculative reset's note does not follow the envelope to its end)."""
         changes = {
             f.name: v
             for f in dataclasses.fields(newer)
             if (v := getattr(newer, f.name)) is not None
         }
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **{"note": None, **changes})
 
 
 NO_DETAILS = Details()
@@ -256,18 +258,18 @@ class IntegrationResult:
             "end": self.end,
             "envelopes": [e.to_json() for e in self.envelopes],
             "gate_runs": self.gate_runs,
-            "confirm_runs": self.confirm_runs,
             "rebuilds": self.rebuilds,
-            "resets": self.resets,
-            "window": self.window,
-            "interrupted": self.interrupted,
             "land_blocked": self.land_blocked and self.land_blocked.to_json(),
             "target_moving": self.target_moving,
             "checkout_stale": self.checkout_stale,
             "report_dir": self.report_dir,
-            "pipeline": [p.to_json() for p in self.pipeline],
             "counts": {
                 str(s): sum(1 for e in self.envelopes if e.state is s)
                 for s in sorted({e.state for e in self.envelopes})
             },
+            "confirm_runs": self.confirm_runs,
+            "resets": self.resets,
+            "window": self.window,
+            "interrupted": self.interrupted,
+            "pipeline": [p.to_json() for p in self.pipeline],
         }

@@ -1,14 +1,17 @@
-"""Benchmark: 50 envelopes through the integration queue, batched vs one by one; and export speed.
+"""Benchmark: 50 envelopes through the integration queue -- one by one, batched, and the
+speculative pipeline -- with and without culprits; and export speed.
 
     python scripts/bench_integration.py [--envelopes 50] [--gate-seconds 0.3] [--batch 10]
 
-For each mode (one by one, then --batch N) a fresh repository is generated, N
-workers each change their own file (two of them edit the same lines of one
-shared file, so one conflict), every worktree is exported and submitted, and
-`integrate` drains the queue with one gate of fixed cost.  Printed: wall time,
-envelopes per minute, gate runs used, and outcomes.  Then the export of a
-worktree with 1,000 changed files against plain `git diff --binary` of the
-same change (the floor for producing the diff at all).
+For each mode (one by one; --batch N; --window 2; --window 4; --window 4 --batch 5) and
+each scenario (0 culprits; 2 culprits and one flaky gate), a fresh repository is
+generated, N workers each change their own file (two of them edit the same lines of
+one shared file, so one conflict), every worktree is exported and submitted, and
+`integrate` drains the queue with one gate of fixed cost (sleep, cpu 1).  Printed:
+wall time, envelopes per minute, gate runs (of which confirmation re-runs), outcomes,
+the ratio against one by one in the same scenario, and whether the target's tree is
+exactly the base plus the landed envelopes.  Then the export of a worktree with 1,000
+changed files against plain `git diff --binary` of the same change.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import time
 from pathlib import Path
 
 from dagrunner import exporting, worktrees
-from dagrunner.integration import integrate
-from dagrunner.queue import submit
+from dagrunner.integration import TRAILER, integrate
+from dagrunner.queue import Queue, submit
 from dagrunner.repo import repo_info
 
 GIT_ID = {
@@ -37,11 +40,21 @@ def sh(argv: list[str], cwd: Path) -> None:
     subprocess.run(argv, cwd=cwd, env={**os.environ, **GIT_ID}, check=True, capture_output=True)
 
 
-def make_repo(root: Path, files: int, gate_seconds: float) -> None:
+CULPRITS = (7, 31)  # write BROKEN: the gate fails on them
+FLAKY = 20  # adds the file whose first gate run fails once
+
+
+def make_repo(root: Path, files: int, gate_seconds: float, marker: Path | None = None) -> None:
     root.mkdir(parents=True)
     (root / "manifests").mkdir()
+    flaky = (
+        f"if [ -e flaky-trigger.txt ] && [ ! -e '{marker}' ]; then touch '{marker}'; exit 1; fi; "
+        if marker is not None
+        else ""
+    )
     (root / "manifests" / "release.toml").write_text(
-        f'[gates.fixed-cost]\nrun = ["sleep", "{gate_seconds}"]\n'
+        f"[integrate]\nwindow = 1\n\n[gates.fixed-cost]\ncpu = 1\n"
+        f'run = "sleep {gate_seconds}; {flaky}! grep -rq BROKEN --include=*.txt ."\n'
     )
     for i in range(files):
         (root / f"file{i:04d}.txt").write_text(f"file {i}\n" * 5)
@@ -54,25 +67,72 @@ def make_repo(root: Path, files: int, gate_seconds: float) -> None:
         sh(argv, root)
 
 
-def run_mode(base: Path, count: int, gate_seconds: float, batch: int) -> dict[str, object]:
-    repo = base / f"repo-batch{batch}"
-    make_repo(repo, count, gate_seconds)
+def change(path: Path, i: int, culprits: bool) -> None:
+    if i in (10, 11):
+        (path / "shared.txt").write_text(f"a\nb from {i}\nc\n")
+    elif culprits and i in CULPRITS:
+        (path / f"culprit{i}.txt").write_text("BROKEN\n")
+    else:
+        (path / f"file{i:04d}.txt").write_text(f"file {i}, changed\n" * 5)
+        if culprits and i == FLAKY:
+            (path / "flaky-trigger.txt").write_text("the first gate run that sees me fails\n")
+
+
+def exact_tree(repo: Path, base: str, scratch: Path) -> bool:
+    """The target's tree is the base plus exactly the landed envelopes, in landing order."""
+    queue = Queue.of(repo_info(repo))
+    sh(["git", "worktree", "add", "-q", "--detach", str(scratch), base], repo)
+    log = subprocess.run(
+        ["git", "log", "--reverse", f"--format=%(trailers:key={TRAILER},valueonly)", "main"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for envelope_id in log:
+        diff = queue.load(envelope_id).diff
+        (scratch.parent / "p.diff").write_bytes(diff)
+        sh(["git", "apply", "--index", str(scratch.parent / "p.diff")], scratch)
+
+    def tree(cwd: Path, *argv: str) -> str:
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+    landed = {i for i, e in queue.entries().items() if e.state == "landed"}
+    return set(log) == landed and tree(scratch, "git", "write-tree") == tree(
+        repo, "git", "rev-parse", "main^{tree}"
+    )
+
+
+def run_mode(
+    base: Path, count: int, gate_seconds: float, batch: int, window: int, culprits: bool
+) -> dict[str, object]:
+    name = f"repo-b{batch}-w{window}-{'c' if culprits else 'clean'}"
+    repo = base / name
+    make_repo(repo, count, gate_seconds, base / f"{name}.flaky" if culprits else None)
+    start_commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
     envelopes = []
     for i in range(count):
         path = Path(worktrees.allocate(mission="bench", worker=f"w{i:03d}", repo=repo)["path"])
-        if i in (10, 11):
-            (path / "shared.txt").write_text(f"a\nb from {i}\nc\n")
-        else:
-            (path / f"file{i:04d}.txt").write_text(f"file {i}, changed\n" * 5)
+        change(path, i, culprits)
         envelopes.append(Path(exporting.export(f"bench/w{i:03d}", repo=repo)["file"]))
     submit(repo_info(repo), envelopes)
     start = time.perf_counter()
-    result = integrate(repo=repo, batch=batch)
+    result = integrate(repo=repo, batch=batch, window=window)
     wall = time.perf_counter() - start
     counts: dict[str, int] = {}
     for outcome in result.envelopes:
         counts[outcome.state] = counts.get(outcome.state, 0) + 1
-    return {"wall": wall, "gate_runs": result.gate_runs, "counts": counts}
+    flaky = sum(1 for o in result.envelopes if o.details.flaky_gates)
+    return {
+        "wall": wall,
+        "gate_runs": result.gate_runs,
+        "confirm_runs": result.confirm_runs,
+        "counts": counts,
+        "flaky": flaky,
+        "exact": exact_tree(repo, start_commit, base / f"{name}-check" / "tree"),
+    }
 
 
 def export_speed(base: Path, files: int) -> tuple[float, float]:
@@ -103,14 +163,25 @@ def main() -> int:
         base = Path(tmp)
         os.environ["DAGRUNNER_WORKTREE_ROOT"] = str(base / "root")
         os.environ["DAGRUNNER_CACHE_DIR"] = str(base / "cache")
-        print(f"{args.envelopes} envelopes (one conflict pair), gate of {args.gate_seconds}s")
-        for batch in (1, args.batch):
-            row = run_mode(base, args.envelopes, args.gate_seconds, batch)
-            wall = float(row["wall"])  # type: ignore[arg-type]
+        modes = [(1, 1), (args.batch, 1), (1, 2), (1, 4), (5, 4)]
+        for culprits in (False, True):
             print(
-                f"  batch {batch:>3}: {wall:7.2f}s  {args.envelopes / wall * 60:7.1f} envelopes/min  "
-                f"{row['gate_runs']:>3} gate runs  {row['counts']}"
+                f"{args.envelopes} envelopes (one conflict pair"
+                + (f", culprits at {CULPRITS}, a flaky gate at {FLAKY}" if culprits else "")
+                + f"), gate of {args.gate_seconds}s, cpu 1, on {os.cpu_count()} cores"
             )
+            one_by_one = 0.0
+            for batch, window in modes:
+                row = run_mode(base, args.envelopes, args.gate_seconds, batch, window, culprits)
+                wall = float(row["wall"])  # type: ignore[arg-type]
+                rate = args.envelopes / wall * 60
+                one_by_one = one_by_one or rate
+                print(
+                    f"  --batch {batch:<2} --window {window}: {wall:6.2f}s "
+                    f"{rate:6.1f}/min ({rate / one_by_one:4.2f}x one by one)  "
+                    f"{row['gate_runs']:>3} gate runs ({row['confirm_runs']} re-runs)  "
+                    f"{row['counts']} flaky={row['flaky']}  exact tree: {row['exact']}"
+                )
         ours, plain = export_speed(base, args.export_files)
         print(
             f"export of {args.export_files} changed files: {ours:.3f}s  "

@@ -65,6 +65,28 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
+BROKEN_GATE = """
+[gates.check]
+run = "! grep -rq BROKEN --include=*.txt ."
+"""
+
+
+@pytest.fixture
+def project(repo: Path) -> Path:
+    """A repository whose release gate fails on the word BROKEN in a .txt file, with files
+    of every kind an envelope carries (binary, a rename, a mode change, a deletion)."""
+    (repo / "manifests").mkdir()
+    (repo / "manifests" / "release.toml").write_text(BROKEN_GATE)
+    (repo / "shared.txt").write_text("one\ntwo\nthree\n")
+    (repo / "logo.bin").write_bytes(bytes(range(256)) * 4)
+    (repo / "old name.txt").write_text("rename me\n" * 5)
+    (repo / "run.sh").write_text("#!/bin/sh\necho run\n")
+    (repo / "obsolete.txt").write_text("delete me\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "project")
+    return repo
+
+
 def commit_release_manifest(repo: Path, body: str) -> None:
     """Commit ``body`` as the repository's ``manifests/release.toml`` (what integration reads)."""
     (repo / "manifests").mkdir(exist_ok=True)

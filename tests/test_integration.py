@@ -18,25 +18,6 @@ from dagrunner.integration import TRAILER, integrate, integrator_lock
 from dagrunner.queue import Queue, submit
 from dagrunner.repo import repo_info
 
-GATE = """
-[gates.check]
-run = "! grep -rq BROKEN --include=*.txt ."
-"""
-
-
-@pytest.fixture
-def project(repo: Path) -> Path:
-    (repo / "manifests").mkdir()
-    (repo / "manifests" / "release.toml").write_text(GATE)
-    (repo / "shared.txt").write_text("one\ntwo\nthree\n")
-    (repo / "logo.bin").write_bytes(bytes(range(256)) * 4)
-    (repo / "old name.txt").write_text("rename me\n" * 5)
-    (repo / "run.sh").write_text("#!/bin/sh\necho run\n")
-    (repo / "obsolete.txt").write_text("delete me\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "project")
-    return repo
-
 
 def worker(repo: Path, name: str, change: Any) -> Path:
     """Allocate, change, export; the envelope's path."""

@@ -27,6 +27,8 @@ EXPORT_KEYS = [
 INTEGRATE_KEYS = [
     "target", "start", "end", "envelopes", "gate_runs", "rebuilds", "land_blocked",
     "target_moving", "checkout_stale", "report_dir", "counts",
+    # added with the speculative pipeline, after the older keys
+    "confirm_runs", "resets", "window", "interrupted", "pipeline",
 ]  # fmt: skip
 
 
@@ -61,9 +63,9 @@ OUTCOME_KEYS = {
 }
 ENTRY = ["id", "submitted", "state", "mission", "worker", "source", "updated"]
 QUEUE_KEYS = {
-    "landed": [*ENTRY, "commit", "gate_run", "old", "new"],
+    "landed": [*ENTRY, "commit", "gate_run", "old", "new", "head", "position"],
     "conflict": [*ENTRY, "conflicts", "hunks", "reason"],
-    "gates-failed": [*ENTRY, "commit", "gate_run", "failed_gates", "report"],
+    "gates-failed": [*ENTRY, "commit", "gate_run", "failed_gates", "report", "head", "position"],
     "rejected": [*ENTRY, "reason"],
 }
 

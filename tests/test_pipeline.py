@@ -17,7 +17,6 @@ from conftest import CLI, git
 from test_integration import (
     breaks_gate,
     expected_tree,
-    project,  # noqa: F401  (the fixture)
     same_lines,
     states,
     trailers,
@@ -138,7 +137,7 @@ def test_a_gate_that_fails_once_is_flaky_and_blames_nobody(
     assert len(flaky) == batch  # the whole first item, never split
     assert result.confirm_runs == 1
     assert result.gate_runs == (3 if batch == 1 else 1) + 1
-    assert [r.verdict for r in result.pipeline].count("flaky") == 1
+    assert [str(r.verdict) for r in result.pipeline].count("flaky") == 1
     events = [e for e in watch(repo=project, follow=False) if e.event == "flaky"]
     assert {e.id for e in events} == {e.id for e in flaky}
 
@@ -326,3 +325,38 @@ def test_a_cursor_that_is_not_a_line_end_is_a_clear_error(project: Path) -> None
     bad = run_cli(project, "integrate", "watch", "--json", "--once", "--since", "3")
     assert bad.returncode == 2
     assert orjson.loads(bad.stdout)["error"]["code"] == "watch-cursor"
+
+
+def test_the_report_draws_the_pipeline_with_flaky_runs_marked(
+    project: Path, tmp_path: Path
+) -> None:
+    from playwright.sync_api import sync_playwright
+    from test_report import _chromium
+
+    submit(repo_info(project), numbered(project, 3))
+    result = integrate(repo=project, manifest=flaky_gate(tmp_path), window=2)
+    assert result.ok
+    html = sorted(Path(result.report_dir).glob("gates-*/index.html"))
+    assert html
+    page_file = max(
+        (p for p in html if 'id="pipeline-svg"' in p.read_text()),
+        key=lambda p: int(p.parent.name.removeprefix("gates-")),
+    )
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=_chromium(), args=["--no-sandbox", "--disable-gpu"]
+        )
+        page = browser.new_page(viewport={"width": 1300, "height": 1600})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(page_file.as_uri())
+        bars = page.locator("#pipeline-svg g.bar")
+        assert bars.count() == len(result.pipeline)
+        flaky = page.locator('#pipeline-svg g.bar[data-verdict="flaky"]')
+        assert flaky.count() == 1 and flaky.first.is_visible()
+        label = flaky.first.text_content() or ""
+        assert "(re-run)" in label and "landed" in label
+        table = page.locator("#integration + table").inner_text()
+        assert "flaky: check" in table
+        assert not errors
+        browser.close()

@@ -17,7 +17,7 @@ from markupsafe import Markup
 from dagrunner.fsutil import atomic_write
 from dagrunner.records import REPORT_ORDER, GateResult, RunRecord, Status, failures_first
 from dagrunner.report.ansi import ansi_to_html
-from dagrunner.report.svg import dag_layout, timeline
+from dagrunner.report.svg import dag_layout, pipeline_layout, timeline
 from dagrunner.units import format_duration, format_size
 
 FAILING_VIEW = 64 * 1024
@@ -82,6 +82,7 @@ def _context(record: RunRecord, run_dir: Path) -> dict[str, Any]:
         "crit": speed.critical_path,
         "dag": dag_layout(record),
         "timeline": timeline(record),
+        "pipeline": pipeline_layout(record.integration),
         "counts": sorted(record.counts().items(), key=lambda kv: REPORT_ORDER[Status(kv[0])]),
         "commit": (record.git.get("commit") or "")[:12],
     }

@@ -189,6 +189,56 @@ def timeline(record: RunRecord, width: int = 960) -> dict[str, Any]:
 
 MIN_SAMPLES = 3  # fewer governor samples draw a meaningless ramp
 
+VERDICT_STATUS = {  # a pipeline gate run's verdict, drawn in the colour of a gate status
+    "passed": "passed",
+    "failed": "failed",
+    "confirmed": "failed",
+    "flaky": "flaky",
+    "cancelled": "cancelled",
+}
+
+
+def pipeline_layout(integration: dict[str, Any] | None, width: int = 960) -> dict[str, Any]:
+    """The integration pipeline's gate runs as bars, one row each in start order: which
+    envelopes on which speculative head, how each ended (resets show as cancelled runs)."""
+    runs = sorted(
+        (integration or {}).get("pipeline") or [], key=lambda r: (r["start"], r["gate_run"])
+    )
+    states = {e["id"]: e["state"] for e in (integration or {}).get("envelopes", [])}
+    end = max((float(r["end"]) for r in runs), default=0.0) or 1e-6
+    scale, row = width / end, 18
+    bars = []
+    for index, run in enumerate(runs):
+        ids = run["envelopes"]
+        who = ".".join(ids[0].split(".")[:2]) if ids else "?"
+        name = who + (f" +{len(ids) - 1}" if len(ids) > 1 else "")
+        landed = bool(ids) and all(states.get(i) == "landed" for i in ids)
+        mark = " (re-run)" if run["confirm"] else ""
+        verdict = run["verdict"]
+        label = f"#{run['gate_run']} {name}{mark} · {verdict}" + (
+            " · landed" if landed and verdict in ("passed", "flaky") else ""
+        )
+        gates = f"; gates: {', '.join(run['gates'])}" if run["gates"] else ""
+        bars.append(
+            {
+                "x": round(float(run["start"]) * scale, 1),
+                "w": round(max((float(run["end"]) - float(run["start"])) * scale, 2.0), 1),
+                "y": index * row,
+                "status": VERDICT_STATUS.get(verdict, "skipped"),
+                "verdict": verdict,
+                "label": label,
+                "tip": f"gate run {run['gate_run']}: {', '.join(ids)} on {run['head'][:12]} "
+                f"(position {run['position']}) -> {run['commit'][:12]}: {verdict}{gates}",
+            }
+        )
+    return {
+        "width": width,
+        "height": max(len(bars), 1) * row,
+        "row": row,
+        "bars": bars,
+        "ticks": [{"x": round(t * scale, 1), "label": f"{t:.1f}s"} for t in _ticks(end)],
+    }
+
 
 def _labelled(gate: GateResult, scale: float) -> bool:
     """Whether a Gantt bar is wide enough to carry its gate's name."""
