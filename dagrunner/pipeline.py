@@ -36,7 +36,7 @@ from dagrunner.governor import Governor, resolve_capacity
 from dagrunner.manifest import Manifest
 from dagrunner.outcomes import Details, EnvelopeState, LandOutcome, Speculation, Verdict
 from dagrunner.plan import RunOptions
-from dagrunner.queueitems import Finished, Item, Stage, auto_window
+from dagrunner.queueitems import Finished, GateRun, Item, Stage, auto_window
 from dagrunner.records import RunStatus, Status
 from dagrunner.recovery import crash_point
 from dagrunner.runner import gate_run
@@ -223,71 +223,90 @@ class Pipeline:
             crash_point("gating")
             if position > 0:
                 crash_point("speculating")
-        self.nursery.start_soon(self.gate, item, number, position, confirm)
+        # The scope exists before the task starts: a reset right after this cancels it.
+        item.scope = trio.CancelScope()
+        run = GateRun(
+            item=item,
+            number=number,
+            position=position,
+            confirm=confirm,
+            generation=item.generation,
+            base=item.base,
+            commit=item.commit,
+            manifest=item.manifest,
+            only=item.failing if confirm else (),
+            ids=item.ids,
+            scope=item.scope,
+        )
+        self.nursery.start_soon(self.gate, run)
 
-    async def gate(self, item: Item, number: int, position: int, confirm: bool) -> None:
-        """One gate run of ``item``'s tree in a slot of its own; its verdict to the controller."""
-        generation, start = item.generation, trio.current_time() - self.t0
-        run_dir = self.it.reports / f"gates-{number:02d}"
+    async def gate(self, run: GateRun) -> None:
+        """One gate run of an item's tree in a slot of its own; its verdict to the controller."""
+        start = trio.current_time() - self.t0
+        run_dir = self.it.reports / f"gates-{run.number:02d}"
         finished: Finished | None = None
-        slot = await self.take_slot()
+        slot: Path | None = None
         try:
-            with trio.CancelScope() as scope:
-                item.scope = scope
-                await trio.to_thread.run_sync(self.it.reset, item.commit, slot)
+            with run.scope:
+                slot = await self.take_slot()
+                await trio.to_thread.run_sync(self.it.reset, run.commit, slot)
                 self.executor.fresh(slot)
                 record, _ = await gate_run(
                     RunOptions(
                         repo=slot,
-                        manifest=item.manifest,
+                        manifest=run.manifest,
                         report_dir=run_dir,
                         environ=self.it.env,
                         executor=self.it.executor,
-                        only=item.failing if confirm else (),
+                        only=run.only,
                     ),
                     self.executor,
                     self.governor,
                 )
-                failing = tuple(g.id for g in record.gates if not g.status.ok)
                 if record.gates and all(g.status is Status.CACHED for g in record.gates):
                     self.it.result.cached_runs += 1
                 finished = Finished(
-                    item,
-                    generation,
+                    run.item,
+                    run.generation,
                     record.status is RunStatus.PASSED,
-                    failing,
+                    tuple(g.id for g in record.gates if not g.status.ok),
                     str(run_dir),
-                    confirm,
+                    run.confirm,
                 )
         except DagrunnerError as exc:  # the run could not start (a bad manifest): stop, say it
             self.error = self.error or exc
             self.it.stop = True
             self.nursery.cancel_scope.cancel()
         finally:
-            self.free.append(slot)  # the run is over (a cancelled one ended its trees first)
-        if finished is None or generation != item.generation:
-            verdict = Verdict.CANCELLED
-        elif finished.passed:
-            verdict = Verdict.FLAKY if confirm else Verdict.PASSED
-        else:
-            verdict = Verdict.CONFIRMED if confirm else Verdict.FAILED
-        self.it.result.pipeline.append(
-            Speculation(
-                gate_run=number,
-                envelopes=item.ids,
-                head=item.base,
-                commit=item.commit,
-                position=position,
-                start=start,
-                end=trio.current_time() - self.t0,
-                verdict=verdict,
-                confirm=confirm,
-                gates=finished.failing if finished else (),
-                report=str(run_dir),
-            )
-        )
+            if slot is not None:
+                self.free.append(slot)  # the run is over (a cancelled one ended its trees)
+        self.it.result.pipeline.append(self.speculation(run, finished, start, str(run_dir)))
         if finished is not None:
             self.send.send_nowait(finished)
+
+    def speculation(
+        self, run: GateRun, finished: Finished | None, start: float, report: str
+    ) -> Speculation:
+        """The run as the report's timeline draws it."""
+        if finished is None or run.generation != run.item.generation:
+            verdict = Verdict.CANCELLED
+        elif finished.passed:
+            verdict = Verdict.FLAKY if run.confirm else Verdict.PASSED
+        else:
+            verdict = Verdict.CONFIRMED if run.confirm else Verdict.FAILED
+        return Speculation(
+            gate_run=run.number,
+            envelopes=run.ids,
+            head=run.base,
+            commit=run.commit,
+            position=run.position,
+            start=start,
+            end=trio.current_time() - self.t0,
+            verdict=verdict,
+            confirm=run.confirm,
+            gates=finished.failing if finished else (),
+            report=report,
+        )
 
     # -- verdicts ----------------------------------------------------------------------------
 

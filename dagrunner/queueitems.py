@@ -63,3 +63,20 @@ def auto_window(manifest: Manifest, cpu: float) -> int:
     """The adaptive ceiling: as many whole gate runs as the governor's CPU holds (1 to 4)."""
     need = sum(gate.cpu for gate in manifest.gates.values()) or 1.0
     return max(1, min(MAX_AUTO_WINDOW, int(cpu // need)))
+
+
+@dataclass(frozen=True)
+class GateRun:
+    """One gate run of an item, as it was when launched (a reset item changes; this does not)."""
+
+    item: Item
+    number: int
+    position: int
+    confirm: bool
+    generation: int
+    base: str
+    commit: str
+    manifest: Path | None
+    only: tuple[str, ...]
+    ids: tuple[str, ...]
+    scope: trio.CancelScope

@@ -104,7 +104,7 @@ def test_culprit_at_position_three_is_blamed_and_the_rest_land_without_it(
     )
     culprit = next(e for e in result.envelopes if e.worker == "n03")
     assert culprit.details.failed_gates == ("check",)
-    assert result.confirm_runs == 1 and result.resets >= 1
+    assert result.confirm_runs == 1 and result.resets >= 1, [r.to_json() for r in result.pipeline]
     assert any(r.verdict == "confirmed" for r in result.pipeline)
     gated = set((tmp_path / "gated.txt").read_text().split())
     for commit in landed_chain(project, base):
@@ -112,12 +112,13 @@ def test_culprit_at_position_three_is_blamed_and_the_rest_land_without_it(
 
 
 def flaky_gate(tmp: Path) -> Path:
+    """A gate whose first run anywhere fails (mkdir is atomic: exactly one run fails)."""
     marker = tmp / "failed-once"
     manifest = tmp / "flaky.toml"
     manifest.write_text(
         f"""
 [gates.check]
-run = "[ -e '{marker}' ] || {{ touch '{marker}'; exit 1; }}"
+run = "if mkdir '{marker}' 2>/dev/null; then exit 1; fi"
 """
     )
     return manifest
