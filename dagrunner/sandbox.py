@@ -218,15 +218,21 @@ async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -
         memory=job.memory_limit,
         max_pids=job.max_pids,
     )
+    # Running before it starts: the orphan sweep (another run's, or this one's, in a thread)
+    # must never take a just-spawned gate for the leftover of a finished one.
+    RUNNING[token] = job.gate
     try:
         process = await _start(box.argv, job.cwd, env)
     except OSError as exc:
+        RUNNING.pop(token, None)
         box.remove()
         message = f"could not start {job.argv[0]!r}: {exc.strerror or exc}"
         log.note(message)
         return AttemptResult(exit_code=None, error=message)
+    except BaseException:  # cancelled while starting: what did start is an orphan to sweep
+        RUNNING.pop(token, None)
+        raise
     watch = TreeWatch(root_pid=process.pid, token=token, jail=box)
-    RUNNING[token] = job.gate
     timed_out = finished = False
     leftover = 0
     survivors: list[int] = []
