@@ -168,14 +168,18 @@ class Pipeline:
         slot = await self.take_slot()
         try:
             built = await trio.to_thread.run_sync(self.apply_all, item, slot, position == 0)
-        finally:
+        except BaseException:
             self.free.append(slot)
+            raise
         if not built:
+            self.free.append(slot)
             item.stage = Stage.DEFERRED
             return "deferred"
         if not item.applied:
+            self.free.append(slot)
             self.items.remove(item)
             return "gone"
+        item.slot = slot  # exactly its tree now: its first gate run uses it as it is
         return "built"
 
     def apply_all(self, item: Item, slot: Path, final: bool) -> bool:
@@ -237,7 +241,9 @@ class Pipeline:
             only=item.failing if confirm else (),
             ids=item.ids,
             scope=item.scope,
+            slot=item.slot,
         )
+        item.slot = None  # the run owns it now, and gives it back when it ends
         self.nursery.start_soon(self.gate, run)
 
     async def gate(self, run: GateRun) -> None:
@@ -245,11 +251,13 @@ class Pipeline:
         start = trio.current_time() - self.t0
         run_dir = self.it.reports / f"gates-{run.number:02d}"
         finished: Finished | None = None
-        slot: Path | None = None
+        slot: Path | None = run.slot
         try:
             with run.scope:
-                slot = await self.take_slot()
-                await trio.to_thread.run_sync(self.it.reset, run.commit, slot)
+                slot = run.slot
+                if slot is None:  # a confirmation: any free slot, moved to the item's tree
+                    slot = await self.take_slot()
+                    await trio.to_thread.run_sync(self.it.reset, run.commit, slot)
                 self.executor.fresh(slot)
                 record, _ = await gate_run(
                     RunOptions(

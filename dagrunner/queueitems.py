@@ -41,6 +41,7 @@ class Item:
     flaky: tuple[str, ...] = ()
     report: str = ""
     scope: trio.CancelScope | None = None
+    slot: Path | None = None  # the worktree it was just built in, until its run takes it
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -80,3 +81,4 @@ class GateRun:
     only: tuple[str, ...]
     ids: tuple[str, ...]
     scope: trio.CancelScope
+    slot: Path | None  # built there; None: take a free one and move it to ``commit``

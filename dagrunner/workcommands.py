@@ -201,11 +201,19 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             extra = item.get("commit") or ", ".join(
                 item.get("conflicts") or item.get("failed_gates") or []
             )
-            print(f"{item['state']:<13} {item['id']}  {extra or item.get('reason', '')}")
+            flaky = item.get("flaky_gates")
+            extra = f"{extra or item.get('reason', '')}" + (
+                f"  (flaky: {', '.join(flaky)})" if flaky else ""
+            )
+            print(f"{item['state']:<13} {item['id']}  {extra}")
+        confirmed = f", {result.confirm_runs} re-run to confirm" if result.confirm_runs else ""
         print(
             f"{body['target']}: {body['start'][:12]} -> {body['end'][:12]}; "
-            f"{_gate_runs(result.gate_runs, result.cached_runs)}; report {body['report_dir']}"
+            f"{_gate_runs(result.gate_runs, result.cached_runs)}{confirmed} "
+            f"(window {result.window}); report {body['report_dir']}"
         )
+        if result.interrupted:
+            print("interrupted: what was in flight is queued again")
         if result.land_blocked:
             blocked = result.land_blocked
             print(f"LANDING REFUSED ({blocked.code}): {blocked.reason} in {blocked.checkout}")

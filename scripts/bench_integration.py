@@ -123,7 +123,7 @@ def run_mode(
     wall = time.perf_counter() - start
     counts: dict[str, int] = {}
     for outcome in result.envelopes:
-        counts[outcome.state] = counts.get(outcome.state, 0) + 1
+        counts[str(outcome.state)] = counts.get(str(outcome.state), 0) + 1
     flaky = sum(1 for o in result.envelopes if o.details.flaky_gates)
     return {
         "wall": wall,

@@ -345,6 +345,51 @@ def test_integration_gates_run_on_the_cluster(
         assert [a["worker"] for a in check_gate["attempts"]] == [cluster.hidden]
 
 
+def test_the_pipeline_gates_speculative_heads_on_the_cluster(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
+    """``--window 3`` on the cluster: each slot's new tree is shipped again (a reused slot
+    never runs on its previous tree), the culprit is blamed, the rest land in order, and
+    every landed tree is one a passing gate run printed on a worker."""
+    commit_release_manifest(
+        repo,
+        "[gates.check]\nrun = \"sleep 0.5; git rev-parse 'HEAD^{tree}'; "
+        '! grep -rq BROKEN --include=*.txt ."\n',
+    )
+    base = ["--repo", str(repo)]
+    start = git(repo, "rev-parse", "HEAD").strip()
+    files = []
+    for i, text in enumerate(["1\n", "BROKEN\n", "3\n", "4\n"], 1):
+        _, made = run_json(
+            capsys, "worktree", "allocate", "--mission", "m", "--worker", f"p{i}", *base
+        )
+        (Path(made["path"]) / f"p{i}.txt").write_text(text)
+        out = str(repo.parent / f"p{i}.json")
+        run_json(capsys, "worktree", "export", f"m/p{i}", "-o", out, *base)
+        files.append(out)
+    run_json(capsys, "integrate", "submit", *files, *base)
+    code, body = run_json(
+        capsys, "integrate", "run", "--executor", cluster.address, "--window", "3", *base
+    )
+    assert code == 1
+    assert {e["worker"]: e["state"] for e in body["envelopes"]} == {
+        "p1": "landed",
+        "p2": "gates-failed",
+        "p3": "landed",
+        "p4": "landed",
+    }
+    printed = set()
+    for run in body["pipeline"]:
+        if run["verdict"] in ("passed", "flaky"):
+            log = Path(run["report"]) / "logs" / "check.log"
+            printed.update(log.read_text().split())
+    landed = git(repo, "rev-list", f"{start}..main").split()
+    assert len(landed) == 3
+    for commit in landed:
+        assert git(repo, "rev-parse", f"{commit}^{{tree}}").strip() in printed
+    assert max(r["position"] for r in body["pipeline"]) >= 1
+
+
 def test_tools_are_fingerprinted_where_gates_run(
     repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
 ) -> None:
