@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -104,6 +105,10 @@ class Integrator:
         self.outcomes: dict[str, EnvelopeOutcome] = {}
         self.meta: dict[str, tuple[str | None, str | None]] = {}
         self.stop = False
+        self.cleaned: set[str] = set()  # envelopes whose worker worktree was seen to
+        # Held by whatever moves refs or worktree registrations (landing, a new integration
+        # worktree, a landed worker's cleanup) while the pipeline runs them in threads.
+        self.git_lock = threading.Lock()
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -121,6 +126,11 @@ class Integrator:
     def prepare_worktree(self, head: str, path: Path | None = None) -> None:
         """The integration worktree at ``path`` (default: the first one) exists, at ``head``."""
         path = path or self.wt
+        with self.git_lock:
+            self.add_worktree(path, head)
+        self.reset(head, path)
+
+    def add_worktree(self, path: Path, head: str) -> None:
         if not (path / ".git").exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             # A registration whose folder was deleted by hand is locked: unlock, then prune it.
@@ -139,7 +149,6 @@ class Integrator:
                 ],
                 cwd=self.repo,
             )
-        self.reset(head, path)
 
     def reset(self, commit: str, path: Path | None = None) -> None:
         """Exactly ``commit`` and nothing else (no stage entries, no stray file)."""
@@ -330,10 +339,23 @@ class Integrator:
     # -- after the run ----------------------------------------------------------------------
 
     def cleanup_landed_workers(self) -> None:
-        """See ``lifecycle.clean_after_landing``: only a provably producing worktree goes."""
-        kept = clean_after_landing(
-            self.ctx, self.outcomes.values(), self.queue.load, default_target(self.ctx), self.env
+        """Every outcome's worker worktree not seen to yet (the end of a run)."""
+        self.note_workers(self.clean_workers(list(self.outcomes)))
+
+    def clean_workers(self, ids: list[str]) -> dict[str, str]:
+        """See ``lifecycle.clean_after_landing``: only a provably producing worktree goes.
+        What became of each (the pipeline runs this in a thread after each landing)."""
+        chosen = [i for i in ids if i not in self.cleaned]
+        self.cleaned.update(chosen)
+        return clean_after_landing(
+            self.ctx,
+            [self.outcomes[i] for i in chosen],
+            self.queue.load,
+            default_target(self.ctx),
+            self.env,
         )
+
+    def note_workers(self, kept: dict[str, str]) -> None:
         for envelope_id, worktree in kept.items():
             self.outcomes[envelope_id] = dataclasses.replace(
                 self.outcomes[envelope_id], worktree=worktree

@@ -81,20 +81,24 @@ class Pipeline:
         self.t0 = trio.current_time()
         send, self.receive = trio.open_memory_channel[Finished](math.inf)
         self.send = send
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            if threading.current_thread() is threading.main_thread():
-                nursery.start_soon(self.on_signal)
-            while not self.it.stop:
-                await self.settle()
-                if self.it.stop:
-                    break
-                self.confirm_next()
-                await self.fill()
-                if not self.items:
-                    break
-                await self.take(await self.receive.receive())
-            nursery.cancel_scope.cancel()
+        # Landed workers are cleaned while later items are gated; those cleanups are
+        # finished (never cancelled) before the run returns.
+        async with trio.open_nursery() as cleaners:
+            self.cleaners = cleaners
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                if threading.current_thread() is threading.main_thread():
+                    nursery.start_soon(self.on_signal)
+                while not self.it.stop:
+                    await self.settle()
+                    if self.it.stop:
+                        break
+                    self.confirm_next()
+                    await self.fill()
+                    if not self.items:
+                        break
+                    await self.take(await self.receive.receive())
+                nursery.cancel_scope.cancel()
         self.requeue_rest()
         if self.error is not None:
             raise self.error
@@ -123,9 +127,10 @@ class Pipeline:
                 return
 
     async def fill(self) -> None:
-        """Build and start every item in the window that waits (in queue order)."""
+        """Build and start every item in the window that waits (in queue order); build the
+        next one ahead, so that its gates start the moment the window has room."""
         position = 0
-        while position < self.window and not self.it.stop:
+        while not self.it.stop:
             if position == len(self.items) and not self.admit_item():
                 return
             item = self.items[position]
@@ -137,6 +142,10 @@ class Pipeline:
                     return
                 if built == "gone":
                     continue  # nothing of it to gate: it left the pipeline
+                item.stage = Stage.BUILT
+            if position >= self.window:
+                return
+            if item.stage is Stage.BUILT:
                 self.launch(item, position)
             position += 1
 
@@ -372,6 +381,9 @@ class Pipeline:
             if item.scope is not None:
                 item.scope.cancel()  # its run ends its process trees, then frees its slot
             built = item.stage is not Stage.DEFERRED
+            if item.slot is not None:  # built ahead, never launched: no run gives it back
+                self.free.append(item.slot)
+                item.slot = None
             item.stage, item.confirms, item.failing, item.flaky = Stage.WAITING, 0, (), ()
             item.applied = []
             if built:
@@ -404,13 +416,17 @@ class Pipeline:
 
     async def land(self, front: Item) -> None:
         it = self.it
-        outcome = await trio.to_thread.run_sync(
-            lambda: it.land(front.base, front.applied, front.commit, flaky=front.flaky)
-        )
+
+        def land() -> LandOutcome:
+            with it.git_lock:
+                return it.land(front.base, front.applied, front.commit, flaky=front.flaky)
+
+        outcome = await trio.to_thread.run_sync(land)
         if outcome is LandOutcome.LANDED:
             self.items.pop(0)
             self.head, self.moves = front.commit, 0
             self.window = min(self.ceiling, self.window + 1)
+            self.cleaners.start_soon(self.clean, [e.id for e in front.envelopes])
         elif outcome is LandOutcome.MOVED:
             self.moves += 1
             if self.moves > MAX_REBUILDS:
@@ -421,6 +437,16 @@ class Pipeline:
             self.head = it.head()
             self.reset_from(0, cause=None)
         # BLOCKED: landing.block said why, queued the front again and stopped the run
+
+    async def clean(self, ids: list[str]) -> None:
+        """The landed envelopes' worker worktrees go (when provably theirs), in a thread."""
+        it = self.it
+
+        def clean() -> dict[str, str]:
+            with it.git_lock:
+                return it.clean_workers(ids)
+
+        it.note_workers(await trio.to_thread.run_sync(clean))
 
     def requeue_rest(self) -> None:
         """The run stopped early: what it applied and did not finish is queued again."""

@@ -20,6 +20,7 @@ MAX_AUTO_WINDOW = 4
 
 class Stage(enum.Enum):
     WAITING = "waiting"  # to be built on the speculative head
+    BUILT = "built"  # applied on it, its gates not started yet
     GATING = "gating"
     PASSED = "passed"
     SUSPECT = "suspect"  # failed while an item ahead was undecided: confirmed once they pass
