@@ -34,7 +34,7 @@ from dagrunner.errors import DagrunnerError
 from dagrunner.executors import Executor
 from dagrunner.governor import Governor, resolve_capacity
 from dagrunner.manifest import Manifest
-from dagrunner.outcomes import Details, EnvelopeState, LandOutcome, Speculation, Verdict
+from dagrunner.outcomes import Details, EnvelopeState, LandOutcome
 from dagrunner.plan import RunOptions
 from dagrunner.queueitems import Finished, GateRun, Item, Stage, auto_window
 from dagrunner.records import RunStatus, Status
@@ -297,33 +297,10 @@ class Pipeline:
         finally:
             if slot is not None:
                 self.free.append(slot)  # the run is over (a cancelled one ended its trees)
-        self.it.result.pipeline.append(self.speculation(run, finished, start, str(run_dir)))
+        end = trio.current_time() - self.t0
+        self.it.result.pipeline.append(run.speculation(finished, start, end, str(run_dir)))
         if finished is not None:
             self.send.send_nowait(finished)
-
-    def speculation(
-        self, run: GateRun, finished: Finished | None, start: float, report: str
-    ) -> Speculation:
-        """The run as the report's timeline draws it."""
-        if finished is None or run.generation != run.item.generation:
-            verdict = Verdict.CANCELLED
-        elif finished.passed:
-            verdict = Verdict.FLAKY if run.confirm else Verdict.PASSED
-        else:
-            verdict = Verdict.CONFIRMED if run.confirm else Verdict.FAILED
-        return Speculation(
-            gate_run=run.number,
-            envelopes=run.ids,
-            head=run.base,
-            commit=run.commit,
-            position=run.position,
-            start=start,
-            end=trio.current_time() - self.t0,
-            verdict=verdict,
-            confirm=run.confirm,
-            gates=finished.failing if finished else (),
-            report=report,
-        )
 
     # -- verdicts ----------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from dagrunner.manifest import Manifest
+from dagrunner.outcomes import Speculation, Verdict
 
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
@@ -83,3 +84,27 @@ class GateRun:
     ids: tuple[str, ...]
     scope: trio.CancelScope
     slot: Path | None  # built there; None: take a free one and move it to ``commit``
+
+    def speculation(
+        self, finished: Finished | None, start: float, end: float, report: str
+    ) -> Speculation:
+        """This run as the report's timeline draws it."""
+        if finished is None or self.generation != self.item.generation:
+            verdict = Verdict.CANCELLED
+        elif finished.passed:
+            verdict = Verdict.FLAKY if self.confirm else Verdict.PASSED
+        else:
+            verdict = Verdict.CONFIRMED if self.confirm else Verdict.FAILED
+        return Speculation(
+            gate_run=self.number,
+            envelopes=self.ids,
+            head=self.base,
+            commit=self.commit,
+            position=self.position,
+            start=start,
+            end=end,
+            verdict=verdict,
+            confirm=self.confirm,
+            gates=finished.failing if finished else (),
+            report=report,
+        )

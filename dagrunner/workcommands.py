@@ -209,8 +209,8 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         confirmed = f", {result.confirm_runs} re-run to confirm" if result.confirm_runs else ""
         print(
             f"{body['target']}: {body['start'][:12]} -> {body['end'][:12]}; "
-            f"{_gate_runs(result.gate_runs, result.cached_runs)}{confirmed} "
-            f"(window {result.window}); report {body['report_dir']}"
+            f"{_gate_runs(result.gate_runs, result.cached_runs)}{confirmed}; "
+            f"window {result.window}; report {body['report_dir']}"
         )
         if result.interrupted:
             print("interrupted: what was in flight is queued again")
