@@ -25,7 +25,6 @@ import hashlib
 import hmac
 import os
 import secrets
-import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,15 +36,11 @@ from dagrunner.fsutil import atomic_write, mark_own_output
 from dagrunner.graph import Graph, integration_map, spec, topological_order
 from dagrunner.inputs import Snapshot, input_files
 from dagrunner.manifest import GateSpec, Manifest
-from dagrunner.proc import run_command
 from dagrunner.records import GateResult
 from dagrunner.repo import cache_root
+from dagrunner.toolmemo import tool_fingerprint
 
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
-TOOL_TIMEOUT = 30.0
-TOOL_TEXT_KEPT = (
-    64 * 1024
-)  # of a tool's output, kept beside its hash so explain can say what differs
 # Derived from the commit, so it would miss every entry on every commit; it is
 # recorded in the proof instead (docs/cache.md says why).
 NOT_KEYED_ENV = frozenset({"SOURCE_DATE_EPOCH"})
@@ -113,26 +108,6 @@ class KeyParts:
             "tool_lines": self.tool_lines,
             "format": CACHE_FORMAT,
         }
-
-
-def tool_fingerprint(
-    command: str, env: Mapping[str, str], cwd: Path, *, hide: Path | None = None
-) -> tuple[str, str]:
-    """(sha256 of the command's output and exit code, its first line) in the gate's environment.
-
-    The command is untrusted like a gate: it runs through the same door
-    (``proc.py``: sandbox, containment, a timeout that ends its whole tree).
-    """
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        argv, output = [], f"unavailable: {exc}".encode()
-    if argv:
-        done = run_command(argv, cwd=cwd, env=env, timeout=TOOL_TIMEOUT, own_home=True, hide=hide)
-        status = "timed out" if done.timed_out else f"exit {done.exit_code}"
-        output = done.output + f"\n{done.error or status}".encode()
-    text = output.decode("utf-8", "replace").strip()
-    return hashlib.sha256(output).hexdigest(), text[:TOOL_TEXT_KEPT]
 
 
 Fingerprint = Callable[[str, Mapping[str, str]], tuple[str, str]]
@@ -254,6 +229,26 @@ class Store:
     def _sign(self, body: dict[str, Any]) -> str:
         canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
         return hmac.new(self._secret(), canonical, hashlib.sha256).hexdigest()
+
+    def sign_to(self, path: Path, body: dict[str, Any]) -> None:
+        """Write ``body`` signed to ``path`` (a failure to write is a warning, not an error)."""
+        try:
+            atomic_write(path, orjson.dumps({"body": body, "hmac": self._sign(body)}))
+        except OSError as exc:
+            self.warnings.append(f"could not write {path}: {exc}")
+
+    def verified(self, path: Path) -> dict[str, Any] | None:
+        """The body ``sign_to`` wrote at ``path``; None when absent, damaged or forged."""
+        try:
+            wrapper = orjson.loads(path.read_bytes())
+            body = wrapper["body"]
+            if isinstance(body, dict) and hmac.compare_digest(
+                self._sign(body), str(wrapper["hmac"])
+            ):
+                return body
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+            pass
+        return None
 
     def _entry(self, key: str) -> Path:
         return self.root / "entries" / key[:2] / f"{key}.json"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from dagrunner.inputs import take_snapshot
 from dagrunner.manifest import Manifest
 from dagrunner.records import GateResult, Status
 from dagrunner.scheduler import Outcome
+from dagrunner.toolmemo import remembered, tool_fingerprint
 from dagrunner.units import format_duration
 
 
@@ -41,12 +43,33 @@ class RunCache:
             snapshot = take_snapshot(repo)
             self.snapshot_files, self.hashed_files = len(snapshot.paths), snapshot.hashed
             self.keys = compute_keys(
-                manifest, graph, snapshot, envs, repo, hide=self.store.root, fingerprint=fingerprint
+                manifest,
+                graph,
+                snapshot,
+                envs,
+                repo,
+                hide=self.store.root,
+                fingerprint=fingerprint or self.remembering(repo),
             )
         else:
             self.keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}
         self.setup_seconds = time.monotonic() - started
         self.stored = 0
+
+    def remembering(self, repo: Path) -> Fingerprint:
+        """Tool fingerprints here, remembered by identity (``toolmemo.py``)."""
+        hide = self.store.root
+
+        def fingerprint(command: str, env: Mapping[str, str]) -> tuple[str, str]:
+            return remembered(
+                command,
+                env,
+                repo,
+                lambda: tool_fingerprint(command, env, repo, hide=hide),
+                self.store,
+            )
+
+        return fingerprint
 
     def warnings(self) -> list[str]:
         found = [

@@ -7,13 +7,24 @@ layers stay one-way: runner <- integration <- swarm <- release <- cli.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from dagrunner import runner
-from dagrunner.plan import RunOptions
+from dagrunner.graph import spec
+from dagrunner.plan import NodeKinds, PlainGates, Plan, RunOptions
 from dagrunner.records import RunRecord
-from dagrunner.swarm import Swarm
+
+
+def node_kinds(plan: Plan, run_id: str, env: Mapping[str, str]) -> NodeKinds:
+    """The swarm when the plan has workers, integrate or land nodes; else plain gates (and
+    the swarm's modules -- worktrees, export, the integrator -- are never imported)."""
+    if all(spec(plan.graph, node).kind == "gate" for node in plan.graph.nodes):
+        return PlainGates.open(plan, run_id, env)
+    from dagrunner.swarm import Swarm
+
+    return Swarm.open(plan, run_id, env)
 
 
 def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
@@ -22,5 +33,5 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
     Raises DagrunnerError for bad input before anything runs.
     """
     if options.node_kinds is None:
-        options = replace(options, node_kinds=Swarm.open)
+        options = replace(options, node_kinds=node_kinds)
     return runner.release_check(options)

@@ -48,7 +48,7 @@ def make_repo(root: Path, files: int, gate_seconds: float, marker: Path | None =
     root.mkdir(parents=True)
     (root / "manifests").mkdir()
     flaky = (
-        f"if [ -e flaky-trigger.txt ] && [ ! -e '{marker}' ]; then touch '{marker}'; exit 1; fi; "
+        f"if [ -e flaky-trigger.txt ] && mkdir '{marker}' 2>/dev/null; then exit 1; fi; "
         if marker is not None
         else ""
     )

@@ -1,0 +1,128 @@
+"""Tool fingerprints remembered by identity: real tools, real runs, real pyenv-like shims."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import check, gate_results
+
+from dagrunner.repo import cache_root
+from dagrunner.toolmemo import command_identity
+
+
+def python_tool(folder: Path, name: str, counter: Path, version: str) -> Path:
+    """An executable Python script (``#!`` this environment's Python) that counts its runs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tool = folder / name
+    tool.write_text(
+        f"#!{sys.executable}\n"
+        f"with open({str(counter)!r}, 'a') as f: f.write('ran\\n')\n"
+        f"print({version!r})\n"
+    )
+    tool.chmod(0o755)
+    return tool
+
+
+def manifest(bin_dir: Path, tool: str) -> str:
+    return f"""
+[env]
+set = {{ PATH = "{bin_dir}:/usr/bin:/bin" }}
+
+[gates.a]
+run = ["true"]
+inputs = ["README"]
+tools = ["{tool}"]
+"""
+
+
+def runs(counter: Path) -> int:
+    return len(counter.read_text().splitlines()) if counter.exists() else 0
+
+
+def test_a_version_query_runs_again_only_when_its_executable_changes(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    counter = tmp_path / "count"
+    tool = python_tool(tmp_path / "bin", "mytool", counter, "mytool 1.0")
+    body = manifest(tmp_path / "bin", "mytool --version")
+    code, _, _ = check(capsys, repo, body)
+    assert code == 0 and runs(counter) == 1
+    code, _, second = check(capsys, repo, body)
+    assert code == 0 and runs(counter) == 1  # remembered: not run again
+    assert gate_results(second)["a"]["status"] == "cached"
+    proof = gate_results(second)["a"]["cache"]
+    assert proof["tools"]["mytool --version"].startswith("mytool 1.0")
+    python_tool(tmp_path / "bin", "mytool", counter, "mytool 2.0")  # upgraded in place
+    code, _, third = check(capsys, repo, body)
+    assert code == 0 and runs(counter) == 2
+    assert gate_results(third)["a"]["status"] != "cached"  # a new tool: a new key
+    assert tool.exists()
+
+
+def test_a_forged_memo_entry_is_not_believed(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    counter = tmp_path / "count"
+    python_tool(tmp_path / "bin", "mytool", counter, "mytool 1.0")
+    body = manifest(tmp_path / "bin", "mytool --version")
+    check(capsys, repo, body)
+    (entry,) = (cache_root() / "tools").glob("*.json")
+    stored = orjson.loads(entry.read_bytes())
+    stored["body"]["digest"] = "0" * 64  # what a gate writing into the cache would try
+    entry.write_bytes(orjson.dumps(stored))
+    code, _, run_dir = check(capsys, repo, body)
+    assert code == 0 and runs(counter) == 2  # not believed: the tool ran again
+    assert gate_results(run_dir)["a"]["status"] == "cached"  # and its real output still hits
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["sh -c 'echo 1'", "cat README", "python -c 'print(1)'", "python -m pip install x", "true"],
+)
+def test_commands_whose_output_depends_on_more_are_never_remembered(command: str) -> None:
+    env = {"PATH": os.environ["PATH"]}
+    assert command_identity(command, env, Path.cwd()) is None
+
+
+def test_a_python_path_in_the_gate_environment_is_never_remembered(tmp_path: Path) -> None:
+    python_tool(tmp_path / "bin", "mytool", tmp_path / "count", "1")
+    env = {"PATH": str(tmp_path / "bin")}
+    assert command_identity("mytool --version", env, tmp_path) is not None
+    assert command_identity("mytool --version", {**env, "PYTHONPATH": "/x"}, tmp_path) is None
+
+
+def test_a_shell_script_tool_is_never_remembered(tmp_path: Path) -> None:
+    tool = tmp_path / "bin" / "shtool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\necho 1\n")
+    tool.chmod(0o755)
+    assert command_identity("shtool --version", {"PATH": str(tool.parent)}, tmp_path) is None
+
+
+def test_a_pyenv_shim_is_followed_to_the_version_it_selects(tmp_path: Path) -> None:
+    root = tmp_path / "pyenv"
+    shim = root / "shims" / "mytool"
+    shim.parent.mkdir(parents=True)
+    shim.write_text('#!/usr/bin/env bash\nexec "/x/libexec/pyenv" exec "mytool" "$@"\n')
+    shim.chmod(0o755)
+    for version in ("1.0", "2.0"):
+        python_tool(root / "versions" / version / "bin", "mytool", tmp_path / "c", version)
+    env = {"PATH": str(root / "shims")}
+    project = tmp_path / "project"
+    project.mkdir()
+    assert command_identity("mytool --version", env, project) is None  # "system": unknown
+    (root / "version").write_text("1.0\n")
+    one = command_identity("mytool --version", env, project)
+    (root / "version").write_text("2.0\n")
+    two = command_identity("mytool --version", env, project)
+    (project / ".python-version").write_text("1.0\n")  # a local choice wins over the global
+    local = command_identity("mytool --version", env, project)
+    chosen = command_identity("mytool --version", {**env, "PYENV_VERSION": "2.0"}, project)
+    assert None not in (one, two, local, chosen)
+    assert len({one, two, local, chosen}) == 4  # where the choice came from is part of it
+    (root / "versions" / "2.0" / "bin" / "mytool").write_text("#!/bin/sh\n")
+    assert command_identity("mytool --version", {**env, "PYENV_VERSION": "2.0"}, project) is None
