@@ -267,7 +267,20 @@ class Integrator:
                 self.manifest_changers.add(envelope.id)
             message = commit_message(envelope)
             git(
-                ["commit", "-q", "--no-verify", "--no-gpg-sign", "--allow-empty", "-m", message],
+                # no automatic gc/maintenance here: it would repack refs under a landing
+                [
+                    "-c",
+                    "gc.auto=0",
+                    "-c",
+                    "maintenance.auto=false",
+                    "commit",
+                    "-q",
+                    "--no-verify",
+                    "--no-gpg-sign",
+                    "--allow-empty",
+                    "-m",
+                    message,
+                ],
                 cwd=wt,
                 env=IDENTITY,
             )
