@@ -71,6 +71,8 @@ class GateRunner:
             else None,
             max_pids=self.plan.manifest.governor.max_pids or None,
             hide=str(self.cache.store.root),
+            read_only=tuple(map(str, self.plan.read_only)),
+            writable=(str(self.plan.repo),) if self.plan.read_only else (),
             cpu=gate.cpu,
             memory=gate.memory,
         )

@@ -46,12 +46,21 @@ DEFAULT_MAX_PIDS = 8192
 # PID 1 of the gate's namespace: hide the cache store, run the gate, forward SIGTERM,
 # reap, and count the processes still alive when the gate has exited.
 _INIT = r"""
-left=$1; hide=$2; shift 2
+left=$1; hide=$2; ro=$3; rw=$4; shift 4
 while [ "$1" != -- ]; do echo 0 > "$1/cgroup.procs" || exit 125; shift; done; shift
 if [ -n "$hide" ]; then
   mount -t tmpfs -o ro,size=4k,mode=000 dagrunner-hidden "$hide" || {
     echo "dagrunner: could not hide the cache store from the gate" >&2; exit 125; }
 fi
+bind() {  # $1: ro or rw; then one folder per line on stdin
+  while IFS= read -r dir; do
+    [ -n "$dir" ] || continue
+    mount --bind "$dir" "$dir" && mount -o "remount,bind,$1" "$dir" || {
+      echo "dagrunner: could not make $dir $1 for the gate" >&2; exit 125; }
+  done
+}
+printf '%s\n' "$ro" | bind ro || exit 125
+printf '%s\n' "$rw" | bind rw || exit 125
 "$@" &
 child=$!
 trap 'kill -TERM $child 2>/dev/null' TERM INT HUP
@@ -202,7 +211,11 @@ def detect() -> Containment:
     pidns = False
     if unshare:
         with tempfile.TemporaryDirectory(prefix="dagrunner-probe-") as tmp:
-            init = ["/bin/sh", "-c", _INIT, "init", f"{tmp}/left", tmp, "--"]
+            # hide a folder, and make one read-only with a writable one inside: what gates use
+            for folder in ("hidden", "ro/rw"):
+                (Path(tmp) / folder).mkdir(parents=True)
+            hide, ro, rw = f"{tmp}/hidden", f"{tmp}/ro", f"{tmp}/ro/rw"
+            init = ["/bin/sh", "-c", _INIT, "init", f"{tmp}/left", hide, ro, rw, "--"]
             try:
                 probe = subprocess.run(
                     [*_unshare(unshare), *init, "true"],
@@ -314,8 +327,12 @@ def jail(
     cwd: Path,
     memory: int | None,
     max_pids: int | None,
+    read_only: Sequence[Path] = (),
+    writable: Sequence[Path] = (),
 ) -> Jail:
-    """Wrap ``argv`` in this machine's containment; ``work`` holds the leftover count file."""
+    """Wrap ``argv`` in this machine's containment; ``work`` holds the leftover count file.
+    ``read_only`` folders are seen but not writable by the gate, except the ``writable``
+    ones inside them (with a mount namespace; see ``Containment.views``)."""
     found = detect()
     left = work / f".{token}.left"
     groups: list[Path] = []
@@ -339,7 +356,10 @@ def jail(
         hidden = ""
         if hide is not None and hide.is_dir() and not is_inside(cwd, hide):
             hidden = str(hide)
-        init = ["/bin/sh", "-c", _INIT, "init", str(left), hidden, *map(str, groups), "--"]
+        ro = "\n".join(str(p) for p in read_only if p.is_dir())
+        rw = "\n".join(str(p) for p in writable if p.is_dir()) if ro else ""
+        init = ["/bin/sh", "-c", _INIT, "init", str(left), hidden, ro, rw, *map(str, groups)]
+        init.append("--")
         command = [*_unshare(found.unshare), *init, *command]
     elif groups:
         command = ["/bin/sh", "-c", _JOIN, "join", *map(str, groups), "--", *command]

@@ -109,6 +109,10 @@ class Integrator:
         # Held by whatever moves refs or worktree registrations (landing, a new integration
         # worktree, a landed worker's cleanup) while the pipeline runs them in threads.
         self.git_lock = threading.Lock()
+        # What an envelope's gates may read but never write: the user's checkout, the
+        # common git dir (refs, objects, the queue, the ledger) and every worktree under
+        # the root -- all but the integration worktree under test (``contain.jail``).
+        self.guarded = (ctx.info.root, ctx.info.common_dir, ctx.root)
 
     # -- set-up --------------------------------------------------------------------------
 

@@ -276,6 +276,7 @@ class Pipeline:
                         environ=self.it.env,
                         executor=self.it.executor,
                         only=run.only,
+                        read_only=self.it.guarded,
                     ),
                     self.executor,
                     self.governor,

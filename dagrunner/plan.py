@@ -37,6 +37,9 @@ class RunOptions:
     cache_root: Path | None = None  # default DAGRUNNER_CACHE_DIR
     node_kinds: NodeKindsFactory | None = None  # workers, integrate, land: release.py adds them
     loaded: Manifest | None = None  # the manifest, when the caller has loaded it already
+    # Folders the gates may read but not write, except the repository they run in (the
+    # integrator: the user's checkout, the common git dir, the other worktrees).
+    read_only: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +55,7 @@ class Plan:
     ]  # each gate's hermetic environment (HOME/TMPDIR added per attempt)
     git: dict[str, Any] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)  # value -> name, redacted from logs
+    read_only: tuple[Path, ...] = ()  # RunOptions.read_only
 
 
 class NodeKinds(Protocol):

@@ -95,6 +95,7 @@ def plan_step(
         envs=envs,
         git=git_info,
         secrets=secret_values(caller, envs),
+        read_only=options.read_only,
     )
 
 

@@ -47,6 +47,8 @@ class GateJob:
     memory_limit: int | None = None  # enforced where a memory cgroup is delegated
     max_pids: int | None = DEFAULT_MAX_PIDS  # enforced where a pids cgroup is delegated
     hide: str | None = None  # a folder the gate must not see (the cache store)
+    read_only: tuple[str, ...] = ()  # folders it may read, not write (with a mount namespace)
+    writable: tuple[str, ...] = ()  # ... except these, inside them
     keep_home: bool = False  # non-gate commands (proc.py) may keep the caller's HOME/TMPDIR
     cpu: float = 1.0  # declared: where a cluster places the attempt
     memory: int = 0
@@ -217,6 +219,8 @@ async def _run(job: GateJob, env: dict[str, str], token: str, log: BoundedLog) -
         cwd=Path(job.cwd),
         memory=job.memory_limit,
         max_pids=job.max_pids,
+        read_only=[Path(p) for p in job.read_only],
+        writable=[Path(p) for p in job.writable],
     )
     # Running before it starts: the orphan sweep (another run's, or this one's, in a thread)
     # must never take a just-spawned gate for the leftover of a finished one.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -197,20 +198,41 @@ def test_batch_bisects_to_the_culprit(project: Path) -> None:
     assert sorted(t.split(".")[1] for t in trailers(project)) == ["b1", "b2", "b3"]
 
 
-def mover_gate(repo: Path, once: bool, marker: Path) -> str:
-    guard = f"[ -e '{marker}' ] && exit 0; touch '{marker}'; " if once else ""
+def mover_gate(folder: Path, once: bool) -> str:
+    """A gate that asks the test to move the target (a gate itself may not write the
+    repository) and waits until it did; ``once``: only the first time."""
+    guard = f"[ -e '{folder}/once' ] && exit 0; touch '{folder}/once'; " if once else ""
+    wait = f"while [ ! -e '{folder}/moved' ]; do sleep 0.05; done; rm -f '{folder}/moved'"
     return f"""
 [gates.move-target]
-run = "{guard}git -C '{repo}' -c user.name=m -c user.email=m@m commit -q --allow-empty -m moved"
+run = "{guard}touch '{folder}/please'; {wait}"
 """
+
+
+def move_on_request(repo: Path, folder: Path, stop: threading.Event) -> None:
+    """Somebody else landing on the target whenever the gate asks."""
+    while not stop.is_set():
+        if (folder / "please").exists():
+            (folder / "please").unlink()
+            git(repo, "-c", "user.name=m", "-c", "user.email=m@m", "commit", "-q",
+                "--allow-empty", "-m", "moved")  # fmt: skip
+            (folder / "moved").touch()
+        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("once", [True, False])
 def test_target_moving_during_integration(project: Path, tmp_path: Path, once: bool) -> None:
     manifest = tmp_path / "mover.toml"
-    manifest.write_text(mover_gate(project, once, tmp_path / "moved-once"))
+    manifest.write_text(mover_gate(tmp_path, once))
     submit(repo_info(project), [worker(project, "w1", independent_1)])
-    result = integrate(repo=project, manifest=manifest)
+    stop = threading.Event()
+    mover = threading.Thread(target=move_on_request, args=(project, tmp_path, stop))
+    mover.start()
+    try:
+        result = integrate(repo=project, manifest=manifest)
+    finally:
+        stop.set()
+        mover.join()
     if once:
         assert result.ok and result.rebuilds == 1
         assert states(project) == {"w1": "landed"}

@@ -24,6 +24,7 @@ from test_integration import (
 )
 
 from dagrunner import wait_for, watch
+from dagrunner import worktrees as wt
 from dagrunner.integration import integrate
 from dagrunner.queue import Queue, submit
 from dagrunner.repo import repo_info
@@ -361,3 +362,41 @@ def test_the_report_draws_the_pipeline_with_flaky_runs_marked(
         assert "flaky: check" in table
         assert not errors
         browser.close()
+
+
+def test_an_envelopes_gates_cannot_write_the_repository_or_other_worktrees(
+    project: Path, tmp_path: Path
+) -> None:
+    """Where a mount namespace is available (``detect().pidns``), a hostile envelope's gate
+    can neither move a ref, nor write the queue or the user's checkout, nor touch another
+    worker's worktree; its own integration worktree stays writable."""
+    from dagrunner.contain import detect
+
+    if not detect().pidns:
+        pytest.skip("this machine gives no mount namespace: docs/security.md, out of scope")
+    other = Path(wt.allocate(mission="swarm", worker="bystander", repo=project)["path"])
+    (other / "work.txt").write_text("the bystander's uncommitted work\n")
+    envelope = worker(project, "w1", lambda p: (p / "one.txt").write_text("1\n"))
+    journal = Queue.of(repo_info(project)).journal
+    attempts = tmp_path / "attempts"
+    tries = {
+        "ref": f"git -C '{project}' update-ref refs/heads/main HEAD~0",
+        "journal": f"echo '{{}}' >> '{journal}'",
+        "checkout": f"touch '{project}/planted.txt'",
+        "bystander": f"echo gone > '{other}/work.txt'",
+        "own": "touch own-tree.txt",
+    }
+    run = "; ".join(
+        f"if {c} 2>/dev/null; then echo {n}:ok; else echo {n}:no; fi" for n, c in tries.items()
+    )
+    manifest = tmp_path / "hostile.toml"
+    manifest.write_text('[gates.hostile]\nrun = """{ ' + run + f"; }} > '{attempts}'" + '"""\n')
+    submit(repo_info(project), [envelope])
+    before = journal.read_bytes()
+    result = integrate(repo=project, manifest=manifest, window=1)
+    assert result.ok, result.to_json()
+    said = dict(line.split(":") for line in attempts.read_text().split())
+    assert said == {"ref": "no", "journal": "no", "checkout": "no", "bystander": "no", "own": "ok"}
+    assert not (project / "planted.txt").exists()
+    assert (other / "work.txt").read_text() == "the bystander's uncommitted work\n"
+    assert journal.read_bytes().startswith(before) and b"{}\n" not in journal.read_bytes()
