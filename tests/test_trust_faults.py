@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,10 +140,23 @@ def test_stale_lock_in_the_integrators_own_worktree_is_cleared(tmp_path: Path) -
 def test_ref_that_cannot_be_written_is_not_mistaken_for_a_moving_target(tmp_path: Path) -> None:
     repo = make_project(tmp_path)
     lock = repo / ".git" / "refs" / "heads" / "main.lock"
-    (repo / "manifests" / "release.toml").write_text(f"[gates.ok]\nrun = \"touch '{lock}'\"\n")
-    git(repo, "commit", "-qam", "a gate that leaves the ref locked")
+    # While the gate runs, something else (the test: a gate may not write .git) locks the
+    # ref and leaves the lock behind, after the preflight that clears stale locks.
+    wait = f"touch '{tmp_path}/please'; while [ ! -e '{tmp_path}/locked' ]; do sleep 0.05; done"
+    (repo / "manifests" / "release.toml").write_text(f'[gates.ok]\nrun = "{wait}"\n')
+    git(repo, "commit", "-qam", "a gate during which the ref gets locked")
     submit(repo_info(repo), [envelope(repo, "w1")])
+
+    def lock_when_asked() -> None:
+        while not (tmp_path / "please").exists():
+            time.sleep(0.02)
+        lock.write_text("")
+        (tmp_path / "locked").touch()
+
+    locker = threading.Thread(target=lock_when_asked, daemon=True)
+    locker.start()
     result = integrate(repo=repo)
+    locker.join(timeout=10)
     assert result.gate_runs == 1, "a ref that cannot move must not burn rebuilds"
     assert result.land_blocked is not None
     assert result.land_blocked.code == "target-ref-unwritable"
