@@ -59,8 +59,10 @@ bind() {  # $1: ro or rw; then one folder per line on stdin
       echo "dagrunner: could not make $dir $1 for the gate" >&2; exit 125; }
   done
 }
-printf '%s\n' "$ro" | bind ro || exit 125
-printf '%s\n' "$rw" | bind rw || exit 125
+if [ -n "$ro" ]; then
+  printf '%s\n' "$ro" | bind ro || exit 125
+  printf '%s\n' "$rw" | bind rw || exit 125
+fi
 "$@" &
 child=$!
 trap 'kill -TERM $child 2>/dev/null' TERM INT HUP
