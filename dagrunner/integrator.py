@@ -91,7 +91,9 @@ class Integrator:
         self.ledger = Ledger(ctx.info.state_dir)
         slug = target.replace("/", "--")
         self.wt = ctx.root / ".integration" / slug
-        self.reports = ctx.root / ".integration" / "reports" / run_id
+        # ".reports": no target's folder can be named so (a ref component never starts with
+        # a dot), where "reports" was the integration worktree of a branch named reports
+        self.reports = ctx.root / ".integration" / ".reports" / run_id
         self.manifest_arg = manifest
         self.trust_envelope_manifest = trust_envelope_manifest
         self.executor = executor

@@ -317,3 +317,16 @@ def test_integration_worktree_deleted_by_hand_is_rebuilt(project: Path) -> None:
     submit(repo_info(project), [worker(project, "w2", lambda p: (p / "two.txt").write_text("2\n"))])
     assert integrate(repo=project).ok
     assert states(project) == {"w1": "landed", "w2": "landed"}
+
+
+def test_a_target_branch_named_reports_has_its_own_integration_worktree(project: Path) -> None:
+    git(project, "branch", "reports")
+    submit(repo_info(project), [worker(project, "w1", independent_1)])
+    result = integrate(repo=project, target="reports")
+    assert result.ok and states(project) == {"w1": "landed"}
+    assert git(project, "show", "reports:feature-one.txt") == "one\n"
+    assert git(project, "rev-parse", "main").strip() != git(project, "rev-parse", "reports").strip()
+    # the run's reports are not inside the tree under test (nor cleaned away with it)
+    slot = wt.open_context(project).root / ".integration" / "reports"
+    assert git(slot, "status", "--porcelain", "--untracked-files=all") == ""
+    assert (Path(result.report_dir) / "integration.json").is_file()
