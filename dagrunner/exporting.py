@@ -23,6 +23,7 @@ from dagrunner.envelope import SCHEMA, Envelope, envelope_id, repo_identity
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import atomic_write
 from dagrunner.git import git, split_z
+from dagrunner.patch import parse_patch
 from dagrunner.statetree import state_tree
 from dagrunner.version import VERSION
 from dagrunner.worktrees import open_context, recorded_state, split_id
@@ -38,29 +39,15 @@ _KIND = {
 }
 
 
-def changed_files(path: Path, base: str, tree: str) -> list[dict[str, Any]]:
+def changed_files(path: Path, base: str, tree: str, diff: bytes) -> list[dict[str, Any]]:
+    """Each changed path with its kind and modes (``git diff --raw``); ``binary`` when the
+    envelope's ``diff`` carries its content as a GIT binary patch (read from that diff: no
+    second content pass)."""
     raw = git(
         ["diff", "--raw", "-z", "--no-abbrev", "--find-renames", "--no-ext-diff", base, tree],
         cwd=path,
     ).stdout
-    numstat = git(
-        ["diff", "--numstat", "-z", "--find-renames", "--no-ext-diff", base, tree], cwd=path
-    ).stdout
-    binary = set()
-    fields = split_z(numstat)
-    i = 0
-    while i < len(fields):
-        entry = fields[i]
-        if not entry:
-            i += 1
-            continue
-        added, deleted, name = entry.split("\t", 2)
-        if not name:  # a rename: the two paths follow
-            name = fields[i + 2]
-            i += 2
-        if added == "-" and deleted == "-":
-            binary.add(name)
-        i += 1
+    binary = {p.path for p in parse_patch(diff) if p.binary}
     out: list[dict[str, Any]] = []
     parts = split_z(raw)
     i = 0
@@ -142,7 +129,7 @@ def export_worktree(
         "tree": tree,
         "branch": branch,
         "status": [entry for entry in status if entry],
-        "changed_files": changed_files(path, base, tree),
+        "changed_files": changed_files(path, base, tree, diff),
         "empty": tree == base_tree,
         "diff": text,
         "diff_encoding": encoding,
