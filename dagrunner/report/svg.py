@@ -206,7 +206,8 @@ def pipeline_layout(integration: dict[str, Any] | None, width: int = 960) -> dic
     )
     states = {e["id"]: e["state"] for e in (integration or {}).get("envelopes", [])}
     end = max((float(r["end"]) for r in runs), default=0.0) or 1e-6
-    scale, row = width / end, 18
+    label_w = 340  # a column of labels, so that no label covers a bar or is cut off
+    scale, row = (width - label_w) / end, 18
     bars = []
     for index, run in enumerate(runs):
         ids = run["envelopes"]
@@ -221,7 +222,7 @@ def pipeline_layout(integration: dict[str, Any] | None, width: int = 960) -> dic
         gates = f"; gates: {', '.join(run['gates'])}" if run["gates"] else ""
         bars.append(
             {
-                "x": round(float(run["start"]) * scale, 1),
+                "x": round(label_w + float(run["start"]) * scale, 1),
                 "w": round(max((float(run["end"]) - float(run["start"])) * scale, 2.0), 1),
                 "y": index * row,
                 "status": VERDICT_STATUS.get(verdict, "skipped"),
@@ -236,7 +237,8 @@ def pipeline_layout(integration: dict[str, Any] | None, width: int = 960) -> dic
         "height": max(len(bars), 1) * row,
         "row": row,
         "bars": bars,
-        "ticks": [{"x": round(t * scale, 1), "label": f"{t:.1f}s"} for t in _ticks(end)],
+        "label_w": label_w,
+        "ticks": [{"x": round(label_w + t * scale, 1), "label": f"{t:.1f}s"} for t in _ticks(end)],
     }
 
 
