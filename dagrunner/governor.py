@@ -3,7 +3,8 @@
 A gate is admitted only when its declared ``cpu`` and ``memory`` fit in what
 is free, so declared use never exceeds capacity.  Live pressure (available
 memory or load past a threshold, read with psutil) holds back new starts but
-never kills what runs.  Every sample is kept for the report.
+never kills what runs.  Each run keeps its own samples for its report
+(``Scheduler.samples``): a pipeline's runs share one governor, not one clock.
 """
 
 from __future__ import annotations
@@ -167,7 +168,6 @@ class Governor:
         self.used_memory = 0
         self.running = 0
         self.pressured = False
-        self.samples: list[GovernorSample] = []
         self.peak_cpu = 0.0
         self.peak_memory = 0
         # Schedulers sharing this governor (an integration pipeline gates several trees at
@@ -206,7 +206,7 @@ class Governor:
             wake()
 
     def sample(self, t: float) -> GovernorSample:
-        """Read the machine now; update ``pressured``; keep the sample."""
+        """Read the machine now and update ``pressured``; the sample, for the caller to keep."""
         memory = psutil.virtual_memory()
         load1, runnable = load_now()
         cpus = machine_cpus()
@@ -228,5 +228,4 @@ class Governor:
             running=self.running,
             pressured=self.pressured,
         )
-        self.samples.append(sample)
         return sample

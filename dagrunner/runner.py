@@ -39,7 +39,7 @@ from dagrunner.history import history_path, read_history, record_history
 from dagrunner.manifest import DEFAULT_MANIFEST, Manifest, load_manifest
 from dagrunner.plan import NodeKinds, PlainGates, Plan, RunOptions
 from dagrunner.proctree import sweep_orphans
-from dagrunner.records import GateResult, RunRecord, RunStatus
+from dagrunner.records import GateResult, GovernorSample, RunRecord, RunStatus
 from dagrunner.repo import resolve_repo
 from dagrunner.report import write_run_dir
 from dagrunner.sandbox import gate_environment, secret_values
@@ -126,6 +126,7 @@ async def _follow_cluster(
 class Scheduled:
     results: list[GateResult]
     governor: Governor
+    samples: list[GovernorSample]  # this run's, on its own clock
     wall: float
     interrupted: bool
     warnings: list[str]
@@ -191,6 +192,7 @@ async def schedule_step(
     return Scheduled(
         results=results,
         governor=governor,
+        samples=scheduler.samples,
         wall=wall,
         interrupted=scheduler.interrupted,
         warnings=warnings,
@@ -245,7 +247,7 @@ def record_step(
             "capacity": plan.capacity.to_json(),
             "peak_declared_cpu": governor.peak_cpu,
             "peak_declared_memory": governor.peak_memory,
-            "samples": [s.__dict__ for s in governor.samples],
+            "samples": [s.__dict__ for s in scheduled.samples],
         },
         gates=results,
         speed=speed,

@@ -20,7 +20,7 @@ import trio
 
 from dagrunner.governor import Governor
 from dagrunner.graph import Graph, bottom_levels, spec
-from dagrunner.records import Attempt, GateResult, Status, TestRun
+from dagrunner.records import Attempt, GateResult, GovernorSample, Status, TestRun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +86,9 @@ class Scheduler:
         self.listener = listener
         self.results: dict[str, GateResult] = {}
         self.interrupted = False
+        # This run's own samples, on its own clock (a governor shared by an integration
+        # pipeline's runs samples for each of them).
+        self.samples: list[GovernorSample] = []
         self._waiting_needs = {node: graph.in_degree(node) for node in graph.nodes}
         self._ready: dict[str, float] = {}  # gate -> when it became ready
         self._order: list[tuple[float, str]] = []  # the ready gates, highest priority first
@@ -101,7 +104,7 @@ class Scheduler:
     async def run(self) -> list[GateResult]:
         """Run every gate (or skip it) and return the results in topological order."""
         self._t0 = trio.current_time()
-        self.governor.sample(0.0)  # live pressure is known before the first start
+        self.samples.append(self.governor.sample(0.0))  # pressure is known before a start
         # Collect the roots first: a cache hit among them makes its dependents ready at once.
         for node in [n for n in self.graph.nodes if self._waiting_needs[n] == 0]:
             self._make_ready(node)
@@ -338,6 +341,6 @@ class Scheduler:
         while True:
             await trio.sleep(self.sample_interval)
             was = self.governor.pressured
-            self.governor.sample(self.now())
+            self.samples.append(self.governor.sample(self.now()))
             if was and not self.governor.pressured:
                 self._wake.set()

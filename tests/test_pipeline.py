@@ -84,6 +84,10 @@ def test_ten_envelopes_window_four_land_in_order_each_tree_gated(
     assert max(r.position for r in runs) >= 1
     assert any(a.start < b.end and b.start < a.end for a in runs for b in runs if a is not b)
     assert result.gate_runs == 10 and result.confirm_runs == 0
+    # each run reports its own governor samples, on its own clock (the governor is shared)
+    for run_json in Path(result.report_dir).glob("gates-*/run.json"):
+        samples = orjson.loads(run_json.read_bytes())["governor"]["samples"]
+        assert [s["t"] for s in samples].count(0.0) == 1, run_json
 
 
 def test_culprit_at_position_three_is_blamed_and_the_rest_land_without_it(
