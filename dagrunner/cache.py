@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,6 +222,10 @@ class Store:
             except FileExistsError:
                 pass
             key = path.read_bytes()
+            deadline = time.monotonic() + 1.0
+            while len(key) < 32 and time.monotonic() < deadline:  # its writer, still writing
+                time.sleep(0.01)
+                key = path.read_bytes()
             if len(key) < 32:  # a writer that crashed mid-way: nothing was signed with it
                 raise OSError(f"the cache key {path} is incomplete; delete it")
             self._key = key
