@@ -404,3 +404,15 @@ def test_an_envelopes_gates_cannot_write_the_repository_or_other_worktrees(
     assert not (project / "planted.txt").exists()
     assert (other / "work.txt").read_text() == "the bystander's uncommitted work\n"
     assert journal.read_bytes().startswith(before) and b"{}\n" not in journal.read_bytes()
+
+
+def test_watch_with_a_timeout_prints_what_happened_and_stops(project: Path) -> None:
+    submit(repo_info(project), numbered(project, 2))
+    started = time.monotonic()
+    watched = run_cli(project, "integrate", "watch", "--json", "--timeout", "0.5s")
+    assert watched.returncode == 0 and time.monotonic() - started < 30
+    events = [orjson.loads(line) for line in watched.stdout.splitlines()]
+    assert [e["event"] for e in events] == ["submitted", "submitted"]
+    assert [e["worker"] for e in events] == ["n01", "n02"]
+    text = run_cli(project, "integrate", "watch", "--once")
+    assert text.returncode == 0 and text.stdout.decode().count("submitted") == 2
