@@ -43,11 +43,31 @@ class GitResult:
         return lines[0] if lines else f"git exited with {self.returncode}"
 
 
+# Settings of the user's git config that would change the formats dagrunner reads and
+# writes (an envelope's diff must be git's plain format to validate and to apply),
+# pinned to git's defaults for every call (through GIT_CONFIG_COUNT: argv stays readable).
+PINNED_CONFIG = {
+    "diff.noprefix": "false",
+    "diff.mnemonicPrefix": "false",
+    "diff.srcPrefix": "a/",
+    "diff.dstPrefix": "b/",
+    "diff.relative": "false",
+    "diff.renames": "true",
+    "diff.suppressBlankEmpty": "false",
+    "core.quotePath": "true",
+    "color.ui": "false",
+}
+
+
 def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment without redirecting GIT_* variables, plus ``extra``."""
+    """The caller's environment without redirecting GIT_* variables, with the pinned
+    settings, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in KEEP_GIT_ENV}
     env["GIT_TERMINAL_PROMPT"] = "0"
     env["LC_ALL"] = "C"
+    env["GIT_CONFIG_COUNT"] = str(len(PINNED_CONFIG))
+    for i, (key, value) in enumerate(PINNED_CONFIG.items()):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
     if extra:
         env.update(extra)
     return env

@@ -330,3 +330,20 @@ def test_a_target_branch_named_reports_has_its_own_integration_worktree(project:
     slot = wt.open_context(project).root / ".integration" / "reports"
     assert git(slot, "status", "--porcelain", "--untracked-files=all") == ""
     assert (Path(result.report_dir) / "integration.json").is_file()
+
+
+def test_a_users_diff_settings_do_not_change_the_envelope(project: Path) -> None:
+    """``diff.noprefix`` and friends in the user's git config shape ``git diff`` output;
+    an envelope's diff must stay git's plain format, or it neither validates nor applies."""
+    Path(os.environ["HOME"], ".gitconfig").write_text(
+        "[diff]\n\tnoprefix = true\n\tmnemonicPrefix = true\n\trenames = copies\n"
+        "\trelative = true\n[core]\n\tquotePath = false\n"
+    )
+    envelopes = [
+        worker(project, "w1", independent_1),
+        worker(project, "w4", everything),
+    ]
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project)
+    assert result.ok, result.to_json()
+    assert states(project) == {"w1": "landed", "w4": "landed"}
