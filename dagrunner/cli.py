@@ -363,6 +363,16 @@ def wants_json(argv: Sequence[str]) -> bool:
     return "--json" in argv
 
 
+def _carried(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error a user acts on inside a trio exception group (a coded error, Ctrl-C, a
+    full disk), else the group itself (a bug)."""
+    wanted = (DagrunnerError, KeyboardInterrupt, OSError)
+    found: BaseException | None = group.subgroup(lambda e: isinstance(e, wanted))
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found if found is not None else group
+
+
 def run_cli(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -384,7 +394,10 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
     )
     try:
         with contextlib.redirect_stdout(io.StringIO()) if hushed else contextlib.nullcontext():
-            return handler(args)
+            try:
+                return handler(args)
+            except BaseExceptionGroup as group:  # from a trio nursery: what it carries
+                raise _carried(group) from None
     except DagrunnerError as exc:
         if getattr(args, "json", False):
             emit_json({"error": exc.to_json()})

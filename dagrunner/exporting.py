@@ -24,7 +24,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import atomic_write
 from dagrunner.git import git, split_z
 from dagrunner.patch import parse_patch
-from dagrunner.statetree import state_tree
+from dagrunner.statetree import indexed_state
 from dagrunner.version import VERSION
 from dagrunner.worktrees import open_context, recorded_state, split_id
 from dagrunner.wtrecords import ExportSummary, as_json
@@ -39,13 +39,16 @@ _KIND = {
 }
 
 
-def changed_files(path: Path, base: str, tree: str, diff: bytes) -> list[dict[str, Any]]:
-    """Each changed path with its kind and modes (``git diff --raw``); ``binary`` when the
-    envelope's ``diff`` carries its content as a GIT binary patch (read from that diff: no
-    second content pass)."""
+def changed_files(
+    path: Path, base: str, index: dict[str, str], diff: bytes
+) -> list[dict[str, Any]]:
+    """Each changed path with its kind and modes (``git diff --raw`` of the worktree through
+    the ``index`` that holds its state); ``binary`` when the envelope's ``diff`` carries
+    its content as a GIT binary patch (read from that diff: no second content pass)."""
     raw = git(
-        ["diff", "--raw", "-z", "--no-abbrev", "--find-renames", "--no-ext-diff", base, tree],
+        ["diff", "--raw", "-z", "--no-abbrev", "--find-renames", "--no-ext-diff", base],
         cwd=path,
+        env=index,
     ).stdout
     binary = {p.path for p in parse_patch(diff) if p.binary}
     out: list[dict[str, Any]] = []
@@ -78,6 +81,11 @@ def changed_files(path: Path, base: str, tree: str, diff: bytes) -> list[dict[st
     return out
 
 
+def worktree_diff(path: Path, base: str, index: dict[str, str]) -> bytes:
+    argv = ["diff", "--binary", "--full-index", "--no-ext-diff", "--no-color", "--find-renames"]
+    return git([*argv, base], cwd=path, env=index).stdout
+
+
 def export_worktree(
     path: Path,
     *,
@@ -96,22 +104,18 @@ def export_worktree(
         git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=path).stdout
     )
     check_finished(path, status)
-    tree = state_tree(path)
+    with indexed_state(path, status) as state:
+        tree = state.tree
+        # The worktree against the base, through the index that holds its state: the
+        # same diff as base..tree, with no blob of the worktree written to read it.
+        try:
+            diff = worktree_diff(path, base, state.env)
+        except DagrunnerError:  # "unable to read" a converted file's blob: write them
+            state.write_objects()
+            diff = worktree_diff(path, base, state.env)
+        changed = changed_files(path, base, state.env, diff)
     head = git(["rev-parse", "HEAD"], cwd=path).text
     branch = git(["symbolic-ref", "--short", "-q", "HEAD"], cwd=path, check=False).text
-    diff = git(
-        [
-            "diff",
-            "--binary",
-            "--full-index",
-            "--no-ext-diff",
-            "--no-color",
-            "--find-renames",
-            base,
-            tree,
-        ],
-        cwd=path,
-    ).stdout
     base_tree = git(["rev-parse", f"{base}^{{tree}}"], cwd=path).text
     try:
         text, encoding = diff.decode("utf-8"), "utf-8"
@@ -129,7 +133,7 @@ def export_worktree(
         "tree": tree,
         "branch": branch,
         "status": [entry for entry in status if entry],
-        "changed_files": changed_files(path, base, tree, diff),
+        "changed_files": changed,
         "empty": tree == base_tree,
         "diff": text,
         "diff_encoding": encoding,

@@ -49,6 +49,7 @@ from dagrunner.trailers import commit_message
 from dagrunner.worktrees import Context, default_target
 
 HUNK_LIMIT = 16 * 1024
+DISK_FULL = ("No space left on device", "Out of diskspace", "Disk quota exceeded")
 
 
 def integrator_lock(path: Path, *, wait: bool) -> contextlib.AbstractContextManager[None]:
@@ -294,6 +295,15 @@ class Integrator:
             self.queue.record(envelope.id, EnvelopeState.APPLIED, Details(commit=commit))
             return commit
         stderr = result.stderr.decode("utf-8", "replace").strip()
+        if any(sign in stderr for sign in DISK_FULL):
+            # The integrator's disk, not the envelope: nothing is judged; a rerun resumes
+            raise DagrunnerError(
+                "disk-full",
+                f"applying {envelope.id}: {stderr.splitlines()[-1][:300]}",
+                where=str(wt),
+                exit_code=ExitCode.ENVIRONMENT,
+                hint="free disk space there, then run again; the envelope stays queued",
+            )
         unmerged = sorted(
             {
                 line.split("\t", 1)[1]

@@ -1,37 +1,117 @@
 """The full state of a worktree as a git tree, without touching its index or files.
 
-``git add -A`` runs against a temporary copy of the worktree's index
+Everything happens in a temporary copy of the worktree's index
 (``GIT_INDEX_FILE``), so staged, unstaged and untracked work (gitignored files
-excepted), deletions, modes and symlinks all land in one tree, and every blob
-is written to the shared object database -- which is what a later
-``git apply --3way`` needs.
+excepted), deletions, modes and symlinks all land in one tree.  ``state_tree``
+runs ``git add -A`` there, which writes every blob to the shared object
+database (a backup, a shipped source and a cleanup proof need them).
+``indexed_state`` only hashes the changed files into the index (``update-index
+--info-only``) and writes the tree with ``--missing-ok``: export reads its diff
+from the worktree through that index, and ``git apply --3way`` later needs only
+the base's blobs, which are there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from dagrunner.git import IDENTITY, git
 
 
-def state_tree(worktree: Path) -> str:
-    """The tree id of everything in ``worktree`` that git would track."""
+@contextlib.contextmanager
+def temp_index(worktree: Path) -> Iterator[dict[str, str]]:
+    """The environment of a temporary copy of ``worktree``'s index (removed afterwards)."""
     index = Path(git(["rev-parse", "--git-path", "index"], cwd=worktree).text)
     if not index.is_absolute():
         index = worktree / index
     with tempfile.TemporaryDirectory(prefix="dagrunner-index-") as tmp:
-        temp_index = Path(tmp) / "index"
+        copy = Path(tmp) / "index"
         if index.exists():
             # Keeps git's stat cache, so only changed files are read.  copy2 keeps the
             # index's mtime too: git's racy-entry check compares file times against it,
             # and a copy stamped "now" would make a same-size edit made within the same
             # second as the checkout look unchanged.
-            shutil.copy2(index, temp_index)
-        env = {"GIT_INDEX_FILE": str(temp_index)}
+            shutil.copy2(index, copy)
+        yield {"GIT_INDEX_FILE": str(copy)}
+
+
+def state_tree(worktree: Path) -> str:
+    """The tree id of everything in ``worktree`` that git would track (blobs written)."""
+    with temp_index(worktree) as env:
         git(["add", "-A", "--", "."], cwd=worktree, env=env)
         return git(["write-tree"], cwd=worktree, env=env).text
+
+
+@dataclass(frozen=True)
+class IndexedState:
+    tree: str  # what state_tree would say
+    env: dict[str, str]  # a temporary index holding that state: diff the worktree with it
+    worktree: Path
+
+    def write_objects(self) -> None:
+        """Write the blobs too (``git add -A``): a file git converts on its way in (line
+        endings, a clean filter) is read from the object database, not the worktree."""
+        git(["add", "-A", "--", "."], cwd=self.worktree, env=self.env)
+
+
+def _changes(status: list[str]) -> list[str] | None:
+    """The paths whose worktree differs from the index, from ``status --porcelain=v2 -z``
+    entries; None for what only ``git add`` handles (a submodule, a nested repository)."""
+    paths: list[str] = []
+    i = 0
+    while i < len(status):
+        entry = status[i]
+        i += 1
+        kind = entry[:1]
+        if kind in ("1", "2"):
+            fields = entry.split(" ", 8 if kind == "1" else 9)
+            if fields[2] != "N...":
+                return None  # a submodule
+            if kind == "2":
+                i += 1  # its original path follows
+            if fields[1][1] != ".":
+                paths.append(fields[-1])
+        elif kind == "?":
+            if entry.endswith("/"):
+                return None  # a nested repository
+            paths.append(entry[2:])
+        elif kind == "u":
+            return None
+    return paths
+
+
+@contextlib.contextmanager
+def indexed_state(worktree: Path, status: list[str]) -> Iterator[IndexedState]:
+    """The worktree's state in a temporary index, its changed files hashed but not written
+    (``state_tree``'s way when the status holds what only ``git add`` handles)."""
+    with temp_index(worktree) as env:
+        paths = _changes(status)
+        if paths is None:
+            git(["add", "-A", "--", "."], cwd=worktree, env=env)
+            tree = git(["write-tree"], cwd=worktree, env=env).text
+        else:
+            if paths:
+                git(
+                    [
+                        "update-index",
+                        "-z",
+                        "--add",
+                        "--remove",
+                        "--replace",
+                        "--info-only",
+                        "--stdin",
+                    ],
+                    cwd=worktree,
+                    env=env,
+                    input=b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths),
+                )
+            tree = git(["write-tree", "--missing-ok"], cwd=worktree, env=env).text
+        yield IndexedState(tree=tree, env=env, worktree=worktree)
 
 
 def backup_commit(worktree: Path, ref: str, message: str) -> str:

@@ -17,6 +17,7 @@ from dagrunner import exporting
 from dagrunner import worktrees as wt
 from dagrunner.envelope import SCHEMA, load_envelope, parse_envelope
 from dagrunner.errors import DagrunnerError
+from dagrunner.statetree import state_tree
 
 
 @pytest.fixture
@@ -90,6 +91,25 @@ def test_every_kind_of_change_travels(repo: Path, worker: Path, tmp_path: Path) 
     git(check, "apply", "--index", str(tmp_path / "p.diff"))
     assert git(check, "write-tree").strip() == fields["tree"]
     assert any(e["event"] == "exported" for e in wt.open_context(repo).ledger.events())
+    # the tree export hashed without writing is the one `git add -A` writes (cleanup's proof)
+    assert state_tree(worker) == fields["tree"]
+
+
+def test_line_ending_attributes_give_the_tree_git_add_gives(
+    repo: Path, worker: Path, tmp_path: Path
+) -> None:
+    (worker / ".gitattributes").write_text("*.txt text\n*.dat -text\n")
+    (worker / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
+    (worker / "raw.dat").write_bytes(b"one\r\n")
+    (worker / "src" / "keep.txt").write_bytes(b"keep\r\nedited\r\n")
+    _, fields = export(repo, tmp_path)
+    assert state_tree(worker) == fields["tree"]
+    check = tmp_path / "check"
+    git(repo, "worktree", "add", "-q", "--detach", str(check), fields["base"])
+    (tmp_path / "p.diff").write_bytes(fields["diff"].encode())
+    git(check, "apply", "--index", str(tmp_path / "p.diff"))
+    assert git(check, "write-tree").strip() == fields["tree"]
+    assert git(check, "show", ":crlf.txt") == "one\ntwo\n"  # normalised, as git add does
 
 
 def test_large_diff_is_never_truncated(repo: Path, worker: Path, tmp_path: Path) -> None:

@@ -68,7 +68,11 @@ def test_full_disk_while_landing_tells_the_truth_and_repairs_later(
     filler = fill(small_disk, 200 * 1024)
     code, body = run_json(capsys, "integrate", "run", "--repo", str(repo))
     head = git(repo, "rev-parse", "main").strip()
-    if body["end"] != body["start"]:  # the target moved and could not be moved back
+    if "error" in body:  # the disk filled while applying (the blobs are written there)
+        assert code == 3 and body["error"]["code"] == "disk-full", body
+        judged = {e.state for e in Queue.of(repo_info(repo)).entries().values()}
+        assert judged <= {"queued", "applying"}, judged  # not judged: the disk is ours
+    elif body["end"] != body["start"]:  # the target moved and could not be moved back
         assert body["envelopes"][0]["state"] == "landed"
         assert head == body["end"]
         assert code == 1 and body["checkout_stale"]["command"].startswith("git -C ")
