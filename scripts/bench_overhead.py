@@ -162,13 +162,38 @@ def main() -> None:
             env,
         )
         folder = next((base / "wt").glob("*/x/y"))
-        for i in range(1000):
-            (folder / f"f{i}.txt").write_text(f"{i} changed\n")
-        ours = median(args.runs, lambda: run(
-            [*DAG, "worktree", "export", "x/y", "-o", str(base / "big.json"), "--repo", str(big)], big, env))  # fmt: skip
-        plain = median(args.runs, lambda: run(["git", "diff", "--binary", "--full-index"], folder))
-        print(f"export of 1,000 changed files: {ours:.3f} s; git diff --binary {plain:.3f} s; "
-              f"ratio {ours / plain:.2f} (target <= 2.5)")  # fmt: skip
+        rounds = iter(range(1_000_000))
+
+        def fresh_change() -> None:
+            """New content in every file: each export is a first one (no blob written yet)."""
+            n = next(rounds)
+            for i in range(1000):
+                (folder / f"f{i}.txt").write_text(f"{i} changed in round {n}\n")
+
+        def export_command() -> float:
+            fresh_change()
+            return run([*DAG, "worktree", "export", "x/y", "-o", str(base / "big.json"),
+                        "--repo", str(big)], big, env)  # fmt: skip
+
+        def export_step() -> float:
+            from dagrunner import exporting  # in this process: the step without start-up
+
+            fresh_change()
+            os.environ["DAGRUNNER_WORKTREE_ROOT"] = env["DAGRUNNER_WORKTREE_ROOT"]
+            start = time.perf_counter()
+            exporting.export("x/y", output=base / "big.json", repo=big)
+            return time.perf_counter() - start
+
+        def plain_diff() -> float:
+            fresh_change()
+            return run(["git", "diff", "--binary", "--full-index"], folder)
+
+        ours = median(args.runs, export_command)
+        step = median(args.runs, export_step)
+        plain = median(args.runs, plain_diff)
+        print(f"export of 1,000 changed files: whole command {ours:.3f} s, the export step "
+              f"{step:.3f} s; git diff --binary {plain:.3f} s; ratio {ours / plain:.2f} "
+              f"(command), {step / plain:.2f} (step) (target <= 2.5)")  # fmt: skip
 
         if args.release:
             run([*DAG, "release-check", "--quiet"], ROOT)
