@@ -87,6 +87,7 @@ class Containment:
 
     pidns: bool
     pdeathsig: bool
+    views: bool = False  # with pidns: read-only bind mounts for an envelope's gates
     unshare: str = "unshare"  # resolved once by detect(), not per gate
     setpriv: str = "setpriv"
     cgroup_kill: Path | None  # a cgroup v2 directory under which each gate gets its own
@@ -102,6 +103,7 @@ class Containment:
         return {
             "mode": self.mode,
             "pid_namespace": self.pidns,
+            "read_only_views": self.views,
             "parent_death_signal": self.pdeathsig,
             "cgroup_kill": self.cgroup_kill is not None,
             "pids_limit": self.pids is not None,
@@ -111,6 +113,7 @@ class Containment:
     def describe(self) -> str:
         found = [
             "PID namespace (kill-all, private /proc, cache hidden)" if self.pidns else "",
+            "read-only repository views for envelopes' gates" if self.views else "",
             "cgroup v2 (cgroup.kill)" if self.cgroup_kill else "",
             "pids limit" if self.pids else "",
             "memory limit" if self.memory else "",
@@ -210,25 +213,16 @@ def detect() -> Containment:
     if os.environ.get("DAGRUNNER_CONTAINMENT") == "session":  # tests and debugging
         return Containment(pidns=False, pdeathsig=False, cgroup_kill=None, pids=None, memory=None)
     setpriv, unshare = shutil.which("setpriv"), shutil.which("unshare")
-    pidns = False
+    pidns = views = False
     if unshare:
         with tempfile.TemporaryDirectory(prefix="dagrunner-probe-") as tmp:
-            # hide a folder, and make one read-only with a writable one inside: what gates use
             for folder in ("hidden", "ro/rw"):
                 (Path(tmp) / folder).mkdir(parents=True)
             hide, ro, rw = f"{tmp}/hidden", f"{tmp}/ro", f"{tmp}/ro/rw"
-            init = ["/bin/sh", "-c", _INIT, "init", f"{tmp}/left", hide, ro, rw, "--"]
-            try:
-                probe = subprocess.run(
-                    [*_unshare(unshare), *init, "true"],
-                    capture_output=True,
-                    stdin=subprocess.DEVNULL,
-                    timeout=10,
-                    check=False,
-                )
-                pidns = probe.returncode == 0
-            except (OSError, subprocess.TimeoutExpired):
-                pidns = False  # the fallback holds; doctor says which mode is in force
+            # the namespace hiding a folder (every contained gate); then, apart, a read-only
+            # view with a writable folder inside (an envelope's gates): one may work alone
+            pidns = _probe(unshare, [f"{tmp}/left", hide, "", ""])
+            views = pidns and _probe(unshare, [f"{tmp}/left", "", ro, rw])
     own, mounts = _own_cgroups(), _mounts()
     cgroup_kill = pids = memory = None
     if "" in own and "" in mounts:
@@ -249,6 +243,7 @@ def detect() -> Containment:
                 memory = found
     return Containment(
         pidns=pidns,
+        views=views,
         pdeathsig=setpriv is not None,
         unshare=unshare or "unshare",
         setpriv=setpriv or "setpriv",
@@ -256,6 +251,22 @@ def detect() -> Containment:
         pids=pids,
         memory=memory,
     )
+
+
+def _probe(unshare: str, args: list[str]) -> bool:
+    """Whether the init runs ``true`` in a new namespace with these arguments."""
+    init = ["/bin/sh", "-c", _INIT, "init", *args, "--"]
+    try:
+        probe = subprocess.run(
+            [*_unshare(unshare), *init, "true"],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False  # the fallback holds; doctor says which mode is in force
+    return probe.returncode == 0
 
 
 def _unshare(unshare: str) -> list[str]:
@@ -358,7 +369,7 @@ def jail(
         hidden = ""
         if hide is not None and hide.is_dir() and not is_inside(cwd, hide):
             hidden = str(hide)
-        ro = "\n".join(str(p) for p in read_only if p.is_dir())
+        ro = "\n".join(str(p) for p in read_only if p.is_dir()) if found.views else ""
         rw = "\n".join(str(p) for p in writable if p.is_dir()) if ro else ""
         init = ["/bin/sh", "-c", _INIT, "init", str(left), hidden, ro, rw, *map(str, groups)]
         init.append("--")

@@ -100,7 +100,6 @@ class Integrator:
         self.executor = executor
         self.window = window  # None: the manifest's [integrate] window, else adaptive
         self.confirm_failures = confirm_failures  # None: the manifest's (default 1)
-        self.manifest_file: Path | None = None
         self.manifest_changers: set[str] = set()
         self.result = IntegrationResult(
             target=target, start="", end="", report_dir=str(self.reports)

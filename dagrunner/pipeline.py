@@ -263,7 +263,6 @@ class Pipeline:
         slot: Path | None = run.slot
         try:
             with run.scope:
-                slot = run.slot
                 if slot is None:  # a confirmation: any free slot, moved to the item's tree
                     slot = await self.take_slot()
                     await trio.to_thread.run_sync(self.it.reset, run.commit, slot)

@@ -371,13 +371,13 @@ def test_the_report_draws_the_pipeline_with_flaky_runs_marked(
 def test_an_envelopes_gates_cannot_write_the_repository_or_other_worktrees(
     project: Path, tmp_path: Path
 ) -> None:
-    """Where a mount namespace is available (``detect().pidns``), a hostile envelope's gate
+    """Where read-only views are available (``detect().views``), a hostile envelope's gate
     can neither move a ref, nor write the queue or the user's checkout, nor touch another
     worker's worktree; its own integration worktree stays writable."""
     from dagrunner.contain import detect
 
-    if not detect().pidns:
-        pytest.skip("this machine gives no mount namespace: docs/security.md, out of scope")
+    if not detect().views:
+        pytest.skip("this machine gives no read-only views: docs/security.md, out of scope")
     other = Path(wt.allocate(mission="swarm", worker="bystander", repo=project)["path"])
     (other / "work.txt").write_text("the bystander's uncommitted work\n")
     envelope = worker(project, "w1", lambda p: (p / "one.txt").write_text("1\n"))
