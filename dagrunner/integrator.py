@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ from dagrunner.outcomes import (
 )
 from dagrunner.pipeline import Pipeline
 from dagrunner.queue import Queue, same_repository
+from dagrunner.repo import FULL_DISK
 from dagrunner.trailers import commit_message
 from dagrunner.worktrees import Context, default_target
 
@@ -294,7 +296,7 @@ class Integrator:
             self.queue.record(envelope.id, EnvelopeState.APPLIED, Details(commit=commit))
             return commit
         stderr = result.stderr.decode("utf-8", "replace").strip()
-        if any(sign in stderr for sign in DISK_FULL):
+        if self.disk_full(stderr, wt):
             # The integrator's disk, not the envelope: nothing is judged; a rerun resumes
             raise DagrunnerError(
                 "disk-full",
@@ -335,6 +337,22 @@ class Integrator:
             ),
         )
         return None
+
+    def disk_full(self, stderr: str, wt: Path) -> bool:
+        """Whether ``git apply`` failed for want of disk space: git said so on one of its own
+        error lines *and* the disks it writes are nearly full.  (Paths an envelope names
+        appear in git's messages: a file called "No space left on device" must not turn
+        its conflict into a disk error that would hold the queue forever.)"""
+        said = any(
+            line.startswith(("fatal:", "error:")) and sign in line
+            for line in stderr.splitlines()
+            for sign in DISK_FULL
+        )
+        if not said:
+            return False
+        return any(
+            shutil.disk_usage(place).free < FULL_DISK for place in (wt, self.ctx.info.common_dir)
+        )
 
     def target_checkout(self) -> Path | None:
         return checkouts.checkout_of(self.repo, self.ref)

@@ -347,3 +347,21 @@ def test_a_users_diff_settings_do_not_change_the_envelope(project: Path) -> None
     result = integrate(repo=project)
     assert result.ok, result.to_json()
     assert states(project) == {"w1": "landed", "w4": "landed"}
+
+
+def test_a_file_named_like_a_full_disk_still_conflicts(project: Path) -> None:
+    """git's messages name the envelope's paths: a path that reads "No space left on device"
+    must not pass a conflict off as a disk error (which would hold the queue forever)."""
+    name = "error: No space left on device"
+    (project / name).write_text("one\ntwo\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "a strange name")
+
+    def edit(text: str) -> Any:
+        return lambda p: (p / name).write_text(f"one\n{text}\n")
+
+    envelopes = [worker(project, "a", edit("from a")), worker(project, "b", edit("from b"))]
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project, window=1)
+    assert states(project) == {"a": "landed", "b": "conflict"}
+    assert result.envelopes[-1].details.conflicts == (name,)
