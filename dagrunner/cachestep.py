@@ -31,6 +31,7 @@ class RunCache:
         read: bool,
         store: Store | None = None,
         fingerprint: Fingerprint | None = None,
+        remember_tools: bool = True,
     ) -> None:
         self.manifest = manifest
         self.run_dir = run_dir
@@ -49,7 +50,7 @@ class RunCache:
                 envs,
                 repo,
                 hide=self.store.root,
-                fingerprint=fingerprint or self.remembering(repo),
+                fingerprint=fingerprint or (self.remembering(repo) if remember_tools else None),
             )
         else:
             self.keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}

@@ -339,6 +339,10 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
         read=not options.no_cache,
         store=Store(options.cache_root) if options.cache_root else None,
         fingerprint=executor.fingerprinter(),
+        # An envelope's tree (its gates see the repository read-only) is the tools' cwd: a
+        # `pip/` or a module it adds there shadows what `python -m pip` imports, which no
+        # identity read from outside covers -- so there its tools run every time.
+        remember_tools=not plan.read_only,
     )
     env = options.environ if options.environ is not None else os.environ
     nodes = (options.node_kinds or PlainGates.open)(plan, run_id, env)

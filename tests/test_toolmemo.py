@@ -126,3 +126,36 @@ def test_a_pyenv_shim_is_followed_to_the_version_it_selects(tmp_path: Path) -> N
     assert len({one, two, local, chosen}) == 4  # where the choice came from is part of it
     (root / "versions" / "2.0" / "bin" / "mytool").write_text("#!/bin/sh\n")
     assert command_identity("mytool --version", {**env, "PYENV_VERSION": "2.0"}, project) is None
+
+
+def test_an_envelopes_tree_never_answers_from_remembered_tools(
+    project: Path, tmp_path: Path
+) -> None:
+    """In an integration, the tools' cwd is the envelope's tree: a ``pip/`` it adds is what
+    ``python -m pip`` runs.  There the tool runs every time, and nothing is remembered."""
+    from conftest import git as run_git
+    from test_integration import states, worker
+
+    from dagrunner.integration import integrate
+    from dagrunner.queue import submit
+    from dagrunner.repo import repo_info
+
+    def shadow(path: Path) -> None:
+        (path / "pip").mkdir()
+        (path / "pip" / "__init__.py").write_text("")
+        (path / "pip" / "__main__.py").write_text("print('pip 0.0 (planted by the envelope)')\n")
+
+    manifest = tmp_path / "tools.toml"
+    manifest.write_text(
+        f'[env]\nset = {{ PATH = "{Path(sys.executable).parent}:/usr/bin:/bin" }}\n\n'
+        '[gates.check]\nrun = "true"\ninputs = ["*.txt"]\n'
+        'tools = ["python -m pip freeze --all"]\n'
+    )
+    run_git(project, "commit", "-q", "--allow-empty", "-m", "nothing")
+    submit(repo_info(project), [worker(project, "w1", shadow)])
+    result = integrate(repo=project, manifest=manifest, window=1)
+    assert result.ok and states(project) == {"w1": "landed"}
+    assert not (cache_root() / "tools").exists()  # nothing remembered from an envelope's tree
+    run_dir = next(Path(result.report_dir).glob("gates-*"))
+    proof = gate_results(run_dir)["check"]["cache"]
+    assert "planted by the envelope" in proof["tools"]["python -m pip freeze --all"]
