@@ -34,6 +34,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors import executor_for
 from dagrunner.fsutil import locked
 from dagrunner.git import IDENTITY, git
+from dagrunner.gitlink import pin_gitfile
 from dagrunner.ledger import Ledger
 from dagrunner.lifecycle import clean_after_landing
 from dagrunner.manifest import load_manifest
@@ -110,6 +111,7 @@ class Integrator:
         self.meta: dict[str, tuple[str | None, str | None]] = {}
         self.stop = False
         self.cleaned: set[str] = set()  # envelopes whose worker worktree was seen to
+        self.admins: dict[Path, Path | None] = {}  # integration worktree -> its admin folder
         # Held by whatever moves refs or worktree registrations (landing, a new integration
         # worktree, a landed worker's cleanup) while the pipeline runs them in threads.
         self.git_lock = threading.Lock()
@@ -159,9 +161,12 @@ class Integrator:
             )
 
     def reset(self, commit: str, path: Path | None = None) -> None:
-        """Exactly ``commit`` and nothing else (no stage entries, no stray file)."""
-        git(["reset", "-q", "--hard", commit], cwd=path or self.wt)
-        git(["clean", "-q", "-ffdx"], cwd=path or self.wt)
+        """Exactly ``commit`` and nothing else (no stage entries, no stray file) -- in the
+        repository git registered for that worktree, whatever a gate wrote in its ``.git``."""
+        path = path or self.wt
+        self.admins[path] = pin_gitfile(self.ctx.info.common_dir, path, self.admins.get(path))
+        git(["reset", "-q", "--hard", commit], cwd=path)
+        git(["clean", "-q", "-ffdx"], cwd=path)
 
     def manifest_rel(self) -> Path:
         return judges.manifest_rel(self.manifest_arg)

@@ -23,6 +23,7 @@ from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import atomic_write
 from dagrunner.git import GitResult, git
+from dagrunner.gitlink import pin_gitfile
 from dagrunner.ledger import WorktreeRecord, now
 from dagrunner.outcomes import EnvelopeOutcome, EnvelopeState
 from dagrunner.pool import pool_room, to_pool
@@ -99,6 +100,9 @@ def _status(ctx: Context, wt_id: str, state: WorktreeRecord, target: str) -> Wor
         if not state.missing:
             ctx.ledger.append("missing", wt_id)
         return recorded
+    # The worker could have pointed its .git at another repository (the user's): every
+    # later git command here -- a cleanup's reset and checkout -- would act on that one.
+    pin_gitfile(ctx.info.common_dir, path)
     porcelain = git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=path).stdout
     staged = unstaged = untracked = unmerged = 0
     for entry in porcelain.split(b"\0"):

@@ -416,3 +416,27 @@ def test_watch_with_a_timeout_prints_what_happened_and_stops(project: Path) -> N
     assert [e["worker"] for e in events] == ["n01", "n02"]
     text = run_cli(project, "integrate", "watch", "--once")
     assert text.returncode == 0 and text.stdout.decode().count("submitted") == 2
+
+
+def test_a_gate_that_repoints_its_worktrees_git_file_moves_no_branch(
+    project: Path, tmp_path: Path
+) -> None:
+    """A gate rewrites the ``.git`` of the integration worktree it tests to name the user's
+    repository: the integrator's next reset and commit there would land on the user's branch
+    behind the compare-and-swap.  The link is restored from git's registry before git runs."""
+    base = git(project, "rev-parse", "HEAD").strip()
+    manifest = tmp_path / "repoint.toml"
+    manifest.write_text(
+        f"[gates.repoint]\nrun = \"printf 'gitdir: %s\\\\n' '{project}/.git' > .git\"\n"
+    )
+    envelopes = numbered(project, 3)
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project, manifest=manifest, window=1)
+    assert result.ok and set(states(project).values()) == {"landed"}
+    landings = git(project, "reflog", "--format=%gs", "main").splitlines()
+    assert all(s.startswith("dagrunner: land") for s in landings[:3]), landings
+    assert git(project, "symbolic-ref", "HEAD").strip() == "refs/heads/main"
+    assert git(project, "status", "--porcelain") == ""
+    assert git(project, "rev-parse", "main^{tree}").strip() == expected_tree(
+        project, base, envelopes, tmp_path
+    )

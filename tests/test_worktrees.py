@@ -433,3 +433,17 @@ def test_list_says_landed_only_when_all_the_work_landed(
     assert rows["m/committed"] == "committed-not-landed"
     assert rows["m/second"] == "conflict"
     assert "m/first" not in rows  # landed and cleaned
+
+
+def test_a_worker_that_points_its_git_file_at_the_repository_touches_nothing_there(
+    project: Path,
+) -> None:
+    """A worker rewrites its ``.git`` to name the user's repository; cleanup's checkout and
+    reset would then move the user's HEAD.  Its link is restored from git's registry first."""
+    path = Path(alloc(project)["path"])
+    head_before = git(project, "symbolic-ref", "HEAD").strip()
+    (path / ".git").write_text(f"gitdir: {project / '.git'}\n")
+    cleaned = lifecycle.cleanup("m/w1", repo=project)
+    assert cleaned["action"] in ("pooled", "removed")
+    assert git(project, "symbolic-ref", "HEAD").strip() == head_before == "refs/heads/main"
+    assert git(project, "status", "--porcelain") == ""
