@@ -110,8 +110,10 @@ def export_worktree(
         # same diff as base..tree, with no blob of the worktree written to read it.
         try:
             diff = worktree_diff(path, base, state.env)
-        except DagrunnerError:  # "unable to read" a converted file's blob: write them
-            state.write_objects()
+        except DagrunnerError as error:
+            if "unable to read" not in error.message:
+                raise
+            state.write_objects()  # a symlink's or a converted file's blob: write them
             diff = worktree_diff(path, base, state.env)
         changed = changed_files(path, base, state.env, diff)
     head = git(["rev-parse", "HEAD"], cwd=path).text

@@ -20,31 +20,44 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git import IDENTITY, git
+
+
+def _copy_index(worktree: Path, copy: Path) -> None:
+    """Make ``copy`` a copy of ``worktree``'s index (absent when it has none)."""
+    index = Path(git(["rev-parse", "--git-path", "index"], cwd=worktree).text)
+    if not index.is_absolute():
+        index = worktree / index
+    if index.exists():
+        # Keeps git's stat cache, so only changed files are read.  copy2 keeps the
+        # index's mtime too: git's racy-entry check compares file times against it,
+        # and a copy stamped "now" would make a same-size edit made within the same
+        # second as the checkout look unchanged.
+        shutil.copy2(index, copy)
+    else:
+        copy.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
 def temp_index(worktree: Path) -> Iterator[dict[str, str]]:
     """The environment of a temporary copy of ``worktree``'s index (removed afterwards)."""
-    index = Path(git(["rev-parse", "--git-path", "index"], cwd=worktree).text)
-    if not index.is_absolute():
-        index = worktree / index
     with tempfile.TemporaryDirectory(prefix="dagrunner-index-") as tmp:
         copy = Path(tmp) / "index"
-        if index.exists():
-            # Keeps git's stat cache, so only changed files are read.  copy2 keeps the
-            # index's mtime too: git's racy-entry check compares file times against it,
-            # and a copy stamped "now" would make a same-size edit made within the same
-            # second as the checkout look unchanged.
-            shutil.copy2(index, copy)
+        _copy_index(worktree, copy)
         yield {"GIT_INDEX_FILE": str(copy)}
 
 
 def state_tree(worktree: Path) -> str:
     """The tree id of everything in ``worktree`` that git would track (blobs written)."""
     with temp_index(worktree) as env:
-        git(["add", "-A", "--", "."], cwd=worktree, env=env)
-        return git(["write-tree"], cwd=worktree, env=env).text
+        return _add_all(worktree, env)
+
+
+def _add_all(worktree: Path, env: dict[str, str]) -> str:
+    """``git add -A`` into the index of ``env``; the tree it then holds (blobs written)."""
+    git(["add", "-A", "--", "."], cwd=worktree, env=env)
+    return git(["write-tree"], cwd=worktree, env=env).text
 
 
 @dataclass(frozen=True)
@@ -54,9 +67,22 @@ class IndexedState:
     worktree: Path
 
     def write_objects(self) -> None:
-        """Write the blobs too (``git add -A``): a file git converts on its way in (line
-        endings, a clean filter) is read from the object database, not the worktree."""
-        git(["add", "-A", "--", "."], cwd=self.worktree, env=self.env)
+        """Write the blobs too: ``git diff`` reads a symlink, and a file git converts on its
+        way in (line endings, a clean filter), from the object database, not the worktree,
+        once its index entry is stat-clean.  The hashed entries are stat-clean, so ``git
+        add`` would skip them: it runs on a fresh copy of the worktree's index, where every
+        change is new, and must give the same tree."""
+        _copy_index(self.worktree, Path(self.env["GIT_INDEX_FILE"]))
+        tree = _add_all(self.worktree, self.env)
+        if tree != self.tree:
+            raise DagrunnerError(
+                "export-unstable",
+                f"the worktree changed while it was exported (tree {self.tree[:12]}, "
+                f"then {tree[:12]})",
+                where=str(self.worktree),
+                hint="let the worker finish writing, then export again",
+                exit_code=ExitCode.REFUSED,
+            )
 
 
 def _changes(status: list[str]) -> list[str] | None:
@@ -92,8 +118,7 @@ def indexed_state(worktree: Path, status: list[str]) -> Iterator[IndexedState]:
     with temp_index(worktree) as env:
         paths = _changes(status)
         if paths is None:
-            git(["add", "-A", "--", "."], cwd=worktree, env=env)
-            tree = git(["write-tree"], cwd=worktree, env=env).text
+            tree = _add_all(worktree, env)
         else:
             if paths:
                 git(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from dagrunner import exporting
 from dagrunner import worktrees as wt
 from dagrunner.envelope import SCHEMA, load_envelope, parse_envelope
 from dagrunner.errors import DagrunnerError
-from dagrunner.statetree import state_tree
+from dagrunner.statetree import indexed_state, state_tree
 
 
 @pytest.fixture
@@ -58,6 +59,7 @@ def export(repo: Path, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def test_every_kind_of_change_travels(repo: Path, worker: Path, tmp_path: Path) -> None:
     make_every_change(worker)
+    backdate(worker)
     status_before = git(worker, "status", "--porcelain=v2")
     index = Path(git(worker, "rev-parse", "--path-format=absolute", "--git-path", "index").strip())
     index_before = index.read_bytes()
@@ -95,6 +97,15 @@ def test_every_kind_of_change_travels(repo: Path, worker: Path, tmp_path: Path) 
     assert state_tree(worker) == fields["tree"]
 
 
+def backdate(worktree: Path) -> None:
+    """Every file an hour old: no index entry written now is "racily clean" (git would
+    re-read it), which is what a worker whose last edit was seconds ago sees."""
+    past = time.time() - 3600
+    for path in worktree.rglob("*"):
+        if ".git" not in path.parts:
+            os.utime(path, (past, past), follow_symlinks=False)
+
+
 def test_line_ending_attributes_give_the_tree_git_add_gives(
     repo: Path, worker: Path, tmp_path: Path
 ) -> None:
@@ -102,6 +113,8 @@ def test_line_ending_attributes_give_the_tree_git_add_gives(
     (worker / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
     (worker / "raw.dat").write_bytes(b"one\r\n")
     (worker / "src" / "keep.txt").write_bytes(b"keep\r\nedited\r\n")
+    (worker / "link").symlink_to("crlf.txt")
+    backdate(worker)
     _, fields = export(repo, tmp_path)
     assert state_tree(worker) == fields["tree"]
     check = tmp_path / "check"
@@ -219,3 +232,15 @@ def test_same_size_edit_right_after_allocation_is_exported(repo: Path, tmp_path:
         time.sleep(1.05 - time.time() % 1)  # export in a later second than the checkout
         summary = exporting.export(f"m/racy{i}", output=tmp_path / f"r{i}.json", repo=repo)
         assert summary["empty"] is False and summary["changed_files"] == 1
+
+
+def test_a_worktree_that_changes_under_a_second_hashing_is_refused(worker: Path) -> None:
+    (worker / "link").symlink_to("src/keep.txt")
+    backdate(worker)
+    status = git(worker, "status", "--porcelain=v2", "-z", "--untracked-files=all").split("\0")
+    with indexed_state(worker, status) as state:
+        (worker / "late.txt").write_text("written while the export read the tree\n")
+        with pytest.raises(DagrunnerError) as info:
+            state.write_objects()
+    assert info.value.code == "export-unstable"
+    assert info.value.exit_code == 4
