@@ -151,6 +151,21 @@ def _mounts() -> dict[str, Path]:
     return found
 
 
+def favors_dynmods() -> bool | None:
+    """Whether the cgroup2 mount has ``favordynmods`` (None: no cgroup2 mount here).
+
+    Without it, moving a process into a cgroup waits for an RCU grace period (5-17 ms
+    measured) unless another move happened just before: a gate that starts alone, after
+    a quiet moment, pays it (docs/benchmarks.md)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            _, _, post = line.partition(" - ")
+            extra = post.split()
+            if len(extra) >= 3 and extra[0] == "cgroup2":
+                return "favordynmods" in extra[2].split(",")
+    return None
+
+
 def _pid_namespace() -> int:
     """This process's PID namespace (its inode): a pid means something only within it."""
     try:

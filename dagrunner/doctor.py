@@ -78,7 +78,7 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         report.add("PASS", "worktrees", f"supported ({count} registered)")
     else:
         report.add("FAIL", "worktrees", "git worktree is not usable here", "upgrade git")
-    from dagrunner.contain import detect
+    from dagrunner.contain import detect, favors_dynmods
 
     contained = detect()
     report.facts["containment"] = contained.to_json()
@@ -91,6 +91,16 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         else "gates are held by their process group only; see dagrunner's docs/security.md "
         "(run as root, or enable user namespaces or cgroup delegation)",
     )
+    if contained.cgroup_kill is not None and favors_dynmods() is False:
+        report.add(
+            "NOTE",
+            "cgroup-join",
+            "cgroup v2 is mounted without favordynmods: a gate that starts after a quiet "
+            "moment waits 5-17 ms for the kernel to let it join its cgroup",
+            "for graphs of many short gates, an administrator can remount it: mount -o "
+            "remount,favordynmods <the cgroup2 mount> (Linux >= 6.0; forks become slightly "
+            "slower); see dagrunner's docs/benchmarks.md",
+        )
     try:
         root = worktree_root(info, env)
     except DagrunnerError as exc:

@@ -47,6 +47,15 @@ def error_of(call: Any) -> DagrunnerError:
     return info.value
 
 
+def slow_joins() -> bool:
+    """The cgroup2 mount lacks favordynmods (read from /proc/mounts, not doctor's source)."""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[2] == "cgroup2":
+            return "favordynmods" not in fields[3].split(",")
+    return False
+
+
 def test_doctor_reports_each_check(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, body = run_json(capsys, "doctor", "--repo", str(project))
     assert code == 0 and body["ok"]
@@ -60,7 +69,7 @@ def test_doctor_reports_each_check(project: Path, capsys: pytest.CaptureFixture[
         "containment": "PASS" if contained else "WARN",
         "root": "PASS",
         "disk": "PASS",
-    }
+    } | ({"cgroup-join": "NOTE"} if body["containment"]["cgroup_kill"] and slow_joins() else {})
     assert body["worktree_root"].startswith(os.environ["DAGRUNNER_WORKTREE_ROOT"])
 
 
