@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
@@ -161,6 +160,8 @@ def list_worktrees(*, repo: Path | None = None, target: str | None = None) -> li
 
 def processes_using(path: Path) -> list[int]:
     """Pids of processes whose cwd or an open file is under ``path``."""
+    import psutil  # only cleanup needs it: the swarm's other calls start without it
+
     prefix = str(path.resolve())
     found = []
     me = os.getpid()

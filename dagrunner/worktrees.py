@@ -19,8 +19,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import pathspec
-
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git import git, is_dirty
 from dagrunner.ledger import Ledger, WorktreeRecord
@@ -277,6 +275,8 @@ def _copy_included(main: Path, path: Path) -> list[str]:
     spec_file = main / ".worktreeinclude"
     if not spec_file.is_file():
         return []
+    import pathspec  # 0.02 s of imports (asyncio among them) that only this file needs
+
     spec = pathspec.GitIgnoreSpec.from_lines(spec_file.read_text().splitlines())
     candidates = git(["ls-files", "--others", "-z"], cwd=main).stdout.split(b"\0")
     tracked = set(git(["ls-files", "-z"], cwd=path).stdout.split(b"\0"))
