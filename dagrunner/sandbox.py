@@ -173,9 +173,7 @@ class _Child:
         return self.popen.wait()
 
 
-async def _start(
-    argv: list[str], cwd: str, env: dict[str, str], dirs: tuple[Path, ...]
-) -> _Child:
+async def _start(argv: list[str], cwd: str, env: dict[str, str], dirs: tuple[Path, ...]) -> _Child:
     def popen() -> subprocess.Popen[bytes]:
         # The gate's own HOME and TMPDIR, made here on the spawner thread: a mkdir can take
         # 0.2 ms on a journalled disk, and the trio loop serves the other gates meanwhile.
