@@ -82,8 +82,10 @@ def changed_files(
 
 
 def worktree_diff(path: Path, base: str, index: dict[str, str]) -> bytes:
-    argv = ["diff", "--binary", "--full-index", "--no-ext-diff", "--no-color", "--find-renames"]
-    return git([*argv, base], cwd=path, env=index).stdout
+    # --no-textconv: a user's textconv driver (which a worker's .gitattributes can select)
+    # would put its rendering in place of the file's bytes.
+    argv = ["diff", "--binary", "--full-index", "--no-ext-diff", "--no-textconv"]
+    return git([*argv, "--no-color", "--find-renames", base], cwd=path, env=index).stdout
 
 
 def export_worktree(

@@ -317,9 +317,9 @@ class Integrator:
                 if "\t" in line
             }
         )
-        hunks = git(["diff", "--no-ext-diff", "--no-color"], cwd=wt, check=False).stdout[
-            :HUNK_LIMIT
-        ]
+        hunks = git(
+            ["diff", "--no-ext-diff", "--no-textconv", "--no-color"], cwd=wt, check=False
+        ).stdout[:HUNK_LIMIT]
         self.reset(before, wt)  # leave nothing of this envelope behind for the next one
         if not final:
             self.queue.record(

@@ -53,9 +53,13 @@ def integrated(path: Path, head: str, base: str, target: str) -> tuple[bool, str
     cherry = run("cherry", target, head, base).text.splitlines()
     if cherry and all(line.startswith("-") for line in cherry):
         return True, "same patches already on the target (rebased)"
-    combined = _patch_id(run("diff", "--no-ext-diff", "--binary", base, head).stdout, path)
+    combined = _patch_id(
+        run("diff", "--no-ext-diff", "--no-textconv", "--binary", base, head).stdout, path
+    )
     if combined:
-        log = run("log", "-p", "--no-ext-diff", "--format=commit %H", f"{base}..{target}").stdout
+        log = run(
+            "log", "-p", "--no-ext-diff", "--no-textconv", "--format=commit %H", f"{base}..{target}"
+        ).stdout
         for line in _patch_ids(log, path):
             if line.split()[0] == combined:
                 return True, f"squashed onto the target as {line.split()[1][:12]}"

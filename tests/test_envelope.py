@@ -244,3 +244,25 @@ def test_a_worktree_that_changes_under_a_second_hashing_is_refused(worker: Path)
             state.write_objects()
     assert info.value.code == "export-unstable"
     assert info.value.exit_code == 4
+
+
+def test_a_textconv_driver_the_worker_selects_never_shapes_the_diff(
+    repo: Path, worker: Path, tmp_path: Path
+) -> None:
+    """A user's ``diff.<driver>.textconv`` (for images, office files) turns a file into text
+    for people to read; a worker's ``.gitattributes`` can point any file at it.  The envelope's
+    diff must carry the file's bytes, or it neither applies nor reproduces the tree."""
+    upper = tmp_path / "upper"
+    upper.write_text('#!/bin/sh\ntr a-z A-Z < "$1"\n')
+    upper.chmod(0o755)
+    Path(os.environ["HOME"], ".gitconfig").write_text(f'[diff "upper"]\n\ttextconv = {upper}\n')
+    (worker / ".gitattributes").write_text("*.txt diff=upper\n")
+    (worker / "src" / "keep.txt").write_text("keep\nedited\n")
+    backdate(worker)
+    _, fields = export(repo, tmp_path)
+    check = tmp_path / "check"
+    git(repo, "worktree", "add", "-q", "--detach", str(check), fields["base"])
+    (tmp_path / "p.diff").write_bytes(fields["diff"].encode())
+    git(check, "apply", "--index", str(tmp_path / "p.diff"))
+    assert git(check, "write-tree").strip() == fields["tree"]
+    assert (check / "src" / "keep.txt").read_text() == "keep\nedited\n"

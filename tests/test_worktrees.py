@@ -289,6 +289,31 @@ def test_landed_branch_reads_as_landed(project: Path, landing: str) -> None:
     assert lifecycle.cleanup("m/w1", repo=project)["branch_deleted"] is True
 
 
+def test_a_textconv_rendering_never_passes_unlanded_work_off_as_landed(
+    project: Path, tmp_path: Path
+) -> None:
+    """With a user's textconv driver, which the worker's ``.gitattributes`` selects, two
+    different contents can render alike: the patches compared must be the bytes, or cleanup
+    would take the worker's own text for the target's and delete it."""
+    upper = tmp_path / "upper"
+    upper.write_text('#!/bin/sh\ntr a-z A-Z < "$1"\n')
+    upper.chmod(0o755)
+    Path(os.environ["HOME"], ".gitconfig").write_text(f'[diff "upper"]\n\ttextconv = {upper}\n')
+    path = Path(alloc(project)["path"])
+    for tree, text in (
+        (path, "only the worker wrote this\n"),
+        (project, "ONLY THE WORKER WROTE THIS\n"),
+    ):
+        (tree / ".gitattributes").write_text("*.txt diff=upper\n")
+        (tree / "notes.txt").write_text(text)
+        commit_all(tree, "notes")
+    info = lifecycle.status("m/w1", repo=project)
+    assert info["integrated"] is False, info["integrated_reason"]
+    with pytest.raises(DagrunnerError):
+        lifecycle.cleanup("m/w1", repo=project)
+    assert (path / "notes.txt").read_text() == "only the worker wrote this\n"
+
+
 def test_missing_directory_is_reconciled(project: Path) -> None:
     import shutil
 
