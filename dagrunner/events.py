@@ -151,6 +151,17 @@ class JournalReader:
         )
 
 
+def _follow(reader: JournalReader, follow: bool, timeout: float | None) -> Iterator[Event]:
+    """The reader's events as they are journaled, until ``follow`` is off and the journal's
+    end is reached, or ``timeout`` seconds have passed."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        yield from reader.read()
+        if not follow or (deadline is not None and time.monotonic() >= deadline):
+            return
+        time.sleep(POLL)
+
+
 def watch(
     *,
     repo: Path | None = None,
@@ -160,13 +171,7 @@ def watch(
 ) -> Iterator[Event]:
     """Every event after cursor ``since``, as it is journaled; ``follow=False`` stops at the
     journal's end, ``timeout`` (seconds) stops following after that long."""
-    reader = JournalReader(Queue.of(repo_info(repo)).journal, since)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        yield from reader.read()
-        if not follow or (deadline is not None and time.monotonic() >= deadline):
-            return
-        time.sleep(POLL)
+    yield from _follow(JournalReader(Queue.of(repo_info(repo)).journal, since), follow, timeout)
 
 
 def wait_for(
@@ -183,23 +188,18 @@ def wait_for(
             where=str(queue.dir),
             hint="submit it first (integrate submit), or check the id (integrate status)",
         )
-    deadline = None if timeout is None else time.monotonic() + timeout
-    reader = JournalReader(queue.journal)
-    while True:
-        for event in reader.read():
-            if event.id == envelope_id:
-                yield event
-                if event.final:
-                    return
-        if deadline is not None and time.monotonic() >= deadline:
-            raise DagrunnerError(
-                "wait-timeout",
-                f"envelope {envelope_id} reached no final state in {timeout:g}s",
-                where=str(queue.dir),
-                exit_code=ExitCode.TIMED_OUT,
-                hint="run the integrator (integrate run), or wait longer (--timeout)",
-            )
-        time.sleep(POLL)
+    for event in _follow(JournalReader(queue.journal), True, timeout):
+        if event.id == envelope_id:
+            yield event
+            if event.final:
+                return
+    raise DagrunnerError(
+        "wait-timeout",
+        f"envelope {envelope_id} reached no final state in {timeout:g}s",
+        where=str(queue.dir),
+        exit_code=ExitCode.TIMED_OUT,
+        hint="run the integrator (integrate run), or wait longer (--timeout)",
+    )
 
 
 def final_entry(envelope_id: str, *, repo: Path | None = None) -> QueueEntry:
