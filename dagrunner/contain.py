@@ -35,7 +35,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,20 +134,22 @@ def _own_cgroups() -> dict[str, str]:
     return found
 
 
-def _mounts() -> dict[str, Path]:
-    """ "" -> the cgroup2 mount; a v1 controller -> its hierarchy's mount."""
-    found: dict[str, Path] = {}
+def _cgroup_mounts() -> Iterator[tuple[str, Path, list[str]]]:
+    """(filesystem type, mount point, super options) of each cgroup mount, from mountinfo."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
             pre, _, post = line.partition(" - ")
             fields, extra = pre.split(), post.split()
-            if len(fields) < 5 or len(extra) < 3:
-                continue
-            if extra[0] == "cgroup2":
-                found.setdefault("", Path(fields[4]))
-            elif extra[0] == "cgroup":
-                for option in extra[2].split(","):
-                    found.setdefault(option, Path(fields[4]))
+            if len(fields) >= 5 and len(extra) >= 3 and extra[0] in ("cgroup", "cgroup2"):
+                yield extra[0], Path(fields[4]), extra[2].split(",")
+
+
+def _mounts() -> dict[str, Path]:
+    """ "" -> the cgroup2 mount; a v1 controller -> its hierarchy's mount."""
+    found: dict[str, Path] = {}
+    for kind, point, options in _cgroup_mounts():
+        for name in [""] if kind == "cgroup2" else options:
+            found.setdefault(name, point)
     return found
 
 
@@ -157,12 +159,9 @@ def favors_dynmods() -> bool | None:
     Without it, moving a process into a cgroup waits for an RCU grace period (5-17 ms
     measured) unless another move happened just before: a gate that starts alone, after
     a quiet moment, pays it (docs/benchmarks.md)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            _, _, post = line.partition(" - ")
-            extra = post.split()
-            if len(extra) >= 3 and extra[0] == "cgroup2":
-                return "favordynmods" in extra[2].split(",")
+    for kind, _, options in _cgroup_mounts():
+        if kind == "cgroup2":
+            return "favordynmods" in options
     return None
 
 
