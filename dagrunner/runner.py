@@ -392,9 +392,13 @@ async def gate_run(
         lambda: plan_step(repo, manifest, options, executor.machines())
     )
     prepared = await trio.to_thread.run_sync(_prepare, plan, options, executor)
-    scheduled = await schedule_step(
-        plan, options, prepared.run_dir, prepared.cache, executor, prepared.nodes, governor
-    )
+    try:
+        scheduled = await schedule_step(
+            plan, options, prepared.run_dir, prepared.cache, executor, prepared.nodes, governor
+        )
+    except BaseException:  # cancelled by a reset, or Ctrl-C: as _run does
+        prepared.nodes.finish([], interrupted=True)
+        raise
     return await trio.to_thread.run_sync(_finish, plan, options, executor, prepared, scheduled)
 
 
