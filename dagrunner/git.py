@@ -17,7 +17,7 @@ from pathlib import Path
 from dagrunner.errors import DagrunnerError, ExitCode
 
 # Inherited GIT_* variables that are safe (they do not redirect git to other data).
-KEEP_GIT_ENV = frozenset({"GIT_EXEC_PATH", "GIT_TRACE", "GIT_TRACE2", "GIT_CONFIG_NOSYSTEM"})
+KEEP_GIT_ENV = frozenset({"GIT_EXEC_PATH", "GIT_TRACE", "GIT_TRACE2"})
 IDENTITY = {
     "GIT_AUTHOR_NAME": "dagrunner",
     "GIT_AUTHOR_EMAIL": "dagrunner@localhost",
@@ -57,16 +57,36 @@ PINNED_CONFIG = {
     "core.quotePath": "true",
     "color.ui": "false",
 }
+# Keys that make git run a program or read a file a worker or a gate could have written:
+# turned off for every git dagrunner runs, in integration and worker worktrees alike.
+# The global and system config files are not read at all (git_env): a gate that wrote the
+# integrator's ~/.gitconfig (core.fsmonitor = "sh -c ...") would otherwise run code in
+# dagrunner's next git call, outside every sandbox.
+UNOBEYED_CONFIG = {
+    "core.fsmonitor": "false",
+    "core.hooksPath": os.devnull,
+    "core.sshCommand": "false",
+    "core.askPass": "false",
+    "core.pager": "cat",
+    "credential.helper": "",
+    "gpg.program": "false",
+    "commit.gpgSign": "false",
+    "tag.gpgSign": "false",
+}
+FORCED_CONFIG = {**PINNED_CONFIG, **UNOBEYED_CONFIG}
 
 
 def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment without redirecting GIT_* variables, with the pinned
-    settings, plus ``extra``."""
+    """The caller's environment without redirecting GIT_* variables, without the global
+    and system config files, with the pinned and unobeyed settings, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in KEEP_GIT_ENV}
     env["GIT_TERMINAL_PROMPT"] = "0"
+    env["GIT_CONFIG_GLOBAL"] = os.devnull
+    env["GIT_CONFIG_NOSYSTEM"] = "1"
+    env["GIT_CONFIG_SYSTEM"] = os.devnull
     env["LC_ALL"] = "C"
-    env["GIT_CONFIG_COUNT"] = str(len(PINNED_CONFIG))
-    for i, (key, value) in enumerate(PINNED_CONFIG.items()):
+    env["GIT_CONFIG_COUNT"] = str(len(FORCED_CONFIG))
+    for i, (key, value) in enumerate(FORCED_CONFIG.items()):
         env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
     if extra:
         env.update(extra)
@@ -112,6 +132,44 @@ def git(
             exit_code=ExitCode.ENVIRONMENT,
         )
     return result
+
+
+def git_output(
+    args: Sequence[str], *, cwd: Path, limit: int, env: Mapping[str, str] | None = None
+) -> bytes | None:
+    """What ``git args`` prints, read whole -- or None once it passes ``limit`` bytes (git is
+    then stopped: nothing over the limit is ever held).  Raises like :func:`git` on failure."""
+    argv = ["git", *args]
+    with subprocess.Popen(
+        argv,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=git_env(env),
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := proc.stdout.read(1 << 20):
+            size += len(chunk)
+            if size > limit:
+                proc.kill()
+                proc.wait()
+                return None
+            chunks.append(chunk)
+        stderr = proc.stderr.read()
+        code = proc.wait()
+    if code != 0:
+        first = stderr.decode("utf-8", "replace").strip().splitlines()
+        raise DagrunnerError(
+            "git-failed",
+            f"`{' '.join(argv)}` failed ({code}): {first[0] if first else 'no message'}",
+            where=str(cwd),
+            hint="see git's message; run the command by hand in that directory to investigate",
+            exit_code=ExitCode.ENVIRONMENT,
+        )
+    return b"".join(chunks)
 
 
 def is_dirty(path: Path, *, untracked: bool = False) -> bool:

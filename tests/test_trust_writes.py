@@ -1,0 +1,138 @@
+"""Trust boundary II, item 1: a gate writes only its own places, and no git that dagrunner
+runs obeys configuration a gate or a worker could have written -- each tried as a hostile
+gate would, on real repositories and processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import git
+from test_pipeline import run_cli
+from test_integration import states, worker
+
+from dagrunner.contain import detect
+from dagrunner.integration import integrate
+from dagrunner.queue import Queue, submit
+from dagrunner.repo import repo_info
+
+confined = pytest.mark.skipif(
+    not detect().views, reason="needs a mount namespace that allows the write allow-list"
+)
+
+TRIES = """
+[sandbox]
+writable = ["{shared}"]
+
+[gates.probe]
+writable = ["out"]
+run = '''
+for p in "{home}/planted" "{outside}/planted" "{python}/planted" /tmp/planted "{shared}/ok" out/ok ./ok "$HOME/ok" "$TMPDIR/ok"; do
+  if touch "$p" 2>/dev/null; then echo "$p:ok"; else echo "$p:no"; fi
+done > ./said
+ls -A "{home}" > ./home-listing 2>&1 || true
+'''
+"""
+
+
+@confined
+def test_a_gate_writes_only_its_tree_home_tmpdir_and_what_the_manifest_names(
+    repo: Path, tmp_path: Path
+) -> None:
+    home = Path(os.environ["HOME"])  # the invoking user's home (the test's own)
+    (home / "secret.txt").write_text("the user's secret\n")
+    outside, shared = tmp_path / "outside", tmp_path / "shared"
+    outside.mkdir()
+    shared.mkdir()
+    (repo / "out").mkdir()
+    manifest = repo / "probe.toml"
+    python = sys.prefix  # the interpreter's own installation: visible, never writable
+    manifest.write_text(TRIES.format(home=home, outside=outside, shared=shared, python=python))
+    done = run_cli(repo, "release-check", str(manifest), "--no-cache")
+    assert done.returncode == 0, done.stderr
+    said = dict(line.rsplit(":", 1) for line in (repo / "said").read_text().split("\n") if line)
+    verdicts = {Path(p).name if p.startswith("/") else p: v for p, v in said.items()}
+    assert said[f"{home}/planted"] == "no" and said[f"{outside}/planted"] == "no"
+    assert said[f"{python}/planted"] == "no" and not Path(python, "planted").exists()
+    assert said[f"{shared}/ok"] == "ok" and verdicts["out/ok"] == "ok"
+    assert verdicts["./ok"] == "ok"
+    assert [v for p, v in said.items() if "dagrunner-sandbox" in p] == ["ok", "ok"]  # HOME, TMPDIR
+    assert not (home / "planted").exists() and not (outside / "planted").exists()
+    assert not Path("/tmp/planted").exists()  # the gate's /tmp was its own
+    assert (shared / "ok").exists() and (repo / "out" / "ok").exists()
+    # the user's home is not visible at all: not even the names of its files
+    assert "secret.txt" not in (repo / "home-listing").read_text()
+
+
+@confined
+def test_a_gate_whose_write_is_refused_fails_and_its_log_says_why(
+    repo: Path, tmp_path: Path
+) -> None:
+    manifest = repo / "erofs.toml"
+    elsewhere = Path(sys.prefix) / "elsewhere"  # visible (the gate's python), not writable
+    manifest.write_text(f"[gates.w]\nrun = \"echo x > '{elsewhere}'\"\n")
+    done = run_cli(repo, "release-check", str(manifest), "--no-cache")
+    assert done.returncode == 1
+    log = (repo / "reports" / "latest" / "logs" / "w.log").read_text()
+    assert "Read-only file system" in log
+    assert "[sandbox] writable" in log  # what to do about it
+    assert not elsewhere.exists()
+
+
+PAYLOAD = """[core]
+\tfsmonitor = "sh -c 'git --git-dir={common} update-ref refs/heads/escaped HEAD; date >> {common}/dagrunner/queue/ESCAPED'"
+[alias]
+\tstatus = "!touch {common}/ESCAPED-ALIAS"
+"""
+
+
+def test_dagrunners_git_obeys_no_global_config_a_gate_could_have_written(project: Path) -> None:
+    """The issue's payload, written straight into the integrator's ~/.gitconfig (as a gate
+    without the allow-list could): dagrunner's own git calls never run it."""
+    common = project / ".git"
+    home = Path(os.environ["HOME"])
+    (home / ".gitconfig").write_text(PAYLOAD.format(common=common))
+    (home / ".config" / "git").mkdir(parents=True)
+    (home / ".config" / "git" / "config").write_text(PAYLOAD.format(common=common))
+    envelope = worker(project, "w1", lambda p: (p / "one.txt").write_text("1\n"))
+    submit(repo_info(project), [envelope])
+    result = integrate(repo=project, window=1)
+    assert result.ok and set(states(project).values()) == {"landed"}
+    assert git(project, "branch", "--list", "escaped") == ""
+    assert not (common / "dagrunner" / "queue" / "ESCAPED").exists()
+    assert not (common / "ESCAPED-ALIAS").exists()
+
+
+def envelope_id(path: Path) -> str:
+    import orjson
+
+    return str(orjson.loads(path.read_bytes())["id"])
+
+
+@confined
+def test_an_envelopes_gate_cannot_plant_a_gitconfig_in_the_integrators_home(
+    project: Path, tmp_path: Path
+) -> None:
+    """The issue's reproduction: the envelope's test script copies its payload into the
+    integrator's home; the write is refused, and nothing of the payload ever runs."""
+    common = project / ".git"
+    home = Path(os.environ["HOME"])
+
+    def hostile(p: Path) -> None:
+        (p / "ci").mkdir()
+        (p / "ci" / "payload.gitconfig").write_text(PAYLOAD.format(common=common))
+
+    envelope = worker(project, "w1", hostile)
+    manifest = tmp_path / "copying.toml"
+    manifest.write_text(
+        f"[gates.test]\nrun = \"cp ci/payload.gitconfig '{home}/.gitconfig' || true\"\n"
+    )
+    submit(repo_info(project), [envelope])
+    result = integrate(repo=project, manifest=manifest, window=1)
+    assert result.ok
+    assert not (home / ".gitconfig").exists()
+    assert git(project, "branch", "--list", "escaped") == ""
+    queue = Queue.of(repo_info(project)).dir
+    assert not (queue / "ESCAPED").exists()
