@@ -22,6 +22,7 @@ from dagrunner.cachestep import RunCache
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors import Executor
 from dagrunner.executors.local import LocalExecutor
+from dagrunner.git import git
 from dagrunner.graph import spec
 from dagrunner.logs import redact_file
 from dagrunner.manifest import GateSpec
@@ -53,6 +54,12 @@ class GateRunner:
         self.nodes = nodes
         self.sandbox_root = Path(tempfile.mkdtemp(prefix="dagrunner-sandbox-"))
         self.local: Executor = LocalExecutor()
+        # What every gate may write besides its tree and HOME: the manifest's [sandbox]
+        # writable and, in a trusted run, the repository's git dir (workers commit there,
+        # and a gate's git writes the index); an envelope's gates never write it.
+        self.writable = plan.manifest.sandbox.writable
+        if not plan.read_only:
+            self.writable += _common_dir(plan.repo)
 
     def job(self, gate: GateSpec, attempt: int, root: Path) -> GateJob:
         argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
@@ -71,8 +78,9 @@ class GateRunner:
             else None,
             max_pids=self.plan.manifest.governor.max_pids or None,
             hide=str(self.cache.store.root),
+            tree=str(root),
             read_only=tuple(map(str, self.plan.read_only)),
-            writable=(str(self.plan.repo),) if self.plan.read_only else (),
+            writable=(*self.writable, *gate.writable),
             cpu=gate.cpu,
             memory=gate.memory,
         )
@@ -216,3 +224,9 @@ def _failure(attempt: Attempt) -> str:
     if attempt.exit_code is not None and attempt.exit_code < 0:
         return f"killed by signal {-attempt.exit_code}"
     return f"exit code {attempt.exit_code}"
+
+
+def _common_dir(repo: Path) -> tuple[str, ...]:
+    """The git dir that ``repo``'s worktrees share (none outside git)."""
+    found = git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=repo, check=False)
+    return (found.text,) if found.returncode == 0 and found.text else ()

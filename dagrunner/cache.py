@@ -297,9 +297,18 @@ class Store:
         return hit
 
     def store(
-        self, *, manifest_name: str, parts: KeyParts, result: GateResult, run_id: str, log: Path
+        self,
+        *,
+        manifest_name: str,
+        parts: KeyParts,
+        result: GateResult,
+        run_id: str,
+        log: Path,
+        key: str | None = None,
     ) -> None:
-        key = parts.key
+        """Store a pass under ``key`` (default: its input key; a tree-scoped key for a
+        verdict that holds only for one tree, ``cachestep._tree_scoped``)."""
+        key = key or parts.key
         path = self._entry(key)
         try:
             log_bytes = log.read_bytes()

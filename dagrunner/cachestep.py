@@ -3,6 +3,7 @@ stores after the run, and the proof written into each gate's record."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import time
 from collections.abc import Mapping
@@ -10,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from dagrunner.cache import Fingerprint, KeyParts, Store, compute_keys
+from dagrunner.git import git, split_z
 from dagrunner.graph import Graph, spec
-from dagrunner.inputs import take_snapshot
+from dagrunner.inputs import glob_regex, take_snapshot
 from dagrunner.manifest import Manifest
 from dagrunner.records import GateResult, Status
 from dagrunner.scheduler import Outcome
@@ -32,6 +34,7 @@ class RunCache:
         store: Store | None = None,
         fingerprint: Fingerprint | None = None,
         remember_tools: bool = True,
+        trusted: str | None = None,
     ) -> None:
         self.manifest = manifest
         self.run_dir = run_dir
@@ -54,6 +57,7 @@ class RunCache:
             )
         else:
             self.keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}
+        self.scoped = _tree_scoped(graph, self.keys, repo, trusted) if trusted else {}
         self.setup_seconds = time.monotonic() - started
         self.stored = 0
 
@@ -85,14 +89,26 @@ class RunCache:
         parts = self.keys.get(gate)
         if not isinstance(parts, KeyParts):
             return {"cacheable": False, "reason": parts or "not cacheable"}
-        return {"cacheable": True, "key": parts.key, **parts.summary()}
+        proof = {"cacheable": True, "key": parts.key, **parts.summary()}
+        if gate in self.scoped:
+            scoped, outside = self.scoped[gate]
+            proof["tree_scoped"] = {
+                "key": scoped,
+                "reason": "the tree under test differs from the trusted target outside the "
+                "gate's inputs, so its verdict is reused only for this exact tree",
+                "outside_inputs": list(outside[:20]),
+            }
+        return proof
 
     def lookup(self, gate: str) -> Outcome | None:
-        """A CACHED outcome with its proof when a passing entry has this gate's key."""
+        """A CACHED outcome with its proof when a passing entry has this gate's key (or,
+        for a tree-scoped gate, its key for this exact tree)."""
         parts = self.keys.get(gate)
         if not self.read or not isinstance(parts, KeyParts):
             return None
         hit = self.store.lookup(parts.key)
+        if hit is None and gate in self.scoped:
+            hit = self.store.lookup(self.scoped[gate][0])
         if hit is None:
             return None
         log = self.run_dir / "logs" / f"{gate}.log"
@@ -128,12 +144,14 @@ class RunCache:
         for result in results:
             parts = self.keys.get(result.id)
             if result.status is Status.PASSED and isinstance(parts, KeyParts):
+                scoped = self.scoped.get(result.id)
                 self.store.store(
                     manifest_name=self.manifest.name,
                     parts=parts,
                     result=result,
                     run_id=run_id,
                     log=self.run_dir / "logs" / f"{result.id}.log",
+                    key=scoped[0] if scoped else None,
                 )
                 self.stored += 1
 
@@ -150,6 +168,36 @@ class RunCache:
             "snapshot_files": self.snapshot_files,
             "hashed_files": self.hashed_files,
         }
+
+
+def _tree_scoped(
+    graph: Graph, keys: Mapping[str, KeyParts | str], repo: Path, trusted: str
+) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The reuse rule for an untrusted tree (an envelope's): a verdict computed on it may be
+    reused by input key only when the tree equals the ``trusted`` commit outside the gate's
+    declared inputs; otherwise only for this exact tree.  Gate -> (its key for this tree,
+    the changed paths outside its inputs), for each gate the rule scopes.  A tree that
+    cannot be compared scopes every gate."""
+    tree = git(["rev-parse", "--verify", "-q", "HEAD^{tree}"], cwd=repo, check=False)
+    diff = git(
+        ["diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", trusted, "HEAD", "--"],
+        cwd=repo,
+        check=False,
+    )
+    dirty = git(["status", "--porcelain", "-z", "--untracked-files=all"], cwd=repo, check=False)
+    known = tree.returncode == 0 and diff.returncode == 0 and not dirty.stdout
+    changed = tuple(split_z(diff.stdout)) if known else ("(the tree could not be compared)",)
+    ident = tree.text if known else "unknown"
+    scoped = {}
+    for gate, parts in keys.items():
+        if not isinstance(parts, KeyParts):
+            continue
+        patterns = [glob_regex(g) for g in spec(graph, gate).inputs]
+        outside = tuple(p for p in changed if not any(r.match(p) for r in patterns))
+        if outside or not known:
+            digest = hashlib.sha256(f"tree-scoped\0{parts.key}\0{ident}".encode()).hexdigest()
+            scoped[gate] = (digest, outside)
+    return scoped
 
 
 def explain_gate(

@@ -267,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
         "envelopes", nargs="+", type=Path, metavar="ENVELOPE", help="envelope files to queue"
     )
     sb.add_argument(
+        "--target",
+        metavar="BRANCH",
+        help="the branch the envelopes are for; only its integrator takes them "
+        "(default: the main checkout's branch)",
+    )
+    sb.add_argument(
         "--wait",
         action="store_true",
         help="return when every envelope reached a final state (whoever runs the integrator); "

@@ -43,26 +43,40 @@ from typing import Any
 from dagrunner.fsutil import is_inside
 
 DEFAULT_MAX_PIDS = 8192
-# PID 1 of the gate's namespace: hide the cache store, run the gate, forward SIGTERM,
-# reap, and count the processes still alive when the gate has exited.
+# PID 1 of the gate's namespace: join the cgroups, shape the gate's view of the filesystem
+# (one operation per line of $2, see ``View``), run the gate in $3, forward SIGTERM, reap,
+# and count the processes still alive when the gate has exited (into $1: a place the view
+# keeps writable, since no file may be open for writing where a mount turns read-only).
 _INIT = r"""
-left=$1; hide=$2; ro=$3; rw=$4; shift 4
+left=$1; ops=$2; dir=$3; shift 3
 while [ "$1" != -- ]; do echo 0 > "$1/cgroup.procs" || exit 125; shift; done; shift
-if [ -n "$hide" ]; then
-  mount -t tmpfs -o ro,size=4k,mode=000 dagrunner-hidden "$hide" || {
-    echo "dagrunner: could not hide the cache store from the gate" >&2; exit 125; }
+fail() { echo "dagrunner: could not $1 for the gate" >&2; exit 125; }
+if [ -n "$ops" ]; then
+  tab=$(printf '\t')
+  while IFS= read -r op; do
+    arg=${op#* }; src=${arg%%"$tab"*}; dst=${arg#*"$tab"}
+    case $op in
+      "tmpfs "*) mount -t tmpfs -o mode=0755 dagrunner-private "$arg" || fail "cover $arg" ;;
+      "hide "*) [ ! -d "$arg" ] || mount -t tmpfs -o ro,size=4k,mode=000 dagrunner-hidden "$arg" \
+                || fail "hide $arg" ;;
+      "mkdir "*) mkdir -p "$arg" || fail "make $arg" ;;
+      "bind "*) mount --rbind "$src" "$dst" || fail "show $src" ;;
+      "move "*) mount --move "$src" "$dst" || fail "place $dst" ;;
+      "readonly "*)
+        # every mount read-only but the kept ones (one per line of $arg) and the kernel's
+        while read -r _ _ _ _ point _; do
+          point=$(printf '%b' "$point")
+          case $point in /proc|/proc/*|/dev|/dev/*|/sys|/sys/*) continue ;; esac
+          case "$tab$arg$tab" in *"$tab$point$tab"*) continue ;; esac
+          mount -o remount,bind,ro "$point" 2>/dev/null || ! mountpoint -q "$point" \
+            || fail "make $point read-only"
+        done < /proc/self/mountinfo ;;
+    esac
+  done <<EOF_OPS
+$ops
+EOF_OPS
 fi
-bind() {  # $1: ro or rw; then one folder per line on stdin
-  while IFS= read -r dir; do
-    [ -n "$dir" ] || continue
-    mount --bind "$dir" "$dir" && mount -o "remount,bind,$1" "$dir" || {
-      echo "dagrunner: could not make $dir $1 for the gate" >&2; exit 125; }
-  done
-}
-if [ -n "$ro" ]; then
-  printf '%s\n' "$ro" | bind ro || exit 125
-  printf '%s\n' "$rw" | bind rw || exit 125
-fi
+cd "$dir" || fail "enter $dir"
 "$@" &
 child=$!
 trap 'kill -TERM $child 2>/dev/null' TERM INT HUP
@@ -87,7 +101,8 @@ class Containment:
 
     pidns: bool
     pdeathsig: bool
-    views: bool = False  # with pidns: read-only bind mounts for an envelope's gates
+    views: bool = False  # with pidns: the write allow-list (everything else read-only)
+    userns: bool = False  # the namespaces come with a user namespace (not root)
     unshare: str = "unshare"  # resolved once by detect(), not per gate
     setpriv: str = "setpriv"
     cgroup_kill: Path | None  # a cgroup v2 directory under which each gate gets its own
@@ -104,6 +119,8 @@ class Containment:
             "mode": self.mode,
             "pid_namespace": self.pidns,
             "read_only_views": self.views,
+            "write_allow_list": self.views,
+            "user_namespace": self.userns,
             "parent_death_signal": self.pdeathsig,
             "cgroup_kill": self.cgroup_kill is not None,
             "pids_limit": self.pids is not None,
@@ -113,7 +130,11 @@ class Containment:
     def describe(self) -> str:
         found = [
             "PID namespace (kill-all, private /proc, cache hidden)" if self.pidns else "",
-            "read-only repository views for envelopes' gates" if self.views else "",
+            "writes only to its tree, HOME, TMPDIR and what the manifest names; the "
+            "invoking user's home hidden"
+            if self.views
+            else "",
+            "user namespace (not root)" if self.userns else "",
             "cgroup v2 (cgroup.kill)" if self.cgroup_kill else "",
             "pids limit" if self.pids else "",
             "memory limit" if self.memory else "",
@@ -228,15 +249,11 @@ def detect() -> Containment:
         return Containment(pidns=False, pdeathsig=False, cgroup_kill=None, pids=None, memory=None)
     setpriv, unshare = shutil.which("setpriv"), shutil.which("unshare")
     pidns = views = False
+    userns = os.geteuid() != 0
     if unshare:
-        with tempfile.TemporaryDirectory(prefix="dagrunner-probe-") as tmp:
-            for folder in ("hidden", "ro/rw"):
-                (Path(tmp) / folder).mkdir(parents=True)
-            hide, ro, rw = f"{tmp}/hidden", f"{tmp}/ro", f"{tmp}/ro/rw"
-            # the namespace hiding a folder (every contained gate); then, apart, a read-only
-            # view with a writable folder inside (an envelope's gates): one may work alone
-            pidns = _probe(unshare, [f"{tmp}/left", hide, "", ""])
-            views = pidns and _probe(unshare, [f"{tmp}/left", "", ro, rw])
+        pidns = _probe(unshare, userns, confine=False)
+        # the allow-list apart: a machine whose mounts fail keeps its PID namespace
+        views = pidns and _probe(unshare, userns, confine=True)
     own, mounts = _own_cgroups(), _mounts()
     cgroup_kill = pids = memory = None
     if "" in own and "" in mounts:
@@ -258,6 +275,7 @@ def detect() -> Containment:
     return Containment(
         pidns=pidns,
         views=views,
+        userns=userns and pidns,
         pdeathsig=setpriv is not None,
         unshare=unshare or "unshare",
         setpriv=setpriv or "setpriv",
@@ -267,24 +285,144 @@ def detect() -> Containment:
     )
 
 
-def _probe(unshare: str, args: list[str]) -> bool:
-    """Whether the init runs ``true`` in a new namespace with these arguments."""
-    init = ["/bin/sh", "-c", _INIT, "init", *args, "--"]
-    try:
-        probe = subprocess.run(
-            [*_unshare(unshare), *init, "true"],
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-            timeout=10,
-            check=False,
+def _probe(unshare: str, userns: bool, *, confine: bool) -> bool:
+    """Whether the init runs a command in a new namespace; with ``confine``, whether the
+    view holds: a covered folder's secret hidden, a writable folder inside it written, and a
+    folder outside every allowed place read-only."""
+    with tempfile.TemporaryDirectory(prefix="dagrunner-probe-") as tmp:
+        root = Path(tmp)
+        for folder in ("cover/keep", "stage", "outside", "hidden"):
+            (root / folder).mkdir(parents=True)
+        (root / "cover" / "secret").write_text("")
+        ops = ""
+        check = ["true"]
+        if confine:
+            view = View(
+                writable=(root / "cover" / "keep",),
+                stage=root / "stage",
+                covers=(root / "cover",),
+                hide=root / "hidden",
+            )
+            ops = "\n".join(view.operations())
+            test = '[ ! -e "$1/secret" ] && touch "$1/keep/ok" && ! touch "$2/x" 2>/dev/null'
+            check = ["/bin/sh", "-c", test, "probe", f"{tmp}/cover", f"{tmp}/outside"]
+        left = f"{tmp}/cover/keep/left" if confine else f"{tmp}/left"
+        init = ["/bin/sh", "-c", _INIT, "init", left, ops, tmp, "--"]
+        try:
+            probe = subprocess.run(
+                [*_unshare(unshare, userns), *init, *check],
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False  # the fallback holds; doctor says which mode is in force
+        return probe.returncode == 0 and (not confine or (root / "cover" / "keep" / "ok").exists())
+
+
+def _unshare(unshare: str, userns: bool) -> list[str]:
+    # Not root: a user namespace (mapped to root inside) gives the mount and PID namespaces.
+    user = ["--user", "--map-root-user"] if userns else []
+    return [unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--"]
+
+
+def homes() -> tuple[Path, ...]:
+    """The invoking user's home folders: the password database's and ``$HOME``."""
+    import pwd
+
+    found = []
+    with contextlib.suppress(KeyError):
+        found.append(pwd.getpwuid(os.getuid()).pw_dir)
+    if os.environ.get("HOME"):
+        found.append(os.environ["HOME"])
+    return tuple(Path(os.path.realpath(h)) for h in found if h and h != "/")
+
+
+PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")  # shared scratch places: each gate gets its own
+
+
+@dataclass(frozen=True, kw_only=True)
+class View:
+    """A gate's filesystem: read-only everywhere but ``writable``; each cover (the invoking
+    user's homes, /tmp, /var/tmp, /dev/shm) an empty private tmpfs holding only what is
+    ``writable`` or ``visible`` inside it, each at its own path; the cache store hidden."""
+
+    writable: tuple[Path, ...]
+    stage: Path  # an empty folder of the attempt's, where the covers are built
+    visible: tuple[Path, ...] = ()  # shown read-only even under a cover
+    covers: tuple[Path, ...] = ()
+    hide: Path | None = None
+
+    @classmethod
+    def for_gate(
+        cls,
+        *,
+        writable: Sequence[Path],
+        home: Path,
+        visible: Sequence[Path],
+        hide: Path | None,
+        tools: Sequence[Path] = (),
+    ) -> View:
+        """The view of one gate whose own ``home`` (TMPDIR inside) is made just before it
+        starts, beside its stage; ``tools`` are folders on its PATH: under a user's home, the
+        home's top folder holding each stays visible (``~/.pyenv``, ``~/.cargo``)."""
+        home = Path(os.path.realpath(home.parent)) / home.name
+        stage = home.with_name(home.name + ".view")
+        rw = [home, *_real(writable)]  # HOME first: the init's count file goes there
+        shown = _real(visible)
+        covers: list[Path] = []
+        for cover in _real([*homes(), *map(Path, PRIVATE)]):
+            if any(is_inside(cover, p) for p in rw):
+                continue  # the tree itself is (in) this home: all of it is writable anyway
+            if any(is_inside(cover, c) for c in covers):
+                continue
+            covers = [c for c in covers if not is_inside(c, cover)] + [cover]
+        for tool in _real(tools):
+            for home in homes():
+                if tool != home and is_inside(tool, home):
+                    shown.append(home / tool.relative_to(home).parts[0])
+        return cls(
+            writable=tuple(rw),
+            stage=stage,
+            visible=tuple(dict.fromkeys(shown)),
+            covers=tuple(covers),
+            hide=hide,
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return False  # the fallback holds; doctor says which mode is in force
-    return probe.returncode == 0
+
+    def operations(self) -> list[str]:
+        """The init's operations, one a line (``_INIT``): build each cover on the stage,
+        show what must stay, move the covers into place, hide the store, then read-only."""
+        ops = [f"tmpfs {self.stage}"]
+        for n, _ in enumerate(self.covers):
+            ops += [f"mkdir {self.stage}/{n}", f"tmpfs {self.stage}/{n}"]
+        for path in sorted({*self.writable, *self.visible}, key=lambda p: len(p.parts)):
+            under = next((i for i, c in enumerate(self.covers) if is_inside(path, c)), None)
+            if under is None:
+                ops.append(f"bind {path}\t{path}")
+            else:
+                place = self.stage / str(under) / path.relative_to(self.covers[under])
+                ops += [f"mkdir {place}", f"bind {path}\t{place}"]
+        # a cover that holds the stage goes last: after it, the stage is out of sight
+        order = sorted(range(len(self.covers)), key=lambda i: is_inside(self.stage, self.covers[i]))
+        ops += [f"move {self.stage}/{k}\t{self.covers[k]}" for k in order]
+        if self.hide is not None:
+            ops.append(f"hide {self.hide}")
+        # the private scratch places stay writable; a hidden home turns read-only
+        kept = [*self.writable, *(c for c in self.covers if str(c) in PRIVATE)]
+        ops.append("readonly " + "\t".join(map(str, kept)))
+        return ops
 
 
-def _unshare(unshare: str) -> list[str]:
-    return [unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "--"]
+def _real(paths: Sequence[Path]) -> list[Path]:
+    """Existing folders by their real path; names the init's lines cannot carry are left out
+    (what is left out stays unwritable or hidden: the safe side)."""
+    found = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if "\n" not in real and "\t" not in real and os.path.isdir(real):
+            found.append(Path(real))
+    return found
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -354,14 +492,15 @@ def jail(
     cwd: Path,
     memory: int | None,
     max_pids: int | None,
-    read_only: Sequence[Path] = (),
-    writable: Sequence[Path] = (),
+    view: View | None = None,
 ) -> Jail:
     """Wrap ``argv`` in this machine's containment; ``work`` holds the leftover count file.
-    ``read_only`` folders are seen but not writable by the gate, except the ``writable``
-    ones inside them (with a mount namespace; see ``Containment.views``)."""
+    With a mount namespace that allows it (``Containment.views``), the gate sees ``view``;
+    otherwise only the cache store (``hide``) is covered."""
     found = detect()
-    left = work / f".{token}.left"
+    confined = view is not None and found.pidns and found.views
+    # confined, the count goes where the gate can write: its own HOME
+    left = (view.writable[0] if view is not None and confined else work) / f".{token}.left"
     groups: list[Path] = []
     for base, files in (
         (found.cgroup_kill, {}),
@@ -380,14 +519,15 @@ def jail(
     command = list(argv)
     if found.pidns:
         # The init joins the cgroups itself ("0" moves the writer): one process fewer per gate.
-        hidden = ""
-        if hide is not None and hide.is_dir() and not is_inside(cwd, hide):
-            hidden = str(hide)
-        ro = "\n".join(str(p) for p in read_only if p.is_dir()) if found.views else ""
-        rw = "\n".join(str(p) for p in writable if p.is_dir()) if ro else ""
-        init = ["/bin/sh", "-c", _INIT, "init", str(left), hidden, ro, rw, *map(str, groups)]
-        init.append("--")
-        command = [*_unshare(found.unshare), *init, *command]
+        if view is not None and confined:
+            ops = view.operations()
+        elif hide is not None and hide.is_dir() and not is_inside(cwd, hide):
+            ops = [f"hide {hide}"]
+        else:
+            ops = []
+        init = ["/bin/sh", "-c", _INIT, "init", str(left), "\n".join(ops), str(cwd)]
+        init += [*map(str, groups), "--"]
+        command = [*_unshare(found.unshare, found.userns), *init, *command]
     elif groups:
         command = ["/bin/sh", "-c", _JOIN, "join", *map(str, groups), "--", *command]
     if found.pdeathsig:

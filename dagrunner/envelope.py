@@ -95,9 +95,17 @@ class Envelope:
 
     fields: dict[str, Any]
     diff: bytes
+    item: str | None = None  # its id on the queue where another item held its own (queue.py)
 
     @property
     def id(self) -> str:
+        """The id the queue, the journal and the trailers know it by: its own, unless
+        another envelope was queued with that id first."""
+        return self.item or self.exported_id
+
+    @property
+    def exported_id(self) -> str:
+        """The id export gave it (the one the ledger's record of the export names)."""
         return str(self.fields["id"])
 
     @property

@@ -19,10 +19,17 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from dagrunner.envelope import SCHEMA, Envelope, envelope_id, repo_identity
+from dagrunner.envelope import (
+    SCHEMA,
+    Envelope,
+    envelope_id,
+    max_bytes,
+    parse_envelope,
+    repo_identity,
+)
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import atomic_write
-from dagrunner.git import git, split_z
+from dagrunner.git import git, git_output, split_z
 from dagrunner.patch import parse_patch
 from dagrunner.statetree import indexed_state
 from dagrunner.version import VERSION
@@ -82,10 +89,24 @@ def changed_files(
 
 
 def worktree_diff(path: Path, base: str, index: dict[str, str]) -> bytes:
+    """The diff, refused (``envelope-too-large``) as soon as it passes the limit that submit
+    applies: a 200 MB file is never held, encoded and written only to be refused."""
     # --no-textconv: a user's textconv driver (which a worker's .gitattributes can select)
     # would put its rendering in place of the file's bytes.
     argv = ["diff", "--binary", "--full-index", "--no-ext-diff", "--no-textconv"]
-    return git([*argv, "--no-color", "--find-renames", base], cwd=path, env=index).stdout
+    limit = max_bytes()
+    diff = git_output(
+        [*argv, "--no-color", "--find-renames", base], cwd=path, env=index, limit=limit
+    )
+    if diff is None:
+        raise DagrunnerError(
+            "envelope-too-large",
+            f"the worktree's diff is over the limit of {limit} bytes",
+            where=str(path),
+            hint="split the work into smaller envelopes, or raise DAGRUNNER_ENVELOPE_MAX_BYTES "
+            "for submitter and integrator alike",
+        )
+    return diff
 
 
 def export_worktree(
@@ -201,6 +222,9 @@ def export_summary(
     envelope = export_worktree(
         path, mission=mission, worker=worker, base=state.base, session=state.session
     )
+    # What submit would refuse (a worktree deleted while it was read, say) is refused here,
+    # before any file is written or any export recorded.
+    parse_envelope(envelope.to_bytes(), where=str(path))
     target = output or ctx.info.state_dir / "exports" / f"{envelope.id}.json"
     write_envelope(envelope, target)
     ctx.ledger.append(

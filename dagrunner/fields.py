@@ -171,6 +171,17 @@ def window(raw: Any) -> int:
     return value
 
 
+MAX_RETRIES = 10
+
+
+def retries(raw: Any) -> int:
+    """How often a failed gate is tried again: a handful, never a loop without end."""
+    value = count(raw)
+    if value > MAX_RETRIES:
+        raise ValueError(f"{value} is out of range; use 0 to {MAX_RETRIES}")
+    return value
+
+
 def positive(raw: Any) -> float:
     value = number(raw)
     if value == 0:
@@ -244,6 +255,20 @@ def inside_repository(text: str, what: str) -> str:
 
 def relative_path(raw: Any) -> str:
     return inside_repository(string(raw), "cwd")
+
+
+def writable_paths(raw: Any) -> tuple[str, ...]:
+    """Places a gate may write besides its tree, HOME and TMPDIR: absolute paths, or paths
+    relative to the repository root (which must stay inside it)."""
+    paths = string_list(raw)
+    for path in paths:
+        if not path or "\n" in path:
+            raise ValueError(f"{show(path)} is not a path")
+        if not PurePosixPath(path).is_absolute():
+            inside_repository(path, "a relative writable path")
+        elif posixpath.normpath(path) == "/":
+            raise ValueError("'/' would make the whole filesystem writable; name the folders")
+    return paths
 
 
 def globs(raw: Any) -> tuple[str, ...]:

@@ -108,7 +108,7 @@ class Integrator:
             target=target, start="", end="", report_dir=str(self.reports)
         )
         self.outcomes: dict[str, EnvelopeOutcome] = {}
-        self.meta: dict[str, tuple[str | None, str | None]] = {}
+        self.meta: dict[str, tuple[str | None, str | None, str | None]] = {}
         self.stop = False
         self.cleaned: set[str] = set()  # envelopes whose worker worktree was seen to
         self.admins: dict[Path, Path | None] = {}  # integration worktree -> its admin folder
@@ -212,9 +212,13 @@ class Integrator:
     def outcome(self, envelope_id: str, state: EnvelopeState, details: Details) -> None:
         """Say where an envelope ended in this run (with who made it: the journal is read once)."""
         if envelope_id not in self.meta:
-            self.meta = {i: (e.mission, e.worker) for i, e in self.queue.entries().items()}
-        mission, worker = self.meta.get(envelope_id, (None, None))
-        self.outcomes[envelope_id] = EnvelopeOutcome(envelope_id, mission, worker, state, details)
+            self.meta = {
+                i: (e.mission, e.worker, e.provenance) for i, e in self.queue.entries().items()
+            }
+        mission, worker, proof = self.meta.get(envelope_id, (None, None, None))
+        self.outcomes[envelope_id] = EnvelopeOutcome(
+            envelope_id, mission, worker, state, details, provenance=proof
+        )
         self.result.envelopes = list(self.outcomes.values())
 
     def finish(self, envelope_id: str, state: EnvelopeState, details: Details) -> None:

@@ -427,7 +427,7 @@ def clean_after_landing(
 
 def unproven(envelope: Envelope, state: WorktreeRecord) -> str:
     """Why the worktree of ``state`` is not proven to hold exactly ``envelope`` ('' if it is)."""
-    exported = state.export_of(envelope.id)
+    exported = state.export_of(envelope.exported_id)
     if (
         exported is None
         or exported.tree != envelope.tree

@@ -33,12 +33,14 @@ from dagrunner.fields import (
     is_empty,
     positive,
     relative_path,
+    retries,
     show,
     size,
     string,
     string_list,
     timeout,
     window,
+    writable_paths,
 )
 from dagrunner.manifesttext import parse_text
 
@@ -83,6 +85,7 @@ class GateSpec:
     queue: bool = False  # integrate: also take envelopes already on the queue
     setup: tuple[str, ...] = ()  # worker: commands run in a new worktree before ``run``
     setup_timeout: float = 300.0
+    writable: tuple[str, ...] = ()  # besides its tree, HOME and TMPDIR (absolute or repo-relative)
 
 
 KINDS = ("gate", "worker", "integrate", "land")
@@ -107,6 +110,19 @@ class BudgetSpec:
     max_wall: float | None = None
     min_speedup: float | None = None
     max_duration: Mapping[str, float] = field(default_factory=dict)  # per gate, merged into gates
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxSpec:
+    """``[sandbox]``: what every gate may write besides its tree, HOME and TMPDIR."""
+
+    writable: tuple[str, ...] = ()
+
+
+def _read_sandbox(table: Table) -> SandboxSpec:
+    spec = SandboxSpec(writable=table.take("writable", writable_paths, ()))
+    table.finish()
+    return spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +154,7 @@ class Manifest:
     env: EnvSpec = EnvSpec()
     cache_salt: str = ""
     integrate: IntegrateSpec = IntegrateSpec()
+    sandbox: SandboxSpec = SandboxSpec()
     gates: Mapping[str, GateSpec] = field(default_factory=dict)
 
 
@@ -188,7 +205,7 @@ def _read_gate(gate_id: str, table: Table, defaults: GateSpec, kind: str = "gate
         cpu=table.take("cpu", positive, defaults.cpu),
         memory=table.take("memory", size, defaults.memory),
         timeout=table.take("timeout", timeout, defaults.timeout),
-        retries=table.take("retries", count, defaults.retries),
+        retries=table.take("retries", retries, defaults.retries),
         env=_read_env(env_table),
         cwd=table.take("cwd", relative_path, defaults.cwd),
         inputs=table.take("inputs", globs, ()),
@@ -198,6 +215,7 @@ def _read_gate(gate_id: str, table: Table, defaults: GateSpec, kind: str = "gate
         log_limit=table.take("log_limit", size, defaults.log_limit),
         description=table.take("description", string, ""),
         junit=table.take("junit", relative_path, None),
+        writable=table.take("writable", writable_paths, ()),
         kind=kind,
         base=table.take("base", string, "HEAD") if kind == "worker" else "HEAD",
         setup=table.take("setup", string_list, ()) if kind == "worker" else (),
@@ -280,7 +298,7 @@ def _read_defaults(table: Table) -> GateSpec:
         cpu=table.take("cpu", positive, base.cpu),
         memory=table.take("memory", size, base.memory),
         timeout=table.take("timeout", timeout, base.timeout),
-        retries=table.take("retries", count, base.retries),
+        retries=table.take("retries", retries, base.retries),
         cwd=table.take("cwd", relative_path, base.cwd),
         estimate=table.take("estimate", duration, base.estimate),
         log_limit=table.take("log_limit", size, base.log_limit),
@@ -334,6 +352,7 @@ def read_tables(top: Table, path: Path) -> Manifest:
     governor = _read_governor(top.table("governor"))
     budget = _read_budget(top.table("budget"))
     env = _read_env(top.table("env"))
+    sandbox = _read_sandbox(top.table("sandbox"))
     defaults = _read_defaults(top.table("defaults"))
     gates: dict[str, GateSpec] = {}
     readers: dict[str, Callable[[str, Table], GateSpec]] = {
@@ -388,5 +407,6 @@ def read_tables(top: Table, path: Path) -> Manifest:
         env=env,
         cache_salt=cache_salt,
         integrate=integrate,
+        sandbox=sandbox,
         gates=gates,
     )

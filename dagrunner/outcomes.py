@@ -139,6 +139,7 @@ class EnvelopeOutcome:
     state: EnvelopeState
     details: Details = NO_DETAILS
     worktree: str | None = None  # landed: what became of the worker's worktree
+    provenance: str | None = None  # "ledger", or "unproven: why" (queue.provenance)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -150,6 +151,8 @@ class EnvelopeOutcome:
         }
         if self.worktree is not None:
             body["worktree"] = self.worktree
+        if self.provenance is not None:
+            body["provenance"] = self.provenance
         return body
 
 

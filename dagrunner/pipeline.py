@@ -267,6 +267,7 @@ class Pipeline:
                     slot = await self.take_slot()
                     await trio.to_thread.run_sync(self.it.reset, run.commit, slot)
                 self.executor.fresh(slot)
+                trusted = await trio.to_thread.run_sync(self.it.head)
                 record, _ = await gate_run(
                     RunOptions(
                         repo=slot,
@@ -276,6 +277,7 @@ class Pipeline:
                         executor=self.it.executor,
                         only=run.only,
                         read_only=self.it.guarded,
+                        trusted=trusted,
                     ),
                     self.executor,
                     self.governor,

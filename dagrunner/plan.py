@@ -40,6 +40,10 @@ class RunOptions:
     # Folders the gates may read but not write, except the repository they run in (the
     # integrator: the user's checkout, the common git dir, the other worktrees).
     read_only: tuple[Path, ...] = ()
+    # The trusted commit (the target's head) when the tree under test is an envelope's:
+    # its verdicts are then reused by input key only where the reuse rule allows
+    # (``cachestep._tree_scoped``, docs/security.md).
+    trusted: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

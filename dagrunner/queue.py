@@ -8,12 +8,22 @@ its last journaled state; its position is the order of first submission.
 
 States: ``queued`` -> ``applying`` -> ``applied`` -> ``gating`` -> ``landing`` ->
 ``landed``; the other final states are ``conflict``, ``gates-failed`` and
-``rejected``.  After a crash, anything not final is queued again (after the
-integrator has checked the target for commits that already carry its id).
+``rejected``.  A final state is final: no later line changes it.  After a crash,
+anything not final is queued again (after the integrator has checked the target for
+commits that already carry its id).
+
+An item is known by its content, not by its envelope's id alone: the id is a hash
+of public fields that anyone can recompute, so a second envelope with a taken id
+but another diff or tree is queued as its own item (``<id>.<diff sha256[:12]>``),
+and never answers for the first.  Every item names its target at submission; an
+integrator takes only its own target's items (one integrator per target holds its
+lock), and claims an item submitted without one (by an older dagrunner) in the
+journal before it works on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +34,11 @@ import orjson
 from dagrunner.envelope import Envelope, load_envelope, parse_envelope, repo_identity
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import append_line, atomic_write, locked, read_lines, text_of
+from dagrunner.git import git
 from dagrunner.ledger import now
 from dagrunner.names import is_safe_id
 from dagrunner.outcomes import FINAL, NO_DETAILS, Details, EnvelopeState
-from dagrunner.repo import RepoInfo
+from dagrunner.repo import RepoInfo, checkout_branch
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,9 @@ class QueueEntry:
     worker: str | None = None
     source: str | None = None  # the file it was submitted from
     updated: str | None = None
+    target: str | None = None  # the branch it is for (None: submitted before targets, unclaimed)
+    envelope: str | None = None  # the envelope's own id, where another item holds that id
+    provenance: str | None = None  # whether the ledger proves which worktree exported it
     details: Details = NO_DETAILS
 
     def to_json(self) -> dict[str, Any]:
@@ -49,14 +63,21 @@ class QueueEntry:
             "submitted": self.submitted,
             "state": str(self.state),
         }
-        for key in ("mission", "worker", "source", "updated"):
+        for key in ("mission", "worker", "source", "updated", "target", "envelope", "provenance"):
             if (value := getattr(self, key)) is not None:
                 body[key] = value
         return {**body, **self.details.to_json()}
 
     def followed_by(self, event: dict[str, Any]) -> QueueEntry:
         """This entry after one more journal line (an unknown state is read as ``queued``:
-        the integrator then judges the envelope again rather than skip it)."""
+        the integrator then judges the envelope again rather than skip it).  A final entry
+        stays as it is, and the first target to claim an entry keeps it: a line of another
+        integrator's cannot undo either."""
+        if self.state in FINAL:
+            return self
+        target = text_of(event.get("target"))
+        if self.target is not None and target is not None and target != self.target:
+            return self
         try:
             state = EnvelopeState(str(event.get("state")))
         except ValueError:
@@ -70,27 +91,38 @@ class QueueEntry:
             worker=text_of(event.get("worker")) or self.worker,
             source=text_of(event.get("source")) or self.source,
             updated=at if isinstance(at, str) else self.updated,
+            target=self.target or target,
+            envelope=self.envelope or text_of(event.get("envelope")),
+            provenance=self.provenance or text_of(event.get("provenance")),
             details=self.details.merged(Details.from_json(event)),
         )
 
 
 @dataclass(frozen=True)
 class Submitted:
-    """What ``submit`` did with one file: queued it, or found its id already queued."""
+    """What ``submit`` did with one file: queued it, or found the very same envelope (id,
+    diff and tree) already queued.  ``id`` is the item's id on the queue, which ``--wait``,
+    ``status`` and ``watch`` speak of; ``envelope`` is the envelope's own."""
 
     id: str
+    envelope: str
     file: str
     duplicate: bool
     position: int
     state: EnvelopeState
+    target: str
+    provenance: str
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
+            "envelope": self.envelope,
             "file": self.file,
             "duplicate": self.duplicate,
             "position": self.position,
             "state": str(self.state),
+            "target": self.target,
+            "provenance": self.provenance,
         }
 
 
@@ -162,10 +194,28 @@ class Queue:
         return found
 
     def pending(self) -> list[str]:
-        return [i for i, e in self.entries().items() if e.state not in FINAL]
+        """The items not yet final for this queue's target (every target's, without one).
+        An item submitted without a target is claimed for this one first, in the journal,
+        under the queue lock: no two integrators ever take one item."""
+        if self.target is None:
+            return [i for i, e in self.entries().items() if e.state not in FINAL]
+        with self.lock():
+            entries = self.entries()
+            for item, entry in entries.items():
+                if entry.state not in FINAL and entry.target is None:
+                    self.record(item, entry.state, event="claimed")
+            return [
+                i
+                for i, e in self.entries().items()
+                if e.state not in FINAL and e.target in (None, self.target)
+            ]
 
     def load(self, envelope_id: str) -> Envelope:
-        return load_envelope(self.envelope_path(envelope_id))
+        """The envelope of queue item ``envelope_id`` (its ``id`` is the item's)."""
+        envelope = load_envelope(self.envelope_path(envelope_id))
+        if envelope.exported_id == envelope_id:
+            return envelope
+        return dataclasses.replace(envelope, item=envelope_id)
 
 
 def same_repository(envelope: Envelope, info: RepoInfo) -> bool:
@@ -173,12 +223,67 @@ def same_repository(envelope: Envelope, info: RepoInfo) -> bool:
     return envelope.repo.same_as(repo_identity(info.root))
 
 
-def submit(info: RepoInfo, files: Iterable[Path]) -> list[Submitted]:
-    """Put envelopes on the queue (durably) and return each one's position.
+def provenance(info: RepoInfo, envelope: Envelope) -> str:
+    """``ledger`` when the ledger records that the worktree the envelope names exported
+    exactly it (id, tree and diff); otherwise ``unproven: <why>``."""
+    from dagrunner.ledger import Ledger
+
+    state = Ledger(info.state_dir).state().get(f"{envelope.mission}/{envelope.worker}")
+    if state is None:
+        return f"unproven: no worktree {envelope.mission}/{envelope.worker} is recorded here"
+    exported = state.export_of(envelope.exported_id)
+    if (
+        exported is None
+        or exported.tree != envelope.tree
+        or exported.diff_sha256 != envelope.diff_sha256
+    ):
+        return "unproven: the ledger records no export of it from that worktree"
+    return "ledger"
+
+
+def _item_id(queue: Queue, envelope: Envelope, known: dict[str, QueueEntry]) -> str:
+    """The queue item that is (or would be) ``envelope``: its id, unless an item of other
+    content holds the id; then the id with its diff's hash."""
+    for item in (envelope.id, f"{envelope.id}.{envelope.diff_sha256[:12]}"):
+        if item not in known:
+            return item
+        try:
+            held = queue.load(item)
+        except DagrunnerError:
+            continue  # an unreadable stored envelope answers for nothing
+        if (held.exported_id, held.diff_sha256, held.tree) == (
+            envelope.exported_id,
+            envelope.diff_sha256,
+            envelope.tree,
+        ):
+            return item
+    raise DagrunnerError(
+        "envelope-id-taken",
+        f"two other envelopes already hold the id {envelope.id}",
+        hint="export the worktree again (a new export has a new tree, so a new id)",
+    )
+
+
+def submit(info: RepoInfo, files: Iterable[Path], *, target: str | None = None) -> list[Submitted]:
+    """Put envelopes on the queue (durably) for ``target`` (default: the branch of the main
+    checkout) and return each one's position.
 
     Every file is validated first; a bad one raises (exit 2) and nothing is queued.
-    An id already on the queue is not queued twice.
+    The same envelope (id, diff and tree) is not queued twice; another with its id is
+    queued as its own item (module doc).
     """
+    goal = target or checkout_branch(info)
+    if (
+        git(["check-ref-format", "--branch", goal], cwd=info.root, check=False).returncode
+        or git(
+            ["rev-parse", "--verify", "-q", f"refs/heads/{goal}"], cwd=info.root, check=False
+        ).returncode
+    ):
+        raise DagrunnerError(
+            "unknown-target",
+            f"{goal[:80]!r} is not a branch of this repository",
+            hint="pass --target with an existing branch (or check out the branch to land on)",
+        )
     envelopes: list[tuple[Path, Envelope, bytes]] = []
     for path in files:
         # Read once, validate those bytes, store those bytes: no second read can differ.
@@ -200,35 +305,37 @@ def submit(info: RepoInfo, files: Iterable[Path]) -> list[Submitted]:
                 hint="submit it to the repository its worktree belongs to",
             )
         envelopes.append((path, envelope, raw))
-    queue = Queue.of(info)
+    queue = Queue.of(info, target=goal)
     results: list[Submitted] = []
     with queue.lock():
         known = queue.entries()
         for path, envelope, raw in envelopes:
             order = list(known)
-            if envelope.id in known:
+            item = _item_id(queue, envelope, known)
+            proof = provenance(info, envelope)
+            if item in known:
                 results.append(
                     Submitted(
-                        id=envelope.id,
+                        id=item,
+                        envelope=envelope.id,
                         file=str(path),
                         duplicate=True,
-                        position=order.index(envelope.id) + 1,
-                        state=known[envelope.id].state,
+                        position=order.index(item) + 1,
+                        state=known[item].state,
+                        target=known[item].target or goal,
+                        provenance=known[item].provenance or proof,
                     )
                 )
                 continue
+            origin = {"mission": envelope.mission, "worker": envelope.worker, "source": str(path)}
+            if item != envelope.id:
+                origin["envelope"] = envelope.id
             try:
-                atomic_write(queue.envelope_path(envelope.id), raw)
-                queue.record(
-                    envelope.id,
-                    EnvelopeState.QUEUED,
-                    mission=envelope.mission,
-                    worker=envelope.worker,
-                    source=str(path),
-                )
+                atomic_write(queue.envelope_path(item), raw)
+                queue.record(item, EnvelopeState.QUEUED, NO_DETAILS, provenance=proof, **origin)
             except OSError as exc:
                 # atomic_write leaves nothing behind; a file without its line is not queued
-                queue.envelope_path(envelope.id).unlink(missing_ok=True)
+                queue.envelope_path(item).unlink(missing_ok=True)
                 raise DagrunnerError(
                     "queue-write-failed",
                     f"could not store the envelope: {exc.strerror or exc}",
@@ -238,22 +345,29 @@ def submit(info: RepoInfo, files: Iterable[Path]) -> list[Submitted]:
                     hint="free disk space (or fix permissions) under the queue folder, then "
                     "submit again; envelopes listed as queued_before are already queued",
                 ) from None
-            known[envelope.id] = QueueEntry(id=envelope.id, state=EnvelopeState.QUEUED)
+            known[item] = QueueEntry(
+                id=item, state=EnvelopeState.QUEUED, target=goal, provenance=proof
+            )
             results.append(
                 Submitted(
-                    id=envelope.id,
+                    id=item,
+                    envelope=envelope.id,
                     file=str(path),
                     duplicate=False,
                     position=len(known),
                     state=EnvelopeState.QUEUED,
+                    target=goal,
+                    provenance=proof,
                 )
             )
     return results
 
 
-def submit_files(files: Iterable[Path], *, repo: Path | None = None) -> list[dict[str, Any]]:
+def submit_files(
+    files: Iterable[Path], *, repo: Path | None = None, target: str | None = None
+) -> list[dict[str, Any]]:
     """``submit`` for the repository at ``repo`` (default: the current directory), as the
     public API and ``integrate submit --json`` give it."""
     from dagrunner.repo import repo_info
 
-    return [s.to_json() for s in submit(repo_info(repo), files)]
+    return [s.to_json() for s in submit(repo_info(repo), files, target=target)]

@@ -84,6 +84,16 @@ def repo_info(path: Path | None) -> RepoInfo:
     return RepoInfo(root=root, common_dir=common, bare=bare, git_version=git_version())
 
 
+def checkout_branch(info: RepoInfo) -> str:
+    """The branch of the main checkout (``main`` for a bare repository or a detached HEAD):
+    the default target of ``integrate submit`` and ``integrate run``."""
+    if not info.bare:
+        head = git(["symbolic-ref", "--short", "-q", "HEAD"], cwd=info.root, check=False).text
+        if head:
+            return head
+    return "main"
+
+
 def root_base(env: Mapping[str, str]) -> Path:
     explicit = env.get("DAGRUNNER_WORKTREE_ROOT")
     if explicit:
@@ -124,6 +134,16 @@ def worktree_root(info: RepoInfo, env: Mapping[str, str] | None = None) -> Path:
             exit_code=ExitCode.ENVIRONMENT,
             hint="set DAGRUNNER_WORKTREE_ROOT outside the repository "
             "(or DAGRUNNER_ALLOW_IN_REPO_WORKTREES=1 if you really mean it)",
+        )
+    dangling = next((p for p in [root, *root.parents] if p.is_symlink() and not p.exists()), None)
+    if dangling is not None:
+        raise DagrunnerError(
+            "root-dangling",
+            f"the worktree root's folder {dangling} is a symbolic link to "
+            f"{os.readlink(dangling)!r}, which does not exist",
+            exit_code=ExitCode.ENVIRONMENT,
+            hint="create the folder it points to, remove the link, or set "
+            "DAGRUNNER_WORKTREE_ROOT elsewhere",
         )
     existing = next((p for p in [root, *root.parents] if p.exists()), None)
     if existing is None or not os.access(existing, os.W_OK | os.X_OK):

@@ -343,6 +343,7 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
         # `pip/` or a module it adds there shadows what `python -m pip` imports, which no
         # identity read from outside covers -- so there its tools run every time.
         remember_tools=not plan.read_only,
+        trusted=options.trusted,
     )
     env = options.environ if options.environ is not None else os.environ
     nodes = (options.node_kinds or PlainGates.open)(plan, run_id, env)

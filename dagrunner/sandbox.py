@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import trio
 
-from dagrunner.contain import DEFAULT_MAX_PIDS, detect, jail, spawn
+from dagrunner.contain import DEFAULT_MAX_PIDS, View, detect, jail, spawn
+from dagrunner.fsutil import is_inside
 from dagrunner.logs import BoundedLog
 from dagrunner.manifest import EnvSpec
 from dagrunner.proctree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
@@ -47,8 +49,12 @@ class GateJob:
     memory_limit: int | None = None  # enforced where a memory cgroup is delegated
     max_pids: int | None = DEFAULT_MAX_PIDS  # enforced where a pids cgroup is delegated
     hide: str | None = None  # a folder the gate must not see (the cache store)
-    read_only: tuple[str, ...] = ()  # folders it may read, not write (with a mount namespace)
-    writable: tuple[str, ...] = ()  # ... except these, inside them
+    # Where a mount namespace allows it (``contain.View``), the gate writes only its tree,
+    # its HOME and TMPDIR, and ``writable`` (absolute, or relative to the tree); it sees
+    # ``read_only`` folders even inside the invoking user's home, which is hidden.
+    tree: str = ""  # the tree under test ("" : cwd)
+    read_only: tuple[str, ...] = ()
+    writable: tuple[str, ...] = ()
     keep_home: bool = False  # non-gate commands (proc.py) may keep the caller's HOME/TMPDIR
     cpu: float = 1.0  # declared: where a cluster places the attempt
     memory: int = 0
@@ -207,6 +213,34 @@ def _unstartable(argv0: str, cwd: str, env: dict[str, str]) -> str:
     return "" if found else "No such file or directory"
 
 
+def _view(job: GateJob, env: Mapping[str, str], hide: Path | None) -> View:
+    """The gate's view of the filesystem (``contain.View``); its HOME and stage are made
+    just before the gate starts."""
+    tree = Path(job.tree or job.cwd)
+    home = Path(job.sandbox_dir)
+    writable = [tree, *(tree / p for p in job.writable)]  # an absolute p stays itself
+    tools = [Path(p) for p in env.get("PATH", DEFAULT_PATH).split(":") if p.startswith("/")]
+    if job.argv[0].startswith("/"):
+        tools.append(Path(job.argv[0]).parent)
+    tools += [Path(sys.prefix), Path(sys.base_prefix)]  # the Python running dagrunner
+    if hide is not None and is_inside(Path(job.cwd), hide):
+        hide = None
+    return View.for_gate(
+        writable=writable,
+        home=home,
+        visible=[Path(p) for p in job.read_only],
+        hide=hide,
+        tools=tools,
+    )
+
+
+EROFS_NOTE = (
+    "a write outside the gate's own places was refused (read-only file system): a gate writes "
+    "only its tree, HOME, TMPDIR and what the manifest names ([sandbox] writable, or the "
+    "gate's writable)"
+)
+
+
 async def _run(
     job: GateJob, env: dict[str, str], token: str, log: BoundedLog, dirs: tuple[Path, ...]
 ) -> AttemptResult:
@@ -215,16 +249,19 @@ async def _run(
         message = f"could not start {job.argv[0]!r}: {why}"
         log.note(message)
         return AttemptResult(exit_code=None, error=message)
+    hide = Path(job.hide) if job.hide else None
+    view = None if job.keep_home else _view(job, env, hide)
+    if view is not None and detect().views:
+        dirs = (*dirs, view.stage)
     box = jail(
         job.argv,
         token=token,
         work=Path(job.sandbox_dir).parent,
-        hide=Path(job.hide) if job.hide else None,
+        hide=hide,
         cwd=Path(job.cwd),
         memory=job.memory_limit,
         max_pids=job.max_pids,
-        read_only=[Path(p) for p in job.read_only],
-        writable=[Path(p) for p in job.writable],
+        view=view,
     )
     # Running before it starts: the orphan sweep (another run's, or this one's, in a thread)
     # must never take a just-spawned gate for the leftover of a finished one.
@@ -241,6 +278,7 @@ async def _run(
         RUNNING.pop(token, None)
         raise
     watch = TreeWatch(root_pid=process.pid, token=token, jail=box)
+    refused: list[bool] = []  # set by _pump when the gate's output tells of EROFS
     timed_out = finished = False
     leftover = 0
     survivors: list[int] = []
@@ -248,7 +286,7 @@ async def _run(
     try:
         async with trio.open_nursery() as nursery:
             drained = trio.Event()
-            nursery.start_soon(_pump, stdout, log, drained)
+            nursery.start_soon(_pump, stdout, log, drained, refused if view else None)
             nursery.start_soon(_monitor, watch, job.sample_interval)
             with trio.move_on_after(job.timeout if job.timeout else float("inf")) as scope:
                 await process.wait()
@@ -283,6 +321,8 @@ async def _run(
         await trio.to_thread.run_sync(box.remove)
     if survivors:
         log.note(f"processes {survivors} survived SIGKILL")
+    if refused and process.returncode != 0:
+        log.note(EROFS_NOTE)
     return AttemptResult(
         exit_code=None if timed_out else process.returncode,
         timed_out=timed_out,
@@ -296,11 +336,18 @@ async def _run(
     )
 
 
-async def _pump(stream: trio.abc.ReceiveStream, log: BoundedLog, drained: trio.Event) -> None:
+async def _pump(
+    stream: trio.abc.ReceiveStream,
+    log: BoundedLog,
+    drained: trio.Event,
+    refused: list[bool] | None = None,
+) -> None:
     try:
         with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
             while chunk := await stream.receive_some(65536):
                 log.write(chunk)
+                if refused is not None and not refused and b"Read-only file system" in chunk:
+                    refused.append(True)
     finally:
         drained.set()
 

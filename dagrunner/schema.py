@@ -44,6 +44,11 @@ FRAGMENTS: dict[Callable[[Any], Any], dict[str, Any]] = {
     f.size: _SIZE,
     f.fraction: {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     f.window: {"type": "integer", "minimum": 1, "maximum": MAX_WINDOW},
+    f.retries: {"type": "integer", "minimum": 0, "maximum": f.MAX_RETRIES},
+    f.writable_paths: {
+        **_STRINGS,
+        "description": "absolute paths, or paths relative to the repository, a gate may write",
+    },
     f.command: {
         "description": "an argv array, or a string run by sh -c",
         "anyOf": [{"type": "string", "minLength": 1}, {**_STRINGS, "minItems": 1}],

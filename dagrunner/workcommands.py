@@ -149,10 +149,13 @@ def cmd_integrate(args: argparse.Namespace) -> int:
     if action == "submit":
         from dagrunner.queue import submit_files
 
-        submitted = submit_files(args.envelopes, repo=args.repo)
+        submitted = submit_files(args.envelopes, repo=args.repo, target=args.target)
         for item in [] if args.json else submitted:
             what = "already queued" if item["duplicate"] else "queued"
-            print(f"{what} at position {item['position']}: {item['id']} ({item['state']})")
+            print(
+                f"{what} at position {item['position']} for {item['target']}: {item['id']} "
+                f"({item['state']}; provenance: {item['provenance']})"
+            )
         if not args.wait:
             if args.json:
                 emit_json({"submitted": submitted})

@@ -24,7 +24,7 @@ from dagrunner.git import git, is_dirty
 from dagrunner.ledger import Ledger, WorktreeRecord
 from dagrunner.names import RULE, is_safe_name
 from dagrunner.pool import take_from_pool
-from dagrunner.repo import RepoInfo, repo_info, worktree_root
+from dagrunner.repo import RepoInfo, checkout_branch, repo_info, worktree_root
 from dagrunner.wtrecords import Allocation, as_json
 
 POOL_DIR = ".pool"
@@ -349,11 +349,7 @@ def remove_worktree(ctx: Context, path: Path, branch: str, *, delete_branch: boo
 
 
 def default_target(ctx: Context) -> str:
-    if not ctx.info.bare:
-        head = git(["symbolic-ref", "--short", "-q", "HEAD"], cwd=ctx.info.root, check=False).text
-        if head:
-            return head
-    return "main"
+    return checkout_branch(ctx.info)
 
 
 def recorded_state(ctx: Context, wt_id: str) -> WorktreeRecord:

@@ -80,13 +80,16 @@ def run_remote(job: GateJob, rel_cwd: str, commit: str, key: str) -> tuple[Attem
             return AttemptResult(exit_code=None, error=NEED_SOURCE, worker=here), b""
         where.set(here)
         started.set()
-        return _attempt_in(job, checkout / rel_cwd, here, key)
+        return _attempt_in(job, checkout, rel_cwd, here, key)
 
 
-def _attempt_in(job: GateJob, cwd: Path, here: str, key: str) -> tuple[AttemptResult, bytes]:
-    """The attempt, run in ``cwd`` of this worker's checkout; its result and log."""
+def _attempt_in(
+    job: GateJob, checkout: Path, rel_cwd: str, here: str, key: str
+) -> tuple[AttemptResult, bytes]:
+    """The attempt, run in ``rel_cwd`` of this worker's checkout; its result and log."""
     from distributed import Event
 
+    cwd = checkout / rel_cwd
     cwd.mkdir(parents=True, exist_ok=True)  # git keeps no empty folder
     with tempfile.TemporaryDirectory(prefix="dagrunner-remote-") as tmp:
         local = replace(
@@ -94,6 +97,8 @@ def _attempt_in(job: GateJob, cwd: Path, here: str, key: str) -> tuple[AttemptRe
             cwd=str(cwd),
             log_path=str(Path(tmp) / "gate.log"),
             sandbox_dir=str(Path(tmp) / "sb"),
+            tree=str(checkout),
+            read_only=(),  # the submitter's folders are not here
             hide=None,  # the submitter's cache store is not here
         )
         cancel = Event(f"{key}-cancel")
