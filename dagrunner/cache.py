@@ -156,7 +156,9 @@ def compute_keys(
                 tools[cache_key] = (
                     fingerprint(command, env)
                     if fingerprint is not None
-                    else tool_fingerprint(command, env, repo, hide=hide)
+                    else tool_fingerprint(
+                        command, env, repo, hide=hide, writable=manifest.sandbox.writable
+                    )
                 )
             fingerprints[command], lines[command] = tools[cache_key]
         files, unmatched = input_files(snapshot, gate.inputs)

@@ -64,13 +64,14 @@ class RunCache:
     def remembering(self, repo: Path) -> Fingerprint:
         """Tool fingerprints here, remembered by identity (``toolmemo.py``)."""
         hide = self.store.root
+        writable = self.manifest.sandbox.writable
 
         def fingerprint(command: str, env: Mapping[str, str]) -> tuple[str, str]:
             return remembered(
                 command,
                 env,
                 repo,
-                lambda: tool_fingerprint(command, env, repo, hide=hide),
+                lambda: tool_fingerprint(command, env, repo, hide=hide, writable=writable),
                 self.store,
             )
 
@@ -91,7 +92,7 @@ class RunCache:
             return {"cacheable": False, "reason": parts or "not cacheable"}
         proof = {"cacheable": True, "key": parts.key, **parts.summary()}
         if gate in self.scoped:
-            scoped, outside = self.scoped[gate]
+            scoped, outside, _ = self.scoped[gate]
             proof["tree_scoped"] = {
                 "key": scoped,
                 "reason": "the tree under test differs from the trusted target outside the "
@@ -108,7 +109,10 @@ class RunCache:
             return None
         hit = self.store.lookup(parts.key)
         if hit is None and gate in self.scoped:
-            hit = self.store.lookup(self.scoped[gate][0])
+            # this very tree; or the trusted head's own tree, judged while it was an
+            # envelope's (it has landed since, so its verdict is a trusted one)
+            scoped = self.scoped[gate]
+            hit = self.store.lookup(scoped[0]) or self.store.lookup(scoped[2])
         if hit is None:
             return None
         log = self.run_dir / "logs" / f"{gate}.log"
@@ -172,13 +176,14 @@ class RunCache:
 
 def _tree_scoped(
     graph: Graph, keys: Mapping[str, KeyParts | str], repo: Path, trusted: str
-) -> dict[str, tuple[str, tuple[str, ...]]]:
+) -> dict[str, tuple[str, tuple[str, ...], str]]:
     """The reuse rule for an untrusted tree (an envelope's): a verdict computed on it may be
     reused by input key only when the tree equals the ``trusted`` commit outside the gate's
     declared inputs; otherwise only for this exact tree.  Gate -> (its key for this tree,
-    the changed paths outside its inputs), for each gate the rule scopes.  A tree that
-    cannot be compared scopes every gate."""
+    the changed paths outside its inputs, its key for the trusted commit's tree), for each
+    gate the rule scopes.  A tree that cannot be compared scopes every gate."""
     tree = git(["rev-parse", "--verify", "-q", "HEAD^{tree}"], cwd=repo, check=False)
+    head = git(["rev-parse", "--verify", "-q", f"{trusted}^{{tree}}"], cwd=repo, check=False)
     diff = git(
         ["diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", trusted, "HEAD", "--"],
         cwd=repo,
@@ -195,9 +200,13 @@ def _tree_scoped(
         patterns = [glob_regex(g) for g in spec(graph, gate).inputs]
         outside = tuple(p for p in changed if not any(r.match(p) for r in patterns))
         if outside or not known:
-            digest = hashlib.sha256(f"tree-scoped\0{parts.key}\0{ident}".encode()).hexdigest()
-            scoped[gate] = (digest, outside)
+            scoped[gate] = (_scoped(parts.key, ident), outside, _scoped(parts.key, head.text))
     return scoped
+
+
+def _scoped(key: str, tree: str) -> str:
+    """The cache key of a verdict that holds for one exact tree only."""
+    return hashlib.sha256(f"tree-scoped\0{key}\0{tree}".encode()).hexdigest()
 
 
 def explain_gate(

@@ -263,15 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     ig = sub.add_parser("integrate", help="the integration queue")
     ig_sub = ig.add_subparsers(dest="integrate_command", required=True)
     sb = ig_sub.add_parser("submit", parents=[common, repo_opt], help="queue patch envelopes")
-    sb.add_argument(
-        "envelopes", nargs="+", type=Path, metavar="ENVELOPE", help="envelope files to queue"
-    )
-    sb.add_argument(
-        "--target",
-        metavar="BRANCH",
-        help="the branch the envelopes are for; only its integrator takes them "
-        "(default: the main checkout's branch)",
-    )
+    sb.add_argument("envelopes", nargs="+", type=Path, metavar="ENVELOPE", help="files to queue")
+    sb.add_argument("--target", metavar="BRANCH", help="the branch they are for (default: HEAD's)")
     sb.add_argument(
         "--wait",
         action="store_true",

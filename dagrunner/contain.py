@@ -41,42 +41,20 @@ from pathlib import Path
 from typing import Any
 
 from dagrunner.fsutil import is_inside
+from dagrunner.view import APPLY_VIEW, View
 
 DEFAULT_MAX_PIDS = 8192
 # PID 1 of the gate's namespace: join the cgroups, shape the gate's view of the filesystem
 # (one operation per line of $2, see ``View``), run the gate in $3, forward SIGTERM, reap,
 # and count the processes still alive when the gate has exited (into $1: a place the view
 # keeps writable, since no file may be open for writing where a mount turns read-only).
-_INIT = r"""
+_INIT = (
+    r"""
 left=$1; ops=$2; dir=$3; shift 3
 while [ "$1" != -- ]; do echo 0 > "$1/cgroup.procs" || exit 125; shift; done; shift
-fail() { echo "dagrunner: could not $1 for the gate" >&2; exit 125; }
-if [ -n "$ops" ]; then
-  tab=$(printf '\t')
-  while IFS= read -r op; do
-    arg=${op#* }; src=${arg%%"$tab"*}; dst=${arg#*"$tab"}
-    case $op in
-      "tmpfs "*) mount -t tmpfs -o mode=0755 dagrunner-private "$arg" || fail "cover $arg" ;;
-      "hide "*) [ ! -d "$arg" ] || mount -t tmpfs -o ro,size=4k,mode=000 dagrunner-hidden "$arg" \
-                || fail "hide $arg" ;;
-      "mkdir "*) mkdir -p "$arg" || fail "make $arg" ;;
-      "bind "*) mount --rbind "$src" "$dst" || fail "show $src" ;;
-      "move "*) mount --move "$src" "$dst" || fail "place $dst" ;;
-      "readonly "*)
-        # every mount read-only but the kept ones (one per line of $arg) and the kernel's
-        while read -r _ _ _ _ point _; do
-          point=$(printf '%b' "$point")
-          case $point in /proc|/proc/*|/dev|/dev/*|/sys|/sys/*) continue ;; esac
-          case "$tab$arg$tab" in *"$tab$point$tab"*) continue ;; esac
-          mount -o remount,bind,ro "$point" 2>/dev/null || ! mountpoint -q "$point" \
-            || fail "make $point read-only"
-        done < /proc/self/mountinfo ;;
-    esac
-  done <<EOF_OPS
-$ops
-EOF_OPS
-fi
-cd "$dir" || fail "enter $dir"
+"""
+    + APPLY_VIEW
+    + r"""cd "$dir" || fail "enter $dir"
 "$@" &
 child=$!
 trap 'kill -TERM $child 2>/dev/null' TERM INT HUP
@@ -88,6 +66,7 @@ n=0; for d in /proc/[0-9]*; do n=$((n + 1)); done
 echo $((n - 1)) > "$left"
 exit $code
 """
+)
 # Joins every cgroup directory named before "--", then becomes the rest of the command.
 _JOIN = r"""
 while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 125; shift; done
@@ -325,104 +304,6 @@ def _unshare(unshare: str, userns: bool) -> list[str]:
     # Not root: a user namespace (mapped to root inside) gives the mount and PID namespaces.
     user = ["--user", "--map-root-user"] if userns else []
     return [unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--"]
-
-
-def homes() -> tuple[Path, ...]:
-    """The invoking user's home folders: the password database's and ``$HOME``."""
-    import pwd
-
-    found = []
-    with contextlib.suppress(KeyError):
-        found.append(pwd.getpwuid(os.getuid()).pw_dir)
-    if os.environ.get("HOME"):
-        found.append(os.environ["HOME"])
-    return tuple(Path(os.path.realpath(h)) for h in found if h and h != "/")
-
-
-PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")  # shared scratch places: each gate gets its own
-
-
-@dataclass(frozen=True, kw_only=True)
-class View:
-    """A gate's filesystem: read-only everywhere but ``writable``; each cover (the invoking
-    user's homes, /tmp, /var/tmp, /dev/shm) an empty private tmpfs holding only what is
-    ``writable`` or ``visible`` inside it, each at its own path; the cache store hidden."""
-
-    writable: tuple[Path, ...]
-    stage: Path  # an empty folder of the attempt's, where the covers are built
-    visible: tuple[Path, ...] = ()  # shown read-only even under a cover
-    covers: tuple[Path, ...] = ()
-    hide: Path | None = None
-
-    @classmethod
-    def for_gate(
-        cls,
-        *,
-        writable: Sequence[Path],
-        home: Path,
-        visible: Sequence[Path],
-        hide: Path | None,
-        tools: Sequence[Path] = (),
-    ) -> View:
-        """The view of one gate whose own ``home`` (TMPDIR inside) is made just before it
-        starts, beside its stage; ``tools`` are folders on its PATH: under a user's home, the
-        home's top folder holding each stays visible (``~/.pyenv``, ``~/.cargo``)."""
-        home = Path(os.path.realpath(home.parent)) / home.name
-        stage = home.with_name(home.name + ".view")
-        rw = [home, *_real(writable)]  # HOME first: the init's count file goes there
-        shown = _real(visible)
-        covers: list[Path] = []
-        for cover in _real([*homes(), *map(Path, PRIVATE)]):
-            if any(is_inside(cover, p) for p in rw):
-                continue  # the tree itself is (in) this home: all of it is writable anyway
-            if any(is_inside(cover, c) for c in covers):
-                continue
-            covers = [c for c in covers if not is_inside(c, cover)] + [cover]
-        for tool in _real(tools):
-            for home in homes():
-                if tool != home and is_inside(tool, home):
-                    shown.append(home / tool.relative_to(home).parts[0])
-        return cls(
-            writable=tuple(rw),
-            stage=stage,
-            visible=tuple(dict.fromkeys(shown)),
-            covers=tuple(covers),
-            hide=hide,
-        )
-
-    def operations(self) -> list[str]:
-        """The init's operations, one a line (``_INIT``): build each cover on the stage,
-        show what must stay, move the covers into place, hide the store, then read-only."""
-        ops = [f"tmpfs {self.stage}"]
-        for n, _ in enumerate(self.covers):
-            ops += [f"mkdir {self.stage}/{n}", f"tmpfs {self.stage}/{n}"]
-        for path in sorted({*self.writable, *self.visible}, key=lambda p: len(p.parts)):
-            under = next((i for i, c in enumerate(self.covers) if is_inside(path, c)), None)
-            if under is None:
-                ops.append(f"bind {path}\t{path}")
-            else:
-                place = self.stage / str(under) / path.relative_to(self.covers[under])
-                ops += [f"mkdir {place}", f"bind {path}\t{place}"]
-        # a cover that holds the stage goes last: after it, the stage is out of sight
-        order = sorted(range(len(self.covers)), key=lambda i: is_inside(self.stage, self.covers[i]))
-        ops += [f"move {self.stage}/{k}\t{self.covers[k]}" for k in order]
-        if self.hide is not None:
-            ops.append(f"hide {self.hide}")
-        # the private scratch places stay writable; a hidden home turns read-only
-        kept = [*self.writable, *(c for c in self.covers if str(c) in PRIVATE)]
-        ops.append("readonly " + "\t".join(map(str, kept)))
-        return ops
-
-
-def _real(paths: Sequence[Path]) -> list[Path]:
-    """Existing folders by their real path; names the init's lines cannot carry are left out
-    (what is left out stays unwritable or hidden: the safe side)."""
-    found = []
-    for path in paths:
-        real = os.path.realpath(path)
-        if "\n" not in real and "\t" not in real and os.path.isdir(real):
-            found.append(Path(real))
-    return found
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,6 +58,7 @@ def run_command(
     timeout: float,
     own_home: bool = False,
     hide: Path | None = None,
+    writable: tuple[str, ...] = (),
 ) -> Finished:
     """Run ``argv`` in ``cwd`` with exactly ``env`` and wait for it; never raises for its failure.
 
@@ -77,6 +78,7 @@ def run_command(
             timeout=timeout,
             grace=1.0,
             hide=str(hide) if hide else None,
+            writable=writable,
             keep_home=not own_home,
         )
         result = trio.run(run_job, job)

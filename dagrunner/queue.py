@@ -114,13 +114,13 @@ class Submitted:
     provenance: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        return {  # new keys go last: orchestrators read this shape
             "id": self.id,
-            "envelope": self.envelope,
             "file": self.file,
             "duplicate": self.duplicate,
             "position": self.position,
             "state": str(self.state),
+            "envelope": self.envelope,
             "target": self.target,
             "provenance": self.provenance,
         }

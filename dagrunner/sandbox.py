@@ -19,11 +19,12 @@ from pathlib import Path
 
 import trio
 
-from dagrunner.contain import DEFAULT_MAX_PIDS, View, detect, jail, spawn
+from dagrunner.contain import DEFAULT_MAX_PIDS, detect, jail, spawn
 from dagrunner.fsutil import is_inside
 from dagrunner.logs import BoundedLog
 from dagrunner.manifest import EnvSpec
 from dagrunner.proctree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
+from dagrunner.view import View
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 FIXED_ENV = {"TZ": "UTC", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}

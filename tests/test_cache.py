@@ -14,13 +14,15 @@ MANIFEST = """
     cache_salt = "{salt}"
     [env]
     pass = ["PATH"]
+    [sandbox]
+    writable = ["{outside}"]
     [gates.gen]
     run = "echo gen >> {ran}"
     inputs = ["src/gen/**"]
     [gates.lint]
     run = "echo lint >> {ran}"
     inputs = ["src/**/*.py"]
-    tools = ["cat {tool}"]
+    tools = ["cat '{tool}'"]
     [gates.unit]
     run = "echo unit >> {ran}; echo MODE=$MODE"
     inputs = ["tests/**"]
@@ -48,8 +50,10 @@ def project(repo: Path, tmp_path: Path) -> dict[str, Path]:
         (repo / rel).write_text(text)
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "project")
-    tool = tmp_path / "tool-version"
+    # A tool of the project's own (a gate's tools commands see what the gate sees: its tree)
+    tool = repo / "tool-version"
     tool.write_text("tool 1.0\n")
+    (repo / ".git" / "info" / "exclude").write_text("tool-version\n")
     return {"repo": repo, "ran": tmp_path / "ran.log", "tool": tool}
 
 
@@ -61,7 +65,9 @@ def run(
     timeout: str = "1m",
 ) -> tuple[int, dict[str, Any], set[str]]:
     p["ran"].write_text("")
-    text = MANIFEST.format(ran=p["ran"], tool=p["tool"], salt=salt, timeout=timeout)
+    text = MANIFEST.format(
+        ran=p["ran"], tool=p["tool"], salt=salt, timeout=timeout, outside=p["ran"].parent
+    )
     code, body, _ = check(capsys, p["repo"], text, *args)
     ran = set(p["ran"].read_text().split())
     return code, body, ran
@@ -160,7 +166,7 @@ def test_tool_version_misses_the_gate_that_declares_it(
     _, _, ran = run(capsys, project)
     assert ran == {"lint", "always"}
     assert any(
-        c.startswith(f"tool changed: cat {project['tool']}") and "tool 2.0" in c for c in changes
+        c.startswith(f"tool changed: cat '{project['tool']}'") and "tool 2.0" in c for c in changes
     )
 
 
@@ -170,7 +176,13 @@ def test_shorter_timeout_is_not_satisfied_by_a_longer_one(
     run(capsys, project, timeout="10m")
     write_manifest(
         project["repo"],
-        MANIFEST.format(ran=project["ran"], tool=project["tool"], salt="", timeout="1m"),
+        MANIFEST.format(
+            ran=project["ran"],
+            tool=project["tool"],
+            salt="",
+            timeout="1m",
+            outside=project["ran"].parent,
+        ),
     )
     assert any("definition: timeout changed" in c for c in explain(capsys, project, "package"))
     _, _, ran = run(capsys, project, timeout="1m")
@@ -239,7 +251,14 @@ def test_unmatched_glob_is_a_warning(capsys: pytest.CaptureFixture[str], repo: P
 def test_two_runs_sharing_a_cache_at_once(project: dict[str, Path], tmp_path: Path) -> None:
     repo = project["repo"]
     write_manifest(
-        repo, MANIFEST.format(ran=project["ran"], tool=project["tool"], salt="", timeout="1m")
+        repo,
+        MANIFEST.format(
+            ran=project["ran"],
+            tool=project["tool"],
+            salt="",
+            timeout="1m",
+            outside=project["ran"].parent,
+        ),
     )
     procs = [
         subprocess.Popen(

@@ -204,6 +204,9 @@ def mover_gate(folder: Path, once: bool) -> str:
     guard = f"[ -e '{folder}/once' ] && exit 0; touch '{folder}/once'; " if once else ""
     wait = f"while [ ! -e '{folder}/moved' ]; do sleep 0.05; done; rm -f '{folder}/moved'"
     return f"""
+[sandbox]
+writable = ["{folder}"]
+
 [gates.move-target]
 run = "{guard}touch '{folder}/please'; {wait}"
 """
@@ -223,10 +226,12 @@ def move_on_request(repo: Path, folder: Path, stop: threading.Event) -> None:
 @pytest.mark.parametrize("once", [True, False])
 def test_target_moving_during_integration(project: Path, tmp_path: Path, once: bool) -> None:
     manifest = tmp_path / "mover.toml"
-    manifest.write_text(mover_gate(tmp_path, once))
+    sync = tmp_path / "sync"  # where the gate and the test meet (the gate may write it)
+    sync.mkdir()
+    manifest.write_text(mover_gate(sync, once))
     submit(repo_info(project), [worker(project, "w1", independent_1)])
     stop = threading.Event()
-    mover = threading.Thread(target=move_on_request, args=(project, tmp_path, stop))
+    mover = threading.Thread(target=move_on_request, args=(project, sync, stop))
     mover.start()
     try:
         result = integrate(repo=project, manifest=manifest)
@@ -321,7 +326,7 @@ def test_integration_worktree_deleted_by_hand_is_rebuilt(project: Path) -> None:
 
 def test_a_target_branch_named_reports_has_its_own_integration_worktree(project: Path) -> None:
     git(project, "branch", "reports")
-    submit(repo_info(project), [worker(project, "w1", independent_1)])
+    submit(repo_info(project), [worker(project, "w1", independent_1)], target="reports")
     result = integrate(repo=project, target="reports")
     assert result.ok and states(project) == {"w1": "landed"}
     assert git(project, "show", "reports:feature-one.txt") == "one\n"

@@ -54,14 +54,15 @@ def test_status_export_and_integrate_json_keep_their_shapes(
     assert result["counts"] == {"landed": 1}
 
 
-SUBMIT_KEYS = ["id", "file", "duplicate", "position", "state"]
+SUBMIT_KEYS = ["id", "file", "duplicate", "position", "state", "envelope", "target", "provenance"]
 OUTCOME_KEYS = {
-    "landed": ["id", "mission", "worker", "state", "commit", "worktree"],
-    "conflict": ["id", "mission", "worker", "state", "conflicts", "hunks", "reason"],
-    "gates-failed": ["id", "mission", "worker", "state", "failed_gates", "report"],
-    "rejected": ["id", "mission", "worker", "state", "reason"],
+    "landed": ["id", "mission", "worker", "state", "commit", "worktree", "provenance"],
+    "conflict": ["id", "mission", "worker", "state", "conflicts", "hunks", "reason", "provenance"],
+    "gates-failed": ["id", "mission", "worker", "state", "failed_gates", "report", "provenance"],
+    "rejected": ["id", "mission", "worker", "state", "reason", "provenance"],
 }
-ENTRY = ["id", "submitted", "state", "mission", "worker", "source", "updated"]
+ENTRY = ["id", "submitted", "state", "mission", "worker", "source", "updated", "target"]
+ENTRY.append("provenance")
 QUEUE_KEYS = {
     "landed": [*ENTRY, "commit", "gate_run", "old", "new", "head", "position"],
     "conflict": [*ENTRY, "conflicts", "hunks", "reason"],

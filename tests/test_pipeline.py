@@ -38,6 +38,9 @@ def recording_gate(tmp: Path, seconds: float = 0.3) -> Path:
     manifest = tmp / "recording.toml"
     manifest.write_text(
         f"""
+[sandbox]
+writable = ["{tmp}"]
+
 [gates.check]
 run = "sleep {seconds}; git rev-parse 'HEAD^{{tree}}' >> '{tmp / "gated.txt"}'; ! grep -rq BROKEN --include=*.txt ."
 """
@@ -122,6 +125,9 @@ def flaky_gate(tmp: Path) -> Path:
     manifest = tmp / "flaky.toml"
     manifest.write_text(
         f"""
+[sandbox]
+writable = ["{tmp}"]
+
 [gates.check]
 run = "if mkdir '{marker}' 2>/dev/null; then exit 1; fi"
 """
@@ -271,12 +277,16 @@ def test_submit_wait_returns_each_final_state_while_another_process_integrates(
     integrator = run_cli(project, "integrate", "run", "--manifest", str(recording_gate(tmp_path)))
     assert integrator.returncode == 1, integrator.stderr.decode()
     expected = {"good": (0, "landed"), "second": (4, "conflict"), "bad": (1, "gates-failed")}
-    expected["evil"] = (2, "rejected")
+    # the genuine bytes submitted again are not the tampered copy on the queue: their own
+    # item, which lands, while the tampered one is rejected (--wait reports on what it sent)
+    expected["evil"] = (0, "landed")
     for name, proc in waiters.items():
         out, err = proc.communicate(timeout=60)
         body = orjson.loads(out)
         assert (proc.returncode, body["outcomes"][0]["state"]) == expected[name], err.decode()
-        assert body["outcomes"][0]["id"] == entries[name].id
+        assert (body["outcomes"][0]["id"] == entries[name].id) is (name != "evil")
+    tampered_outcome = Queue.of(repo_info(project)).entries()[entries["evil"].id]
+    assert tampered_outcome.state == "rejected"
     assert [e.event for e in wait_for(entries["good"].id, repo=project)][-1] == "landed"
 
 
@@ -382,7 +392,9 @@ def test_an_envelopes_gates_cannot_write_the_repository_or_other_worktrees(
     (other / "work.txt").write_text("the bystander's uncommitted work\n")
     envelope = worker(project, "w1", lambda p: (p / "one.txt").write_text("1\n"))
     journal = Queue.of(repo_info(project)).journal
-    attempts = tmp_path / "attempts"
+    said = tmp_path / "said"  # the only place outside its tree the manifest lets it write
+    said.mkdir()
+    attempts = said / "attempts"
     tries = {
         "ref": f"git -C '{project}' update-ref refs/heads/main HEAD~0",
         "journal": f"echo '{{}}' >> '{journal}'",
@@ -394,7 +406,13 @@ def test_an_envelopes_gates_cannot_write_the_repository_or_other_worktrees(
         f"if {c} 2>/dev/null; then echo {n}:ok; else echo {n}:no; fi" for n, c in tries.items()
     )
     manifest = tmp_path / "hostile.toml"
-    manifest.write_text('[gates.hostile]\nrun = """{ ' + run + f"; }} > '{attempts}'" + '"""\n')
+    manifest.write_text(
+        f'[sandbox]\nwritable = ["{said}"]\n'
+        + '[gates.hostile]\nrun = """{ '
+        + run
+        + f"; }} > '{attempts}'"
+        + '"""\n'
+    )
     submit(repo_info(project), [envelope])
     before = journal.read_bytes()
     result = integrate(repo=project, manifest=manifest, window=1)

@@ -32,6 +32,9 @@ def manifest(bin_dir: Path, tool: str) -> str:
 [env]
 set = {{ PATH = "{bin_dir}:/usr/bin:/bin" }}
 
+[sandbox]
+writable = ["{bin_dir.parent}"]  # where the tool counts its runs
+
 [gates.a]
 run = ["true"]
 inputs = ["README"]

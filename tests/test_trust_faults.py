@@ -146,16 +146,20 @@ def test_ref_that_cannot_be_written_is_not_mistaken_for_a_moving_target(tmp_path
     lock = repo / ".git" / "refs" / "heads" / "main.lock"
     # While the gate runs, something else (the test: a gate may not write .git) locks the
     # ref and leaves the lock behind, after the preflight that clears stale locks.
-    wait = f"touch '{tmp_path}/please'; while [ ! -e '{tmp_path}/locked' ]; do sleep 0.05; done"
-    (repo / "manifests" / "release.toml").write_text(f'[gates.ok]\nrun = "{wait}"\n')
+    sync = tmp_path / "sync"  # where the gate and the test meet (the gate may write it)
+    sync.mkdir()
+    wait = f"touch '{sync}/please'; while [ ! -e '{sync}/locked' ]; do sleep 0.05; done"
+    (repo / "manifests" / "release.toml").write_text(
+        f'[sandbox]\nwritable = ["{sync}"]\n[gates.ok]\nrun = "{wait}"\n'
+    )
     git(repo, "commit", "-qam", "a gate during which the ref gets locked")
     submit(repo_info(repo), [envelope(repo, "w1")])
 
     def lock_when_asked() -> None:
-        while not (tmp_path / "please").exists():
+        while not (sync / "please").exists():
             time.sleep(0.02)
         lock.write_text("")
-        (tmp_path / "locked").touch()
+        (sync / "locked").touch()
 
     locker = threading.Thread(target=lock_when_asked, daemon=True)
     locker.start()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from conftest import git
-from test_pipeline import run_cli
 from test_integration import states, worker
+from test_pipeline import run_cli
 
 from dagrunner.contain import detect
 from dagrunner.integration import integrate
