@@ -417,8 +417,14 @@ def test_an_envelopes_gates_cannot_write_the_repository_or_other_worktrees(
     before = journal.read_bytes()
     result = integrate(repo=project, manifest=manifest, window=1)
     assert result.ok, result.to_json()
-    said = dict(line.split(":") for line in attempts.read_text().split())
-    assert said == {"ref": "no", "journal": "no", "checkout": "no", "bystander": "no", "own": "ok"}
+    verdicts = dict(line.split(":") for line in attempts.read_text().split())
+    assert verdicts == {
+        "ref": "no",
+        "journal": "no",
+        "checkout": "no",
+        "bystander": "no",
+        "own": "ok",
+    }
     assert not (project / "planted.txt").exists()
     assert (other / "work.txt").read_text() == "the bystander's uncommitted work\n"
     assert journal.read_bytes().startswith(before) and b"{}\n" not in journal.read_bytes()
