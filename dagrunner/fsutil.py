@@ -6,6 +6,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -146,3 +147,10 @@ def mark_own_output(folder: Path) -> None:
         if not path.exists():
             with contextlib.suppress(OSError):
                 path.write_bytes(data)
+
+
+def crash_point(name: str) -> None:
+    """Fault injection for the durability tests: SIGKILL ourselves at a named point
+    (``DAGRUNNER_CRASH_AT``: applying, gating, landing, landed-ref, allocating)."""
+    if os.environ.get("DAGRUNNER_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -38,19 +38,24 @@ def _git_running_in(places: list[Path]) -> bool:
 
 
 def check_locks(
-    *, common_dir: Path, ref: str, checkout: Path | None, own_worktree: Path | None
+    *, common_dir: Path, ref: str, checkout: Path | None, own_worktrees: list[Path]
 ) -> list[str]:
-    """Clear our own stale locks; raise ``stale-git-lock`` for another one. The cleared paths."""
-    others = [common_dir / f"{ref}.lock", common_dir / "packed-refs.lock"]
+    """Clear our own stale locks (``own_worktrees``: every integration slot of this target);
+    raise ``stale-git-lock`` for another one. The cleared paths.  ``HEAD.lock`` counts too:
+    moving a branch that HEAD names writes HEAD's reflog under it."""
+    others = [common_dir / f"{ref}.lock", common_dir / "packed-refs.lock", common_dir / "HEAD.lock"]
     if checkout is not None:
-        others.append(git_dir(checkout) / "index.lock")
-    ours = []
-    if own_worktree is not None and (own_worktree / ".git").exists():
-        ours.append(git_dir(own_worktree) / "index.lock")
-    found = [p for p in [*others, *ours] if p.exists()]
+        others += [git_dir(checkout) / "index.lock", git_dir(checkout) / "HEAD.lock"]
+    ours = [
+        git_dir(own) / name
+        for own in own_worktrees
+        if (own / ".git").exists()
+        for name in ("index.lock", "HEAD.lock")
+    ]
+    found = [p for p in dict.fromkeys([*others, *ours]) if p.exists()]
     if not found:
         return []
-    places = [common_dir] + [p for p in (checkout, own_worktree) if p is not None]
+    places = [common_dir, *own_worktrees] + ([checkout] if checkout is not None else [])
     if _git_running_in(places):
         return []  # a live git command holds them; landing will wait or fail on its own
     cleared = []

@@ -32,7 +32,7 @@ from dagrunner import judges, landing, recovery
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors import executor_for
-from dagrunner.fsutil import locked
+from dagrunner.fsutil import crash_point, locked
 from dagrunner.git import IDENTITY, git
 from dagrunner.gitlink import pin_gitfile
 from dagrunner.ledger import Ledger
@@ -168,6 +168,14 @@ class Integrator:
         git(["reset", "-q", "--hard", commit], cwd=path)
         git(["clean", "-q", "-ffdx"], cwd=path)
 
+    def slots(self) -> list[Path]:
+        """Every integration worktree of this target: the main one and the pipeline's."""
+        speculative = self.wt.parent / ".speculative" / self.wt.name
+        extra = (
+            sorted(p for p in speculative.iterdir() if p.is_dir()) if speculative.is_dir() else []
+        )
+        return [self.wt, *extra]
+
     def manifest_rel(self) -> Path:
         return judges.manifest_rel(self.manifest_arg)
 
@@ -264,7 +272,7 @@ class Integrator:
         (recorded); otherwise (a speculative head) it is queued again, to be judged later."""
         wt = wt or self.wt
         self.queue.record(envelope.id, EnvelopeState.APPLYING)
-        recovery.crash_point("applying")
+        crash_point("applying")
         before = git(["rev-parse", "HEAD"], cwd=wt).text
         with tempfile.NamedTemporaryFile(
             prefix="dagrunner-", suffix=".patch", delete=False

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dagrunner import checkout as checkouts
+from dagrunner.fsutil import crash_point
 from dagrunner.git import git, is_dirty
 from dagrunner.outcomes import Details, EnvelopeState, LandBlocked, LandOutcome
-from dagrunner.recovery import crash_point
 
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope

@@ -23,6 +23,7 @@ import orjson
 from dagrunner.fsutil import append_line, locked, read_lines, text_of
 
 EVENTS = {
+    "allocating",  # an allocation begun: what to undo if it never reaches "allocated"
     "allocated",
     "claimed",
     "released",
@@ -60,6 +61,14 @@ class Ledger:
     def events(self) -> list[dict[str, Any]]:
         """The raw events, oldest first (the file's own shape)."""
         return read_lines(self.path)
+
+    def unfinished(self, wt_id: str) -> dict[str, Any] | None:
+        """The allocation of ``wt_id`` a killed process began and never recorded as done."""
+        begun: dict[str, Any] | None = None
+        for event in self.events():
+            if event.get("id") == wt_id and event.get("event") in ("allocating", "allocated"):
+                begun = event if event.get("event") == "allocating" else None
+        return begun
 
     def state(self) -> dict[str, WorktreeRecord]:
         """Each worktree's current state, from its events (removed ones are left out)."""

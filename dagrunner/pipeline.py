@@ -32,13 +32,13 @@ import trio
 
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors import Executor
+from dagrunner.fsutil import crash_point
 from dagrunner.governor import Governor, resolve_capacity
 from dagrunner.manifest import Manifest
 from dagrunner.outcomes import Details, EnvelopeState, LandOutcome
 from dagrunner.plan import RunOptions
 from dagrunner.queueitems import Finished, GateRun, Item, Stage, auto_window
 from dagrunner.records import RunStatus, Status
-from dagrunner.recovery import crash_point
 from dagrunner.runner import gate_run
 
 if TYPE_CHECKING:

@@ -9,8 +9,6 @@ that cannot move.
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,13 +23,6 @@ from dagrunner.trailers import landed_on_target
 
 if TYPE_CHECKING:
     from dagrunner.integrator import Integrator
-
-
-def crash_point(name: str) -> None:
-    """Fault injection for the durability tests: SIGKILL ourselves at a named point
-    (``DAGRUNNER_CRASH_AT``: applying, gating, landing, landed-ref)."""
-    if os.environ.get("DAGRUNNER_CRASH_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def recover(it: Integrator) -> None:
@@ -105,7 +96,7 @@ def preflight(it: Integrator) -> None:
         common_dir=it.ctx.info.common_dir,
         ref=it.ref,
         checkout=it.target_checkout(),
-        own_worktree=it.wt,
+        own_worktrees=it.slots(),
     ):
         print(f"removed a stale lock of the integration worktree: {path}", file=sys.stderr)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.fsutil import crash_point
 from dagrunner.git import git, is_dirty
 from dagrunner.ledger import Ledger, WorktreeRecord
 from dagrunner.names import RULE, is_safe_name
@@ -148,6 +149,9 @@ def _allocate_locked(
             return _describe(
                 ctx, existing, session=owner or session, created=existing.created, reused=True
             )
+        begun = ctx.ledger.unfinished(wt_id)
+        if begun is not None:
+            _undo_unfinished(ctx, path, branch, str(begun.get("base")))
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise DagrunnerError(
                 "path-occupied",
@@ -175,6 +179,7 @@ def _allocate_locked(
                 hint=f"rename or delete that branch (git branch -m {branch} ...), or pick another worker",
             )
         path.parent.mkdir(parents=True, exist_ok=True)
+        ctx.ledger.append("allocating", wt_id, path=str(path), branch=branch, base=base_commit)
         pooled = take_from_pool(ctx.info.root, ctx.pool, path, branch, base_commit, wt_id)
         if not pooled:
             git(
@@ -191,6 +196,7 @@ def _allocate_locked(
                 ],
                 cwd=ctx.info.root,
             )
+        crash_point("allocating")  # the durability tests kill us here
         copied = _copy_included(ctx.info.root, path)
         at = ctx.ledger.append(
             "allocated",
@@ -208,6 +214,22 @@ def _allocate_locked(
     return _describe(
         ctx, made, session=session, created=at, reused=False, pooled=pooled, copied=tuple(copied)
     )
+
+
+def _undo_unfinished(ctx: Context, path: Path, branch: str, base: str) -> None:
+    """What a killed allocation left (a moved pool entry or a half-added worktree, never
+    handed to anyone) is removed -- unless it holds changes, which stay (path-occupied)."""
+    listed = git(["worktree", "list", "--porcelain", "-z"], cwd=ctx.info.root).stdout
+    if path.is_dir() and f"worktree {path}".encode() in listed.split(b"\0"):
+        if is_dirty(path, untracked=True):
+            return
+        git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
+        git(["worktree", "remove", "--force", "--force", str(path)], cwd=ctx.info.root)
+    tip = git(
+        ["rev-parse", "-q", "--verify", f"refs/heads/{branch}"], cwd=ctx.info.root, check=False
+    )
+    if tip.returncode == 0 and tip.text == base:  # made by that allocation: nothing on it
+        git(["branch", "-D", branch], cwd=ctx.info.root, check=False)
 
 
 def _restore(

@@ -141,6 +141,39 @@ def test_stale_lock_in_the_integrators_own_worktree_is_cleared(tmp_path: Path) -
     assert not (own / "index.lock").exists()
 
 
+def test_stale_locks_in_every_speculative_slot_are_cleared(tmp_path: Path) -> None:
+    """The pipeline's slots are the integrator's own too: a killed git's index.lock or
+    HEAD.lock under any of them is removed, where it once failed every rerun."""
+    repo = make_project(tmp_path)
+    submit(repo_info(repo), [envelope(repo, f"w{i}") for i in range(3)])
+    assert integrate(repo=repo, window=3).ok  # makes the speculative slots
+    admins = sorted((repo / ".git" / "worktrees").iterdir())
+    assert len(admins) >= 2
+    for admin in admins:
+        (admin / "index.lock").write_text("")
+        (admin / "HEAD.lock").write_text("")
+    submit(repo_info(repo), [envelope(repo, f"v{i}") for i in range(3)])
+    result = integrate(repo=repo, window=3)
+    assert result.ok and {str(e.state) for e in result.envelopes} == {"landed"}
+    assert not [a for a in admins if (a / "index.lock").exists() or (a / "HEAD.lock").exists()]
+
+
+def test_stale_head_lock_stops_before_any_gate_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Moving a branch that HEAD names writes HEAD's reflog under HEAD.lock: a stale one
+    once cost a whole gate run, then target-ref-unwritable."""
+    repo = make_project(tmp_path)
+    submit(repo_info(repo), [envelope(repo, "w1")])
+    lock = repo / ".git" / "HEAD.lock"
+    lock.write_text("")
+    code, body = run_json(capsys, "integrate", "run", "--repo", str(repo), "--json")
+    assert code == 3 and body["error"]["code"] == "stale-git-lock", body
+    assert str(lock) in body["error"]["message"]
+    lock.unlink()
+    assert integrate(repo=repo).ok
+
+
 def test_ref_that_cannot_be_written_is_not_mistaken_for_a_moving_target(tmp_path: Path) -> None:
     repo = make_project(tmp_path)
     lock = repo / ".git" / "refs" / "heads" / "main.lock"

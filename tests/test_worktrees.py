@@ -425,6 +425,40 @@ def test_pooled_allocation_is_like_a_fresh_one(project: Path) -> None:
     assert repo_info(project).common_dir == repo_info(path).common_dir
 
 
+@pytest.mark.parametrize("pooled", [True, False])
+def test_an_allocation_killed_midway_never_wedges_its_worker(project: Path, pooled: bool) -> None:
+    """SIGKILL after the pooled worktree moved into place (or after `worktree add`), before
+    the ledger says allocated: the next allocate finishes the job, where every later one
+    once said path-occupied for good."""
+    if pooled:
+        alloc(project, "w0")
+        assert lifecycle.cleanup("m/w0", repo=project)["action"] == "pooled"
+    argv = [*CLI, "worktree", "allocate", "--mission", "m", "--worker", "w1", "--json"]
+    env = {**os.environ, "DAGRUNNER_CRASH_AT": "allocating"}
+    killed = subprocess.run(argv, cwd=project, env=env, capture_output=True, check=False)
+    assert killed.returncode == -9
+    path = wt.open_context(project).root / "m" / "w1"
+    assert path.is_dir()  # what the killed allocation left
+    again = subprocess.run(argv, cwd=project, capture_output=True, check=False)
+    assert again.returncode == 0, again.stdout
+    made = orjson.loads(again.stdout)
+    assert made["path"] == str(path) and made["branch"] == "dagrunner/m/w1"
+    assert git(path, "status", "--porcelain") == ""
+    assert lifecycle.cleanup("m/w1", repo=project)["action"] in ("pooled", "removed")
+    assert not (project / ".git" / "index.lock").exists()
+
+
+def test_a_killed_allocation_with_changes_in_its_folder_keeps_them(project: Path) -> None:
+    argv = [*CLI, "worktree", "allocate", "--mission", "m", "--worker", "w1", "--json"]
+    env = {**os.environ, "DAGRUNNER_CRASH_AT": "allocating"}
+    subprocess.run(argv, cwd=project, env=env, capture_output=True, check=False)
+    path = wt.open_context(project).root / "m" / "w1"
+    (path / "somebody's.txt").write_text("written there after all\n")
+    again = subprocess.run(argv, cwd=project, capture_output=True, check=False)
+    assert again.returncode == 4 and orjson.loads(again.stdout)["error"]["code"] == "path-occupied"
+    assert (path / "somebody's.txt").read_text() == "written there after all\n"
+
+
 def test_vanished_worktree_is_restored_from_its_branch(project: Path) -> None:
     import shutil
 
