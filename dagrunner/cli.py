@@ -266,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("envelopes", nargs="+", type=Path, metavar="ENVELOPE", help="files to queue")
     sb.add_argument("--target", metavar="BRANCH", help="the branch they are for (default: HEAD's)")
     sb.add_argument(
+        "--allow-protected", action="store_true", help="may touch [integrate] protected"
+    )
+    sb.add_argument(
         "--wait",
         action="store_true",
         help="return when every envelope reached a final state (whoever runs the integrator); "

@@ -29,6 +29,7 @@ import trio
 
 from dagrunner import checkout as checkouts
 from dagrunner import judges, landing, recovery
+from dagrunner.admission import flagged, judging_files, refusal
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors import executor_for
@@ -46,7 +47,7 @@ from dagrunner.outcomes import (
     LandOutcome,
 )
 from dagrunner.pipeline import Pipeline
-from dagrunner.queue import Queue, same_repository
+from dagrunner.queue import Queue, QueueEntry
 from dagrunner.repo import FULL_DISK
 from dagrunner.trailers import commit_message
 from dagrunner.worktrees import Context, default_target
@@ -103,12 +104,13 @@ class Integrator:
         self.executor = executor
         self.window = window  # None: the manifest's [integrate] window, else adaptive
         self.confirm_failures = confirm_failures  # None: the manifest's (default 1)
-        self.manifest_changers: set[str] = set()
         self.result = IntegrationResult(
             target=target, start="", end="", report_dir=str(self.reports)
         )
         self.outcomes: dict[str, EnvelopeOutcome] = {}
-        self.meta: dict[str, tuple[str | None, str | None, str | None]] = {}
+        self.meta: dict[str, QueueEntry] = {}  # the queue's entries, read when one is unknown
+        self.protected: tuple[str, ...] = ()  # the target manifest's [integrate] protected
+        self.judging: dict[str, tuple[str, ...]] = {}  # envelope -> files that judge work
         self.stop = False
         self.cleaned: set[str] = set()  # envelopes whose worker worktree was seen to
         self.admins: dict[Path, Path | None] = {}  # integration worktree -> its admin folder
@@ -205,6 +207,7 @@ class Integrator:
         self.prepare_worktree(start)
         # a bad or missing manifest fails before anything is applied
         manifest = load_manifest(self.trusted_manifest(start))
+        self.protected = manifest.integrate.protected
         window = self.window or manifest.integrate.window
         confirm = self.confirm_failures
         if confirm is None:
@@ -219,25 +222,27 @@ class Integrator:
 
     def outcome(self, envelope_id: str, state: EnvelopeState, details: Details) -> None:
         """Say where an envelope ended in this run (with who made it: the journal is read once)."""
-        if envelope_id not in self.meta:
-            self.meta = {
-                i: (e.mission, e.worker, e.provenance) for i, e in self.queue.entries().items()
-            }
-        mission, worker, proof = self.meta.get(envelope_id, (None, None, None))
+        entry = self.entry(envelope_id)
         self.outcomes[envelope_id] = EnvelopeOutcome(
-            envelope_id, mission, worker, state, details, provenance=proof
+            envelope_id,
+            entry.mission if entry else None,
+            entry.worker if entry else None,
+            state,
+            details,
+            provenance=entry.provenance if entry else None,
         )
         self.result.envelopes = list(self.outcomes.values())
 
+    def entry(self, envelope_id: str) -> QueueEntry | None:
+        """The queue's entry of ``envelope_id`` (the journal is read once, and again for an
+        envelope submitted since)."""
+        if envelope_id not in self.meta:
+            self.meta = self.queue.entries()
+        return self.meta.get(envelope_id)
+
     def finish(self, envelope_id: str, state: EnvelopeState, details: Details) -> None:
         """Journal an envelope's final state and report it."""
-        if envelope_id in self.manifest_changers:
-            details = dataclasses.replace(
-                details,
-                manifest_changed=True,
-                note=details.note
-                or f"it changes {self.manifest_rel()}; it was gated by the target's own",
-            )
+        details = flagged(details, self.judging.get(envelope_id, ()), self.manifest_rel())
         self.queue.record(envelope_id, state, details)
         self.outcome(envelope_id, state, details)
 
@@ -251,16 +256,15 @@ class Integrator:
         except DagrunnerError as exc:
             self.reject(envelope_id, f"{exc.code}: {exc.message}")
             return None
-        if not same_repository(envelope, self.ctx.info):
-            self.reject(envelope_id, "envelope-foreign-repo")
-            return None
-        if git(
-            ["cat-file", "-e", f"{envelope.base}^{{commit}}"], cwd=self.repo, check=False
-        ).returncode:
-            self.reject(envelope_id, "envelope-unknown-base: its base commit is not here")
-            return None
-        if envelope.empty or not envelope.diff:
-            self.reject(envelope_id, "empty: the envelope holds no change")
+        entry = self.entry(envelope_id)
+        why = refusal(
+            envelope,
+            info=self.ctx.info,
+            protected=self.protected,
+            allow_protected=bool(entry and entry.allow_protected),
+        )
+        if why:
+            self.reject(envelope_id, why)
             return None
         return envelope
 
@@ -288,8 +292,7 @@ class Integrator:
         finally:
             patch.unlink(missing_ok=True)
         if result.returncode == 0:
-            if self.manifest_rel().as_posix() in envelope.touched:
-                self.manifest_changers.add(envelope.id)
+            self.judging[envelope.id] = judging_files(envelope.touched, self.manifest_rel())
             message = commit_message(envelope)
             git(
                 # no automatic gc/maintenance here: it would repack refs under a landing

@@ -131,15 +131,18 @@ class IntegrateSpec:
 
     window: int | None = None  # queue items gated at once; None: adaptive (what fits)
     confirm_failures: int = 1  # re-runs of failed gates before an item is blamed
+    # globs of paths an envelope may touch only when submitted with --allow-protected
+    protected: tuple[str, ...] = ()
 
 
-INTEGRATE_SETTINGS = ("window", "confirm_failures")
+INTEGRATE_SETTINGS = ("window", "confirm_failures", "protected")
 
 
 def _read_integrate_settings(table: Table) -> IntegrateSpec:
     return IntegrateSpec(
         window=table.take("window", auto(window), None),
         confirm_failures=table.take("confirm_failures", count, 1),
+        protected=table.take("protected", globs, ()),
     )
 
 

@@ -84,6 +84,9 @@ class Details:
     head: str | None = None  # gating: the speculative head its item was applied on
     position: int | None = None  # gating: its item's place in the pipeline's window (0: front)
     flaky_gates: tuple[str, ...] | None = None  # failed, then passed when re-run on that tree
+    # files it changes that change how git or dagrunner judge later work (.gitattributes,
+    # .gitmodules, the manifest): flagged like a manifest change
+    judging_changed: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,6 +110,7 @@ class Details:
             hunks=text_of(data.get("hunks")),
             failed_gates=_texts(data.get("failed_gates")),
             flaky_gates=_texts(data.get("flaky_gates")),
+            judging_changed=_texts(data.get("judging_changed")),
             report=text_of(data.get("report")),
             reason=text_of(data.get("reason")),
             manifest_changed=_flag(data.get("manifest_changed")),

@@ -55,6 +55,7 @@ class QueueEntry:
     target: str | None = None  # the branch it is for (None: submitted before targets, unclaimed)
     envelope: str | None = None  # the envelope's own id, where another item holds that id
     provenance: str | None = None  # whether the ledger proves which worktree exported it
+    allow_protected: bool = False  # submitted with --allow-protected ([integrate] protected)
     details: Details = NO_DETAILS
 
     def to_json(self) -> dict[str, Any]:
@@ -66,6 +67,8 @@ class QueueEntry:
         for key in ("mission", "worker", "source", "updated", "target", "envelope", "provenance"):
             if (value := getattr(self, key)) is not None:
                 body[key] = value
+        if self.allow_protected:
+            body["allow_protected"] = True
         return {**body, **self.details.to_json()}
 
     def followed_by(self, event: dict[str, Any]) -> QueueEntry:
@@ -94,6 +97,7 @@ class QueueEntry:
             target=self.target or target,
             envelope=self.envelope or text_of(event.get("envelope")),
             provenance=self.provenance or text_of(event.get("provenance")),
+            allow_protected=self.allow_protected or event.get("allow_protected") is True,
             details=self.details.merged(Details.from_json(event)),
         )
 
@@ -158,7 +162,7 @@ class Queue:
         details: Details = NO_DETAILS,
         *,
         event: str | None = None,
-        **origin: str,
+        **origin: str | bool,
     ) -> None:
         """Journal a state change (fsynced before it takes effect); ``origin`` is the mission,
         worker and source that ``submit`` records once; ``event`` names a change that is not
@@ -264,7 +268,13 @@ def _item_id(queue: Queue, envelope: Envelope, known: dict[str, QueueEntry]) -> 
     )
 
 
-def submit(info: RepoInfo, files: Iterable[Path], *, target: str | None = None) -> list[Submitted]:
+def submit(
+    info: RepoInfo,
+    files: Iterable[Path],
+    *,
+    target: str | None = None,
+    allow_protected: bool = False,
+) -> list[Submitted]:
     """Put envelopes on the queue (durably) for ``target`` (default: the branch of the main
     checkout) and return each one's position.
 
@@ -327,7 +337,13 @@ def submit(info: RepoInfo, files: Iterable[Path], *, target: str | None = None) 
                     )
                 )
                 continue
-            origin = {"mission": envelope.mission, "worker": envelope.worker, "source": str(path)}
+            origin: dict[str, Any] = {
+                "mission": envelope.mission,
+                "worker": envelope.worker,
+                "source": str(path),
+            }
+            if allow_protected:
+                origin["allow_protected"] = True
             if item != envelope.id:
                 origin["envelope"] = envelope.id
             try:
@@ -364,10 +380,15 @@ def submit(info: RepoInfo, files: Iterable[Path], *, target: str | None = None) 
 
 
 def submit_files(
-    files: Iterable[Path], *, repo: Path | None = None, target: str | None = None
+    files: Iterable[Path],
+    *,
+    repo: Path | None = None,
+    target: str | None = None,
+    allow_protected: bool = False,
 ) -> list[dict[str, Any]]:
     """``submit`` for the repository at ``repo`` (default: the current directory), as the
     public API and ``integrate submit --json`` give it."""
     from dagrunner.repo import repo_info
 
-    return [s.to_json() for s in submit(repo_info(repo), files, target=target)]
+    submitted = submit(repo_info(repo), files, target=target, allow_protected=allow_protected)
+    return [s.to_json() for s in submitted]

@@ -27,7 +27,11 @@ if TYPE_CHECKING:
 
 def recover(it: Integrator) -> None:
     """After a crash: envelopes whose commit is already on the target are landed; the rest requeue."""
-    pending = {i: e for i, e in it.queue.entries().items() if e.state not in FINAL}
+    pending = {  # this target's (another integrator may be working on another's right now)
+        i: e
+        for i, e in it.queue.entries().items()
+        if e.state not in FINAL and e.target in (None, it.target)
+    }
     if not pending:
         return
     landed = landed_on_target(it.repo, it.ref)

@@ -106,6 +106,11 @@ def held(root: Path) -> list[str]:
     return [c for c in (_holds(s) for s in _slots(root)) if c]
 
 
+def store_of(slot: Path) -> Path:
+    """The object store that the checkout in ``slot`` is a worktree of."""
+    return slot.parent.parent / "store.git"
+
+
 def ready(commit: str, root: Path) -> Path | None:
     """A complete checkout of ``commit`` under ``root``, if this machine has one."""
     return next((s for s in _slots(root) if _holds(s) == commit), None)

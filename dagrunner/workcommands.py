@@ -149,7 +149,12 @@ def cmd_integrate(args: argparse.Namespace) -> int:
     if action == "submit":
         from dagrunner.queue import submit_files
 
-        submitted = submit_files(args.envelopes, repo=args.repo, target=args.target)
+        submitted = submit_files(
+            args.envelopes,
+            repo=args.repo,
+            target=args.target,
+            allow_protected=args.allow_protected,
+        )
         for item in [] if args.json else submitted:
             what = "already queued" if item["duplicate"] else "queued"
             print(

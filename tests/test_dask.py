@@ -393,9 +393,12 @@ def test_the_pipeline_gates_speculative_heads_on_the_cluster(
 def test_tools_are_fingerprinted_where_gates_run(
     repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
 ) -> None:
-    """The hidden worker cannot see the repository, the other can: the tool's output differs
-    between them, the run says so naming both, and the key is made of both outputs."""
-    tool = f'test -d "{repo}"'  # exit 0 where the repository is visible, 1 where it is not
+    """The hidden worker's machine differs (its mount table holds the tmpfs that hides the
+    repositories; a tool sees no folder outside its own places, so a mount is what tells the
+    workers apart): the tool's output differs between them, the run says so naming both,
+    and the key is made of both outputs."""
+    base = repo.parents[1]  # pytest's base temp, which the hidden worker covers
+    tool = f"grep -c {base} /proc/self/mountinfo"  # 0 lines where no mount names the base
     manifest = f"[gates.a]\nrun = ['true']\ninputs = ['README']\ntools = ['{tool}']\n"
     code, body, run_dir = check(capsys, repo, manifest, "--executor", cluster.address)
     assert code == 0, body

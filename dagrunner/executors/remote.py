@@ -98,7 +98,7 @@ def _attempt_in(
             log_path=str(Path(tmp) / "gate.log"),
             sandbox_dir=str(Path(tmp) / "sb"),
             tree=str(checkout),
-            read_only=(),  # the submitter's folders are not here
+            read_only=(str(ship.store_of(checkout)),),  # git in the checkout reads it
             hide=None,  # the submitter's cache store is not here
         )
         cancel = Event(f"{key}-cancel")
