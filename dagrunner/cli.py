@@ -265,21 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
     sb = ig_sub.add_parser("submit", parents=[common, repo_opt], help="queue patch envelopes")
     sb.add_argument("envelopes", nargs="+", type=Path, metavar="ENVELOPE", help="files to queue")
     sb.add_argument("--target", metavar="BRANCH", help="the branch they are for (default: HEAD's)")
-    sb.add_argument(
-        "--allow-protected", action="store_true", help="may touch [integrate] protected"
-    )
+    sb.add_argument("--allow-protected", action="store_true", help="may touch protected paths")
     sb.add_argument(
         "--wait",
         action="store_true",
         help="return when every envelope reached a final state (whoever runs the integrator); "
         "exit 0 landed, 1 gates-failed, 4 conflict, 2 rejected",
     )
-    sb.add_argument(
-        "--timeout",
-        type=_duration,
-        metavar="DUR",
-        help="with --wait: give up after DUR (e.g. 10m); exit 124",
-    )
+    sb.add_argument("--timeout", type=_duration, metavar="DUR", help="with --wait: exit 124 after")
     wa = ig_sub.add_parser(
         "watch", parents=[common, repo_opt], help="follow the queue's events (JSON Lines)"
     )

@@ -25,7 +25,6 @@ Where none of these is available, the process-group and token sweep of
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import contextlib
 import functools
@@ -35,11 +34,12 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dagrunner import cgroups
 from dagrunner.fsutil import is_inside
 from dagrunner.view import APPLY_VIEW, View
 
@@ -123,104 +123,6 @@ class Containment:
         return text or "process group and token sweep only (no namespace or cgroup here)"
 
 
-def _own_cgroups() -> dict[str, str]:
-    """Controller (or "" for v2) -> this process's cgroup path, from /proc/self/cgroup."""
-    found: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            for name in controllers.split(",") if controllers else [""]:
-                found[name] = path
-    return found
-
-
-def _cgroup_mounts() -> Iterator[tuple[str, Path, list[str]]]:
-    """(filesystem type, mount point, super options) of each cgroup mount, from mountinfo."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            pre, _, post = line.partition(" - ")
-            fields, extra = pre.split(), post.split()
-            if len(fields) >= 5 and len(extra) >= 3 and extra[0] in ("cgroup", "cgroup2"):
-                yield extra[0], Path(fields[4]), extra[2].split(",")
-
-
-def _mounts() -> dict[str, Path]:
-    """ "" -> the cgroup2 mount; a v1 controller -> its hierarchy's mount."""
-    found: dict[str, Path] = {}
-    for kind, point, options in _cgroup_mounts():
-        for name in [""] if kind == "cgroup2" else options:
-            found.setdefault(name, point)
-    return found
-
-
-def favors_dynmods() -> bool | None:
-    """Whether the cgroup2 mount has ``favordynmods`` (None: no cgroup2 mount here).
-
-    Without it, moving a process into a cgroup waits for an RCU grace period (5-17 ms
-    measured) unless another move happened just before: a gate that starts alone, after
-    a quiet moment, pays it (docs/benchmarks.md)."""
-    for kind, _, options in _cgroup_mounts():
-        if kind == "cgroup2":
-            return "favordynmods" in options
-    return None
-
-
-def _pid_namespace() -> int:
-    """This process's PID namespace (its inode): a pid means something only within it."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def _usable(directory: Path, files: Sequence[str]) -> Path | None:
-    """A parent for per-gate cgroups under ``directory``, if we can make one with ``files``."""
-    base = directory / f"dagrunner-{_pid_namespace()}-{os.getpid()}"
-    _remove_stale(directory)
-    try:
-        base.mkdir(exist_ok=True)
-        atexit.register(_rmdir_tree, base)
-        probe = Path(tempfile.mkdtemp(prefix="probe-", dir=base))
-        ok = all((probe / name).exists() for name in files)
-        probe.rmdir()
-    except OSError:
-        return None
-    return base if ok else None
-
-
-def _rmdir_tree(base: Path) -> None:
-    """Remove a runner's cgroup folder and its (empty) gate cgroups; a busy one stays."""
-    with contextlib.suppress(OSError):
-        for child in base.iterdir():
-            if child.is_dir():
-                with contextlib.suppress(OSError):
-                    child.rmdir()
-        base.rmdir()
-
-
-def _remove_stale(directory: Path) -> None:
-    """Folders of runners that died without removing theirs (SIGKILL).  Only runners of our
-    own PID namespace are judged: a nested run inside a gate sees other pids (or none) in
-    its /proc, and must never take a live outer runner's folder for a dead one's."""
-    ours = _pid_namespace()
-    with contextlib.suppress(OSError):
-        for entry in directory.glob(f"dagrunner-{ours}-*"):
-            pid = entry.name.rsplit("-", 1)[1]
-            if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
-                _rmdir_tree(entry)
-
-
-def _v2_controllers(base: Path, wanted: Sequence[str]) -> set[str]:
-    """Enable ``wanted`` controllers for the children of ``base`` where the parent offers them."""
-    enabled = set()
-    for name in wanted:
-        with contextlib.suppress(OSError):
-            if name in (base / "cgroup.controllers").read_text().split():
-                (base / "cgroup.subtree_control").write_text(f"+{name}")
-                enabled.add(name)
-    return enabled
-
-
 @functools.cache
 def detect() -> Containment:
     """What containment this machine allows; probed once per process."""
@@ -233,20 +135,20 @@ def detect() -> Containment:
         pidns = _probe(unshare, userns, confine=False)
         # the allow-list apart: a machine whose mounts fail keeps its PID namespace
         views = pidns and _probe(unshare, userns, confine=True)
-    own, mounts = _own_cgroups(), _mounts()
+    own, mounts = cgroups.own_cgroups(), cgroups.mounts()
     cgroup_kill = pids = memory = None
     if "" in own and "" in mounts:
-        base = _usable(mounts[""] / own[""].lstrip("/"), ["cgroup.kill", "cgroup.procs"])
+        base = cgroups.usable(mounts[""] / own[""].lstrip("/"), ["cgroup.kill", "cgroup.procs"])
         if base is not None:
             cgroup_kill = base
-            enabled = _v2_controllers(base, ["pids", "memory"])
+            enabled = cgroups.v2_controllers(base, ["pids", "memory"])
             pids = base if "pids" in enabled else None
             memory = base if "memory" in enabled else None
     for name, limit in (("pids", "pids.max"), ("memory", "memory.limit_in_bytes")):
         if (name == "pids" and pids) or (name == "memory" and memory):
             continue
         if name in own and name in mounts:
-            found = _usable(mounts[name] / own[name].lstrip("/"), [limit, "cgroup.procs"])
+            found = cgroups.usable(mounts[name] / own[name].lstrip("/"), [limit, "cgroup.procs"])
             if name == "pids":
                 pids = found
             else:
@@ -285,11 +187,11 @@ def _probe(unshare: str, userns: bool, *, confine: bool) -> bool:
             ops = "\n".join(view.operations())
             test = '[ ! -e "$1/secret" ] && touch "$1/keep/ok" && ! touch "$2/x" 2>/dev/null'
             check = ["/bin/sh", "-c", test, "probe", f"{tmp}/cover", f"{tmp}/outside"]
-        left = f"{tmp}/cover/keep/left" if confine else f"{tmp}/left"
-        init = ["/bin/sh", "-c", _INIT, "init", left, ops, tmp, "--"]
+        left = Path(f"{tmp}/cover/keep/left" if confine else f"{tmp}/left")
+        argv = namespaced(check, ops=ops, left=left, cwd=root, unshare=unshare, userns=userns)
         try:
             probe = subprocess.run(
-                [*_unshare(unshare, userns), *init, *check],
+                argv,
                 capture_output=True,
                 stdin=subprocess.DEVNULL,
                 timeout=10,
@@ -300,10 +202,23 @@ def _probe(unshare: str, userns: bool, *, confine: bool) -> bool:
         return probe.returncode == 0 and (not confine or (root / "cover" / "keep" / "ok").exists())
 
 
-def _unshare(unshare: str, userns: bool) -> list[str]:
+def namespaced(
+    argv: Sequence[str],
+    *,
+    ops: str,
+    left: Path,
+    cwd: Path,
+    unshare: str = "unshare",
+    userns: bool = False,
+    groups: Sequence[Path] = (),
+) -> list[str]:
+    """``argv`` run by the init in new PID and mount namespaces (with a user namespace when
+    ``userns``: how an ordinary user gets them), after the view's ``ops`` (one a line) and
+    joining ``groups``; the count of what was left goes to ``left``."""
     # Not root: a user namespace (mapped to root inside) gives the mount and PID namespaces.
     user = ["--user", "--map-root-user"] if userns else []
-    return [unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--"]
+    init = ["/bin/sh", "-c", _INIT, "init", str(left), ops, str(cwd), *map(str, groups), "--"]
+    return [unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--", *init, *argv]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -406,9 +321,15 @@ def jail(
             ops = [f"hide {hide}"]
         else:
             ops = []
-        init = ["/bin/sh", "-c", _INIT, "init", str(left), "\n".join(ops), str(cwd)]
-        init += [*map(str, groups), "--"]
-        command = [*_unshare(found.unshare, found.userns), *init, *command]
+        command = namespaced(
+            command,
+            ops="\n".join(ops),
+            left=left,
+            cwd=cwd,
+            unshare=found.unshare,
+            userns=found.userns,
+            groups=groups,
+        )
     elif groups:
         command = ["/bin/sh", "-c", _JOIN, "join", *map(str, groups), "--", *command]
     if found.pdeathsig:

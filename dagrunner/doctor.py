@@ -78,7 +78,19 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         report.add("PASS", "worktrees", f"supported ({count} registered)")
     else:
         report.add("FAIL", "worktrees", "git worktree is not usable here", "upgrade git")
-    from dagrunner.contain import detect, favors_dynmods
+    scopes = git(["config", "--list", "--show-scope"], cwd=info.root, check=False).text.split()
+    outside = sorted({line.split("\t")[0] for line in scopes} & {"global", "system"})
+    report.add(
+        "FAIL" if outside else "PASS",
+        "git-config",
+        f"dagrunner's git reads {', '.join(outside)} config"
+        if outside
+        else "dagrunner's git reads the repository's config only (no global or system file); "
+        "fsmonitor, hooks, ssh, askpass and credential helpers off",
+        "report this: GIT_CONFIG_GLOBAL/GIT_CONFIG_SYSTEM were not honoured" if outside else "",
+    )
+    from dagrunner.cgroups import favors_dynmods
+    from dagrunner.contain import detect
 
     contained = detect()
     report.facts["containment"] = contained.to_json()

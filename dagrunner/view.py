@@ -18,22 +18,23 @@ from pathlib import Path
 from dagrunner.fsutil import is_inside
 
 # The operations' interpreter, part of the gate's PID 1 (``contain._INIT``): ``$ops`` holds
-# one operation a line; ``fail`` ends the init with 125 before the gate starts.
+# one operation a line; ``fail`` ends the init with 125 before the gate starts.  Every mount
+# is ``-n``: no userspace mount table to update, which an ordinary user cannot write.
 APPLY_VIEW = r"""fail() { echo "dagrunner: could not $1 for the gate" >&2; exit 125; }
 if [ -n "$ops" ]; then
   tab=$(printf '\t'); keep=; under=
   while IFS= read -r op; do
     arg=${op#* }; src=${arg%%"$tab"*}; dst=${arg#*"$tab"}
     case $op in
-      "tmpfs "*) mount -t tmpfs -o mode=0755 dagrunner-private "$arg" || fail "cover $arg" ;;
-      "hide "*) [ ! -d "$arg" ] || mount -t tmpfs -o ro,size=4k,mode=000 dagrunner-hidden "$arg" \
+      "tmpfs "*) mount -n -t tmpfs -o mode=0755 dagrunner-private "$arg" || fail "cover $arg" ;;
+      "hide "*) [ ! -d "$arg" ] || mount -n -t tmpfs -o ro,size=4k,mode=000 dagrunner-hidden "$arg" \
                 || fail "hide $arg" ;;
       "mkdir "*) mkdir -p "$arg" || fail "make $arg" ;;
-      "bind "*) mount --rbind "$src" "$dst" || fail "show $src" ;;
-      "move "*) mount --move "$src" "$dst" || fail "place $dst" ;;
+      "bind "*) mount -n --rbind "$src" "$dst" || fail "show $src" ;;
+      "move "*) mount -n --move "$src" "$dst" || fail "place $dst" ;;
       "keep "*) keep="$keep$tab$arg" ;;
       "under "*) under="$under$tab$arg" ;;
-      "ro "*) mount -o remount,bind,ro "$arg" || fail "make $arg read-only" ;;
+      "ro "*) mount -n -o remount,bind,ro "$arg" || fail "make $arg read-only" ;;
       "readonly")
         # every mount read-only but the kept ones, those under a cover (hidden there, or
         # placed by an op of their own) and the kernel's
@@ -46,7 +47,7 @@ if [ -n "$ops" ]; then
           for c in $under; do case $point in "$c"|"$c"/*) hidden=1 ;; esac; done
           unset IFS
           [ -z "$hidden" ] || continue
-          mount -o remount,bind,ro "$point" 2>/dev/null || ! mountpoint -q "$point" \
+          mount -n -o remount,bind,ro "$point" 2>/dev/null || ! mountpoint -q "$point" \
             || fail "make $point read-only"
         done < /proc/self/mountinfo
         set +f ;;

@@ -299,19 +299,19 @@ def test_every_attempts_log_of_a_retried_gate_is_redacted(
 def test_a_runner_never_takes_a_live_runner_of_another_pid_namespace_for_dead() -> None:
     """A nested run inside a gate sees its own /proc: pids of runners outside its namespace
     are not there.  Only folders of its own namespace may be judged stale and removed."""
-    from dagrunner import contain
+    from dagrunner import cgroups, contain
 
     found = contain.detect().memory or contain.detect().pids
     if found is None:
         pytest.skip("no delegated cgroup here")
     directory = found.parent
-    ours = contain._pid_namespace()
+    ours = cgroups.pid_namespace()
     other = directory / f"dagrunner-{ours + 1}-999999"  # alive, seen from another namespace
     dead = directory / f"dagrunner-{ours}-999999"  # dead, in ours
     for folder in (other, dead):
         folder.mkdir(exist_ok=True)
     try:
-        contain._remove_stale(directory)
+        cgroups.remove_stale(directory)
         assert other.is_dir() and not dead.exists()
     finally:
         for folder in (other, dead):
