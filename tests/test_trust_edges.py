@@ -142,8 +142,8 @@ def test_an_ordinary_user_gets_the_namespaces_and_the_allow_list(open_place: Pat
     else:
         pytest.skip("needs setpriv to become an ordinary user")
     place = open_place
-    for folder in ("cover/tree", "cover/secret", "beside", "stage"):
-        (place / folder).mkdir(parents=True)
+    for name in ("cover/tree", "cover/secret", "beside", "stage"):
+        (place / name).mkdir(parents=True)
     for folder in [place, *place.rglob("*")]:
         folder.chmod(0o777)
     view = View(
