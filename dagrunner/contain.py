@@ -32,6 +32,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -45,16 +46,15 @@ from dagrunner.view import APPLY_VIEW, View
 
 DEFAULT_MAX_PIDS = 8192
 # PID 1 of the gate's namespace: join the cgroups, shape the gate's view of the filesystem
-# (one operation per line of $2, see ``View``), run the gate in $3, forward SIGTERM, reap,
+# (one operation per line of $2, applied by $5 in the Python $4: ``view.APPLY_VIEW``), run
+# the gate in $3, forward SIGTERM, reap,
 # and count the processes still alive when the gate has exited (into $1: a place the view
 # keeps writable, since no file may be open for writing where a mount turns read-only).
-_INIT = (
-    r"""
-left=$1; ops=$2; dir=$3; shift 3
+_INIT = r"""
+left=$1; ops=$2; dir=$3; py=$4; view=$5; shift 5
 while [ "$1" != -- ]; do echo 0 > "$1/cgroup.procs" || exit 125; shift; done; shift
-"""
-    + APPLY_VIEW
-    + r"""cd "$dir" || fail "enter $dir"
+if [ -n "$ops" ]; then "$py" -S -I -c "$view" "$ops" || exit 125; fi
+cd "$dir" || { echo "dagrunner: could not enter $dir for the gate" >&2; exit 125; }
 "$@" &
 child=$!
 trap 'kill -TERM $child 2>/dev/null' TERM INT HUP
@@ -66,7 +66,6 @@ n=0; for d in /proc/[0-9]*; do n=$((n + 1)); done
 echo $((n - 1)) > "$left"
 exit $code
 """
-)
 # Joins every cgroup directory named before "--", then becomes the rest of the command.
 _JOIN = r"""
 while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 125; shift; done
@@ -211,13 +210,16 @@ def namespaced(
     unshare: str = "unshare",
     userns: bool = False,
     groups: Sequence[Path] = (),
+    python: str = sys.executable,
 ) -> list[str]:
     """``argv`` run by the init in new PID and mount namespaces (with a user namespace when
     ``userns``: how an ordinary user gets them), after the view's ``ops`` (one a line) and
-    joining ``groups``; the count of what was left goes to ``left``."""
+    joining ``groups``; the count of what was left goes to ``left``.  ``python`` applies the
+    view (the one running dagrunner: the invoking user's own)."""
     # Not root: a user namespace (mapped to root inside) gives the mount and PID namespaces.
     user = ["--user", "--map-root-user"] if userns else []
-    init = ["/bin/sh", "-c", _INIT, "init", str(left), ops, str(cwd), *map(str, groups), "--"]
+    init = ["/bin/sh", "-c", _INIT, "init", str(left), ops, str(cwd), python, APPLY_VIEW]
+    init += [*map(str, groups), "--"]
     return [unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--", *init, *argv]
 
 

@@ -17,45 +17,70 @@ from pathlib import Path
 
 from dagrunner.fsutil import is_inside
 
-# The operations' interpreter, part of the gate's PID 1 (``contain._INIT``): ``$ops`` holds
-# one operation a line; ``fail`` ends the init with 125 before the gate starts.  Every mount
-# is ``-n``: no userspace mount table to update, which an ordinary user cannot write.
-APPLY_VIEW = r"""fail() { echo "dagrunner: could not $1 for the gate" >&2; exit 125; }
-if [ -n "$ops" ]; then
-  tab=$(printf '\t'); keep=; under=
-  while IFS= read -r op; do
-    arg=${op#* }; src=${arg%%"$tab"*}; dst=${arg#*"$tab"}
-    case $op in
-      "tmpfs "*) mount -n -t tmpfs -o mode=0755 dagrunner-private "$arg" || fail "cover $arg" ;;
-      "hide "*) [ ! -d "$arg" ] || mount -n -t tmpfs -o ro,size=4k,mode=000 dagrunner-hidden "$arg" \
-                || fail "hide $arg" ;;
-      "mkdir "*) mkdir -p "$arg" || fail "make $arg" ;;
-      "bind "*) mount -n --rbind "$src" "$dst" || fail "show $src" ;;
-      "move "*) mount -n --move "$src" "$dst" || fail "place $dst" ;;
-      "keep "*) keep="$keep$tab$arg" ;;
-      "under "*) under="$under$tab$arg" ;;
-      "ro "*) mount -n -o remount,bind,ro "$arg" || fail "make $arg read-only" ;;
-      "readonly")
+# The operations' interpreter, run by the gate's PID 1 (``contain._INIT``) with the
+# runner's own Python (``-S -I``: the standard library only, nothing of the caller's or
+# the tree's): each operation is a mount(2) call, about 11 ms for a whole view where one
+# mount(8) per operation cost 30.  Any failure ends the init with 125 before the gate starts.
+APPLY_VIEW = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+RDONLY, REMOUNT, BIND, MOVE, REC = 1, 32, 4096, 8192, 16384
+KEPT = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
+        "relatime": 1 << 21, "strictatime": 1 << 24}  # locked in a user namespace: kept
+
+def mount(src, dst, kind, flags, data, what):
+    if libc.mount(src, dst.encode(), kind, flags, data) != 0:
+        err = ctypes.get_errno()
+        raise SystemExit(f"dagrunner: could not {what} {dst} for the gate: {os.strerror(err)}")
+
+def table():
+    found = {}
+    with open("/proc/self/mountinfo", "rb") as info:
+        for line in info:
+            fields = line.split(b" ")
+            point = fields[4].decode("unicode_escape").encode("latin-1").decode()
+            found[point] = fields[5].decode().split(",")  # the last one at a path is on top
+    return found
+
+def read_only(point, options):
+    flags = REMOUNT | BIND | RDONLY | sum(KEPT.get(o, 0) for o in options)
+    if libc.mount(None, point.encode(), None, flags, None) != 0:
+        err = ctypes.get_errno()
+        if err == 22 and not os.path.ismount(point):  # EINVAL: hidden by another mount
+            return
+        raise SystemExit(f"dagrunner: could not make {point} read-only for the gate: "
+                         f"{os.strerror(err)}")
+
+keep, under = set(), []
+for op in sys.argv[1].splitlines():
+    verb, _, arg = op.partition(" ")
+    src, _, dst = arg.partition("\t")
+    if verb == "tmpfs":
+        mount(b"dagrunner-private", arg, b"tmpfs", 0, b"mode=0755", "cover")
+    elif verb == "hide" and os.path.isdir(arg):
+        mount(b"dagrunner-hidden", arg, b"tmpfs", RDONLY, b"size=4k,mode=000", "hide")
+    elif verb == "mkdir":
+        os.makedirs(arg, exist_ok=True)
+    elif verb == "bind":
+        mount(src.encode(), dst, None, BIND | REC, None, "show")
+    elif verb == "move":
+        mount(src.encode(), dst, None, MOVE, None, "place")
+    elif verb == "keep":
+        keep.add(arg)
+    elif verb == "under":
+        under.append(arg)
+    elif verb == "ro":
+        read_only(arg, table().get(arg, []))
+    elif verb == "readonly":
         # every mount read-only but the kept ones, those under a cover (hidden there, or
-        # placed by an op of their own) and the kernel's
-        set -f
-        while read -r _ _ _ _ point _; do
-          point=$(printf '%b' "$point")
-          case $point in /proc|/proc/*|/dev|/dev/*|/sys|/sys/*) continue ;; esac
-          case "$keep$tab" in *"$tab$point$tab"*) continue ;; esac
-          hidden=; IFS=$tab
-          for c in $under; do case $point in "$c"|"$c"/*) hidden=1 ;; esac; done
-          unset IFS
-          [ -z "$hidden" ] || continue
-          mount -n -o remount,bind,ro "$point" 2>/dev/null || ! mountpoint -q "$point" \
-            || fail "make $point read-only"
-        done < /proc/self/mountinfo
-        set +f ;;
-    esac
-  done <<EOF_OPS
-$ops
-EOF_OPS
-fi
+        # placed by an operation of their own) and the kernel's
+        for point, options in table().items():
+            if point in keep or point.split("/")[1] in ("proc", "dev", "sys"):
+                continue
+            if any(point == c or point.startswith(c + "/") for c in under):
+                continue
+            if "ro" not in options:
+                read_only(point, options)
 """
 
 
