@@ -36,8 +36,8 @@ from dagrunner.executors import executor_for
 from dagrunner.fsutil import crash_point, locked
 from dagrunner.git import IDENTITY, git
 from dagrunner.gitlink import pin_gitfile
+from dagrunner.landedwork import clean_after_landing
 from dagrunner.ledger import Ledger
-from dagrunner.lifecycle import clean_after_landing
 from dagrunner.manifest import load_manifest
 from dagrunner.outcomes import (
     Details,
@@ -409,7 +409,7 @@ class Integrator:
         self.note_workers(self.clean_workers(list(self.outcomes)))
 
     def clean_workers(self, ids: list[str]) -> dict[str, str]:
-        """See ``lifecycle.clean_after_landing``: only a provably producing worktree goes.
+        """See ``landedwork.clean_after_landing``: only a provably producing worktree goes.
         What became of each (the pipeline runs this in a thread after each landing)."""
         chosen = [i for i in ids if i not in self.cleaned]
         self.cleaned.update(chosen)

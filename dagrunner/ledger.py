@@ -62,12 +62,15 @@ class Ledger:
         """The raw events, oldest first (the file's own shape)."""
         return read_lines(self.path)
 
-    def unfinished(self, wt_id: str) -> dict[str, Any] | None:
-        """The allocation of ``wt_id`` a killed process began and never recorded as done."""
-        begun: dict[str, Any] | None = None
+    def unfinished(self) -> dict[str, dict[str, Any]]:
+        """Worktree id -> the allocation a killed process began and never recorded as done."""
+        begun: dict[str, dict[str, Any]] = {}
         for event in self.events():
-            if event.get("id") == wt_id and event.get("event") in ("allocating", "allocated"):
-                begun = event if event.get("event") == "allocating" else None
+            wt_id, kind = event.get("id"), event.get("event")
+            if isinstance(wt_id, str) and kind == "allocating":
+                begun[wt_id] = event
+            elif isinstance(wt_id, str) and kind in ("allocated", "pruned"):
+                begun.pop(wt_id, None)
         return begun
 
     def state(self) -> dict[str, WorktreeRecord]:

@@ -12,21 +12,19 @@ import contextlib
 import dataclasses
 import datetime as dt
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.fsutil import atomic_write
 from dagrunner.git import GitResult, git
 from dagrunner.gitlink import pin_gitfile
 from dagrunner.ledger import WorktreeRecord, now
-from dagrunner.outcomes import EnvelopeOutcome, EnvelopeState
 from dagrunner.pool import pool_room, to_pool
-from dagrunner.statetree import backup_commit, state_tree
+from dagrunner.statetree import backup_commit
 from dagrunner.worktrees import (
     Context,
     default_target,
@@ -34,6 +32,7 @@ from dagrunner.worktrees import (
     recorded_state,
     remove_worktree,
     split_id,
+    undo_unfinished,
 )
 from dagrunner.wtrecords import WorktreeStatus
 
@@ -377,66 +376,14 @@ def prune(
                     env=env,
                     keep_unlanded_branch=not info.integrated,
                 )
+        for wt_id, begun in sorted(ctx.ledger.unfinished().items()):  # a killed allocate's
+            place = (Path(str(begun.get("path"))), str(begun.get("branch")), str(begun.get("base")))
+            if wt_id in ctx.ledger.state():
+                continue
+            if dry_run or undo_unfinished(ctx, *place):
+                removed.append({"id": wt_id, "action": "remove", "reason": "allocation killed"})
+                if not dry_run:
+                    ctx.ledger.append("pruned", wt_id)
+            else:
+                retained.append({"id": wt_id, "reason": "a killed allocation's folder has changes"})
     return {"dry_run": dry_run, "removed": removed, "retained": retained}
-
-
-# -- after a landing ------------------------------------------------------------------
-
-
-def clean_after_landing(
-    ctx: Context,
-    outcomes: Iterable[EnvelopeOutcome],
-    load: Callable[[str], Envelope],
-    target: str,
-    env: Mapping[str, str],
-) -> dict[str, str]:
-    """A landed envelope's worktree goes only when it provably produced that envelope.
-
-    Proof: the ledger records an export of exactly this envelope (id, tree and
-    diff hash) from that worktree, no other session has claimed it since, and
-    its full state is still that tree -- so everything it holds has landed.
-    Anything less and the worktree is left alone with a note: an envelope's
-    mission, worker and tree are a worker's claims, not facts.  Returns what
-    became of each landed envelope's worktree, by envelope id.
-    """
-    states = ctx.ledger.state()
-    done: dict[str, str] = {}
-    for outcome in outcomes:
-        wt_id = f"{outcome.mission}/{outcome.worker}"
-        state = states.get(wt_id)
-        if state is None or not Path(state.path).is_dir():
-            continue
-        if outcome.state is not EnvelopeState.LANDED:
-            ctx.ledger.append("retained", wt_id, reason=f"envelope {outcome.id} {outcome.state}")
-            continue
-        why = unproven(load(outcome.id), state)
-        if why:
-            ctx.ledger.append("retained", wt_id, reason=why)
-            done[outcome.id] = f"retained: {why}"
-            continue
-        try:
-            with ctx.ledger.exclusive():
-                cleaned = cleanup_recorded(
-                    ctx, wt_id, state, force=False, target=target, env=env, assume_landed=True
-                )
-            done[outcome.id] = cleaned["action"]
-        except DagrunnerError as exc:
-            done[outcome.id] = f"retained: {exc.message}"
-    return done
-
-
-def unproven(envelope: Envelope, state: WorktreeRecord) -> str:
-    """Why the worktree of ``state`` is not proven to hold exactly ``envelope`` ('' if it is)."""
-    exported = state.export_of(envelope.exported_id)
-    if (
-        exported is None
-        or exported.tree != envelope.tree
-        or exported.diff_sha256 != envelope.diff_sha256
-    ):
-        return "no export of this envelope from this worktree is recorded"
-    owner = state.session
-    if owner and owner != exported.session:
-        return f"claimed by session {owner!r}, not the exporting session"
-    if state_tree(Path(state.path)) != envelope.tree:
-        return "holds work beyond the landed envelope"
-    return ""

@@ -149,9 +149,9 @@ def _allocate_locked(
             return _describe(
                 ctx, existing, session=owner or session, created=existing.created, reused=True
             )
-        begun = ctx.ledger.unfinished(wt_id)
+        begun = ctx.ledger.unfinished().get(wt_id)
         if begun is not None:
-            _undo_unfinished(ctx, path, branch, str(begun.get("base")))
+            undo_unfinished(ctx, path, branch, str(begun.get("base")))
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise DagrunnerError(
                 "path-occupied",
@@ -216,13 +216,14 @@ def _allocate_locked(
     )
 
 
-def _undo_unfinished(ctx: Context, path: Path, branch: str, base: str) -> None:
+def undo_unfinished(ctx: Context, path: Path, branch: str, base: str) -> bool:
     """What a killed allocation left (a moved pool entry or a half-added worktree, never
-    handed to anyone) is removed -- unless it holds changes, which stay (path-occupied)."""
+    handed to anyone) is removed -- unless it holds changes, which stay (path-occupied).
+    Whether nothing of it is left."""
     listed = git(["worktree", "list", "--porcelain", "-z"], cwd=ctx.info.root).stdout
     if path.is_dir() and f"worktree {path}".encode() in listed.split(b"\0"):
         if is_dirty(path, untracked=True):
-            return
+            return False
         git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
         git(["worktree", "remove", "--force", "--force", str(path)], cwd=ctx.info.root)
     tip = git(
@@ -230,6 +231,7 @@ def _undo_unfinished(ctx: Context, path: Path, branch: str, base: str) -> None:
     )
     if tip.returncode == 0 and tip.text == base:  # made by that allocation: nothing on it
         git(["branch", "-D", branch], cwd=ctx.info.root, check=False)
+    return not path.exists()
 
 
 def _restore(

@@ -66,6 +66,7 @@ def test_doctor_reports_each_check(project: Path, capsys: pytest.CaptureFixture[
         "repository": "PASS",
         "bare": "PASS",
         "worktrees": "PASS",
+        "git-config": "PASS",
         "containment": "PASS" if contained else "WARN",
         "root": "PASS",
         "disk": "PASS",
@@ -446,6 +447,18 @@ def test_an_allocation_killed_midway_never_wedges_its_worker(project: Path, pool
     assert git(path, "status", "--porcelain") == ""
     assert lifecycle.cleanup("m/w1", repo=project)["action"] in ("pooled", "removed")
     assert not (project / ".git" / "index.lock").exists()
+
+
+def test_prune_reclaims_an_allocation_killed_midway(project: Path) -> None:
+    argv = [*CLI, "worktree", "allocate", "--mission", "m", "--worker", "w1", "--json"]
+    env = {**os.environ, "DAGRUNNER_CRASH_AT": "allocating"}
+    subprocess.run(argv, cwd=project, env=env, capture_output=True, check=False)
+    path = wt.open_context(project).root / "m" / "w1"
+    assert path.is_dir()
+    pruned = lifecycle.prune(repo=project)
+    assert {"id": "m/w1", "action": "remove", "reason": "allocation killed"} in pruned["removed"]
+    assert not path.exists() and "dagrunner/m/w1" not in git(project, "branch", "--list")
+    assert lifecycle.prune(repo=project)["removed"] == []  # reclaimed once
 
 
 def test_a_killed_allocation_with_changes_in_its_folder_keeps_them(project: Path) -> None:
