@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,15 +141,19 @@ def git_output(
     """What ``git args`` prints, read whole -- or None once it passes ``limit`` bytes (git is
     then stopped: nothing over the limit is ever held).  Raises like :func:`git` on failure."""
     argv = ["git", *args]
-    with subprocess.Popen(
-        argv,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=git_env(env),
-    ) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
+    # stderr to a file: a pipe git fills with warnings while we read stdout would stall both
+    with (
+        tempfile.TemporaryFile() as errors,
+        subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            env=git_env(env),
+        ) as proc,
+    ):
+        assert proc.stdout is not None
         chunks: list[bytes] = []
         size = 0
         while chunk := proc.stdout.read(1 << 20):
@@ -158,8 +163,9 @@ def git_output(
                 proc.wait()
                 return None
             chunks.append(chunk)
-        stderr = proc.stderr.read()
         code = proc.wait()
+        errors.seek(0)
+        stderr = errors.read()
     if code != 0:
         first = stderr.decode("utf-8", "replace").strip().splitlines()
         raise DagrunnerError(

@@ -219,7 +219,7 @@ def _view(job: GateJob, env: Mapping[str, str], hide: Path | None) -> View:
     just before the gate starts."""
     tree = Path(job.tree or job.cwd)
     home = Path(job.sandbox_dir)
-    writable = [tree, *(tree / p for p in job.writable)]  # an absolute p stays itself
+    writable = [tree, *_places(tree, job.writable)]
     tools = [Path(p) for p in env.get("PATH", DEFAULT_PATH).split(":") if p.startswith("/")]
     if job.argv[0].startswith("/"):
         tools.append(Path(job.argv[0]).parent)
@@ -233,6 +233,20 @@ def _view(job: GateJob, env: Mapping[str, str], hide: Path | None) -> View:
         hide=hide,
         tools=tools,
     )
+
+
+def _places(tree: Path, paths: tuple[str, ...]) -> list[Path]:
+    """The manifest's writable places: an absolute one as it is; a relative one only where
+    it stays inside the tree once its symlinks are read -- the tree may be an envelope's,
+    which must not point ``build/cache`` at the user's ``~/.ssh`` to have it made writable."""
+    inside = os.path.realpath(tree)
+    found = []
+    for path in paths:
+        if path.startswith("/"):
+            found.append(Path(path))
+        elif is_inside(Path(os.path.realpath(tree / path)), Path(inside)):
+            found.append(tree / path)
+    return found
 
 
 EROFS_NOTE = (

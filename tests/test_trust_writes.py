@@ -136,3 +136,30 @@ def test_an_envelopes_gate_cannot_plant_a_gitconfig_in_the_integrators_home(
     assert git(project, "branch", "--list", "escaped") == ""
     queue = Queue.of(repo_info(project)).dir
     assert not (queue / "ESCAPED").exists()
+
+
+@confined
+def test_an_envelope_cannot_point_a_relative_writable_place_at_the_users_files(
+    project: Path, tmp_path: Path
+) -> None:
+    """The target's manifest lets gates write ``build/cache`` (relative: inside the tree).
+    The envelope's tree makes build/cache a symlink to a folder of the user's; the gate's
+    write there is refused, and the folder is untouched."""
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "key").write_text("the user's\n")
+
+    def hostile(p: Path) -> None:
+        (p / "build").mkdir()
+        (p / "build" / "cache").symlink_to(precious)
+
+    envelope = worker(project, "w1", hostile)
+    manifest = tmp_path / "cache.toml"
+    manifest.write_text(
+        '[sandbox]\nwritable = ["build/cache"]\n'
+        '[gates.t]\nrun = "echo owned > build/cache/key; echo planted > build/cache/new; true"\n'
+    )
+    submit(repo_info(project), [envelope])
+    assert integrate(repo=project, manifest=manifest, window=1).ok
+    assert (precious / "key").read_text() == "the user's\n"
+    assert not (precious / "new").exists()
