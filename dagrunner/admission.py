@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 from dagrunner.envelope import Envelope
 from dagrunner.git import git
-from dagrunner.inputs import glob_regex
+from dagrunner.globs import glob_regex
 from dagrunner.outcomes import Details
 from dagrunner.queue import same_repository
 from dagrunner.repo import RepoInfo

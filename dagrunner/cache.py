@@ -26,20 +26,21 @@ import hmac
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from dagrunner.executors import Fingerprint
 from dagrunner.fsutil import atomic_write, mark_own_output
 from dagrunner.graph import Graph, integration_map, spec, topological_order
 from dagrunner.inputs import Snapshot, input_files
 from dagrunner.manifest import GateSpec, Manifest
+from dagrunner.proc import tool_fingerprint
 from dagrunner.records import GateResult
 from dagrunner.repo import cache_root
-from dagrunner.toolmemo import tool_fingerprint
 
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
 # Derived from the commit, so it would miss every entry on every commit; it is
@@ -111,7 +112,6 @@ class KeyParts:
         }
 
 
-Fingerprint = Callable[[str, Mapping[str, str]], tuple[str, str]]
 """(command, the gate's environment) -> (hash of its output, the output for people)."""
 
 

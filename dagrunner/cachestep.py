@@ -10,14 +10,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dagrunner.cache import Fingerprint, KeyParts, Store, compute_keys
+from dagrunner.cache import KeyParts, Store, compute_keys
+from dagrunner.executors import Fingerprint
 from dagrunner.git import git, split_z
+from dagrunner.globs import glob_regex
 from dagrunner.graph import Graph, spec
-from dagrunner.inputs import glob_regex, take_snapshot
+from dagrunner.inputs import take_snapshot
 from dagrunner.manifest import Manifest
+from dagrunner.proc import tool_fingerprint
 from dagrunner.records import GateResult, Status
 from dagrunner.scheduler import Outcome
-from dagrunner.toolmemo import remembered, tool_fingerprint
+from dagrunner.toolmemo import remembered
 from dagrunner.units import format_duration
 
 

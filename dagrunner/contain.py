@@ -44,7 +44,6 @@ from dagrunner import cgroups
 from dagrunner.fsutil import is_inside
 from dagrunner.view import APPLY_VIEW, View
 
-DEFAULT_MAX_PIDS = 8192
 # PID 1 of the gate's namespace: join the cgroups, shape the gate's view of the filesystem
 # (one operation per line of $2, applied by $5 in the Python $4: ``view.APPLY_VIEW``), run
 # the gate in $3, forward SIGTERM, reap,

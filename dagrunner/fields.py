@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from dagrunner.diagnostics import Problems
 from dagrunner.errors import DagrunnerError
-from dagrunner.inputs import glob_regex
+from dagrunner.globs import glob_regex
 from dagrunner.units import MAX_WINDOW, parse_duration, parse_size
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

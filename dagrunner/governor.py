@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from dagrunner.errors import DagrunnerError
+from dagrunner.executors import Machine
 from dagrunner.manifest import GateSpec, GovernorSpec
 from dagrunner.records import GovernorSample
 
@@ -52,49 +53,6 @@ def machine_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return psutil.cpu_count() or 1
-
-
-@dataclass(frozen=True)
-class Machine:
-    """One place gates run, as a cluster declares it (a Dask worker and its resources)."""
-
-    name: str
-    cpu: float
-    memory: int
-
-
-class Placement:
-    """Which machine of a cluster takes an attempt now: the one it fits best (least room left
-    after it), by what is declared in flight on each.  The governor admits against the sum;
-    this keeps a gate off a machine that has the total but not the room free right now."""
-
-    def __init__(self, machines: Sequence[Machine] = ()) -> None:
-        self.machines: dict[str, Machine] = {}
-        self.busy: dict[str, tuple[float, int]] = {}
-        self.update(machines)
-
-    def update(self, machines: Sequence[Machine]) -> None:
-        """The machines now (joined ones added, gone ones dropped; in-flight use is kept)."""
-        self.machines = {m.name: m for m in machines}
-
-    def take(self, cpu: float, memory: int) -> str | None:
-        """Reserve room for an attempt; the machine's name, or None when none has room now."""
-        best: tuple[float, str] | None = None
-        for name, machine in self.machines.items():
-            used_cpu, used_memory = self.busy.get(name, (0.0, 0))
-            room = machine.cpu - used_cpu - cpu
-            fits_memory = not machine.memory or used_memory + memory <= machine.memory
-            if room >= -_EPS and fits_memory and (best is None or room < best[0]):
-                best = (room, name)
-        if best is None:
-            return None
-        used_cpu, used_memory = self.busy.get(best[1], (0.0, 0))
-        self.busy[best[1]] = (used_cpu + cpu, used_memory + memory)
-        return best[1]
-
-    def give_back(self, name: str, cpu: float, memory: int) -> None:
-        used_cpu, used_memory = self.busy.get(name, (0.0, 0))
-        self.busy[name] = (max(0.0, used_cpu - cpu), max(0, used_memory - memory))
 
 
 def resolve_capacity(

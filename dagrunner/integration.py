@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dagrunner.executors import executor_for
+from dagrunner.executors.factory import executor_for
 from dagrunner.integrator import Integrator, integrator_lock
 from dagrunner.outcomes import IntegrationResult
 from dagrunner.queue import Queue

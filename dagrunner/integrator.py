@@ -32,7 +32,7 @@ from dagrunner import judges, landing, recovery
 from dagrunner.admission import flagged, judging_files, refusal
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.executors import executor_for
+from dagrunner.executors.factory import executor_for
 from dagrunner.fsutil import crash_point, locked
 from dagrunner.git import IDENTITY, git
 from dagrunner.gitlink import pin_gitfile

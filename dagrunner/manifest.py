@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
-from dagrunner.contain import DEFAULT_MAX_PIDS
 from dagrunner.diagnostics import Problems
 from dagrunner.errors import DagrunnerError
 from dagrunner.fields import (
@@ -48,6 +47,7 @@ SCHEMA_VERSION = 1
 DEFAULT_MANIFEST = Path("manifests/release.toml")
 DEFAULT_LOG_LIMIT = 1024 * 1024
 DEFAULT_ESTIMATE = 1.0
+DEFAULT_MAX_PIDS = 8192  # [governor] max_pids: processes one gate may have at once
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 T = TypeVar("T")

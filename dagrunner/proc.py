@@ -9,6 +9,8 @@ point git at another repository or index (pre-commit's ``no_git_env``).
 
 from __future__ import annotations
 
+import hashlib
+import shlex
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -89,3 +91,41 @@ def run_command(
         error=result.error,
         output=output,
     )
+
+
+TOOL_TIMEOUT = 30.0
+TOOL_TEXT_KEPT = 64 * 1024  # of a tool's output, kept beside its hash: explain says what differs
+
+
+def tool_fingerprint(
+    command: str,
+    env: Mapping[str, str],
+    cwd: Path,
+    *,
+    hide: Path | None = None,
+    writable: tuple[str, ...] = (),
+) -> tuple[str, str]:
+    """(sha256 of the command's output and exit code, its first line) in the gate's environment.
+
+    The command is untrusted like a gate: it runs through the same door
+    (``proc.py``: sandbox, containment, a timeout that ends its whole tree) and writes
+    only where the gates may (``writable``: the manifest's ``[sandbox] writable``).
+    """
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        argv, output = [], f"unavailable: {exc}".encode()
+    if argv:
+        done = run_command(
+            argv,
+            cwd=cwd,
+            env=env,
+            timeout=TOOL_TIMEOUT,
+            own_home=True,
+            hide=hide,
+            writable=writable,
+        )
+        status = "timed out" if done.timed_out else f"exit {done.exit_code}"
+        output = done.output + f"\n{done.error or status}".encode()
+    text = output.decode("utf-8", "replace").strip()
+    return hashlib.sha256(output).hexdigest(), text[:TOOL_TEXT_KEPT]

@@ -30,10 +30,11 @@ from dagrunner.cachestep import RunCache
 from dagrunner.contain import detect, disable_dumping
 from dagrunner.errors import DagrunnerError
 from dagrunner.evidence import check_budget, speed_evidence
-from dagrunner.executors import Executor, executor_for
+from dagrunner.executors import Executor, Machine
+from dagrunner.executors.factory import executor_for
 from dagrunner.fsutil import mark_own_output
 from dagrunner.git import head_info
-from dagrunner.governor import Governor, Machine, check_fits, resolve_capacity
+from dagrunner.governor import Governor, check_fits, resolve_capacity
 from dagrunner.graph import build_graph, expected_durations, select, spec
 from dagrunner.history import history_path, read_history, record_history
 from dagrunner.manifest import DEFAULT_MANIFEST, Manifest, load_manifest

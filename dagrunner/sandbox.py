@@ -19,10 +19,10 @@ from pathlib import Path
 
 import trio
 
-from dagrunner.contain import DEFAULT_MAX_PIDS, detect, jail, spawn
+from dagrunner.contain import detect, jail, spawn
 from dagrunner.fsutil import is_inside
 from dagrunner.logs import BoundedLog
-from dagrunner.manifest import EnvSpec
+from dagrunner.manifest import DEFAULT_MAX_PIDS, EnvSpec
 from dagrunner.proctree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
 from dagrunner.view import View
 

@@ -36,8 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from dagrunner.proc import run_command
-
 if TYPE_CHECKING:
     from dagrunner.cache import Store
 
@@ -49,40 +47,6 @@ TOOL_TIMEOUT = 30.0
 TOOL_TEXT_KEPT = 64 * 1024  # of a tool's output, kept beside its hash: explain says what differs
 
 Run = Callable[[], tuple[str, str]]
-
-
-def tool_fingerprint(
-    command: str,
-    env: Mapping[str, str],
-    cwd: Path,
-    *,
-    hide: Path | None = None,
-    writable: tuple[str, ...] = (),
-) -> tuple[str, str]:
-    """(sha256 of the command's output and exit code, its first line) in the gate's environment.
-
-    The command is untrusted like a gate: it runs through the same door
-    (``proc.py``: sandbox, containment, a timeout that ends its whole tree) and writes
-    only where the gates may (``writable``: the manifest's ``[sandbox] writable``).
-    """
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        argv, output = [], f"unavailable: {exc}".encode()
-    if argv:
-        done = run_command(
-            argv,
-            cwd=cwd,
-            env=env,
-            timeout=TOOL_TIMEOUT,
-            own_home=True,
-            hide=hide,
-            writable=writable,
-        )
-        status = "timed out" if done.timed_out else f"exit {done.exit_code}"
-        output = done.output + f"\n{done.error or status}".encode()
-    text = output.decode("utf-8", "replace").strip()
-    return hashlib.sha256(output).hexdigest(), text[:TOOL_TEXT_KEPT]
 
 
 def remembered(

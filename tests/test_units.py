@@ -51,7 +51,7 @@ def test_seconds_round_trip(n: int) -> None:
 
 
 def test_globs_cross_slashes_only_as_a_whole_segment_and_bad_ones_are_errors() -> None:
-    from dagrunner.inputs import glob_regex
+    from dagrunner.globs import glob_regex
 
     assert glob_regex("a**b").match("axxb") and not glob_regex("a**b").match("a/x/b")
     assert glob_regex("src/**").match("src/a/b.py") and glob_regex("**/x.py").match("a/b/x.py")

@@ -6,17 +6,24 @@ attempt to a Dask distributed cluster (``executors/dask.py``).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import trio
-
-from dagrunner.cache import Fingerprint
-from dagrunner.errors import DagrunnerError
-from dagrunner.governor import Machine
 from dagrunner.sandbox import AttemptResult, GateJob
+
+# Takes a tool's fingerprint (sha256, first line) for a command and environment.
+Fingerprint = Callable[[str, Mapping[str, str]], tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One place gates run, as a cluster declares it (a Dask worker and its resources)."""
+
+    name: str
+    cpu: float
+    memory: int
 
 
 class Executor(Protocol):
@@ -48,35 +55,3 @@ class Executor(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-@contextlib.contextmanager
-def executor_for(spec: str) -> Iterator[Executor]:
-    """The executor named by ``--executor``, opened now -- an unreachable cluster fails here,
-    before anything is written -- and closed when the block ends, whatever happens in it.
-
-    (Not an ``async with``: it must open before the run's trio loop starts and close after
-    it ends, and ``release_check`` runs that loop itself.)
-    """
-    executor = open_executor(spec)
-    try:
-        yield executor
-    finally:
-        trio.run(executor.aclose)
-
-
-def open_executor(spec: str) -> Executor:
-    """The executor named by ``--executor``: ``local`` or ``dask://HOST:PORT``."""
-    if spec == "local":
-        from dagrunner.executors.local import LocalExecutor
-
-        return LocalExecutor()
-    if spec.startswith(("dask://", "tcp://")):
-        from dagrunner.executors.dask import DaskExecutor
-
-        return DaskExecutor(spec)
-    raise DagrunnerError(
-        "bad-executor",
-        f"unknown executor {spec!r}",
-        hint="use --executor local or --executor dask://HOST:PORT (a Dask scheduler address)",
-    )

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,11 +37,9 @@ from typing import Any
 import trio
 
 from dagrunner import ship
-from dagrunner.cache import Fingerprint
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.executors import remote
+from dagrunner.executors import Fingerprint, Machine, remote
 from dagrunner.git import git
-from dagrunner.governor import Machine, Placement
 from dagrunner.report.logtail import strip_ansi
 from dagrunner.sandbox import AttemptResult, GateJob
 from dagrunner.version import VERSION
@@ -71,6 +69,43 @@ def _size(info: Mapping[str, Any]) -> tuple[float, int]:
         float(resources.get("cpu", info.get("nthreads", 1))),
         int(resources.get("memory", info.get("memory_limit") or 0)),
     )
+
+
+_EPS = 1e-9
+
+
+class Placement:
+    """Which machine of a cluster takes an attempt now: the one it fits best (least room left
+    after it), by what is declared in flight on each.  The governor admits against the sum;
+    this keeps a gate off a machine that has the total but not the room free right now."""
+
+    def __init__(self, machines: Sequence[Machine] = ()) -> None:
+        self.machines: dict[str, Machine] = {}
+        self.busy: dict[str, tuple[float, int]] = {}
+        self.update(machines)
+
+    def update(self, machines: Sequence[Machine]) -> None:
+        """The machines now (joined ones added, gone ones dropped; in-flight use is kept)."""
+        self.machines = {m.name: m for m in machines}
+
+    def take(self, cpu: float, memory: int) -> str | None:
+        """Reserve room for an attempt; the machine's name, or None when none has room now."""
+        best: tuple[float, str] | None = None
+        for name, machine in self.machines.items():
+            used_cpu, used_memory = self.busy.get(name, (0.0, 0))
+            room = machine.cpu - used_cpu - cpu
+            fits_memory = not machine.memory or used_memory + memory <= machine.memory
+            if room >= -_EPS and fits_memory and (best is None or room < best[0]):
+                best = (room, name)
+        if best is None:
+            return None
+        used_cpu, used_memory = self.busy.get(best[1], (0.0, 0))
+        self.busy[best[1]] = (used_cpu + cpu, used_memory + memory)
+        return best[1]
+
+    def give_back(self, name: str, cpu: float, memory: int) -> None:
+        used_cpu, used_memory = self.busy.get(name, (0.0, 0))
+        self.busy[name] = (max(0.0, used_cpu - cpu), max(0, used_memory - memory))
 
 
 class DaskExecutor:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dagrunner.cache import Fingerprint
-from dagrunner.governor import Machine
+from dagrunner.executors import Fingerprint, Machine
 from dagrunner.sandbox import AttemptResult, GateJob, run_job
 
 

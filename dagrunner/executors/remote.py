@@ -43,7 +43,7 @@ def facts_here() -> tuple[str, str]:
 
 def fingerprint_here(command: str, env: dict[str, str]) -> tuple[str, str]:
     """Run on each worker by ``client.run``: a tool's fingerprint there."""
-    from dagrunner.toolmemo import tool_fingerprint
+    from dagrunner.proc import tool_fingerprint
 
     where = remote_root()
     where.mkdir(parents=True, exist_ok=True)

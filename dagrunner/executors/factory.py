@@ -1,0 +1,43 @@
+"""The executor that ``--executor`` names, opened for a run and closed after it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import trio
+
+from dagrunner.errors import DagrunnerError
+from dagrunner.executors import Executor
+
+
+@contextlib.contextmanager
+def executor_for(spec: str) -> Iterator[Executor]:
+    """The executor named by ``--executor``, opened now -- an unreachable cluster fails here,
+    before anything is written -- and closed when the block ends, whatever happens in it.
+
+    (Not an ``async with``: it must open before the run's trio loop starts and close after
+    it ends, and ``release_check`` runs that loop itself.)
+    """
+    executor = open_executor(spec)
+    try:
+        yield executor
+    finally:
+        trio.run(executor.aclose)
+
+
+def open_executor(spec: str) -> Executor:
+    """The executor named by ``--executor``: ``local`` or ``dask://HOST:PORT``."""
+    if spec == "local":
+        from dagrunner.executors.local import LocalExecutor
+
+        return LocalExecutor()
+    if spec.startswith(("dask://", "tcp://")):
+        from dagrunner.executors.dask import DaskExecutor
+
+        return DaskExecutor(spec)
+    raise DagrunnerError(
+        "bad-executor",
+        f"unknown executor {spec!r}",
+        hint="use --executor local or --executor dask://HOST:PORT (a Dask scheduler address)",
+    )
