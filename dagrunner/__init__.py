@@ -17,24 +17,24 @@ from dagrunner.version import VERSION as __version__
 
 _EXPORTS = {
     "DagrunnerError": "dagrunner.errors",
-    "Event": "dagrunner.events",
+    "Event": "dagrunner.integration.events",
     "ExitCode": "dagrunner.errors",
-    "GateResult": "dagrunner.records",
-    "IntegrationResult": "dagrunner.integration",
-    "Manifest": "dagrunner.manifest",
-    "RunOptions": "dagrunner.plan",
-    "RunRecord": "dagrunner.records",
-    "RunStatus": "dagrunner.records",
-    "Status": "dagrunner.records",
-    "allocate": "dagrunner.worktrees",
-    "cleanup": "dagrunner.lifecycle",
-    "export": "dagrunner.exporting",
-    "integrate": "dagrunner.integration",
-    "load_manifest": "dagrunner.manifest",
-    "release_check": "dagrunner.release",
-    "submit": "dagrunner.queue",
-    "wait_for": "dagrunner.events",
-    "watch": "dagrunner.events",
+    "GateResult": "dagrunner.records.run",
+    "IntegrationResult": "dagrunner.integration.run",
+    "Manifest": "dagrunner.manifest.load",
+    "RunOptions": "dagrunner.engine.plan",
+    "RunRecord": "dagrunner.records.run",
+    "RunStatus": "dagrunner.records.run",
+    "Status": "dagrunner.records.run",
+    "allocate": "dagrunner.worktrees.allocate",
+    "cleanup": "dagrunner.worktrees.lifecycle",
+    "export": "dagrunner.worktrees.export",
+    "integrate": "dagrunner.integration.run",
+    "load_manifest": "dagrunner.manifest.load",
+    "release_check": "dagrunner.swarm.release",
+    "submit": "dagrunner.integration.queue",
+    "wait_for": "dagrunner.integration.events",
+    "watch": "dagrunner.integration.events",
 }
 __all__ = [
     "DagrunnerError",
@@ -60,17 +60,17 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from dagrunner.engine.plan import RunOptions
     from dagrunner.errors import DagrunnerError, ExitCode
-    from dagrunner.events import Event, wait_for, watch
-    from dagrunner.exporting import export
-    from dagrunner.integration import IntegrationResult, integrate
-    from dagrunner.lifecycle import cleanup
-    from dagrunner.manifest import Manifest, load_manifest
-    from dagrunner.plan import RunOptions
-    from dagrunner.queue import submit_files as submit
-    from dagrunner.records import GateResult, RunRecord, RunStatus, Status
-    from dagrunner.release import release_check
-    from dagrunner.worktrees import allocate
+    from dagrunner.integration.events import Event, wait_for, watch
+    from dagrunner.integration.queue import submit_files as submit
+    from dagrunner.integration.run import IntegrationResult, integrate
+    from dagrunner.manifest.load import Manifest, load_manifest
+    from dagrunner.records.run import GateResult, RunRecord, RunStatus, Status
+    from dagrunner.swarm.release import release_check
+    from dagrunner.worktrees.allocate import allocate
+    from dagrunner.worktrees.export import export
+    from dagrunner.worktrees.lifecycle import cleanup
 
 
 def __getattr__(name: str) -> Any:

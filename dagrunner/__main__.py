@@ -1,3 +1,3 @@
-from dagrunner.cli import entry
+from dagrunner.cli.main import entry
 
 entry()

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from dagrunner.errors import DagrunnerError
-from dagrunner.git import git
-from dagrunner.repo import LOW_DISK, MIN_GIT, git_version, repo_info, worktree_root
+from dagrunner.git.command import git
+from dagrunner.git.repo import LOW_DISK, MIN_GIT, git_version, repo_info, worktree_root
 
 
 @dataclass
@@ -89,8 +89,8 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         "fsmonitor, hooks, ssh, askpass and credential helpers off",
         "report this: GIT_CONFIG_GLOBAL/GIT_CONFIG_SYSTEM were not honoured" if outside else "",
     )
-    from dagrunner.cgroups import favors_dynmods
-    from dagrunner.contain import detect
+    from dagrunner.process.cgroups import favors_dynmods
+    from dagrunner.process.contain import detect
 
     contained = detect()
     report.facts["containment"] = contained.to_json()

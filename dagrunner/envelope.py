@@ -28,9 +28,9 @@ from typing import Any
 import orjson
 
 from dagrunner.errors import DagrunnerError
-from dagrunner.git import git
+from dagrunner.git.command import git
+from dagrunner.git.diff import FilePatch, PatchFormatError, parse_patch
 from dagrunner.names import RULE, is_safe_id, is_safe_name
-from dagrunner.patch import FilePatch, PatchFormatError, parse_patch
 
 SCHEMA = "dagrunner.patch-envelope/1"
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024

@@ -23,10 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from dagrunner import exporting, worktrees
-from dagrunner.integration import TRAILER, integrate
-from dagrunner.queue import Queue, submit
-from dagrunner.repo import repo_info
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.run import TRAILER, integrate
+from dagrunner.worktrees import allocate as worktrees
+from dagrunner.worktrees import export as exporting
 
 GIT_ID = {
     "GIT_AUTHOR_NAME": "bench",

@@ -120,7 +120,7 @@ def compare_graph(
 def containment_floor(base: Path, runs: int = 100) -> tuple[str, float]:
     """This machine's containment mode and the CPU (ms) one contained ``true`` costs."""
     sys.path.insert(0, str(ROOT))
-    from dagrunner.contain import detect, jail
+    from dagrunner.process.contain import detect, jail
 
     (base / "floor-hide").mkdir()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -222,7 +222,9 @@ def main() -> None:
                         "--repo", str(big)], big, env)  # fmt: skip
 
         def export_step() -> float:
-            from dagrunner import exporting  # in this process: the step without start-up
+            from dagrunner.worktrees import (
+                export as exporting,  # in this process: the step without start-up
+            )
 
             fresh_change()
             os.environ["DAGRUNNER_WORKTREE_ROOT"] = env["DAGRUNNER_WORKTREE_ROOT"]

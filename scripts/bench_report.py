@@ -21,8 +21,8 @@ from pathlib import Path
 
 import orjson
 
-from dagrunner.report import read_run_dir
 from dagrunner.report.html import render_html
+from dagrunner.report.rundir import read_run_dir
 
 
 def main() -> int:

@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from dagrunner import lifecycle, worktrees
+from dagrunner.worktrees import allocate as worktrees
+from dagrunner.worktrees import lifecycle
 
 GIT_ID = {
     "GIT_AUTHOR_NAME": "bench",

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from dagrunner.cli import run_cli
+from dagrunner.cli.main import run_cli
 
 PY = sys.executable
 CLI = [sys.executable, "-m", "dagrunner"]  # the command line, as a user runs it

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from dagrunner.cli import build_parser
+from dagrunner.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 

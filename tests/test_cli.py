@@ -11,7 +11,7 @@ import orjson
 import pytest
 from conftest import CLI, check, commit_release_manifest, run_json, write_manifest
 
-from dagrunner.cli import run_cli
+from dagrunner.cli.main import run_cli
 
 DIAMOND = """
     [gates.a]
@@ -140,7 +140,7 @@ def test_version_and_help_load_none_of_the_machinery(flag: str) -> None:
     docs/benchmarks.md, not asserted here)."""
     probe = (
         "import sys\n"
-        "from dagrunner.cli import run_cli\n"
+        "from dagrunner.cli.main import run_cli\n"
         f"code = run_cli([{flag!r}])\n"
         "heavy = sorted(m for m in ('networkx', 'trio', 'jinja2', 'psutil') if m in sys.modules)\n"
         "print(heavy)\n"
@@ -267,8 +267,8 @@ def test_dry_run_says_what_would_run_and_what_is_cached_and_runs_nothing(
 def test_progress_lines_keep_the_mark_and_the_gate_apart() -> None:
     import io
 
-    from dagrunner.console import Progress
-    from dagrunner.records import GateResult, Status
+    from dagrunner.cli.console import Progress
+    from dagrunner.records.run import GateResult, Status
 
     out = io.StringIO()
     progress = Progress(total=1, stream=out, live=False)
@@ -281,7 +281,7 @@ def test_progress_lines_keep_the_mark_and_the_gate_apart() -> None:
 def test_every_option_and_argument_has_help_text() -> None:
     import argparse
 
-    from dagrunner.cli import build_parser
+    from dagrunner.cli.main import build_parser
 
     missing: list[str] = []
 
@@ -396,9 +396,9 @@ def test_a_swarms_small_calls_load_none_of_the_machinery(repo: Path, tmp_path: P
     for argv in calls:
         probe = (
             "import sys\n"
-            "from dagrunner.cli import run_cli\n"
+            "from dagrunner.cli.main import run_cli\n"
             f"code = run_cli({argv!r})\n"
-            "heavy = sorted(m for m in ('networkx', 'trio', 'jinja2', 'dagrunner.report') "
+            "heavy = sorted(m for m in ('networkx', 'trio', 'jinja2', 'dagrunner.report.html') "
             "if m in sys.modules)\n"
             "print(code, heavy)\n"
         )

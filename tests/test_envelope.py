@@ -14,11 +14,11 @@ import orjson
 import pytest
 from conftest import git, run_json
 
-from dagrunner import exporting
-from dagrunner import worktrees as wt
 from dagrunner.envelope import SCHEMA, load_envelope, parse_envelope
 from dagrunner.errors import DagrunnerError
-from dagrunner.statetree import indexed_state, state_tree
+from dagrunner.git.statetree import indexed_state, state_tree
+from dagrunner.worktrees import allocate as wt
+from dagrunner.worktrees import export as exporting
 
 
 @pytest.fixture

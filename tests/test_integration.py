@@ -13,11 +13,12 @@ import orjson
 import pytest
 from conftest import CLI, git, run_json
 
-from dagrunner import exporting, lifecycle
-from dagrunner import worktrees as wt
-from dagrunner.integration import TRAILER, integrate, integrator_lock
-from dagrunner.queue import Queue, submit
-from dagrunner.repo import repo_info
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.run import TRAILER, integrate, integrator_lock
+from dagrunner.worktrees import allocate as wt
+from dagrunner.worktrees import export as exporting
+from dagrunner.worktrees import lifecycle
 
 
 def worker(repo: Path, name: str, change: Any) -> Path:

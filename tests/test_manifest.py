@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import run_json, write_manifest
 
-from dagrunner.cli import run_cli
+from dagrunner.cli.main import run_cli
 from dagrunner.errors import DagrunnerError
-from dagrunner.manifest import load_manifest
+from dagrunner.manifest.load import load_manifest
 
 # Each case: manifest text, expected code, a fragment the key path must contain.
 # Every gate would leave a marker file if it ran, so "nothing run" is checked too.
@@ -123,7 +123,7 @@ def test_text_error_has_no_traceback(repo: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_unknown_dependency_names_both_ends(repo: Path) -> None:
-    from dagrunner.graph import build_graph
+    from dagrunner.engine.graph import build_graph
 
     path = write_manifest(repo, CASES["unknown-dep"][0])
     with pytest.raises(DagrunnerError) as info:
@@ -132,7 +132,7 @@ def test_unknown_dependency_names_both_ends(repo: Path) -> None:
 
 
 def test_cycle_is_printed(repo: Path) -> None:
-    from dagrunner.graph import build_graph
+    from dagrunner.engine.graph import build_graph
 
     path = write_manifest(repo, CASES["cycle"][0])
     with pytest.raises(DagrunnerError) as info:
@@ -201,7 +201,7 @@ def test_defaults_apply_and_gate_overrides(repo: Path) -> None:
 
 
 def test_project_release_manifest_is_valid() -> None:
-    from dagrunner.graph import build_graph
+    from dagrunner.engine.graph import build_graph
 
     manifest = load_manifest(Path(__file__).parent.parent / "manifests" / "release.toml")
     graph = build_graph(manifest)

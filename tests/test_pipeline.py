@@ -24,10 +24,10 @@ from test_integration import (
 )
 
 from dagrunner import wait_for, watch
-from dagrunner import worktrees as wt
-from dagrunner.integration import integrate
-from dagrunner.queue import Queue, submit
-from dagrunner.repo import repo_info
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.run import integrate
+from dagrunner.worktrees import allocate as wt
 
 ROOT = Path(__file__).resolve().parents[1]
 EVENT_SCHEMA = orjson.loads((ROOT / "docs" / "integration-event.schema.json").read_bytes())
@@ -384,7 +384,7 @@ def test_an_envelopes_gates_cannot_write_the_repository_or_other_worktrees(
     """Where read-only views are available (``detect().views``), a hostile envelope's gate
     can neither move a ref, nor write the queue or the user's checkout, nor touch another
     worker's worktree; its own integration worktree stays writable."""
-    from dagrunner.contain import detect
+    from dagrunner.process.contain import detect
 
     if not detect().views:
         pytest.skip("this machine gives no read-only views: docs/security.md, out of scope")

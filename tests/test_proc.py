@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import git, running
 
-from dagrunner import worktrees as wt
 from dagrunner.errors import DagrunnerError
+from dagrunner.worktrees import allocate as wt
 
 
 def test_setup_step_does_not_inherit_a_git_dir_pointing_elsewhere(

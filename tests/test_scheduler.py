@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from conftest import check, gate_results
 
-from dagrunner.graph import build_graph, critical_path, expected_durations
-from dagrunner.manifest import load_manifest
+from dagrunner.engine.graph import build_graph, critical_path, expected_durations
+from dagrunner.manifest.load import load_manifest
 
 
 def intervals(gates: dict[str, dict[str, Any]]) -> list[tuple[float, float, dict[str, Any]]]:
@@ -290,7 +290,7 @@ def test_jobs_caps_concurrency(repo: Path, capsys: pytest.CaptureFixture[str]) -
 def test_measured_durations_feed_the_next_plan(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dagrunner.runner import RunOptions, load_step, plan_step
+    from dagrunner.engine.steps import RunOptions, load_step, plan_step
 
     manifest = '[gates.slow]\nrun = "sleep 0.3"\nestimate = "10s"\n[gates.quick]\nrun = ["true"]\n'
     path = repo / "m.toml"

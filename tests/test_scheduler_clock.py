@@ -14,11 +14,11 @@ import pytest
 import trio
 import trio.testing
 
-from dagrunner.governor import Capacity, Governor
-from dagrunner.graph import Graph, build_graph
-from dagrunner.manifest import GateSpec, Manifest
-from dagrunner.records import GateResult, Status
-from dagrunner.scheduler import Outcome, Scheduler
+from dagrunner.engine.governor import Capacity, Governor
+from dagrunner.engine.graph import Graph, build_graph
+from dagrunner.engine.scheduler import Outcome, Scheduler
+from dagrunner.manifest.load import GateSpec, Manifest
+from dagrunner.records.run import GateResult, Status
 
 UNLIMITED = 1 << 40
 

@@ -12,15 +12,15 @@ import jsonschema
 import pytest
 
 from dagrunner.errors import DagrunnerError
-from dagrunner.manifest import load_manifest
-from dagrunner.schema import PUBLISHED, manifest_schema, rendered
+from dagrunner.manifest.load import load_manifest
+from dagrunner.manifest.schema import PUBLISHED, manifest_schema, rendered
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_published_schema_is_what_the_loader_generates() -> None:
     for path in PUBLISHED:
-        assert path.read_text() == rendered(), f"{path}: run python -m dagrunner.schema"
+        assert path.read_text() == rendered(), f"{path}: run python -m dagrunner.manifest.schema"
 
 
 def test_every_key_the_loader_reads_is_in_the_schema() -> None:

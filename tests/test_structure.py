@@ -4,6 +4,8 @@ names, and every module stays small enough to hold one concept."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -75,3 +77,39 @@ def test_no_module_over_the_size_of_one_concept() -> None:
     sizes = {module_name(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     big = {name: n for name, n in sizes.items() if n > MAX_LINES}
     assert not big, f"modules over {MAX_LINES} lines: {big}"
+
+
+# -- folders: the house by concept ------------------------------------------------------------
+
+ROOT = PACKAGE.parent
+FOLDERS = sorted(p.parent for p in PACKAGE.glob("*/__init__.py"))
+
+
+def test_rooms_import_downward_and_the_documented_table_is_the_codes() -> None:
+    """Every import between rooms (folders, and modules directly in the package) -- top-level,
+    in a function or under TYPE_CHECKING -- goes to a lower layer; docs/architecture.md's
+    table is the one scripts/layers.py measures now."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "layers.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_folders_init_is_a_map_not_a_pile_of_imports() -> None:
+    for folder in FOLDERS:
+        body = ast.parse((folder / "__init__.py").read_text()).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr), folder.name
+        assert isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
+        for name in (p.stem for p in folder.glob("*.py") if p.stem != "__init__"):
+            assert f"``{name}``" in body[0].value.value, f"{folder.name}/__init__ names no {name}"
+
+
+def test_the_package_stays_a_house_of_small_rooms() -> None:
+    top = [p for p in PACKAGE.glob("*.py")]
+    assert len(top) <= 12, sorted(p.name for p in top)
+    assert len(FOLDERS) >= 6
+    crowded = {f.name: n for f in FOLDERS if (n := len(list(f.glob("*.py"))) - 1) > 16}
+    assert not crowded, crowded

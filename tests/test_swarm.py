@@ -152,7 +152,7 @@ def test_swarm_demo_runs_again_in_the_same_copy(
 def test_verdict_names_envelopes_that_did_not_land(
     demo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dagrunner.cli import run_cli
+    from dagrunner.cli.main import run_cli
 
     argv = ["release-check", "manifests/swarm-demo.toml", "--repo", str(demo), "--quiet"]
     assert run_cli(argv) == 0

@@ -10,8 +10,8 @@ import orjson
 import pytest
 from conftest import check, gate_results
 
-from dagrunner.repo import cache_root
-from dagrunner.toolmemo import command_identity
+from dagrunner.engine.tools import command_identity
+from dagrunner.git.repo import cache_root
 
 
 def python_tool(folder: Path, name: str, counter: Path, version: str) -> Path:
@@ -139,9 +139,9 @@ def test_an_envelopes_tree_never_answers_from_remembered_tools(
     from conftest import git as run_git
     from test_integration import states, worker
 
-    from dagrunner.integration import integrate
-    from dagrunner.queue import submit
-    from dagrunner.repo import repo_info
+    from dagrunner.git.repo import repo_info
+    from dagrunner.integration.queue import submit
+    from dagrunner.integration.run import integrate
 
     def shadow(path: Path) -> None:
         (path / "pip").mkdir()

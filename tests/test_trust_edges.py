@@ -18,15 +18,15 @@ import pytest
 from conftest import CLI, commit_release_manifest, git, write_manifest
 from test_integration import worker
 
-from dagrunner import exporting
-from dagrunner import worktrees as wt
-from dagrunner.contain import namespaced
 from dagrunner.errors import DagrunnerError
-from dagrunner.integration import integrate
-from dagrunner.manifest import load_manifest
-from dagrunner.queue import submit
-from dagrunner.repo import repo_info
-from dagrunner.view import View
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.queue import submit
+from dagrunner.integration.run import integrate
+from dagrunner.manifest.load import load_manifest
+from dagrunner.process.contain import namespaced
+from dagrunner.process.view import View
+from dagrunner.worktrees import allocate as wt
+from dagrunner.worktrees import export as exporting
 
 
 def cli(repo: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]

@@ -11,14 +11,14 @@ import orjson
 import pytest
 from conftest import git, run_json
 
-from dagrunner import exporting
-from dagrunner import worktrees as wt
 from dagrunner.envelope import envelope_id, load_envelope, parse_envelope
 from dagrunner.errors import DagrunnerError
-from dagrunner.integration import integrate
-from dagrunner.outcomes import EnvelopeState
-from dagrunner.queue import Queue, submit
-from dagrunner.repo import repo_info
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.run import integrate
+from dagrunner.records.integration import EnvelopeState
+from dagrunner.worktrees import allocate as wt
+from dagrunner.worktrees import export as exporting
 
 GATE = """
 [gates.check]

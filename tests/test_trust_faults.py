@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from conftest import git, run_json
 
-from dagrunner import exporting
-from dagrunner import worktrees as wt
-from dagrunner.integration import integrate
-from dagrunner.queue import Queue, submit
-from dagrunner.repo import repo_info
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.run import integrate
+from dagrunner.worktrees import allocate as wt
+from dagrunner.worktrees import export as exporting
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from conftest import CLI, check, gate_results, run_json, running, write_manifest
 
-from dagrunner.contain import detect
+from dagrunner.process.contain import detect
 
 contained = pytest.mark.skipif(
     not detect().pidns, reason="needs a PID and mount namespace (root, or user namespaces)"
@@ -299,7 +299,7 @@ def test_every_attempts_log_of_a_retried_gate_is_redacted(
 def test_a_runner_never_takes_a_live_runner_of_another_pid_namespace_for_dead() -> None:
     """A nested run inside a gate sees its own /proc: pids of runners outside its namespace
     are not there.  Only folders of its own namespace may be judged stale and removed."""
-    from dagrunner import cgroups, contain
+    from dagrunner.process import cgroups, contain
 
     found = contain.detect().memory or contain.detect().pids
     if found is None:

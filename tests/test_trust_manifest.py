@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import CLI, run_json, write_manifest
 
-from dagrunner.cli import run_cli
+from dagrunner.cli.main import run_cli
 
 OK_GATE = '[gates.ok]\nrun = ["touch", "ran"]\n'
 

@@ -14,9 +14,9 @@ from test_integration import worker
 from test_pipeline import numbered
 
 from dagrunner.envelope import envelope_id
-from dagrunner.integration import integrate
-from dagrunner.queue import Queue, submit
-from dagrunner.repo import repo_info
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.run import integrate
 
 
 def cli(repo: Path, *args: str) -> tuple[int, dict[str, Any]]:
@@ -112,7 +112,7 @@ def test_a_final_state_is_final_whatever_a_later_line_says(project: Path) -> Non
     [item] = submit(repo_info(project), [envelope])
     assert integrate(repo=project, window=1).ok
     queue = Queue.of(repo_info(project), target="main")
-    from dagrunner.outcomes import EnvelopeState
+    from dagrunner.records.integration import EnvelopeState
 
     queue.record(item.id, EnvelopeState.GATES_FAILED)  # a stray line after landing
     Queue(queue.dir, "rel").record(item.id, EnvelopeState.QUEUED)  # another target's line

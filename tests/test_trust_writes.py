@@ -13,10 +13,10 @@ from conftest import git
 from test_integration import states, worker
 from test_pipeline import run_cli
 
-from dagrunner.contain import detect
-from dagrunner.integration import integrate
-from dagrunner.queue import Queue, submit
-from dagrunner.repo import repo_info
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.run import integrate
+from dagrunner.process.contain import detect
 
 confined = pytest.mark.skipif(
     not detect().views, reason="needs a mount namespace that allows the write allow-list"

@@ -51,7 +51,7 @@ def test_seconds_round_trip(n: int) -> None:
 
 
 def test_globs_cross_slashes_only_as_a_whole_segment_and_bad_ones_are_errors() -> None:
-    from dagrunner.globs import glob_regex
+    from dagrunner.manifest.globs import glob_regex
 
     assert glob_regex("a**b").match("axxb") and not glob_regex("a**b").match("a/x/b")
     assert glob_regex("src/**").match("src/a/b.py") and glob_regex("**/x.py").match("a/b/x.py")
@@ -63,7 +63,7 @@ def test_globs_cross_slashes_only_as_a_whole_segment_and_bad_ones_are_errors() -
 
 def test_dag_layout_of_a_long_chain_listed_dependents_first() -> None:
     """The report's layout once recursed per gate: a 600-gate chain hit RecursionError."""
-    from dagrunner.records import GateResult, RunRecord, RunStatus, Status
+    from dagrunner.records.run import GateResult, RunRecord, RunStatus, Status
     from dagrunner.report.svg import dag_layout
 
     gates = [

@@ -12,10 +12,11 @@ import orjson
 import pytest
 from conftest import CLI, git, run_json
 
-from dagrunner import exporting, lifecycle
-from dagrunner import worktrees as wt
 from dagrunner.errors import DagrunnerError
-from dagrunner.repo import repo_info
+from dagrunner.git.repo import repo_info
+from dagrunner.worktrees import allocate as wt
+from dagrunner.worktrees import export as exporting
+from dagrunner.worktrees import lifecycle
 
 
 @pytest.fixture
@@ -489,10 +490,10 @@ def test_vanished_worktree_is_restored_from_its_branch(project: Path) -> None:
 def test_list_says_landed_only_when_all_the_work_landed(
     project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dagrunner.cli import run_cli
-    from dagrunner.integration import integrate
-    from dagrunner.queue import submit
-    from dagrunner.repo import repo_info
+    from dagrunner.cli.main import run_cli
+    from dagrunner.git.repo import repo_info
+    from dagrunner.integration.queue import submit
+    from dagrunner.integration.run import integrate
 
     assert run_cli(["worktree", "list", "--repo", str(project)]) == 0
     assert "no worktrees are recorded" in capsys.readouterr().out

@@ -36,12 +36,13 @@ from typing import Any
 
 import trio
 
-from dagrunner import ship
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.executors import Fingerprint, Machine, remote
-from dagrunner.git import git
+from dagrunner.executors import remote
+from dagrunner.executors import source as ship
+from dagrunner.executors.base import Fingerprint, Machine
+from dagrunner.git.command import git
+from dagrunner.process.sandbox import AttemptResult, GateJob
 from dagrunner.report.logtail import strip_ansi
-from dagrunner.sandbox import AttemptResult, GateJob
 from dagrunner.version import VERSION
 
 PLACE_POLL = 0.05

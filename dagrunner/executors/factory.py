@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import trio
 
 from dagrunner.errors import DagrunnerError
-from dagrunner.executors import Executor
+from dagrunner.executors.base import Executor
 
 
 @contextlib.contextmanager

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dagrunner.executors import Fingerprint, Machine
-from dagrunner.sandbox import AttemptResult, GateJob, run_job
+from dagrunner.executors.base import Fingerprint, Machine
+from dagrunner.process.sandbox import AttemptResult, GateJob, run_job
 
 
 class LocalExecutor:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import trio
 
-from dagrunner import ship
 from dagrunner.errors import DagrunnerError
-from dagrunner.repo import remote_root
-from dagrunner.sandbox import AttemptResult, GateJob, run_job
+from dagrunner.executors import source as ship
+from dagrunner.git.repo import remote_root
+from dagrunner.process.sandbox import AttemptResult, GateJob, run_job
 
 CANCEL_POLL = 0.2
 NEED_SOURCE = "need-source"  # the worker has no checkout of the source yet: nothing ran
@@ -31,7 +31,7 @@ def failed(error: str, worker: str = "") -> tuple[AttemptResult, bytes]:
 
 def facts_here() -> tuple[str, str]:
     """Run on each worker by ``client.run``: its dagrunner and git versions."""
-    from dagrunner.repo import git_version
+    from dagrunner.git.repo import git_version
     from dagrunner.version import VERSION
 
     try:
@@ -43,7 +43,7 @@ def facts_here() -> tuple[str, str]:
 
 def fingerprint_here(command: str, env: dict[str, str]) -> tuple[str, str]:
     """Run on each worker by ``client.run``: a tool's fingerprint there."""
-    from dagrunner.proc import tool_fingerprint
+    from dagrunner.process.command import tool_fingerprint
 
     where = remote_root()
     where.mkdir(parents=True, exist_ok=True)

@@ -1,32 +1,7 @@
-"""Everything a run leaves behind: run.json, gates/<id>.json, junit.xml, index.html."""
+"""Everything a run leaves behind.
 
-from __future__ import annotations
-
-from pathlib import Path
-
-import orjson
-
-from dagrunner.fsutil import atomic_write
-from dagrunner.records import RunRecord
-from dagrunner.report.html import write_html
-from dagrunner.report.junit import write_junit
-
-JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
-
-
-def write_run_dir(record: RunRecord, run_dir: Path) -> None:
-    """Write the run's files into ``run_dir`` (which holds ``logs/`` already)."""
-    (run_dir / "gates").mkdir(parents=True, exist_ok=True)
-    gates = [gate.to_json() for gate in record.gates]
-    for gate in gates:
-        (run_dir / "gates" / f"{gate['id']}.json").write_bytes(
-            orjson.dumps(gate, option=JSON_OPTIONS)
-        )
-    body = orjson.dumps(record.to_json(gates), option=JSON_OPTIONS)
-    atomic_write(run_dir / "run.json", body, durable=False)
-    write_junit(record, run_dir)
-    write_html(record, run_dir)
-
-
-def read_run_dir(run_dir: Path) -> RunRecord:
-    return RunRecord.from_json(orjson.loads((run_dir / "run.json").read_bytes()))
+- ``rundir``: ``run.json`` and ``gates/*.json`` written and read back; the rest written.
+- ``html`` and ``svg``: the self-contained page and its drawings.
+- ``junit``: ``junit.xml``.  ``ci``: annotations and summaries on CI.  ``ansi``: terminal
+  colours in logs.  ``logtail``: the tail of a log for display.
+"""

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from dagrunner.records import RunRecord, Status
+from dagrunner.records.run import RunRecord, Status
 from dagrunner.report.logtail import read_log, strip_ansi
 from dagrunner.units import format_duration
 

@@ -14,9 +14,9 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from dagrunner.fsutil import atomic_write
-from dagrunner.records import REPORT_ORDER, GateResult, RunRecord, Status, failures_first
-from dagrunner.repo import cache_root
+from dagrunner.files import atomic_write
+from dagrunner.git.repo import cache_root
+from dagrunner.records.run import REPORT_ORDER, GateResult, RunRecord, Status, failures_first
 from dagrunner.report.ansi import ansi_to_html
 from dagrunner.report.svg import dag_layout, pipeline_layout, timeline
 from dagrunner.units import format_duration, format_size

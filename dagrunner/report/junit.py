@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from dagrunner.records import RunRecord, Status, TestRun
+from dagrunner.records.run import RunRecord, Status, TestRun
 from dagrunner.report.logtail import read_log, strip_ansi
 
 TAIL_BYTES = 16 * 1024
@@ -93,7 +93,7 @@ def _clean(text: str) -> str:
 
 
 def write_junit(record: RunRecord, run_dir: Path) -> None:
-    from dagrunner.fsutil import atomic_write
+    from dagrunner.files import atomic_write
 
     atomic_write(run_dir / "junit.xml", render_junit(record, run_dir), durable=False)
 

@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from dagrunner.records import GateResult, RunRecord
+from dagrunner.records.run import GateResult, RunRecord
 
 NODE_W, NODE_H, COL_GAP, ROW_GAP = 150, 26, 60, 12
 SMALL = 300  # past this many gates, nodes are dots (their names stay in tooltips)

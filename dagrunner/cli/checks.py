@@ -1,0 +1,190 @@
+"""The CLI's handlers: release-check, graph, cache, doctor, worktrees, the integration
+queue and reports.
+
+Each handler takes the parsed arguments, calls one library function, prints
+text or one JSON object (``--json``) and returns an exit code; ``cli.py``
+builds the parser and turns errors into codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import orjson
+
+from dagrunner.cli.console import Progress, summary_table
+from dagrunner.cli.output import emit_json
+from dagrunner.engine.graph import (
+    build_graph,
+    describe,
+    expected_durations,
+    render_dot,
+    render_text,
+)
+from dagrunner.engine.graph import select as select_gates
+from dagrunner.engine.plan import RunOptions
+from dagrunner.engine.steps import load_step
+from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.records.run import RunStatus
+from dagrunner.report.ci import commands_off, publish
+from dagrunner.swarm.release import release_check
+from dagrunner.units import format_duration
+
+
+def cmd_release_check(args: argparse.Namespace) -> int:
+    options = RunOptions(
+        repo=args.repo,
+        manifest=args.manifest,
+        report_dir=args.report_dir,
+        jobs=args.jobs,
+        only=tuple(args.only or ()),
+        fail_fast=args.fail_fast,
+        no_cache=args.no_cache,
+        executor=args.executor,
+    )
+    if args.dry_run:
+        return _dry_run(options, as_json=args.json)
+    _repo, manifest = load_step(options)  # loaded once: the run gets it
+    progress = None if args.quiet else Progress(total=len(manifest.gates))
+    options = replace(options, loaded=manifest, listener=progress)
+    try:
+        record, run_dir = release_check(options)
+    finally:
+        if progress is not None:
+            progress.close()
+    publish(record, run_dir, os.environ, sys.stderr if args.json else sys.stdout)
+    if args.json:
+        body = record.to_json()
+        body["run_dir"] = str(run_dir)
+        body.pop("governor", None)  # samples belong in run.json, not on an orchestrator's stdout
+        emit_json(body)
+    else:
+        with commands_off(os.environ, sys.stdout):  # the summary quotes gates' logs
+            print(summary_table(record, str(run_dir), tail_lines=100 if args.verbose else 20))
+    if record.status is RunStatus.INTERRUPTED:
+        return ExitCode.INTERRUPTED
+    return ExitCode.OK if record.status is RunStatus.PASSED else ExitCode.FAILED
+
+
+def _dry_run(options: RunOptions, *, as_json: bool) -> int:
+    from dagrunner.engine.dry_run import dry_run
+
+    body = dry_run(options)
+    if as_json:
+        emit_json(body)
+        return ExitCode.OK
+    width = max([len(g) for g in body["gates"]] + [4])
+    print(f"{'gate':<{width}}  {'would':<7} {'expected':>9}  needs")
+    for gate in body["order"]:
+        info = body["gates"][gate]
+        needs = ", ".join(info["needs"]) or "-"
+        print(
+            f"{gate:<{width}}  {info['action']:<7} {format_duration(info['expected']):>9}  {needs}"
+        )
+    crit = body["critical_path"]
+    print(
+        f"\ndry run: {body['would_run']} would run, {body['cached']} cached; expected critical "
+        f"path {format_duration(crit['expected'])}: {' -> '.join(crit['gates']) or '-'}"
+    )
+    return ExitCode.OK
+
+
+# -- graph ---------------------------------------------------------------------
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    _, manifest = load_step(RunOptions(repo=args.repo, manifest=args.manifest))
+    graph = build_graph(manifest)
+    if args.only:
+        graph = select_gates(graph, args.only, where=str(manifest.path))
+    durations = expected_durations(graph, {})
+    if args.format == "json" or args.json:
+        emit_json(describe(graph, durations))
+    elif args.format == "dot":
+        print(render_dot(graph, durations))
+    else:
+        print(render_text(graph, durations))
+    return ExitCode.OK
+
+
+# -- cache -----------------------------------------------------------------------
+
+
+def cmd_cache_explain(args: argparse.Namespace) -> int:
+    from dagrunner.engine.cachestep import explain_gate
+    from dagrunner.engine.steps import plan_step
+
+    options = RunOptions(repo=args.repo, manifest=args.manifest)
+    repo, manifest = load_step(options)
+    plan = plan_step(repo, manifest, options)
+    if args.gate not in plan.graph:
+        select_gates(plan.graph, [args.gate], where=str(manifest.path))  # raises unknown-gate
+    body = explain_gate(
+        manifest=manifest, graph=plan.graph, repo=repo, envs=plan.envs, gate=args.gate
+    )
+    if args.json:
+        emit_json(body)
+    else:
+        state = "hit" if body["hit"] else "miss"
+        print(f"{args.gate}: {state}; key {body['key'] or '-'}")
+        for line in body["changes"]:
+            print(f"  {line}")
+    return ExitCode.OK
+
+
+def cmd_cache_prune(args: argparse.Namespace) -> int:
+    from dagrunner.engine.cache import Store
+    from dagrunner.units import parse_size
+
+    try:
+        limit = parse_size(args.max_size)
+    except ValueError as exc:
+        raise DagrunnerError(
+            "bad-size", str(exc), key="--max-size", hint="use a size such as 500M or 2G"
+        ) from None
+    body = Store().prune(limit, dry_run=args.dry_run)
+    if args.json:
+        emit_json(body)
+    else:
+        verb = "would remove" if args.dry_run else "removed"
+        print(
+            f"{verb} {len(body['removed'])} entries; {body['entries_left']} left, "
+            f"{body['size_after']} bytes"
+        )
+    return ExitCode.OK
+
+
+# -- report ----------------------------------------------------------------------
+
+
+def cmd_report_html(args: argparse.Namespace) -> int:
+    from dagrunner.report.html import write_html
+    from dagrunner.report.rundir import read_run_dir
+
+    run_dir: Path = args.run_dir
+    if not (run_dir / "run.json").is_file():
+        raise DagrunnerError(
+            "run-dir-invalid",
+            "no run.json in this directory",
+            where=str(run_dir),
+            hint="pass a run directory written by release-check (reports/<run-id>)",
+        )
+    try:
+        record = read_run_dir(run_dir)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise DagrunnerError(
+            "run-dir-invalid",
+            f"run.json cannot be read: {exc}",
+            where=str(run_dir / "run.json"),
+            hint="re-run release-check to produce a fresh run directory",
+        ) from None
+    write_html(record, run_dir)
+    if args.json:
+        emit_json({"html": str(run_dir / "index.html")})
+    else:
+        print(run_dir / "index.html")
+    return ExitCode.OK

@@ -1,0 +1,192 @@
+"""Terminal output: live progress while gates run, and the final summary table.
+
+On a TTY a status line is redrawn in place under the finished gates; in CI
+(no TTY) every start and end is a plain line.  Progress goes to stderr so that
+``--json`` keeps stdout for the one JSON object.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from dagrunner.records.run import GateResult, RunRecord, Speed, Status, failures_first
+from dagrunner.report.logtail import read_log, strip_ansi
+from dagrunner.units import format_duration, format_size
+
+_MARK = {
+    Status.PASSED: "PASS",
+    Status.FLAKY: "FLAKY",
+    Status.CACHED: "CACHED",
+    Status.FAILED: "FAIL",
+    Status.TIMED_OUT: "TIMEOUT",
+    Status.SKIPPED: "SKIP",
+    Status.CANCELLED: "CANCEL",
+    Status.INTERRUPTED: "INTR",
+}
+
+
+class Progress:
+    """A scheduler listener that prints each gate's start and end."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, live: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty() if live is None else live
+        self.total = total
+        self.done = 0
+        self.running: dict[str, float] = {}
+        self.t0 = time.monotonic()
+
+    def __call__(self, event: str, result: GateResult) -> None:
+        now = time.monotonic() - self.t0
+        if event == "start":
+            self.running[result.id] = now
+            if not self.live:
+                self._line(f"[{now:7.1f}s] {'start':<7} {result.id}")
+        else:
+            self.running.pop(result.id, None)
+            self.done += 1
+            took = f" ({format_duration(result.duration)})" if result.attempts else ""
+            why = f"  {result.reason}" if result.reason and not result.status.ok else ""
+            self._line(f"[{now:7.1f}s] {_MARK[result.status]:<7} {result.id}{took}{why}")
+        if self.live:
+            names = ", ".join(sorted(self.running)) or "-"
+            self.stream.write(f"\r\x1b[K  {self.done}/{self.total} done; running: {names}"[:200])
+            self.stream.flush()
+
+    def _line(self, text: str) -> None:
+        prefix = "\r\x1b[K" if self.live else ""
+        self.stream.write(f"{prefix}{text}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.live:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def summary_table(record: RunRecord, run_dir: str, *, tail_lines: int = 20) -> str:
+    """The final table, failures first, the speed evidence, and each failed gate's log tail
+    (``tail_lines`` of it)."""
+    gates = failures_first(record.gates)
+
+    width = max([len(g.id) for g in gates] + [4])
+    lines = [f"{'gate':<{width}}  {'status':<11} {'time':>8} {'peak mem':>9}  note"]
+    for gate in gates:
+        mem = format_size(gate.peak_rss) if gate.attempts else "-"
+        took = format_duration(gate.duration) if gate.attempts else "-"
+        lines.append(
+            f"{gate.id:<{width}}  {gate.status!s:<11} {took:>8} {mem:>9}  {gate.reason}"[:220]
+        )
+    speed = record.speed
+    lines.append("")
+    verdict = (
+        f"{record.status.upper()}: {', '.join(f'{n} {k}' for k, n in sorted(record.counts().items()))}"
+        f" in {format_duration(record.wall)}"
+    )
+    counted = [g.tests for g in record.gates if g.tests is not None and not g.tests.problem]
+    if counted:
+        verdict += (
+            f"; tests: {sum(t.tests for t in counted)} run, "
+            f"{sum(t.failures + t.errors for t in counted)} failed, "
+            f"{sum(t.skipped for t in counted)} skipped"
+        )
+    states = [e["state"] for e in (record.integration or {}).get("envelopes", [])]
+    if any(state != "landed" for state in states):  # a green run can still leave work behind
+        verdict += "; envelopes: " + ", ".join(
+            f"{states.count(s)} {s}" for s in sorted(set(states), key=lambda s: (s != "landed", s))
+        )
+    lines.append(verdict)
+    ran = [g for g in record.gates if g.attempts]
+    if not ran:
+        lines.append(f"nothing ran (no speedup to measure): wall {format_duration(speed.wall)}")
+    else:
+        lines += speed_lines(speed, [g.waited for g in record.gates])
+    if speed.cache_hits:
+        lines.append(
+            f"cache: {speed.cache_hits} hit(s), {format_duration(speed.cache_saved)} saved"
+        )
+    for miss in record.budget.misses:
+        lines.append(f"BUDGET MISSED: {miss.message}")
+    for envelope in (record.integration or {}).get("envelopes", []):
+        detail = envelope.get("commit") or ", ".join(
+            envelope.get("conflicts") or envelope.get("failed_gates") or []
+        )
+        lines.append(
+            f"envelope {envelope['state']:<12} {envelope['id']}  {detail or envelope.get('reason', '')}"
+        )
+    lines += failure_tails(record, Path(run_dir), tail_lines=tail_lines)
+    lines.append(f"report: {run_dir}/index.html")
+    return "\n".join(lines)
+
+
+def speed_lines(speed: Speed, waits: list[float]) -> list[str]:
+    """The speed evidence in words that do not mislead: the governor wait is a sum over gates
+    (the longest is named), and a lower bound above the critical path says it is the work."""
+    path = speed.critical_path.duration
+    bound = speed.lower_bound
+    why = (
+        f" (work {format_duration(speed.work)} / {speed.capacity_cpu:g} cpu)"
+        if bound > path + 1e-9
+        else " (the critical path)"
+    )
+    wait = speed.governor_wait
+    waited = (
+        f"governor wait {format_duration(wait)} summed over gates, longest "
+        f"{format_duration(max(waits, default=0.0))}"
+        if wait
+        else "no gate waited for the governor"
+    )
+    return [
+        f"wall {format_duration(speed.wall)}, serial sum {format_duration(speed.serial_sum)}, "
+        f"speedup {speed.speedup or 0:.2f}x, lower bound {format_duration(bound)}{why} "
+        f"(efficiency {speed.efficiency or 0:.0%}), {waited}",
+        f"critical path {format_duration(path)}: {' -> '.join(speed.critical_path.gates)}",
+    ]
+
+
+_NOT_FOUND = re.compile(r"([^\s:]+): (?:command )?not found\s*$", re.M)  # dash and bash
+
+
+def _failed_tests(gate: GateResult, most: int = 10) -> list[str]:
+    """The failed test cases of a gate that wrote a JUnit file: read before its log."""
+    tests = gate.tests
+    if tests is None:
+        return []
+    if tests.problem:
+        return [f"    tests: {tests.problem}"]
+    failed = tests.failed
+    lines = [f"    failed tests ({len(failed)} of {tests.tests}):"] if failed else []
+    for case in failed[:most]:
+        where = f"{case.suite}::{case.name}" if case.suite else case.name
+        lines.append(
+            f"      {where}: {case.message.splitlines()[0] if case.message else case.outcome}"[:300]
+        )
+    if len(failed) > most:
+        lines.append(f"      ... and {len(failed) - most} more (junit.xml, the report)")
+    return lines
+
+
+def failure_tails(record: RunRecord, run_dir: Path, *, tail_lines: int = 20) -> list[str]:
+    """For each failed or timed-out gate: why (a missing command named), the last lines of its
+    log, and the log's path -- what an engineer reads first, like pytest's short summary."""
+    lines: list[str] = []
+    for gate in failures_first(record.gates):
+        if gate.status not in (Status.FAILED, Status.TIMED_OUT) or not gate.attempts:
+            continue
+        rel = gate.attempts[-1].log
+        text = strip_ansi(read_log(run_dir, rel, limit=64 * 1024)).rstrip()
+        tail = [line for line in text.splitlines() if not line.startswith("[dagrunner: ")]
+        lines.append("")
+        header = f"--- {gate.id} ({gate.status}): {gate.reason}"
+        missing = _NOT_FOUND.findall(text)
+        if gate.attempts[-1].exit_code == 127 and missing:
+            header += f"; command not found: {missing[-1]}"
+        lines.append(header)
+        lines += _failed_tests(gate)
+        lines += [f"    {line}"[:300] for line in tail[-tail_lines:]] or ["    (no output)"]
+        lines.append(f"    log: {run_dir / rel}")
+    return lines

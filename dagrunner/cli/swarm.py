@@ -1,0 +1,237 @@
+"""The CLI's handlers for the swarm's calls: doctor, worktrees and the integration queue.
+
+Kept apart from ``commands.py`` (release-check, graph, cache, reports) so that an
+orchestrator's many small calls -- allocate, export, submit -- import only what they
+use: no networkx, trio, jinja2 or report at start-up (``tests/test_cli.py`` checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from dagrunner.cli.output import emit_json
+from dagrunner.errors import ExitCode
+
+# -- doctor and worktrees ------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from dagrunner.doctor import check_cluster, doctor
+
+    report = doctor(args.repo)
+    if args.executor != "local":
+        check_cluster(report, args.executor)
+    if args.json:
+        emit_json(
+            {"ok": report.ok, "findings": [f.to_json() for f in report.findings], **report.facts}
+        )
+    else:
+        for finding in report.findings:
+            print(f"{finding.level:<5} {finding.check:<11} {finding.detail}")
+            if finding.hint:
+                print(f"{'':<17} -> {finding.hint}")
+    return ExitCode.OK if report.ok else ExitCode.ENVIRONMENT
+
+
+def _print_pairs(body: dict[str, Any]) -> None:
+    """``key  value`` lines, in words rather than Python values (no None, [] or True)."""
+    for key, value in body.items():
+        print(f"{key:<20} {_human(value)}")
+
+
+def _human(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return ", ".join(_human(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_human(v)}" for k, v in value.items()) or "none"
+    return str(value)
+
+
+def cmd_worktree(args: argparse.Namespace) -> int:
+    from dagrunner.worktrees import allocate as wt
+    from dagrunner.worktrees import export as exporting
+    from dagrunner.worktrees import lifecycle
+
+    action = args.worktree_command
+    body: Any
+    if action == "allocate":
+        body = wt.allocate(
+            mission=args.mission,
+            worker=args.worker,
+            base=args.base,
+            session=args.session,
+            repo=args.repo,
+            setup=args.setup or (),
+            setup_timeout=args.setup_timeout,
+        )
+    elif action == "list":
+        statuses = lifecycle.list_statuses(repo=args.repo, target=args.target)
+        body = {"worktrees": [s.to_json() for s in statuses]}
+    elif action == "status":
+        body = lifecycle.status(args.id, repo=args.repo, target=args.target)
+    elif action == "claim":
+        body = wt.claim(args.id, session=args.session, force=args.force, repo=args.repo)
+    elif action == "release":
+        body = wt.release(args.id, session=args.session, force=args.force, repo=args.repo)
+    elif action == "cleanup":
+        body = lifecycle.cleanup(args.id, force=args.force, repo=args.repo, target=args.target)
+    elif action == "prune":
+        body = lifecycle.prune(
+            idle_days=args.idle, dry_run=args.dry_run, repo=args.repo, target=args.target
+        )
+    elif action == "export":
+        body = exporting.export(args.id, output=args.output, repo=args.repo)
+    else:  # pragma: no cover - argparse restricts the choices
+        raise AssertionError(action)
+    if args.json:
+        emit_json(body)
+    elif action == "list":
+        for status in statuses:
+            state = "missing" if status.missing else ("clean" if status.clean else "dirty")
+            print(
+                f"{status.id:<30} {state:<8} {status.landing:<20} {status.session or '-':<12} "
+                f"{status.path}"
+            )
+        if not statuses:
+            print("no worktrees are recorded for this repository (worktree allocate makes one)")
+    elif action == "prune":
+        for item in body["removed"]:
+            print(
+                f"{'would remove' if body['dry_run'] else 'removed'} {item['id']}: {item['reason']}"
+            )
+        for item in body["retained"]:
+            print(f"retained {item['id']}: {item['reason']}")
+    else:
+        _print_pairs(body)
+    return ExitCode.OK
+
+
+# -- integrate ---------------------------------------------------------------------
+
+
+def _gate_runs(runs: int, cached: int) -> str:
+    """How often the gates ran, in words that do not claim work the cache did."""
+    if not runs:
+        return "no gate run"
+    said = f"{runs} gate run{'s' if runs != 1 else ''}"
+    if cached == runs:
+        return f"{said}, every gate answered from the cache"
+    return f"{said} ({cached} answered wholly from the cache)" if cached else said
+
+
+def _wait(ids: list[str], submitted: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """``submit --wait``: each envelope's final entry; the exit code of the first in submission
+    order that did not land (0 when all landed)."""
+    import time
+
+    from dagrunner.integration.events import WAIT_EXIT, final_entry, wait_for
+
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    entries = []
+    for envelope_id in ids:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        for event in wait_for(envelope_id, repo=args.repo, timeout=left):
+            if not args.json:
+                print(f"{event.event:<17} {envelope_id}", flush=True)
+        entries.append(final_entry(envelope_id, repo=args.repo))
+    if args.json:
+        emit_json({"submitted": submitted, "outcomes": [e.to_json() for e in entries]})
+    codes = [WAIT_EXIT[e.state] for e in entries if e.state in WAIT_EXIT]
+    return next((code for code in codes if code != ExitCode.OK), ExitCode.OK)
+
+
+def cmd_integrate(args: argparse.Namespace) -> int:
+    action = args.integrate_command
+    if action == "submit":
+        from dagrunner.integration.queue import submit_files
+
+        submitted = submit_files(
+            args.envelopes,
+            repo=args.repo,
+            target=args.target,
+            allow_protected=args.allow_protected,
+        )
+        for item in [] if args.json else submitted:
+            what = "already queued" if item["duplicate"] else "queued"
+            print(
+                f"{what} at position {item['position']} for {item['target']}: {item['id']} "
+                f"({item['state']}; provenance: {item['provenance']})"
+            )
+        if not args.wait:
+            if args.json:
+                emit_json({"submitted": submitted})
+            return ExitCode.OK
+        return _wait([item["id"] for item in submitted], submitted, args)
+    if action == "watch":
+        from dagrunner.integration.events import watch
+
+        for event in watch(
+            repo=args.repo, since=args.since, follow=not args.once, timeout=args.timeout
+        ):
+            if args.json:
+                emit_json(event.to_json())
+            else:
+                print(
+                    f"{event.cursor:>8} {event.at or '':<29} {event.event:<17} {event.id}"
+                    f"{'  ' + event.details.commit if event.details.commit else ''}",
+                    flush=True,
+                )
+        return ExitCode.OK
+    from dagrunner.integration.run import integrate, queue_status
+
+    if action == "status":
+        status = queue_status(repo=args.repo)
+        if args.json:
+            emit_json(status)
+        for item in [] if args.json else status["envelopes"]:
+            print(f"{item['id']:<50} {item.get('state')}")
+        return ExitCode.OK
+    result = integrate(
+        repo=args.repo,
+        target=args.target,
+        manifest=args.manifest,
+        batch=args.batch,
+        wait=not args.no_wait,
+        trust_envelope_manifest=args.trust_envelope_manifest,
+        executor=args.executor,
+        window=args.window,
+        confirm_failures=args.confirm_failures,
+    )
+    body = result.to_json()
+    if args.json:
+        emit_json(body)
+    else:
+        for item in body["envelopes"]:
+            extra = item.get("commit") or ", ".join(
+                item.get("conflicts") or item.get("failed_gates") or []
+            )
+            flaky = item.get("flaky_gates")
+            extra = f"{extra or item.get('reason', '')}" + (
+                f"  (flaky: {', '.join(flaky)})" if flaky else ""
+            )
+            print(f"{item['state']:<13} {item['id']}  {extra}")
+        confirmed = f", {result.confirm_runs} re-run to confirm" if result.confirm_runs else ""
+        print(
+            f"{body['target']}: {body['start'][:12]} -> {body['end'][:12]}; "
+            f"{_gate_runs(result.gate_runs, result.cached_runs)}{confirmed}; "
+            f"window {result.window}; report {body['report_dir']}"
+        )
+        if result.interrupted:
+            print("interrupted: what was in flight is queued again")
+        if result.land_blocked:
+            blocked = result.land_blocked
+            print(f"LANDING REFUSED ({blocked.code}): {blocked.reason} in {blocked.checkout}")
+        if result.target_moving:
+            print("target-moving: the target kept moving; the rest stays queued")
+        if result.checkout_stale:
+            stale = result.checkout_stale
+            print(
+                f"LANDED, BUT THE CHECKOUT {stale['checkout']} COULD NOT FOLLOW "
+                f"({stale['reason']}); restore it with: {stale['command']}"
+            )
+    return result.exit_code

@@ -1,0 +1,232 @@
+"""A node's attempts: jobs for the executor, retries, and the verdict on them.
+
+``GateRunner`` is the scheduler's gate runner: plain gates and workers run as
+commands through the executor (workers in their own worktree, gates that
+depend on an integrate node in its worktree), integrate and land nodes as git
+work through the run's ``NodeKinds``.  ``judge`` turns attempts into a status
+and a one-line reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import trio
+
+from dagrunner.engine.cachestep import RunCache
+from dagrunner.engine.graph import spec
+from dagrunner.engine.plan import NodeKinds, Plan
+from dagrunner.engine.scheduler import Outcome
+from dagrunner.engine.testresults import read_junit
+from dagrunner.errors import DagrunnerError
+from dagrunner.executors.base import Executor
+from dagrunner.executors.local import LocalExecutor
+from dagrunner.git.command import git
+from dagrunner.manifest.load import GateSpec
+from dagrunner.process.logs import redact_file
+from dagrunner.process.sandbox import AttemptResult, GateJob
+from dagrunner.records.run import Attempt, Status, TestRun
+from dagrunner.units import format_duration
+
+MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
+
+
+class GateRunner:
+    """Turns a node into jobs for the executor, with retries, and judges the attempts.
+
+    Workers run in their own worktree and export an envelope; integrate and land
+    nodes are git work done in a thread (``swarm.py``); gates that depend on an
+    integrate node run in its worktree.
+    """
+
+    def __init__(
+        self, plan: Plan, executor: Executor, run_dir: Path, cache: RunCache, nodes: NodeKinds
+    ) -> None:
+        self.plan = plan
+        self.executor = executor
+        self.run_dir = run_dir
+        self.cache = cache
+        self.nodes = nodes
+        self.sandbox_root = Path(tempfile.mkdtemp(prefix="dagrunner-sandbox-"))
+        self.local: Executor = LocalExecutor()
+        # What every gate may write besides its tree and HOME: the manifest's [sandbox]
+        # writable and, in a trusted run, the repository's git dir (workers commit there,
+        # and a gate's git writes the index); an envelope's gates never write it.
+        self.writable = plan.manifest.sandbox.writable
+        if not plan.read_only:
+            self.writable += _common_dir(plan.repo)
+
+    def job(self, gate: GateSpec, attempt: int, root: Path) -> GateJob:
+        argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
+        return GateJob(
+            gate=gate.id,
+            argv=argv,
+            cwd=os.path.normpath(root / gate.cwd),
+            env=self.plan.envs[gate.id],
+            sandbox_dir=str(self.sandbox_root / f"{gate.id}.{attempt}"),
+            log_path=str(self.run_dir / "logs" / f"{gate.id}.try{attempt}.log"),
+            log_limit=gate.log_limit,
+            timeout=gate.timeout,
+            sample_interval=self.plan.manifest.governor.sample_interval,
+            memory_limit=gate.memory
+            if self.plan.manifest.governor.enforce and gate.memory
+            else None,
+            max_pids=self.plan.manifest.governor.max_pids or None,
+            hide=str(self.cache.store.root),
+            tree=str(root),
+            read_only=tuple(map(str, self.plan.read_only)),
+            writable=(*self.writable, *gate.writable),
+            cpu=gate.cpu,
+            memory=gate.memory,
+        )
+
+    async def __call__(self, node: str, t0: float) -> Outcome:
+        gate = spec(self.plan.graph, node)
+        command = gate.run if isinstance(gate.run, str) else shlex.join(gate.run)
+        if gate.kind in ("integrate", "land"):
+            status, reason = await trio.to_thread.run_sync(self.nodes.run_node, node)
+            return Outcome(status=status, reason=reason, command=f"[{gate.kind}]")
+        try:
+            # Allocating a worker's worktree is slow git work: a thread.  A gate's root is not.
+            if gate.kind == "worker":
+                root = await trio.to_thread.run_sync(self.nodes.cwd_root, node)
+            else:
+                root = self.nodes.cwd_root(node)
+        except DagrunnerError as exc:
+            return Outcome(
+                status=Status.FAILED, reason=f"{exc.code}: {exc.message}", command=command
+            )
+        outcome = await self.attempts(gate, node, command, root)
+        if gate.kind == "worker" and outcome.status.ok:
+            try:
+                note = await trio.to_thread.run_sync(self.nodes.export_worker, node)
+            except DagrunnerError as exc:
+                return replace(
+                    outcome, status=Status.FAILED, reason=f"export failed: {exc.message}"
+                )
+            outcome = replace(outcome, reason="; ".join(filter(None, [note, outcome.reason])))
+        return outcome
+
+    def executor_of(self, gate: GateSpec) -> Executor:
+        """A worker node edits its worktree on this machine; gates go where the run sends them."""
+        return self.local if gate.kind == "worker" else self.executor
+
+    async def attempts(self, gate: GateSpec, node: str, command: str, root: Path) -> Outcome:
+        attempts: list[Attempt] = []
+        result = AttemptResult(exit_code=None)
+        number = 0
+        began = time.time()  # a JUnit file older than this is not this run's
+        try:
+            for number in range(1, gate.retries + 2):
+                job = self.job(gate, number, root)
+                if not Path(job.cwd).is_dir():
+                    return Outcome(
+                        status=Status.FAILED,
+                        reason=f"cwd {gate.cwd!r} does not exist in {root}",
+                        command=command,
+                    )
+                started = trio.current_time()
+                result = await self.executor_of(gate).execute(job)
+                attempts.append(_attempt(node, number, started, trio.current_time(), result))
+                if result.passed:
+                    break
+        finally:
+            _keep_final_log(self.run_dir, node, len(attempts) or 1)
+            if self.plan.secrets:  # once per kept log, after the final one got its name
+                logs = self.run_dir / "logs"
+                for kept in [f"{node}.log"] + [f"{node}.try{n}.log" for n in range(1, number + 1)]:
+                    redact_file(logs / kept, self.plan.secrets)
+        if not attempts:
+            return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
+        attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")
+        outcome = replace(judge(gate, tuple(attempts), command), cache=self.cache.miss_proof(node))
+        if gate.junit is None:
+            return outcome
+        if self.executor_of(gate).name != "local":
+            tests = TestRun(problem="per-test results are not collected from remote workers")
+        else:
+            where = Path(os.path.normpath(root / gate.cwd)) / gate.junit
+            tests = await trio.to_thread.run_sync(lambda: read_junit(where, since=began))
+        return replace(outcome, tests=tests)
+
+
+def _attempt(
+    node: str, number: int, started: float, finished: float, result: AttemptResult
+) -> Attempt:
+    if result.ran is not None:  # measured where it ran: time queued elsewhere is not its own
+        started = max(started, finished - result.ran)
+    return Attempt(
+        number=number,
+        worker=result.worker,
+        started=started,
+        finished=finished,
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        error=result.error,
+        peak_rss=result.peak_rss,
+        cpu_seconds=result.cpu_seconds,
+        log_bytes=result.log_bytes,
+        log_elided=result.log_elided,
+        leftover_killed=result.leftover_killed,
+        survivors=result.survivors,
+        log=f"logs/{node}.try{number}.log",
+    )
+
+
+def _keep_final_log(run_dir: Path, node: str, final: int) -> None:
+    source = run_dir / "logs" / f"{node}.try{final}.log"
+    if source.exists():
+        source.replace(run_dir / "logs" / f"{node}.log")
+
+
+def judge(gate: GateSpec, attempts: tuple[Attempt, ...], command: str) -> Outcome:
+    """The gate's status and a one-line reason, from its attempts."""
+    last = attempts[-1]
+    peak = max(a.peak_rss for a in attempts)
+    exceeded = peak > gate.memory * MEMORY_FLAG_RATIO
+    notes = []
+    if exceeded:
+        notes.append(
+            f"peak memory {peak >> 20} MiB is well past the declared {gate.memory >> 20} MiB"
+        )
+    if last.leftover_killed:
+        notes.append(f"{last.leftover_killed} leftover process(es) ended after exit")
+    passed = last.exit_code == 0 and not last.timed_out and not last.survivors
+    if passed:
+        status = Status.PASSED if len(attempts) == 1 else Status.FLAKY
+        if status is Status.FLAKY:
+            first = attempts[0]
+            notes.insert(0, f"flaky: passed on attempt {len(attempts)} after {_failure(first)}")
+    else:
+        status = Status.TIMED_OUT if last.timed_out else Status.FAILED
+        notes.insert(0, _failure(last))
+    return Outcome(
+        status=status,
+        reason="; ".join(notes),
+        attempts=attempts,
+        memory_exceeded=exceeded,
+        command=command,
+    )
+
+
+def _failure(attempt: Attempt) -> str:
+    if attempt.error:
+        return attempt.error
+    if attempt.timed_out:
+        return f"timed out after {format_duration(attempt.duration)}; process tree ended"
+    if attempt.survivors:
+        return f"processes {list(attempt.survivors)} survived SIGKILL"
+    if attempt.exit_code is not None and attempt.exit_code < 0:
+        return f"killed by signal {-attempt.exit_code}"
+    return f"exit code {attempt.exit_code}"
+
+
+def _common_dir(repo: Path) -> tuple[str, ...]:
+    """The git dir that ``repo``'s worktrees share (none outside git)."""
+    found = git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=repo, check=False)
+    return (found.text,) if found.returncode == 0 and found.text else ()

@@ -1,0 +1,445 @@
+"""The content-addressed gate cache, with proof of why a gate was skipped.
+
+A gate with ``inputs`` is cacheable.  Its key is a sha256 over a canonical
+encoding of its components: the resolved definition (run, cwd, timeout), the
+hermetic environment (names and values), the manifest's ``cache_salt``, the
+content ids of every input file, the keys of the gates it needs, the output of
+its declared ``tools`` commands, and :data:`CACHE_FORMAT`.  Secrets never
+reach the store: environment values are kept only as hashes.
+
+Entries live under ``DAGRUNNER_CACHE_DIR`` as ``entries/<k[:2]>/<k>.json``
+(written atomically) plus ``entries/<k[:2]>/<k>.log``.  Each entry carries an
+HMAC-SHA256 of its body (which holds its log's digest) under a key made once
+per store (``key``, mode 0600) and never passed into a sandbox -- gates run
+with the store hidden (``contain.py``) -- so a torn, tampered or forged entry
+is a miss: knowing a gate's cache key is not enough to fake its verdict.  ``gates/`` keeps,
+per manifest and gate, the components of the newest entry so that
+``cache explain`` can say what changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dagrunner.engine.graph import Graph, integration_map, spec, topological_order
+from dagrunner.engine.inputs import Snapshot, input_files
+from dagrunner.executors.base import Fingerprint
+from dagrunner.files import atomic_write, mark_own_output
+from dagrunner.git.repo import cache_root
+from dagrunner.manifest.load import GateSpec, Manifest
+from dagrunner.process.command import tool_fingerprint
+from dagrunner.records.run import GateResult
+
+CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
+# Derived from the commit, so it would miss every entry on every commit; it is
+# recorded in the proof instead (docs/cache.md says why).
+NOT_KEYED_ENV = frozenset({"SOURCE_DATE_EPOCH"})
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _hash_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeyParts:
+    """The components of one gate's key, in the form kept in the store."""
+
+    gate: str
+    definition: dict[str, Any]
+    env: dict[str, str]  # name -> sha256 of the value
+    salt: str
+    inputs: dict[str, str]  # path -> content id
+    unmatched: list[str]
+    needs: dict[str, str]  # gate -> its key
+    tools: dict[str, str]  # command -> sha256 of its output
+    tool_lines: dict[str, str] = field(default_factory=dict)  # command -> its output, for people
+
+    @property
+    def key(self) -> str:
+        return _digest(
+            {
+                "format": CACHE_FORMAT,
+                "definition": self.definition,
+                "env": self.env,
+                "salt": _hash_text(self.salt),
+                "inputs": self.inputs,
+                "needs": self.needs,
+                "tools": self.tools,
+            }
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The proof shown in a gate's record: counts and digests, not the whole file list."""
+        return {
+            "inputs": {"count": len(self.inputs), "digest": _digest(self.inputs)},
+            "unmatched_globs": self.unmatched,
+            "env_digest": _digest(self.env),
+            "env_names": sorted(self.env),
+            "definition_digest": _digest(self.definition),
+            "needs": self.needs,
+            "tools": {cmd: self.tool_lines.get(cmd, "").split("\n")[0] for cmd in self.tools},
+            "format": CACHE_FORMAT,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gate": self.gate,
+            "definition": self.definition,
+            "env": self.env,
+            "salt": _hash_text(self.salt),
+            "inputs": self.inputs,
+            "unmatched": self.unmatched,
+            "needs": self.needs,
+            "tools": self.tools,
+            "tool_lines": self.tool_lines,
+            "format": CACHE_FORMAT,
+        }
+
+
+"""(command, the gate's environment) -> (hash of its output, the output for people)."""
+
+
+def compute_keys(
+    manifest: Manifest,
+    graph: Graph,
+    snapshot: Snapshot,
+    envs: Mapping[str, Mapping[str, str]],
+    repo: Path,
+    *,
+    hide: Path | None = None,
+    fingerprint: Fingerprint | None = None,
+) -> dict[str, KeyParts | str]:
+    """Each gate's key parts, or a sentence saying why it is not cacheable.
+
+    ``fingerprint`` takes the tools' fingerprints where the gates run (a cluster's
+    workers); by default here, in ``repo``."""
+    result: dict[str, KeyParts | str] = {}
+    tools: dict[tuple[str, str], tuple[str, str]] = {}
+    above = integration_map(graph)
+    for node in topological_order(graph):
+        gate = spec(graph, node)
+        if gate.kind != "gate":
+            result[node] = f"not cacheable: a {gate.kind} node always runs"
+            continue
+        if above[node]:
+            result[node] = "not cacheable: it runs in an integration worktree"
+            continue
+        if not gate.inputs:
+            result[node] = "not cacheable: the gate declares no inputs"
+            continue
+        blocked = [n for n in gate.needs if not isinstance(result.get(n), KeyParts)]
+        if blocked:
+            result[node] = f"not cacheable: it needs {blocked[0]!r}, which is not cacheable"
+            continue
+        env = envs[node]
+        fingerprints: dict[str, str] = {}
+        lines: dict[str, str] = {}
+        for command in gate.tools:
+            cache_key = (command, _digest(dict(env)))
+            if cache_key not in tools:
+                tools[cache_key] = (
+                    fingerprint(command, env)
+                    if fingerprint is not None
+                    else tool_fingerprint(
+                        command, env, repo, hide=hide, writable=manifest.sandbox.writable
+                    )
+                )
+            fingerprints[command], lines[command] = tools[cache_key]
+        files, unmatched = input_files(snapshot, gate.inputs)
+        needs: dict[str, str] = {}
+        for need in gate.needs:
+            parts = result[need]
+            assert isinstance(parts, KeyParts)
+            needs[need] = parts.key
+        result[node] = KeyParts(
+            gate=node,
+            definition=_definition(gate),
+            env={k: _hash_text(v) for k, v in env.items() if k not in NOT_KEYED_ENV},
+            salt=manifest.cache_salt,
+            inputs=files,
+            unmatched=unmatched,
+            needs=needs,
+            tools=fingerprints,
+            tool_lines=lines,
+        )
+    return result
+
+
+def _definition(gate: GateSpec) -> dict[str, Any]:
+    return {
+        "run": gate.run if isinstance(gate.run, str) else list(gate.run),
+        "cwd": gate.cwd,
+        "timeout": gate.timeout,
+    }
+
+
+# -- the store ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hit:
+    key: str
+    result: dict[str, Any]
+    run_id: str
+    stored_at: str
+    duration: float
+    log: Path
+
+
+class Store:
+    """Entries on disk; every read failure is a miss (with a warning), never a crash."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or cache_root()
+        self.warnings: list[str] = []
+        self._key: bytes | None = None
+
+    def _secret(self) -> bytes:
+        """The store's HMAC key: made once (0600, exclusive create), then read."""
+        if self._key is None:
+            path = self.root / "key"
+            try:
+                mark_own_output(self.root)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(secrets.token_bytes(32))
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            except FileExistsError:
+                pass
+            key = path.read_bytes()
+            deadline = time.monotonic() + 1.0
+            while len(key) < 32 and time.monotonic() < deadline:  # its writer, still writing
+                time.sleep(0.01)
+                key = path.read_bytes()
+            if len(key) < 32:  # a writer that crashed mid-way: nothing was signed with it
+                raise OSError(f"the cache key {path} is incomplete; delete it")
+            self._key = key
+        return self._key
+
+    def _sign(self, body: dict[str, Any]) -> str:
+        canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        return hmac.new(self._secret(), canonical, hashlib.sha256).hexdigest()
+
+    def sign_to(self, path: Path, body: dict[str, Any]) -> None:
+        """Write ``body`` signed to ``path`` (a failure to write is a warning, not an error)."""
+        try:
+            atomic_write(path, orjson.dumps({"body": body, "hmac": self._sign(body)}))
+        except OSError as exc:
+            self.warnings.append(f"could not write {path}: {exc}")
+
+    def verified(self, path: Path) -> dict[str, Any] | None:
+        """The body ``sign_to`` wrote at ``path``; None when absent, damaged or forged."""
+        try:
+            wrapper = orjson.loads(path.read_bytes())
+            body = wrapper["body"]
+            if isinstance(body, dict) and hmac.compare_digest(
+                self._sign(body), str(wrapper["hmac"])
+            ):
+                return body
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+            pass
+        return None
+
+    def _entry(self, key: str) -> Path:
+        return self.root / "entries" / key[:2] / f"{key}.json"
+
+    def _gate_index(self, manifest_name: str, gate: str) -> Path:
+        return self.root / "gates" / manifest_name / f"{gate}.json"
+
+    def lookup(self, key: str) -> Hit | None:
+        path = self._entry(key)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self.warnings.append(f"cache entry {path} unreadable ({exc}); treated as a miss")
+            return None
+        try:
+            wrapper = orjson.loads(raw)
+            body = wrapper["body"]
+            if (
+                not hmac.compare_digest(self._sign(body), str(wrapper["hmac"]))
+                or body["key"] != key
+            ):
+                raise ValueError("its signature does not match its content (forged or damaged)")
+            log = path.with_suffix(".log")
+            if hashlib.sha256(log.read_bytes()).hexdigest() != body["log_sha256"]:
+                raise ValueError("its log does not match the recorded digest")
+            hit = Hit(
+                key=key,
+                result=body["result"],
+                run_id=body["run_id"],
+                stored_at=body["stored_at"],
+                duration=float(body["duration"]),
+                log=log,
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OSError) as exc:
+            self.warnings.append(f"cache entry {path} is corrupt ({exc}); treated as a miss")
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # least-recently-used order for prune
+        return hit
+
+    def store(
+        self,
+        *,
+        manifest_name: str,
+        parts: KeyParts,
+        result: GateResult,
+        run_id: str,
+        log: Path,
+        key: str | None = None,
+    ) -> None:
+        """Store a pass under ``key`` (default: its input key; a tree-scoped key for a
+        verdict that holds only for one tree, ``cachestep._tree_scoped``)."""
+        key = key or parts.key
+        path = self._entry(key)
+        try:
+            log_bytes = log.read_bytes()
+        except OSError:
+            log_bytes = b""
+        body = {
+            "key": key,
+            "gate": parts.gate,
+            "run_id": run_id,
+            "stored_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "duration": round(result.duration, 4),
+            "result": result.to_json(),
+            "log_sha256": hashlib.sha256(log_bytes).hexdigest(),
+        }
+        try:
+            signature = self._sign(body)
+            atomic_write(path.with_suffix(".log"), log_bytes)
+            atomic_write(path, orjson.dumps({"body": body, "hmac": signature}))
+            atomic_write(
+                self._gate_index(manifest_name, parts.gate),
+                orjson.dumps({"key": key, "run_id": run_id, "parts": parts.to_json()}),
+            )
+        except OSError as exc:
+            self.warnings.append(f"could not store cache entry for {parts.gate!r}: {exc}")
+
+    def newest_parts(self, manifest_name: str, gate: str) -> dict[str, Any] | None:
+        try:
+            data = orjson.loads(self._gate_index(manifest_name, gate).read_bytes())
+            parts: dict[str, Any] = data["parts"]
+            parts["key"] = data["key"]
+            return parts
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+            return None
+
+    def prune(self, max_size: int, *, dry_run: bool = False) -> dict[str, Any]:
+        """Delete least-recently-used entries until the store is at most ``max_size`` bytes."""
+        entries = []
+        for path in (self.root / "entries").glob("*/*.json"):
+            with contextlib.suppress(OSError):
+                log = path.with_suffix(".log")
+                size = path.stat().st_size + (log.stat().st_size if log.exists() else 0)
+                entries.append((path.stat().st_mtime, size, path))
+        total = sum(size for _, size, _ in entries)
+        removed = []
+        for _, size, path in sorted(entries):
+            if total <= max_size:
+                break
+            if not dry_run:
+                path.unlink(missing_ok=True)
+                path.with_suffix(".log").unlink(missing_ok=True)
+            removed.append(path.stem)
+            total -= size
+        return {
+            "removed": removed,
+            "size_after": total,
+            "entries_left": len(entries) - len(removed),
+        }
+
+
+def explain(current: KeyParts | str, stored: dict[str, Any] | None) -> list[str]:
+    """Sentences saying why the gate's current key differs from its newest stored entry."""
+    if isinstance(current, str):
+        return [current]
+    if stored is None:
+        return ["no stored entry for this gate yet: the next passing run stores one"]
+    if stored.get("key") == current.key:
+        return [f"no change: the current key {current.key[:12]} has a stored entry (a hit)"]
+    found: list[str] = []
+    now = current.to_json()
+    if stored.get("format") != CACHE_FORMAT:
+        found.append(f"cache format changed ({stored.get('format')} -> {CACHE_FORMAT})")
+    if stored.get("salt") != now["salt"]:
+        found.append("cache_salt changed")
+    for name in sorted(set(now["definition"]) | set(stored.get("definition", {}))):
+        old, new = stored.get("definition", {}).get(name), now["definition"].get(name)
+        if old != new:
+            found.append(f"definition: {name} changed ({old!r} -> {new!r})")
+    found += _differences(
+        stored.get("env", {}),
+        now["env"],
+        "env: {} now reaches the gate",
+        "env: {} no longer reaches the gate",
+        "env: {} has a different value",
+    )
+    found += _differences(
+        stored.get("inputs", {}),
+        now["inputs"],
+        "input added: {}",
+        "input removed: {}",
+        "input changed: {}",
+    )
+    for need in sorted(set(stored.get("needs", {})) | set(now["needs"])):
+        if stored.get("needs", {}).get(need) != now["needs"].get(need):
+            found.append(f"upstream key changed: {need}")
+    old_tools, lines = stored.get("tools", {}), stored.get("tool_lines", {})
+    for command in sorted(set(old_tools) | set(now["tools"])):
+        if old_tools.get(command) != now["tools"].get(command):
+            found.append(
+                f"tool changed: {command}"
+                + _tool_difference(lines.get(command, ""), now["tool_lines"].get(command, ""))
+            )
+    return found or ["the key differs but no component does (a stored entry from another tool?)"]
+
+
+def _tool_difference(old: str, new: str, most: int = 6) -> str:
+    """The lines of a tool's output that differ (``-old`` / ``+new``), not just its first line."""
+    from dagrunner.report.logtail import strip_ansi  # only explain needs it; not on a run's path
+
+    old, new = strip_ansi(old), strip_ansi(new)  # a tool's output is untrusted, like a gate's
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    removed = [line for line in old_lines if line not in set(new_lines)]
+    added = [line for line in new_lines if line not in set(old_lines)]
+    shown = [f"-{line}" for line in removed[:most]] + [f"+{line}" for line in added[:most]]
+    if not shown:
+        return " (the same lines in another order, or only its exit status differs)"
+    more = len(removed) + len(added) - len(shown)
+    return ": " + "; ".join(shown) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _differences(
+    old: dict[str, Any], new: dict[str, Any], added: str, removed: str, changed: str
+) -> list[str]:
+    """One sentence per key that appeared, vanished or changed value, in key order."""
+    found = []
+    for key in sorted(set(old) | set(new)):
+        if key not in old:
+            found.append(added.format(key))
+        elif key not in new:
+            found.append(removed.format(key))
+        elif old[key] != new[key]:
+            found.append(changed.format(key))
+    return found

@@ -1,0 +1,250 @@
+"""The cache's place in a run: keys at plan time, lookups as gates become ready,
+stores after the run, and the proof written into each gate's record."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dagrunner.engine.cache import KeyParts, Store, compute_keys
+from dagrunner.engine.graph import Graph, spec
+from dagrunner.engine.inputs import take_snapshot
+from dagrunner.engine.scheduler import Outcome
+from dagrunner.engine.tools import remembered
+from dagrunner.executors.base import Fingerprint
+from dagrunner.git.command import git, split_z
+from dagrunner.manifest.globs import glob_regex
+from dagrunner.manifest.load import Manifest
+from dagrunner.process.command import tool_fingerprint
+from dagrunner.records.run import GateResult, Status
+from dagrunner.units import format_duration
+
+
+class RunCache:
+    def __init__(
+        self,
+        *,
+        manifest: Manifest,
+        graph: Graph,
+        repo: Path,
+        envs: dict[str, dict[str, str]],
+        run_dir: Path,
+        read: bool,
+        store: Store | None = None,
+        fingerprint: Fingerprint | None = None,
+        remember_tools: bool = True,
+        trusted: str | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.run_dir = run_dir
+        self.read = read
+        self.store = store or Store()
+        self.snapshot_files = 0
+        self.hashed_files = 0
+        started = time.monotonic()
+        if any(spec(graph, n).inputs and spec(graph, n).kind == "gate" for n in graph.nodes):
+            snapshot = take_snapshot(repo)
+            self.snapshot_files, self.hashed_files = len(snapshot.paths), snapshot.hashed
+            self.keys = compute_keys(
+                manifest,
+                graph,
+                snapshot,
+                envs,
+                repo,
+                hide=self.store.root,
+                fingerprint=fingerprint or (self.remembering(repo) if remember_tools else None),
+            )
+        else:
+            self.keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}
+        self.scoped = _tree_scoped(graph, self.keys, repo, trusted) if trusted else {}
+        self.setup_seconds = time.monotonic() - started
+        self.stored = 0
+
+    def remembering(self, repo: Path) -> Fingerprint:
+        """Tool fingerprints here, remembered by identity (``toolmemo.py``)."""
+        hide = self.store.root
+        writable = self.manifest.sandbox.writable
+
+        def fingerprint(command: str, env: Mapping[str, str]) -> tuple[str, str]:
+            return remembered(
+                command,
+                env,
+                repo,
+                lambda: tool_fingerprint(command, env, repo, hide=hide, writable=writable),
+                self.store,
+            )
+
+        return fingerprint
+
+    def warnings(self) -> list[str]:
+        found = [
+            f"gate {gate!r}: input glob {glob!r} matched no file"
+            for gate, parts in self.keys.items()
+            if isinstance(parts, KeyParts)
+            for glob in parts.unmatched
+        ]
+        return found + self.store.warnings
+
+    def proof(self, gate: str) -> dict[str, Any]:
+        parts = self.keys.get(gate)
+        if not isinstance(parts, KeyParts):
+            return {"cacheable": False, "reason": parts or "not cacheable"}
+        proof = {"cacheable": True, "key": parts.key, **parts.summary()}
+        if gate in self.scoped:
+            scoped, outside, _ = self.scoped[gate]
+            proof["tree_scoped"] = {
+                "key": scoped,
+                "reason": "the tree under test differs from the trusted target outside the "
+                "gate's inputs, so its verdict is reused only for this exact tree",
+                "outside_inputs": list(outside[:20]),
+            }
+        return proof
+
+    def lookup(self, gate: str) -> Outcome | None:
+        """A CACHED outcome with its proof when a passing entry has this gate's key (or,
+        for a tree-scoped gate, its key for this exact tree)."""
+        parts = self.keys.get(gate)
+        if not self.read or not isinstance(parts, KeyParts):
+            return None
+        hit = self.store.lookup(parts.key)
+        if hit is None and gate in self.scoped:
+            # this very tree; or the trusted head's own tree, judged while it was an
+            # envelope's (it has landed since, so its verdict is a trusted one)
+            scoped = self.scoped[gate]
+            hit = self.store.lookup(scoped[0]) or self.store.lookup(scoped[2])
+        if hit is None:
+            return None
+        log = self.run_dir / "logs" / f"{gate}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("wb") as out:
+            out.write(f"[dagrunner: cached result of run {hit.run_id}; its log follows]\n".encode())
+            with hit.log.open("rb") as src:
+                shutil.copyfileobj(src, out)
+        proof = {
+            **self.proof(gate),
+            "hit": True,
+            "stored_by_run": hit.run_id,
+            "stored_at": hit.stored_at,
+            "saved": hit.duration,
+        }
+        return Outcome(
+            status=Status.CACHED,
+            reason=f"cached: key {parts.key[:12]} passed in run {hit.run_id} "
+            f"({hit.stored_at}); saved {format_duration(hit.duration)}",
+            cache=proof,
+            command=str(hit.result.get("command", "")),
+        )
+
+    def miss_proof(self, gate: str) -> dict[str, Any]:
+        proof = self.proof(gate)
+        if proof["cacheable"]:
+            proof["hit"] = False
+            proof["reason"] = "cache reads disabled (--no-cache)" if not self.read else "no entry"
+        return proof
+
+    def store_passed(self, results: list[GateResult], run_id: str) -> None:
+        """Store every plain pass (not flaky, not cached) of a cacheable gate."""
+        for result in results:
+            parts = self.keys.get(result.id)
+            if result.status is Status.PASSED and isinstance(parts, KeyParts):
+                scoped = self.scoped.get(result.id)
+                self.store.store(
+                    manifest_name=self.manifest.name,
+                    parts=parts,
+                    result=result,
+                    run_id=run_id,
+                    log=self.run_dir / "logs" / f"{result.id}.log",
+                    key=scoped[0] if scoped else None,
+                )
+                self.stored += 1
+
+    def summary(self, results: list[GateResult]) -> dict[str, Any]:
+        cacheable = [g for g, p in self.keys.items() if isinstance(p, KeyParts)]
+        hits = [r.id for r in results if r.status is Status.CACHED]
+        return {
+            "dir": str(self.store.root),
+            "reads": self.read,
+            "cacheable": len(cacheable),
+            "hits": len(hits),
+            "misses": len(cacheable) - len(hits),
+            "stored": self.stored,
+            "snapshot_files": self.snapshot_files,
+            "hashed_files": self.hashed_files,
+        }
+
+
+def _tree_scoped(
+    graph: Graph, keys: Mapping[str, KeyParts | str], repo: Path, trusted: str
+) -> dict[str, tuple[str, tuple[str, ...], str]]:
+    """The reuse rule for an untrusted tree (an envelope's): a verdict computed on it may be
+    reused by input key only when the tree equals the ``trusted`` commit outside the gate's
+    declared inputs; otherwise only for this exact tree.  Gate -> (its key for this tree,
+    the changed paths outside its inputs, its key for the trusted commit's tree), for each
+    gate the rule scopes.  A tree that cannot be compared scopes every gate."""
+    tree = git(["rev-parse", "--verify", "-q", "HEAD^{tree}"], cwd=repo, check=False)
+    head = git(["rev-parse", "--verify", "-q", f"{trusted}^{{tree}}"], cwd=repo, check=False)
+    diff = git(
+        ["diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", trusted, "HEAD", "--"],
+        cwd=repo,
+        check=False,
+    )
+    dirty = git(["status", "--porcelain", "-z", "--untracked-files=all"], cwd=repo, check=False)
+    known = tree.returncode == 0 and diff.returncode == 0 and not dirty.stdout
+    changed = tuple(split_z(diff.stdout)) if known else ("(the tree could not be compared)",)
+    ident = tree.text if known else "unknown"
+    scoped = {}
+    for gate, parts in keys.items():
+        if not isinstance(parts, KeyParts):
+            continue
+        patterns = [glob_regex(g) for g in spec(graph, gate).inputs]
+        outside = tuple(p for p in changed if not any(r.match(p) for r in patterns))
+        if outside or not known:
+            scoped[gate] = (_scoped(parts.key, ident), outside, _scoped(parts.key, head.text))
+    return scoped
+
+
+def _scoped(key: str, tree: str) -> str:
+    """The cache key of a verdict that holds for one exact tree only."""
+    return hashlib.sha256(f"tree-scoped\0{key}\0{tree}".encode()).hexdigest()
+
+
+def explain_gate(
+    *,
+    manifest: Manifest,
+    graph: Graph,
+    repo: Path,
+    envs: dict[str, dict[str, str]],
+    gate: str,
+    store: Store | None = None,
+) -> dict[str, Any]:
+    """What ``cache explain GATE`` prints: the current key and what changed since the newest entry."""
+    from dagrunner.engine.cache import explain
+    from dagrunner.engine.graph import select
+
+    sub = select(graph, [gate], where=str(manifest.path))
+    snapshot = take_snapshot(repo)
+    store = store or Store()
+    keys = compute_keys(
+        manifest, sub, snapshot, {n: envs[n] for n in sub.nodes}, repo, hide=store.root
+    )
+    current = keys[gate]
+    stored = store.newest_parts(manifest.name, gate)
+    hit = isinstance(current, KeyParts) and store.lookup(current.key) is not None
+    # A hit is a hit, whichever entry is newest (after a revert, an older one matches).
+    changes = (
+        [f"hit: the current key {current.key[:12]} has a stored entry"]
+        if hit and isinstance(current, KeyParts)
+        else explain(current, stored)
+    )
+    return {
+        "gate": gate,
+        "cacheable": isinstance(current, KeyParts),
+        "key": current.key if isinstance(current, KeyParts) else None,
+        "stored_key": stored.get("key") if stored else None,
+        "hit": hit,
+        "changes": changes,
+    }

@@ -1,0 +1,45 @@
+"""Measured gate durations from earlier runs, which feed critical-path priorities.
+
+Kept beside the gate cache, one small JSON file per repository and manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+
+import orjson
+
+from dagrunner.files import atomic_write, locked
+from dagrunner.git.repo import cache_root
+from dagrunner.records.run import GateResult, Status
+
+
+def history_path(repo: Path, manifest_name: str, root: Path | None = None) -> Path:
+    ident = hashlib.sha256(f"{repo.resolve()}\0{manifest_name}".encode()).hexdigest()[:16]
+    return (root or cache_root()) / "history" / f"{manifest_name}-{ident}.json"
+
+
+def read_history(path: Path) -> dict[str, float]:
+    """Gate id -> last measured seconds; empty when there is no (readable) history."""
+    with contextlib.suppress(OSError, orjson.JSONDecodeError, AttributeError, TypeError):
+        data = orjson.loads(path.read_bytes())
+        return {str(k): float(v) for k, v in data.get("durations", {}).items()}
+    return {}
+
+
+def record_history(path: Path, results: Iterable[GateResult]) -> None:
+    """Merge the durations of gates that really ran (passed, flaky or failed) into the history."""
+    measured = {
+        r.id: round(r.duration, 4)
+        for r in results
+        if r.status in (Status.PASSED, Status.FLAKY, Status.FAILED) and r.attempts
+    }
+    if not measured:
+        return
+    with locked(path.with_suffix(".lock")):
+        durations = read_history(path)
+        durations.update(measured)
+        atomic_write(path, orjson.dumps({"durations": durations}, option=orjson.OPT_SORT_KEYS))

@@ -1,0 +1,145 @@
+"""What a gate's ``inputs`` globs match, and the content id of each file.
+
+One snapshot of the repository is taken per run.  In a git work tree, tracked
+files that are unmodified reuse git's own blob ids (``git ls-files -s``), so
+only modified and untracked files are read and hashed; outside git every file
+is hashed.  Ids are git blob ids (sha1 of ``blob <size>\\0<content>``) either
+way, so they compare across both paths.  Gitignored files are left out unless
+a glob names one exactly (no wildcard).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dagrunner.git.command import git, split_z, toplevel
+from dagrunner.manifest.globs import glob_regex, literal_prefix
+
+_WILDCARD = re.compile(r"[*?\[]")
+
+
+def blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def file_id(path: Path) -> str | None:
+    """The git blob id of a file's content (a symlink's target text), or None if unreadable."""
+    try:
+        if path.is_symlink():
+            return blob_id(os.readlink(path).encode("utf-8", "surrogateescape"))
+        return blob_id(path.read_bytes())
+    except OSError:
+        return None
+
+
+@dataclass
+class Snapshot:
+    """Every candidate input file of the repository and its content id."""
+
+    root: Path
+    paths: list[str]  # sorted, repository-relative, '/'-separated
+    ids: dict[str, str]
+    git: bool
+    hashed: int = 0  # files read and hashed (the rest reused git's ids)
+    _cache: dict[str, list[str]] = field(default_factory=dict)
+
+    def match(self, pattern: str) -> list[str]:
+        """Paths the glob matches (an exact path names an ignored file too)."""
+        if pattern in self._cache:
+            return self._cache[pattern]
+        prefix = literal_prefix(pattern)
+        if prefix == pattern:
+            found = [pattern] if pattern in self.ids or self._add_exact(pattern) else []
+        else:
+            regex = glob_regex(pattern)
+            start = bisect.bisect_left(self.paths, prefix)
+            found = []
+            for path in self.paths[start:]:
+                if not path.startswith(prefix):
+                    break
+                if regex.match(path):
+                    found.append(path)
+        self._cache[pattern] = found
+        return found
+
+    def _add_exact(self, rel: str) -> bool:
+        path = self.root / rel
+        if not path.is_file() and not path.is_symlink():
+            return False
+        ident = file_id(path)
+        if ident is None:
+            return False
+        self.ids[rel] = ident
+        self.hashed += 1
+        return True
+
+
+def take_snapshot(root: Path) -> Snapshot:
+    top = toplevel(root)
+    if top is not None and top.resolve() == root.resolve():
+        return _git_snapshot(root)
+    return _walk_snapshot(root)
+
+
+def _git_snapshot(root: Path) -> Snapshot:
+    ids: dict[str, str] = {}
+    staged = git(["ls-files", "-s", "-z"], cwd=root).stdout
+    for entry in staged.split(b"\0"):
+        if not entry:
+            continue
+        meta, _, name = entry.partition(b"\t")
+        mode, oid, stage = meta.split(b" ")
+        if mode == b"160000":  # a submodule: its commit id stands for its content
+            ids[name.decode("utf-8", "surrogateescape")] = oid.decode()
+            continue
+        if stage in (b"0", b"2"):
+            ids[name.decode("utf-8", "surrogateescape")] = oid.decode()
+    # Worktree files that differ from the index (stat-based; a false positive is just re-hashed)
+    changed = split_z(git(["diff-files", "--name-only", "-z"], cwd=root).stdout)
+    untracked = split_z(git(["ls-files", "--others", "--exclude-standard", "-z"], cwd=root).stdout)
+    hashed = 0
+    for rel in [*changed, *untracked]:
+        path = root / rel
+        if not path.exists() and not path.is_symlink():
+            ids.pop(rel, None)  # deleted in the worktree
+            continue
+        if path.is_dir() and not path.is_symlink():
+            continue
+        ident = file_id(path)
+        hashed += 1
+        if ident is None:
+            ids.pop(rel, None)
+        else:
+            ids[rel] = ident
+    return Snapshot(root=root, paths=sorted(ids), ids=ids, git=True, hashed=hashed)
+
+
+def _walk_snapshot(root: Path) -> Snapshot:
+    ids: dict[str, str] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in files:
+            path = Path(folder) / name
+            ident = file_id(path)
+            if ident is not None:
+                ids[path.relative_to(root).as_posix()] = ident
+    return Snapshot(root=root, paths=sorted(ids), ids=ids, git=False, hashed=len(ids))
+
+
+def input_files(snapshot: Snapshot, patterns: Iterable[str]) -> tuple[dict[str, str], list[str]]:
+    """(path -> content id for every file the globs match, the globs that matched nothing)."""
+    files: dict[str, str] = {}
+    unmatched: list[str] = []
+    for pattern in patterns:
+        found = snapshot.match(pattern.lstrip("/"))
+        if not found:
+            unmatched.append(pattern)
+        for path in found:
+            files[path] = snapshot.ids[path]
+    return files, unmatched

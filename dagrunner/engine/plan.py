@@ -1,0 +1,112 @@
+"""What a run is given (``RunOptions``), what it plans (``Plan``), and the node-kind protocol.
+
+The runner runs plain gates; worker, integrate and land nodes come in through
+``NodeKinds`` (``swarm.py`` implements it, ``release.py`` plugs it in), so the
+runner imports neither the swarm nor the integrator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from dagrunner.engine.governor import Capacity
+from dagrunner.engine.graph import Graph
+from dagrunner.engine.scheduler import Listener
+from dagrunner.manifest.load import Manifest
+from dagrunner.records.run import GateResult, Status
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """What ``dagrunner release-check`` takes; every field has the CLI's default."""
+
+    repo: Path | None = None
+    manifest: Path | None = None
+    report_dir: Path | None = None  # the run directory itself; default reports/<run-id>
+    jobs: int | None = None
+    only: tuple[str, ...] = ()
+    fail_fast: bool = False
+    no_cache: bool = False
+    executor: str = "local"
+    environ: Mapping[str, str] | None = None  # the caller's environment; default os.environ
+    listener: Listener | None = None
+    history_root: Path | None = None
+    cache_root: Path | None = None  # default DAGRUNNER_CACHE_DIR
+    node_kinds: NodeKindsFactory | None = None  # workers, integrate, land: release.py adds them
+    loaded: Manifest | None = None  # the manifest, when the caller has loaded it already
+    # Folders the gates may read but not write, except the repository they run in (the
+    # integrator: the user's checkout, the common git dir, the other worktrees).
+    read_only: tuple[Path, ...] = ()
+    # The trusted commit (the target's head) when the tree under test is an envelope's:
+    # its verdicts are then reused by input key only where the reuse rule allows
+    # (``cachestep._tree_scoped``, docs/security.md).
+    trusted: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    repo: Path
+    manifest: Manifest
+    graph: Graph
+    capacity: Capacity
+    expected: dict[str, float]
+    history: Path
+    envs: dict[
+        str, dict[str, str]
+    ]  # each gate's hermetic environment (HOME/TMPDIR added per attempt)
+    git: dict[str, Any] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict)  # value -> name, redacted from logs
+    read_only: tuple[Path, ...] = ()  # RunOptions.read_only
+
+
+class NodeKinds(Protocol):
+    """How the nodes other than plain gates run (workers, integrate, land: ``swarm.py``).
+
+    The runner knows only this protocol, so it imports neither the swarm nor the
+    integrator; ``release.py`` plugs them in.
+    """
+
+    def cwd_root(self, node: str) -> Path:
+        """The tree ``node`` runs in."""
+        ...
+
+    def run_node(self, node: str) -> tuple[Status, str]:
+        """Run a node that is git work, not a command (integrate, land)."""
+        ...
+
+    def export_worker(self, node: str) -> str:
+        """After a worker passed: export its envelope; a note for its record."""
+        ...
+
+    def finish(self, results: list[GateResult], *, interrupted: bool) -> Any:
+        """After the schedule: settle what is left; the run record's ``integration``."""
+        ...
+
+
+NodeKindsFactory = Callable[[Plan, str, Mapping[str, str]], NodeKinds]
+
+
+class PlainGates:
+    """Node kinds for a run of plain gates: every gate runs in the repository."""
+
+    def __init__(self, repo: Path) -> None:
+        self.repo = repo
+
+    @classmethod
+    def open(cls, plan: Plan, run_id: str, env: Mapping[str, str]) -> PlainGates:
+        return cls(plan.repo)
+
+    def cwd_root(self, node: str) -> Path:
+        return self.repo
+
+    def run_node(self, node: str) -> tuple[Status, str]:
+        return Status.FAILED, "this run has no handler for worker, integrate or land nodes"
+
+    def export_worker(self, node: str) -> str:
+        return ""
+
+    def finish(self, results: list[GateResult], *, interrupted: bool) -> None:
+        return None

@@ -1,0 +1,70 @@
+"""Per-test results: the JUnit XML file a gate wrote (its ``junit`` key), read back.
+
+The file is a gate's output, so untrusted: it is read only when this attempt wrote it
+(modified after the attempt started -- a stale file from an earlier run says nothing),
+only up to ``MAX_BYTES``, with Python's expat (no external entities; its billion-laughs
+guard), and only the counts and the cases that did not pass are kept (at most
+``MAX_CASES``, messages bounded).  A file that cannot be read is a ``problem`` on the
+record, never a crash and never a changed verdict: the gate's exit code decides.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from dagrunner.records.run import TestCase, TestRun
+from dagrunner.report.logtail import strip_ansi
+
+MAX_BYTES = 32 * 1024 * 1024
+MAX_CASES = 200
+MESSAGE = 2000
+
+
+def read_junit(path: Path, *, since: float) -> TestRun:
+    """The test results in ``path``, written after ``since`` (a ``time.time()``)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return TestRun(problem=f"no JUnit file at {path.name}: the gate did not write it")
+    if info.st_mtime < since - 1.0:  # a second of slack for coarse file times
+        return TestRun(problem=f"{path.name} is older than this run: not its results")
+    if info.st_size > MAX_BYTES:
+        return TestRun(problem=f"{path.name} is larger than {MAX_BYTES >> 20} MiB: not read")
+    try:
+        root = ET.fromstring(path.read_bytes())
+    except (ET.ParseError, OSError, ValueError) as exc:
+        return TestRun(problem=f"{path.name} is not JUnit XML: {exc}"[:300])
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    cases: list[TestCase] = []
+    for case in root.iter("testcase"):
+        counts["tests"] += 1
+        outcome, message = _outcome(case)
+        if outcome == "passed":
+            continue
+        counts[{"failed": "failures", "error": "errors", "skipped": "skipped"}[outcome]] += 1
+        if len(cases) < MAX_CASES:
+            cases.append(
+                TestCase(  # a gate's words: no escape sequence reaches a terminal
+                    suite=strip_ansi(case.get("classname", ""))[:300],
+                    name=strip_ansi(case.get("name", ""))[:300],
+                    outcome=outcome,
+                    message=strip_ansi(message)[:MESSAGE],
+                )
+            )
+    return TestRun(
+        tests=counts["tests"],
+        failures=counts["failures"],
+        errors=counts["errors"],
+        skipped=counts["skipped"],
+        cases=tuple(cases),
+    )
+
+
+def _outcome(case: ET.Element) -> tuple[str, str]:
+    for tag, outcome in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+        found = case.find(tag)
+        if found is not None:
+            text = found.get("message") or (found.text or "").strip().splitlines()[:1]
+            return outcome, text if isinstance(text, str) else "".join(text)
+    return "passed", ""

@@ -1,0 +1,9 @@
+"""The one door to git, and what is built on it.
+
+- ``command``: every git call (environment cleaned, formats and command-running keys pinned).
+- ``repo``: the repository, its common git dir, the worktree and cache roots.
+- ``statetree``: a worktree's full state as a tree, through a temporary index.
+- ``diff``: a binary diff read by its structure (which paths it touches, how).
+- ``link``: a linked worktree's ``.git`` file restored from git's registry.
+- ``locks``: stale git lock files, found before any gate run.
+"""

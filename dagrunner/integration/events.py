@@ -1,0 +1,207 @@
+"""The integration queue's journal as an event stream that orchestrators watch and wait on.
+
+Every state change is a journal line, appended and fsynced before it takes
+effect (``queue.py``), so the journal is the stream: nothing an integrator did
+is missed across its restarts, or across the watcher's.  Each event carries a
+``cursor``: the journal's byte offset just after its line.  ``watch(since=c)``
+resumes right after the event whose cursor was ``c``; the journal is only ever
+appended to, so a cursor stays valid.
+
+Event names are the envelope's state, except ``submitted`` (its first
+``queued`` line), ``flaky`` and ``speculation-reset`` (``pipeline.py``).
+Their JSON shape is ``docs/integration-event.schema.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.files import text_of
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.queue import Queue, QueueEntry
+from dagrunner.records.integration import FINAL, Details, EnvelopeState
+
+POLL = 0.1  # seconds between looks at the journal while following it
+NAMED = ("flaky", "speculation-reset")  # events that are not a state of their own
+
+# What each final state means to ``integrate submit --wait`` (docs/integration.md).
+WAIT_EXIT: dict[EnvelopeState, ExitCode] = {
+    EnvelopeState.LANDED: ExitCode.OK,
+    EnvelopeState.GATES_FAILED: ExitCode.FAILED,
+    EnvelopeState.REJECTED: ExitCode.BAD_INPUT,
+    EnvelopeState.CONFLICT: ExitCode.REFUSED,
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    """One journal line, as a watcher sees it."""
+
+    cursor: int
+    event: str
+    id: str
+    state: EnvelopeState
+    at: str | None
+    mission: str | None
+    worker: str | None
+    target: str | None
+    details: Details
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cursor": self.cursor,
+            "event": self.event,
+            "id": self.id,
+            "state": str(self.state),
+            "at": self.at,
+            "mission": self.mission,
+            "worker": self.worker,
+            "target": self.target,
+            **self.details.to_json(),
+        }
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL and self.event not in NAMED
+
+
+def _state(raw: Any) -> EnvelopeState:
+    try:
+        return EnvelopeState(str(raw))
+    except ValueError:
+        return EnvelopeState.QUEUED
+
+
+class JournalReader:
+    """Reads a journal's events incrementally: only the bytes appended since the last read."""
+
+    def __init__(self, journal: Path, since: int = 0) -> None:
+        self.journal = journal
+        self.since = since
+        self.offset = 0  # how far the journal has been read (always a line's end)
+        self.who: dict[str, tuple[str | None, str | None]] = {}  # id -> mission, worker
+        self.checked = False
+
+    def read(self) -> list[Event]:
+        """The events journaled since the last read (after cursor ``since``).  A line still
+        being written (no newline yet) waits for the next read."""
+        try:
+            with self.journal.open("rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except FileNotFoundError:
+            data = b""
+        if not self.checked:
+            self.check(data)
+        events: list[Event] = []
+        start = 0
+        while (end := data.find(b"\n", start)) != -1:
+            raw, start = data[start:end], end + 1
+            event = self.parse(raw, self.offset + start)
+            if event is not None:
+                events.append(event)
+        self.offset += start
+        return events
+
+    def check(self, data: bytes) -> None:
+        since = self.since
+        if since < 0 or since > len(data) or (since and data[since - 1 : since] != b"\n"):
+            raise DagrunnerError(
+                "watch-cursor",
+                f"cursor {since} is not the end of a journal line (the journal has "
+                f"{len(data)} bytes)",
+                where=str(self.journal),
+                hint="pass a cursor that an event gave, or 0 to read from the start",
+            )
+        self.checked = True
+
+    def parse(self, raw: bytes, cursor: int) -> Event | None:
+        try:
+            line = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None  # a line a crash cut short
+        envelope_id = line.get("id") if isinstance(line, dict) else None
+        if not isinstance(envelope_id, str):
+            return None
+        first = envelope_id not in self.who
+        if first or text_of(line.get("mission")):
+            self.who[envelope_id] = (text_of(line.get("mission")), text_of(line.get("worker")))
+        if cursor <= self.since:
+            return None
+        state = _state(line.get("state"))
+        named = text_of(line.get("event"))
+        mission, worker = self.who[envelope_id]
+        return Event(
+            cursor=cursor,
+            event=named if named in NAMED else "submitted" if first else str(state),
+            id=envelope_id,
+            state=state,
+            at=text_of(line.get("at")),
+            mission=mission,
+            worker=worker,
+            target=text_of(line.get("target")),
+            details=Details.from_json(line),
+        )
+
+
+def _follow(reader: JournalReader, follow: bool, timeout: float | None) -> Iterator[Event]:
+    """The reader's events as they are journaled, until ``follow`` is off and the journal's
+    end is reached, or ``timeout`` seconds have passed."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        yield from reader.read()
+        if not follow or (deadline is not None and time.monotonic() >= deadline):
+            return
+        time.sleep(POLL)
+
+
+def watch(
+    *,
+    repo: Path | None = None,
+    since: int = 0,
+    follow: bool = True,
+    timeout: float | None = None,
+) -> Iterator[Event]:
+    """Every event after cursor ``since``, as it is journaled; ``follow=False`` stops at the
+    journal's end, ``timeout`` (seconds) stops following after that long."""
+    yield from _follow(JournalReader(Queue.of(repo_info(repo)).journal, since), follow, timeout)
+
+
+def wait_for(
+    envelope_id: str, *, repo: Path | None = None, timeout: float | None = None
+) -> Iterator[Event]:
+    """The events of one envelope, from its submission until its final state (whoever runs
+    the integrator).  Raises ``wait-timeout`` (exit 124) when ``timeout`` seconds pass first,
+    and ``envelope-unknown`` when it was never submitted."""
+    queue = Queue.of(repo_info(repo))
+    if envelope_id not in queue.entries():
+        raise DagrunnerError(
+            "envelope-unknown",
+            f"no envelope {envelope_id[:80]!r} was submitted to this queue",
+            where=str(queue.dir),
+            hint="submit it first (integrate submit), or check the id (integrate status)",
+        )
+    for event in _follow(JournalReader(queue.journal), True, timeout):
+        if event.id == envelope_id:
+            yield event
+            if event.final:
+                return
+    raise DagrunnerError(
+        "wait-timeout",
+        f"envelope {envelope_id} reached no final state in {timeout:g}s",
+        where=str(queue.dir),
+        exit_code=ExitCode.TIMED_OUT,
+        hint="run the integrator (integrate run), or wait longer (--timeout)",
+    )
+
+
+def final_entry(envelope_id: str, *, repo: Path | None = None) -> QueueEntry:
+    """The envelope's queue entry (its latest state, with every detail)."""
+    return Queue.of(repo_info(repo)).entries()[envelope_id]

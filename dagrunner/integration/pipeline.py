@@ -1,0 +1,445 @@
+"""The speculative integration pipeline: several queue items gated at once, landed in order.
+
+An item is one envelope (or ``--batch`` of them).  The first ``window`` items
+are each applied, in their own integration worktree, on the speculative head
+"target + every item ahead of it still expected to land", and their gates run
+at the same time under one governor.  Items land strictly in queue order, each
+by compare-and-swap, as soon as it and every item ahead of it passed.
+
+- A failed gate run is first re-run on the same tree (``confirm_failures``):
+  a pass marks the gates ``flaky`` on its envelopes, and the item goes on.
+- A confirmed failure halves the window and resets every item behind it onto a
+  head without it (their runs are cancelled).  The item itself is judged at
+  the front: a batch splits into two halves, one envelope is ``gates-failed``.
+- A conflict at the front is final.  Behind it, the conflict may be with an
+  item that will not land, so the item waits for the front; no gate runs.
+- The window grows by one after each landing (ceiling: ``window``).
+
+Every step is journaled before it takes effect (``queue.py``); after a crash,
+``recovery.recover`` discards the speculation (only commits on the target
+count), so a rerun ends with each envelope in one final state.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import trio
+
+from dagrunner.engine.governor import Governor, resolve_capacity
+from dagrunner.engine.plan import RunOptions
+from dagrunner.engine.steps import gate_run
+from dagrunner.errors import DagrunnerError
+from dagrunner.executors.base import Executor
+from dagrunner.files import crash_point
+from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window
+from dagrunner.manifest.load import Manifest
+from dagrunner.records.integration import Details, EnvelopeState, LandOutcome
+from dagrunner.records.run import RunStatus, Status
+
+if TYPE_CHECKING:
+    from dagrunner.envelope import Envelope
+    from dagrunner.integration.steps import Integrator
+
+MAX_REBUILDS = 3  # landings lost to somebody else moving the target, then target-moving
+
+
+class Pipeline:
+    def __init__(
+        self,
+        it: Integrator,
+        executor: Executor,
+        manifest: Manifest,
+        *,
+        window: int | None,
+        confirm: int,
+    ) -> None:
+        self.it = it
+        self.executor = executor
+        capacity = resolve_capacity(manifest.governor, machines=executor.machines())
+        self.governor = Governor(capacity)
+        self.ceiling = window or auto_window(manifest, capacity.cpu)
+        self.window = self.ceiling
+        self.confirm = confirm
+        self.items: list[Item] = []
+        self.pending = it.queue.pending()
+        self.head = it.head()
+        self.free: list[Path] = [it.wt]
+        self.made = 1
+        self.moves = 0
+        self.t0 = 0.0
+        self.error: DagrunnerError | None = None
+        it.result.window = self.ceiling
+
+    # -- the controller ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.t0 = trio.current_time()
+        send, self.receive = trio.open_memory_channel[Finished](math.inf)
+        self.send = send
+        # Landed workers are cleaned while later items are gated; those cleanups are
+        # finished (never cancelled) before the run returns.
+        async with trio.open_nursery() as cleaners:
+            self.cleaners = cleaners
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                if threading.current_thread() is threading.main_thread():
+                    nursery.start_soon(self.on_signal)
+                while not self.it.stop:
+                    await self.settle()
+                    if self.it.stop:
+                        break
+                    self.confirm_next()
+                    await self.fill()
+                    if not self.items:
+                        break
+                    await self.take(await self.receive.receive())
+                nursery.cancel_scope.cancel()
+        self.requeue_rest()
+        if self.error is not None:
+            raise self.error
+
+    async def on_signal(self) -> None:
+        """Ctrl-C or SIGTERM: every gate run ends, and what was in flight is queued again."""
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+            async for _ in received:
+                self.it.result.interrupted = True
+                self.it.stop = True
+                self.nursery.cancel_scope.cancel()
+                return
+
+    async def settle(self) -> None:
+        """Land or judge at the front while the front is decided."""
+        while self.items and not self.it.stop:
+            front = self.items[0]
+            if front.stage is Stage.PASSED:
+                await self.land(front)
+            elif front.stage is Stage.FAILED:
+                self.blame(front)
+            elif front.stage is Stage.DEFERRED:
+                front.stage = Stage.WAITING  # at the front its conflicts are its own
+                return
+            else:
+                return
+
+    async def fill(self) -> None:
+        """Build and start every item in the window that waits (in queue order); build the
+        next one ahead, so that its gates start the moment the window has room."""
+        position = 0
+        while not self.it.stop:
+            if position == len(self.items) and not self.admit_item():
+                return
+            item = self.items[position]
+            if item.stage is Stage.DEFERRED:
+                return  # nothing behind it can be built before it is
+            if item.stage is Stage.WAITING:
+                built = await self.build(item, position)
+                if built == "deferred":
+                    return
+                if built == "gone":
+                    continue  # nothing of it to gate: it left the pipeline
+                item.stage = Stage.BUILT
+            if position >= self.window:
+                return
+            if item.stage is Stage.BUILT:
+                self.launch(item, position)
+            position += 1
+
+    def admit_item(self) -> bool:
+        while self.pending:
+            envelopes: list[Envelope] = []
+            while self.pending and len(envelopes) < self.it.batch:
+                envelope = self.it.admit(self.pending.pop(0))  # a rejection is journaled
+                if envelope is not None:
+                    envelopes.append(envelope)
+            if envelopes:
+                self.items.append(Item(envelopes))
+                return True
+        return False
+
+    # -- building and gating -----------------------------------------------------------------
+
+    def base_for(self, position: int) -> str:
+        """The speculative head: the tree of the nearest item ahead still expected to land."""
+        for ahead in reversed(self.items[:position]):
+            if ahead.stage is not Stage.FAILED:
+                return ahead.commit
+        return self.head
+
+    async def build(self, item: Item, position: int) -> Literal["built", "deferred", "gone"]:
+        """Apply the item on its speculative head: built; deferred (it conflicts behind the
+        front); or gone (its envelopes all ended at the front: conflict, rejected)."""
+        item.base = self.base_for(position)
+        slot = await self.take_slot()
+        try:
+            built = await trio.to_thread.run_sync(self.apply_all, item, slot, position == 0)
+        except BaseException:
+            self.free.append(slot)
+            raise
+        if not built:
+            self.free.append(slot)
+            item.stage = Stage.DEFERRED
+            return "deferred"
+        if not item.applied:
+            self.free.append(slot)
+            self.items.remove(item)
+            return "gone"
+        item.slot = slot  # exactly its tree now: its first gate run uses it as it is
+        return "built"
+
+    def apply_all(self, item: Item, slot: Path, final: bool) -> bool:
+        it = self.it
+        it.reset(item.base, slot)
+        item.applied = []
+        for envelope in item.envelopes:
+            commit = it.apply(envelope, slot, final=final)
+            if commit is not None:
+                item.applied.append((envelope, commit))
+            elif not final:
+                for done, _ in item.applied:
+                    it.queue.record(done.id, EnvelopeState.QUEUED, Details(note="deferred"))
+                item.applied = []
+                return False
+        item.envelopes = [e for e, _ in item.applied]  # the rest ended (conflict, rejected)
+        item.commit = item.applied[-1][1] if item.applied else item.base
+        item.manifest = it.trusted_manifest(self.head, slot)
+        return True
+
+    async def take_slot(self) -> Path:
+        """A free integration worktree (made when none is free).  Slots are taken and given
+        back in the trio thread only, so two tasks never hold one."""
+        if self.free:
+            return self.free.pop()
+        slot = self.it.wt.parent / ".speculative" / self.it.wt.name / str(self.made)
+        self.made += 1
+        await trio.to_thread.run_sync(self.it.prepare_worktree, self.head, slot)
+        return slot
+
+    def launch(self, item: Item, position: int, *, confirm: bool = False) -> None:
+        it = self.it
+        it.result.gate_runs += 1
+        number = it.result.gate_runs
+        item.stage = Stage.GATING
+        if confirm:
+            it.result.confirm_runs += 1
+        else:
+            for envelope in item.envelopes:
+                it.queue.record(
+                    envelope.id,
+                    EnvelopeState.GATING,
+                    Details(gate_run=number, head=item.base, position=position),
+                )
+            crash_point("gating")
+            if position > 0:
+                crash_point("speculating")
+        # The scope exists before the task starts: a reset right after this cancels it.
+        item.scope = trio.CancelScope()
+        run = GateRun(
+            item=item,
+            number=number,
+            position=position,
+            confirm=confirm,
+            generation=item.generation,
+            base=item.base,
+            commit=item.commit,
+            manifest=item.manifest,
+            only=item.failing if confirm else (),
+            ids=item.ids,
+            scope=item.scope,
+            slot=item.slot,
+        )
+        item.slot = None  # the run owns it now, and gives it back when it ends
+        self.nursery.start_soon(self.gate, run)
+
+    async def gate(self, run: GateRun) -> None:
+        """One gate run of an item's tree in a slot of its own; its verdict to the controller."""
+        start = trio.current_time() - self.t0
+        run_dir = self.it.reports / f"gates-{run.number:02d}"
+        finished: Finished | None = None
+        slot: Path | None = run.slot
+        try:
+            with run.scope:
+                if slot is None:  # a confirmation: any free slot, moved to the item's tree
+                    slot = await self.take_slot()
+                    await trio.to_thread.run_sync(self.it.reset, run.commit, slot)
+                self.executor.fresh(slot)
+                trusted = await trio.to_thread.run_sync(self.it.head)
+                record, _ = await gate_run(
+                    RunOptions(
+                        repo=slot,
+                        manifest=run.manifest,
+                        report_dir=run_dir,
+                        environ=self.it.env,
+                        executor=self.it.executor,
+                        only=run.only,
+                        read_only=self.it.guarded,
+                        trusted=trusted,
+                    ),
+                    self.executor,
+                    self.governor,
+                )
+                if record.gates and all(g.status is Status.CACHED for g in record.gates):
+                    self.it.result.cached_runs += 1
+                finished = Finished(
+                    run.item,
+                    run.generation,
+                    record.status is RunStatus.PASSED,
+                    tuple(g.id for g in record.gates if not g.status.ok),
+                    str(run_dir),
+                    run.confirm,
+                )
+        except DagrunnerError as exc:  # the run could not start (a bad manifest): stop, say it
+            self.error = self.error or exc
+            self.it.stop = True
+            self.nursery.cancel_scope.cancel()
+        finally:
+            if slot is not None:
+                self.free.append(slot)  # the run is over (a cancelled one ended its trees)
+        end = trio.current_time() - self.t0
+        self.it.result.pipeline.append(run.speculation(finished, start, end, str(run_dir)))
+        if finished is not None:
+            self.send.send_nowait(finished)
+
+    # -- verdicts ----------------------------------------------------------------------------
+
+    async def take(self, done: Finished) -> None:
+        item = done.item
+        if done.generation != item.generation or item not in self.items:
+            return  # a run of a tree that was reset since
+        it = self.it
+        if done.passed:
+            if done.confirm:
+                item.flaky = item.failing
+                for envelope in item.envelopes:
+                    it.queue.record(
+                        envelope.id,
+                        EnvelopeState.GATING,
+                        Details(flaky_gates=item.flaky, report=done.report),
+                        event="flaky",
+                    )
+            item.stage = Stage.PASSED
+            return
+        item.failing, item.report = done.failing, done.report
+        if item.confirms < self.confirm:
+            # Confirmed only when every item ahead passed: until then the failure may be
+            # theirs, and a re-run would be spent on it.
+            item.stage = Stage.SUSPECT
+            self.confirm_next()
+            return
+        item.stage = Stage.FAILED
+        self.window = max(1, self.window // 2)
+        self.reset_from(self.items.index(item) + 1, cause=item)
+
+    def confirm_next(self) -> None:
+        """Re-run the failed gates of the first undecided item, when it failed."""
+        for index, item in enumerate(self.items):
+            if item.stage is Stage.PASSED:
+                continue
+            if item.stage is Stage.SUSPECT:
+                item.confirms += 1
+                crash_point("confirming")
+                self.launch(item, index, confirm=True)
+            return
+
+    def reset_from(self, index: int, *, cause: Item | None) -> None:
+        """Every item from ``index`` on is built again (on a head without ``cause``)."""
+        why = (
+            f"rebuilt without {', '.join(cause.ids)}"
+            if cause is not None
+            else "rebuilt on the target's new head"
+        )
+        reset = False
+        for item in self.items[index:]:
+            if item.stage is Stage.WAITING:
+                continue
+            item.generation += 1
+            if item.scope is not None:
+                item.scope.cancel()  # its run ends its process trees, then frees its slot
+            built = item.stage is not Stage.DEFERRED
+            if item.slot is not None:  # built ahead, never launched: no run gives it back
+                self.free.append(item.slot)
+                item.slot = None
+            item.stage, item.confirms, item.failing, item.flaky = Stage.WAITING, 0, (), ()
+            item.applied = []
+            if built:
+                reset = True
+                self.it.result.resets += 1
+                for envelope in item.envelopes:
+                    self.it.queue.record(
+                        envelope.id,
+                        EnvelopeState.QUEUED,
+                        Details(note=why),
+                        event="speculation-reset",
+                    )
+        if reset:
+            crash_point("speculation-reset")
+
+    def blame(self, front: Item) -> None:
+        """A confirmed failure at the front: split a batch, or judge the one envelope."""
+        self.items.pop(0)
+        if len(front.envelopes) > 1:
+            half = len(front.envelopes) // 2
+            self.items[0:0] = [Item(front.envelopes[:half]), Item(front.envelopes[half:])]
+            self.reset_from(2, cause=None)  # they were built without the halves now ahead
+            return
+        (envelope,) = front.envelopes
+        self.it.finish(
+            envelope.id,
+            EnvelopeState.GATES_FAILED,
+            Details(failed_gates=front.failing, report=front.report),
+        )
+
+    async def land(self, front: Item) -> None:
+        it = self.it
+
+        def land() -> LandOutcome:
+            with it.git_lock:
+                return it.land(front.base, front.applied, front.commit, flaky=front.flaky)
+
+        outcome = await trio.to_thread.run_sync(land)
+        if outcome is LandOutcome.LANDED:
+            self.items.pop(0)
+            self.head, self.moves = front.commit, 0
+            self.window = min(self.ceiling, self.window + 1)
+            self.cleaners.start_soon(self.clean, [e.id for e in front.envelopes])
+        elif outcome is LandOutcome.MOVED:
+            self.moves += 1
+            if self.moves > MAX_REBUILDS:
+                it.result.target_moving = True
+                it.stop = True
+                return
+            it.result.rebuilds += 1
+            self.head = it.head()
+            self.reset_from(0, cause=None)
+        # BLOCKED: landing.block said why, queued the front again and stopped the run
+
+    async def clean(self, ids: list[str]) -> None:
+        """The landed envelopes' worker worktrees go (when provably theirs), in a thread."""
+        it = self.it
+
+        def clean() -> dict[str, str]:
+            with it.git_lock:
+                return it.clean_workers(ids)
+
+        it.note_workers(await trio.to_thread.run_sync(clean))
+
+    def requeue_rest(self) -> None:
+        """The run stopped early: what it applied and did not finish is queued again."""
+        it = self.it
+        note = (
+            "interrupted"
+            if it.result.interrupted
+            else "target-moving"
+            if it.result.target_moving
+            else "the run stopped before it"
+        )
+        for item in self.items:
+            if item.stage is Stage.DEFERRED or (item.stage is Stage.WAITING and not item.applied):
+                continue  # its journal says queued already
+            for envelope in item.envelopes:
+                if envelope.id not in it.outcomes:
+                    it.queue.record(envelope.id, EnvelopeState.QUEUED, Details(note=note))

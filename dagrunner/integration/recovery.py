@@ -1,0 +1,131 @@
+"""Before an integrator does any work: what a crash or a fault left behind is settled.
+
+``recover`` turns envelopes whose commit is already on the target (by the
+integrator's own trailers) into ``landed`` and queues the rest again;
+``preflight`` repairs a target checkout a landing left half-updated (or names
+it) and clears or names stale git locks -- so no gate run is spent on a ref
+that cannot move.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.files import read_lines
+from dagrunner.git.command import git
+from dagrunner.git.locks import check_locks
+from dagrunner.integration import target_checkout as checkouts
+from dagrunner.integration.trailers import landed_on_target
+from dagrunner.records.integration import FINAL, Details, EnvelopeState
+
+if TYPE_CHECKING:
+    from dagrunner.integration.steps import Integrator
+
+
+def recover(it: Integrator) -> None:
+    """After a crash: envelopes whose commit is already on the target are landed; the rest requeue."""
+    pending = {  # this target's (another integrator may be working on another's right now)
+        i: e
+        for i, e in it.queue.entries().items()
+        if e.state not in FINAL and e.target in (None, it.target)
+    }
+    if not pending:
+        return
+    landed = landed_on_target(it.repo, it.ref)
+    for envelope_id, entry in pending.items():
+        commit = landed_commit(it, envelope_id, landed)
+        if commit is not None:
+            it.queue.record(
+                envelope_id, EnvelopeState.LANDED, Details(commit=commit, recovered=True)
+            )
+            old, new = entry.details.old, entry.details.new
+            if entry.state is EnvelopeState.LANDING and old and new:
+                finish_checkout_sync(it, old, new)
+        elif entry.state is not EnvelopeState.QUEUED:
+            it.queue.record(
+                envelope_id, EnvelopeState.QUEUED, Details(recovered_from=str(entry.state))
+            )
+
+
+def finish_checkout_sync(it: Integrator, old: str, new: str) -> None:
+    """A crash between moving the ref and updating its checkout: finish the update."""
+    checkout = it.target_checkout()
+    if checkout is None or it.head() != new:
+        return
+    index_at_old = git(["diff-index", "--cached", "--quiet", old, "--"], cwd=checkout, check=False)
+    worktree_at_index = git(["diff-files", "--quiet"], cwd=checkout, check=False)
+    if index_at_old.returncode == 0 and worktree_at_index.returncode == 0:
+        git(["read-tree", "-m", "-u", old, new], cwd=checkout, check=False)
+
+
+def landed_commit(
+    it: Integrator, envelope_id: str, landed: dict[str, tuple[str, str]]
+) -> str | None:
+    """The target commit that landed exactly this envelope (same id and diff hash), if any."""
+    if envelope_id not in landed:
+        return None
+    commit, sha = landed[envelope_id]
+    try:
+        envelope = it.queue.load(envelope_id)
+    except DagrunnerError:
+        return None
+    return commit if envelope.diff_sha256 == sha else None
+
+
+def preflight(it: Integrator) -> None:
+    """Before any gate run: a checkout left half-updated is repaired (or named), and stale
+    git locks are cleared where ours (or named): no gate run is spent on a ref that cannot
+    move."""
+    stale = checkouts.recall(it.ctx.info.state_dir, it.target) or last_landing(it)
+    if stale is not None:
+        where = Path(stale.checkout)
+        if not where.is_dir() or not checkouts.at_tree_of(where, stale.old):
+            checkouts.forget(it.ctx.info.state_dir, it.target)  # synced, or moved on
+        elif it.head() == stale.to and checkouts.repair(where, stale.old, stale.new, stale.to):
+            checkouts.forget(it.ctx.info.state_dir, it.target)
+        else:
+            raise DagrunnerError(
+                "target-checkout-stale",
+                f"the checkout {stale.checkout} was left between two trees ({stale.reason})",
+                where=stale.checkout,
+                exit_code=ExitCode.FAILED,
+                details=stale.to_json(),
+                hint="it was clean before landing: free what blocked it (disk space) and run "
+                f"again, and dagrunner repairs it; or restore it yourself: {stale.command}",
+            )
+    for path in check_locks(
+        common_dir=it.ctx.info.common_dir,
+        ref=it.ref,
+        checkout=it.target_checkout(),
+        own_worktrees=it.slots(),
+    ):
+        print(f"removed a stale lock of the integration worktree: {path}", file=sys.stderr)
+
+
+def last_landing(it: Integrator) -> checkouts.StaleCheckout | None:
+    """The newest journaled landing onto the current head, as a checkout that should follow.
+
+    A full disk can stop the marker from being written; the journal's landing
+    record (written before the ref moved) still says from where to where.
+    """
+    checkout = it.target_checkout()
+    if checkout is None:
+        return None
+    head = it.head()
+    for entry in reversed(read_lines(it.queue.journal)):
+        if entry.get("state") == "landing":
+            old, new = entry.get("old"), entry.get("new")
+            if isinstance(old, str) and new == head:
+                return checkouts.StaleCheckout(
+                    checkout=str(checkout),
+                    target=it.target,
+                    old=old,
+                    new=head,
+                    to=head,
+                    reason="a landing whose checkout update did not finish",
+                )
+            return None
+    return None

@@ -1,0 +1,81 @@
+"""Drain the integration queue: the public entry points (``integrate``, ``queue_status``).
+
+The integrator's steps live in ``integrator.py``, crash recovery and the
+preflight in ``recovery.py``, the commit trailers in ``trailers.py`` and the
+result record in ``outcomes.py``; the names users and tests import are
+re-exported here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dagrunner.executors.factory import executor_for
+from dagrunner.integration.queue import Queue
+from dagrunner.integration.steps import Integrator, integrator_lock
+from dagrunner.integration.trailers import SHA_TRAILER, TRAILER
+from dagrunner.records.integration import IntegrationResult
+from dagrunner.worktrees.allocate import default_target, open_context
+
+__all__ = [
+    "SHA_TRAILER",
+    "TRAILER",
+    "IntegrationResult",
+    "Integrator",
+    "integrate",
+    "integrator_lock",
+    "queue_status",
+]
+
+
+def integrate(
+    *,
+    repo: Path | None = None,
+    target: str | None = None,
+    manifest: Path | None = None,
+    batch: int = 1,
+    wait: bool = True,
+    env: Mapping[str, str] | None = None,
+    trust_envelope_manifest: bool = False,
+    executor: str = "local",
+    window: int | None = None,
+    confirm_failures: int | None = None,
+) -> IntegrationResult:
+    """Drain the queue of ``repo`` onto ``target`` (default: the main checkout's branch);
+    ``executor`` runs the gates (``local``, or ``dask://HOST:PORT``).  ``window``: queue items
+    gated at once (default: the manifest's ``[integrate] window``, else adaptive);
+    ``confirm_failures``: re-runs of failed gates before blame (default: the manifest's, 1)."""
+    from dagrunner.engine.steps import new_run_id
+
+    env = os.environ if env is None else env
+    ctx = open_context(repo, env)
+    if executor != "local":  # an unreachable cluster fails now, before anything is applied
+        with executor_for(executor) as cluster:
+            cluster.machines()
+    goal = target or default_target(ctx)
+    lock = ctx.info.state_dir / f"integrate-{goal.replace('/', '--')}.lock"
+    with integrator_lock(lock, wait=wait):
+        return Integrator(
+            ctx,
+            target=goal,
+            manifest=manifest,
+            batch=batch,
+            env=env,
+            run_id=new_run_id(),
+            trust_envelope_manifest=trust_envelope_manifest,
+            executor=executor,
+            window=window,
+            confirm_failures=confirm_failures,
+        ).run()
+
+
+def queue_status(*, repo: Path | None = None) -> dict[str, Any]:
+    ctx = open_context(repo)
+    entries = list(Queue.of(ctx.info).entries().values())
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry.state] = counts.get(entry.state, 0) + 1
+    return {"envelopes": [e.to_json() for e in entries], "counts": counts}

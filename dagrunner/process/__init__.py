@@ -1,0 +1,10 @@
+"""Where commands run, contained.
+
+- ``sandbox``: one hermetic attempt of a gate (environment, HOME/TMPDIR, log, timeout).
+- ``contain``: PID and mount namespaces under a reaping init, cgroups, parent-death signal.
+- ``view``: a gate's view of the filesystem, the write allow-list.
+- ``cgroups``: the cgroup hierarchies this process may use.
+- ``tree``: a gate's process tree: sampled, swept, ended.
+- ``logs``: the bounded log and redaction.
+- ``command``: the door for non-gate commands (worker setup, tool fingerprints).
+"""

@@ -1,0 +1,377 @@
+"""Run one gate attempt hermetically: explicit environment, own HOME and TMPDIR,
+closed stdin, own session, bounded log, timeout that ends the whole tree.
+
+``GateJob`` and ``AttemptResult`` hold only plain values so that an executor
+can ship them to another machine (see ``executors/dask.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from dagrunner.files import is_inside
+from dagrunner.manifest.load import DEFAULT_MAX_PIDS, EnvSpec
+from dagrunner.process.contain import detect, jail, spawn
+from dagrunner.process.logs import BoundedLog
+from dagrunner.process.tree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
+from dagrunner.process.view import View
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+FIXED_ENV = {"TZ": "UTC", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+KILL_GRACE = 3.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateJob:
+    """Everything needed to run one attempt of one gate."""
+
+    gate: str
+    argv: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str]
+    sandbox_dir: (
+        str  # HOME, with TMPDIR inside; made new (its parent must exist), removed by the caller
+    )
+    log_path: str
+    log_limit: int
+    timeout: float | None = None
+    grace: float = KILL_GRACE
+    sample_interval: float = 0.5
+    memory_limit: int | None = None  # enforced where a memory cgroup is delegated
+    max_pids: int | None = DEFAULT_MAX_PIDS  # enforced where a pids cgroup is delegated
+    hide: str | None = None  # a folder the gate must not see (the cache store)
+    # Where a mount namespace allows it (``contain.View``), the gate writes only its tree,
+    # its HOME and TMPDIR, and ``writable`` (absolute, or relative to the tree); it sees
+    # ``read_only`` folders even inside the invoking user's home, which is hidden.
+    tree: str = ""  # the tree under test ("" : cwd)
+    read_only: tuple[str, ...] = ()
+    writable: tuple[str, ...] = ()
+    keep_home: bool = False  # non-gate commands (proc.py) may keep the caller's HOME/TMPDIR
+    cpu: float = 1.0  # declared: where a cluster places the attempt
+    memory: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptResult:
+    exit_code: int | None  # None when it never started or was killed by us
+    timed_out: bool = False
+    interrupted: bool = False
+    error: str = ""  # why it could not start
+    peak_rss: int = 0
+    cpu_seconds: float = 0.0
+    log_bytes: int = 0
+    log_elided: int = 0
+    leftover_killed: int = 0  # processes still running after the gate exited
+    survivors: tuple[int, ...] = ()  # pids that outlived SIGKILL (should never happen)
+    containment: str = "session"
+    worker: str = ""  # the remote worker that ran it ("" here)
+    ran: float | None = None  # seconds from the gate's start to its end, measured where it ran
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.survivors
+
+
+def gate_environment(
+    *,
+    common: EnvSpec,
+    gate: EnvSpec,
+    caller: Mapping[str, str],
+    source_date_epoch: int,
+) -> dict[str, str]:
+    """The gate's environment, built from nothing (``run_job`` adds HOME and TMPDIR).
+
+    Only names listed in ``pass`` (manifest-wide or the gate's) come from the
+    caller; ``set`` values come next.
+    """
+    env = dict(FIXED_ENV)
+    env["PATH"] = DEFAULT_PATH
+    for name in (*common.passed, *gate.passed):
+        if name in caller:
+            env[name] = caller[name]
+    env.update(common.values)
+    env.update(gate.values)
+    env["SOURCE_DATE_EPOCH"] = str(source_date_epoch)
+    return env
+
+
+# Caller variables that are never secrets, or whose values are everywhere (paths, terminals).
+NOT_SECRET = frozenset(
+    {"PATH", "PWD", "OLDPWD", "HOME", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "TZ", "SHLVL"}
+    | {"HOSTNAME", "TMPDIR", "_", "COLUMNS", "LINES", "PYTHONPATH", "VIRTUAL_ENV"}
+)
+MIN_SECRET = 8  # shorter values are too common to redact without mangling every log
+
+
+def secret_values(
+    caller: Mapping[str, str], envs: Mapping[str, Mapping[str, str]]
+) -> dict[str, str]:
+    """value -> name of every caller variable that no gate was given: redacted from logs.
+
+    A gate cannot print what it was not given, unless it reads the runner some
+    other way; this is the last line if it ever does.
+    """
+    given = {value for env in envs.values() for value in env.values()}
+    found: dict[str, str] = {}
+    for name, value in caller.items():
+        if (
+            len(value) >= MIN_SECRET
+            and not value.startswith(("/", "~"))  # paths (PYENV_DIR=/x): not secrets, and common
+            and value not in given
+            and name not in NOT_SECRET
+            and not name.startswith(("LC_", "XDG_", "DAGRUNNER_"))
+        ):
+            found.setdefault(value, name)
+    return dict(sorted(found.items(), key=lambda item: -len(item[0])))  # longest first
+
+
+async def run_job(job: GateJob) -> AttemptResult:
+    """Run ``job`` once and report how it ended.  Cancellation ends the tree first."""
+    become_subreaper()
+    home = Path(job.sandbox_dir)
+    tmp = home / ".tmp"
+    token = uuid.uuid4().hex
+    ISSUED.add(token)
+    env = dict(job.env)
+    if not job.keep_home:
+        env.update(HOME=str(home), TMPDIR=str(tmp), TMP=str(tmp), TEMP=str(tmp))
+    env[TOKEN_VAR] = token
+    log = BoundedLog(Path(job.log_path), job.log_limit)
+    try:
+        return await _run(job, env, token, log, (home, tmp))
+    finally:
+        log.close()
+
+
+class _Child:
+    """A started gate: its pid, an async wait (pidfd), and its output as a trio stream."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        assert popen.stdout is not None
+        self.stdout = trio.lowlevel.FdStream(os.dup(popen.stdout.fileno()))
+        popen.stdout.close()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    async def wait(self) -> int:
+        if self.popen.poll() is None:
+            try:
+                pidfd = os.pidfd_open(self.pid)
+            except (AttributeError, OSError):  # not Linux >= 5.3: a thread waits instead
+                return await trio.to_thread.run_sync(self.popen.wait, abandon_on_cancel=True)
+            try:
+                await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                os.close(pidfd)
+        return self.popen.wait()
+
+
+async def _start(argv: list[str], cwd: str, env: dict[str, str], dirs: tuple[Path, ...]) -> _Child:
+    def popen() -> subprocess.Popen[bytes]:
+        # The gate's own HOME and TMPDIR, made here on the spawner thread: a mkdir can take
+        # 0.2 ms on a journalled disk, and the trio loop serves the other gates meanwhile.
+        for folder in dirs:
+            folder.mkdir()
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    return _Child(await trio.to_thread.run_sync(spawn, popen))
+
+
+def _unstartable(argv0: str, cwd: str, env: dict[str, str]) -> str:
+    """Why ``argv0`` cannot be executed, as exec would say it ('' when it can).
+
+    Checked before the gate is wrapped in its containment, whose own shell would
+    otherwise turn a missing program into a bare exit 127.
+    """
+    if "/" in argv0:
+        path = Path(cwd) / argv0
+        if not path.exists():
+            return "No such file or directory"
+        return "" if os.access(path, os.X_OK) and path.is_file() else "Permission denied"
+    found = shutil.which(argv0, path=env.get("PATH", DEFAULT_PATH))
+    return "" if found else "No such file or directory"
+
+
+def _view(job: GateJob, env: Mapping[str, str], hide: Path | None) -> View:
+    """The gate's view of the filesystem (``contain.View``); its HOME and stage are made
+    just before the gate starts."""
+    tree = Path(job.tree or job.cwd)
+    home = Path(job.sandbox_dir)
+    writable = [tree, *_places(tree, job.writable)]
+    tools = [Path(p) for p in env.get("PATH", DEFAULT_PATH).split(":") if p.startswith("/")]
+    if job.argv[0].startswith("/"):
+        tools.append(Path(job.argv[0]).parent)
+    tools += [Path(sys.prefix), Path(sys.base_prefix)]  # the Python running dagrunner
+    if hide is not None and is_inside(Path(job.cwd), hide):
+        hide = None
+    return View.for_gate(
+        writable=writable,
+        home=home,
+        visible=[Path(p) for p in job.read_only],
+        hide=hide,
+        tools=tools,
+    )
+
+
+def _places(tree: Path, paths: tuple[str, ...]) -> list[Path]:
+    """The manifest's writable places: an absolute one as it is; a relative one only where
+    it stays inside the tree once its symlinks are read -- the tree may be an envelope's,
+    which must not point ``build/cache`` at the user's ``~/.ssh`` to have it made writable."""
+    inside = os.path.realpath(tree)
+    found = []
+    for path in paths:
+        if path.startswith("/"):
+            found.append(Path(path))
+        elif is_inside(Path(os.path.realpath(tree / path)), Path(inside)):
+            found.append(tree / path)
+    return found
+
+
+EROFS_NOTE = (
+    "a write outside the gate's own places was refused (read-only file system): a gate writes "
+    "only its tree, HOME, TMPDIR and what the manifest names ([sandbox] writable, or the "
+    "gate's writable)"
+)
+
+
+async def _run(
+    job: GateJob, env: dict[str, str], token: str, log: BoundedLog, dirs: tuple[Path, ...]
+) -> AttemptResult:
+    why = _unstartable(job.argv[0], job.cwd, env)
+    if why:
+        message = f"could not start {job.argv[0]!r}: {why}"
+        log.note(message)
+        return AttemptResult(exit_code=None, error=message)
+    hide = Path(job.hide) if job.hide else None
+    view = None if job.keep_home else _view(job, env, hide)
+    if view is not None and detect().views:
+        dirs = (*dirs, view.stage)
+    box = jail(
+        job.argv,
+        token=token,
+        work=Path(job.sandbox_dir).parent,
+        hide=hide,
+        cwd=Path(job.cwd),
+        memory=job.memory_limit,
+        max_pids=job.max_pids,
+        view=view,
+    )
+    # Running before it starts: the orphan sweep (another run's, or this one's, in a thread)
+    # must never take a just-spawned gate for the leftover of a finished one.
+    RUNNING[token] = job.gate
+    try:
+        process = await _start(box.argv, job.cwd, env, dirs)
+    except OSError as exc:
+        RUNNING.pop(token, None)
+        box.remove()
+        message = f"could not start {job.argv[0]!r}: {exc.strerror or exc}"
+        log.note(message)
+        return AttemptResult(exit_code=None, error=message)
+    except BaseException:  # cancelled while starting: what did start is an orphan to sweep
+        RUNNING.pop(token, None)
+        raise
+    watch = TreeWatch(root_pid=process.pid, token=token, jail=box)
+    refused: list[bool] = []  # set by _pump when the gate's output tells of EROFS
+    timed_out = finished = False
+    leftover = 0
+    survivors: list[int] = []
+    stdout = process.stdout
+    try:
+        async with trio.open_nursery() as nursery:
+            drained = trio.Event()
+            nursery.start_soon(_pump, stdout, log, drained, refused if view else None)
+            nursery.start_soon(_monitor, watch, job.sample_interval)
+            with trio.move_on_after(job.timeout if job.timeout else float("inf")) as scope:
+                await process.wait()
+            if scope.cancelled_caught:
+                timed_out = True
+                log.note(f"timed out after {job.timeout:g}s; ending the whole process tree")
+                survivors = await trio.to_thread.run_sync(watch.end, job.grace)
+                await process.wait()
+            else:
+                left = watch.leftovers_after_exit()
+                leftover = len(left) + box.leftovers()
+                if left:
+                    survivors = await trio.to_thread.run_sync(watch.end, job.grace)
+                if leftover:
+                    log.note(f"{leftover} process(es) still running after the gate exited; ended")
+            # Output still held open by an escaped descendant must not keep us waiting.
+            with trio.move_on_after(job.grace):
+                await drained.wait()
+            nursery.cancel_scope.cancel()
+        finished = True
+    finally:
+        # Cancelled (Ctrl-C, --fail-fast) or failed: the tree must not outlive us.
+        # (A flag, not `except Cancelled`: it arrives wrapped in an exception group.)
+        if not finished:
+            with trio.CancelScope(shield=True):
+                log.note("interrupted; ending the whole process tree")
+                await trio.to_thread.run_sync(watch.end, job.grace)
+                await process.wait()
+        RUNNING.pop(token, None)
+        with contextlib.suppress(trio.ClosedResourceError, OSError):
+            await stdout.aclose()
+        await trio.to_thread.run_sync(box.remove)
+    if survivors:
+        log.note(f"processes {survivors} survived SIGKILL")
+    if refused and process.returncode != 0:
+        log.note(EROFS_NOTE)
+    return AttemptResult(
+        exit_code=None if timed_out else process.returncode,
+        timed_out=timed_out,
+        peak_rss=watch.peak_rss,
+        cpu_seconds=round(watch.cpu_seconds, 3),
+        log_bytes=log.total,
+        log_elided=log.elided,
+        leftover_killed=leftover,
+        survivors=tuple(survivors),
+        containment=detect().mode,
+    )
+
+
+async def _pump(
+    stream: trio.abc.ReceiveStream,
+    log: BoundedLog,
+    drained: trio.Event,
+    refused: list[bool] | None = None,
+) -> None:
+    try:
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            while chunk := await stream.receive_some(65536):
+                log.write(chunk)
+                if refused is not None and not refused and b"Read-only file system" in chunk:
+                    refused.append(True)
+    finally:
+        drained.set()
+
+
+async def _monitor(watch: TreeWatch, interval: float) -> None:
+    # The root at once; its whole tree soon after (short gates), then at the configured interval.
+    watch.sample(full=False)
+    delay = 0.02
+    while True:
+        await trio.sleep(delay)
+        watch.sample()
+        delay = min(delay * 2, interval)

@@ -1,0 +1,189 @@
+"""A gate's view of the filesystem: the write allow-list (docs/security.md).
+
+Read-only everywhere but the gate's tree, its own HOME and TMPDIR and what the trusted
+manifest names writable; the invoking user's homes covered by an empty read-only tmpfs,
+``/tmp``, ``/var/tmp`` and ``/dev/shm`` by private writable ones; the cache store hidden.
+``View.operations`` turns that into the mount operations the gate's PID 1 performs
+(``contain._INIT``), one a line, before it starts the gate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dagrunner.files import is_inside
+
+# The operations' interpreter, run by the gate's PID 1 (``contain._INIT``) with the
+# runner's own Python (``-S -I``: the standard library only, nothing of the caller's or
+# the tree's): each operation is a mount(2) call, about 11 ms for a whole view where one
+# mount(8) per operation cost 30.  Any failure ends the init with 125 before the gate starts.
+APPLY_VIEW = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+RDONLY, REMOUNT, BIND, MOVE, REC = 1, 32, 4096, 8192, 16384
+KEPT = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
+        "relatime": 1 << 21, "strictatime": 1 << 24}  # locked in a user namespace: kept
+
+def mount(src, dst, kind, flags, data, what):
+    if libc.mount(src, dst.encode(), kind, flags, data) != 0:
+        err = ctypes.get_errno()
+        raise SystemExit(f"dagrunner: could not {what} {dst} for the gate: {os.strerror(err)}")
+
+def table():
+    found = {}
+    with open("/proc/self/mountinfo", "rb") as info:
+        for line in info:
+            fields = line.split(b" ")
+            point = fields[4].decode("unicode_escape").encode("latin-1").decode()
+            found[point] = fields[5].decode().split(",")  # the last one at a path is on top
+    return found
+
+def read_only(point, options):
+    flags = REMOUNT | BIND | RDONLY | sum(KEPT.get(o, 0) for o in options)
+    if libc.mount(None, point.encode(), None, flags, None) != 0:
+        err = ctypes.get_errno()
+        if err == 22 and not os.path.ismount(point):  # EINVAL: hidden by another mount
+            return
+        raise SystemExit(f"dagrunner: could not make {point} read-only for the gate: "
+                         f"{os.strerror(err)}")
+
+keep, under = set(), []
+for op in sys.argv[1].splitlines():
+    verb, _, arg = op.partition(" ")
+    src, _, dst = arg.partition("\t")
+    if verb == "tmpfs":
+        mount(b"dagrunner-private", arg, b"tmpfs", 0, b"mode=0755", "cover")
+    elif verb == "hide" and os.path.isdir(arg):
+        mount(b"dagrunner-hidden", arg, b"tmpfs", RDONLY, b"size=4k,mode=000", "hide")
+    elif verb == "mkdir":
+        os.makedirs(arg, exist_ok=True)
+    elif verb == "bind":
+        mount(src.encode(), dst, None, BIND | REC, None, "show")
+    elif verb == "move":
+        mount(src.encode(), dst, None, MOVE, None, "place")
+    elif verb == "keep":
+        keep.add(arg)
+    elif verb == "under":
+        under.append(arg)
+    elif verb == "ro":
+        read_only(arg, table().get(arg, []))
+    elif verb == "readonly":
+        # every mount read-only but the kept ones, those under a cover (hidden there, or
+        # placed by an operation of their own) and the kernel's
+        for point, options in table().items():
+            if point in keep or point.split("/")[1] in ("proc", "dev", "sys"):
+                continue
+            if any(point == c or point.startswith(c + "/") for c in under):
+                continue
+            if "ro" not in options:
+                read_only(point, options)
+"""
+
+
+def homes() -> tuple[Path, ...]:
+    """The invoking user's home folders: the password database's and ``$HOME``."""
+    import pwd
+
+    found = []
+    with contextlib.suppress(KeyError):
+        found.append(pwd.getpwuid(os.getuid()).pw_dir)
+    if os.environ.get("HOME"):
+        found.append(os.environ["HOME"])
+    return tuple(Path(os.path.realpath(h)) for h in found if h and h != "/")
+
+
+PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")  # shared scratch places: each gate gets its own
+
+
+@dataclass(frozen=True, kw_only=True)
+class View:
+    """A gate's filesystem: read-only everywhere but ``writable``; each cover (the invoking
+    user's homes, /tmp, /var/tmp, /dev/shm) an empty private tmpfs holding only what is
+    ``writable`` or ``visible`` inside it, each at its own path; the cache store hidden."""
+
+    writable: tuple[Path, ...]
+    stage: Path  # an empty folder of the attempt's, where the covers are built
+    visible: tuple[Path, ...] = ()  # shown read-only even under a cover
+    covers: tuple[Path, ...] = ()
+    hide: Path | None = None
+
+    @classmethod
+    def for_gate(
+        cls,
+        *,
+        writable: Sequence[Path],
+        home: Path,
+        visible: Sequence[Path],
+        hide: Path | None,
+        tools: Sequence[Path] = (),
+    ) -> View:
+        """The view of one gate whose own ``home`` (TMPDIR inside) is made just before it
+        starts, beside its stage; ``tools`` are folders on its PATH: under a cover, the
+        cover's top folder holding each stays visible, read-only (``~/.pyenv``,
+        ``~/.cargo``, ``/tmp/venv``)."""
+        home = Path(os.path.realpath(home.parent)) / home.name
+        stage = home.with_name(home.name + ".view")
+        rw = [home, *_real(writable)]  # HOME first: the init's count file goes there
+        shown = _real(visible)
+        covers: list[Path] = []
+        for cover in _real([*homes(), *map(Path, PRIVATE)]):
+            if any(is_inside(cover, p) for p in rw):
+                continue  # the tree itself is (in) this home: all of it is writable anyway
+            if any(is_inside(cover, c) for c in covers):
+                continue
+            covers = [c for c in covers if not is_inside(c, cover)] + [cover]
+        for tool in _real(tools):  # the top folder holding each under a cover stays visible
+            for cover in covers:
+                if tool != cover and is_inside(tool, cover):
+                    shown.append(cover / tool.relative_to(cover).parts[0])
+        return cls(
+            writable=tuple(rw),
+            stage=stage,
+            visible=tuple(dict.fromkeys(shown)),
+            covers=tuple(covers),
+            hide=hide,
+        )
+
+    def operations(self) -> list[str]:
+        """The init's operations, one a line (``_INIT``): build each cover on the stage,
+        show what must stay, move the covers into place, hide the store, then read-only."""
+        ops = [f"tmpfs {self.stage}"]
+        for n, _ in enumerate(self.covers):
+            ops += [f"mkdir {self.stage}/{n}", f"tmpfs {self.stage}/{n}"]
+        for path in sorted({*self.writable, *self.visible}, key=lambda p: len(p.parts)):
+            under = next((i for i, c in enumerate(self.covers) if is_inside(path, c)), None)
+            if under is None:
+                ops.append(f"bind {path}\t{path}")
+            else:
+                place = self.stage / str(under) / path.relative_to(self.covers[under])
+                ops += [f"mkdir {place}", f"bind {path}\t{place}"]
+        # a cover that holds the stage goes last: after it, the stage is out of sight
+        order = sorted(range(len(self.covers)), key=lambda i: is_inside(self.stage, self.covers[i]))
+        ops += [f"move {self.stage}/{k}\t{self.covers[k]}" for k in order]
+        if self.hide is not None:
+            ops.append(f"hide {self.hide}")
+        # what is shown under a cover is read-only unless writable; a hidden home turns
+        # read-only, the private scratch places stay writable
+        for path in {*self.visible} - {*self.writable}:
+            if any(is_inside(path, c) for c in self.covers):
+                ops.append(f"ro {path}")
+        ops += [f"ro {c}" for c in self.covers if str(c) not in PRIVATE]
+        ops += [f"keep {p}" for p in self.writable]
+        ops += [f"under {c}" for c in self.covers]
+        ops.append("readonly")
+        return ops
+
+
+def _real(paths: Sequence[Path]) -> list[Path]:
+    """Existing folders by their real path; names the init's lines cannot carry are left out
+    (what is left out stays unwritable or hidden: the safe side)."""
+    found = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if "\n" not in real and "\t" not in real and os.path.isdir(real):
+            found.append(Path(real))
+    return found

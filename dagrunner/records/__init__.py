@@ -1,0 +1,7 @@
+"""Records that cross folders, built once and passed on (JSON only at the edges).
+
+- ``run``: a run's gate results and its record (``GateResult``, ``RunRecord``, ``Status``).
+- ``integration``: an envelope's queue state, a journal line's details, an integration
+  run's outcomes and result.
+- ``worktree``: a worktree's status and an export's summary.
+"""

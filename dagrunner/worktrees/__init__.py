@@ -1,0 +1,9 @@
+"""Workers' worktrees.
+
+- ``allocate``: allocate (idempotent, locked, claimed), claim, release.
+- ``ledger``: the append-only record of every allocation, claim, export and cleanup.
+- ``pool``: cleaned worktrees kept for reuse.
+- ``lifecycle``: status, cleanup with retention, prune.
+- ``export``: a worktree's work as a patch envelope.
+- ``landed``: a worker's worktree after its envelope landed (cleaned only on proof).
+"""

@@ -1,0 +1,154 @@
+"""The worktree ledger (DESIGN.md's "allocation manifest"): an append-only JSON-lines
+record of every worktree event.
+
+Lives under the repository's common git dir (``.git/dagrunner/allocations.jsonl``).
+Each event is one line written with a single ``write`` under an exclusive lock
+and fsynced, so a reader never sees a torn line (and skips a line a crash cut
+short).  The current state of each worktree is the fold of
+its events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dagrunner.files import append_line, locked, read_lines, text_of
+
+EVENTS = {
+    "allocating",  # an allocation begun: what to undo if it never reaches "allocated"
+    "allocated",
+    "claimed",
+    "released",
+    "exported",
+    "retained",
+    "cleaned",
+    "pooled",
+    "missing",
+    "pruned",
+}
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+class Ledger:
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir
+        self.path = state_dir / "allocations.jsonl"
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Serialise allocations and cleanups of this repository (across processes)."""
+        with locked(self.dir / "worktrees.lock"):
+            yield
+
+    def append(self, event: str, wt_id: str, **fields: Any) -> str:
+        """Write one event (fsynced); its time."""
+        assert event in EVENTS, event
+        at = now()
+        append_line(self.path, orjson.dumps({"at": at, "event": event, "id": wt_id, **fields}))
+        return at
+
+    def events(self) -> list[dict[str, Any]]:
+        """The raw events, oldest first (the file's own shape)."""
+        return read_lines(self.path)
+
+    def unfinished(self) -> dict[str, dict[str, Any]]:
+        """Worktree id -> the allocation a killed process began and never recorded as done."""
+        begun: dict[str, dict[str, Any]] = {}
+        for event in self.events():
+            wt_id, kind = event.get("id"), event.get("event")
+            if isinstance(wt_id, str) and kind == "allocating":
+                begun[wt_id] = event
+            elif isinstance(wt_id, str) and kind in ("allocated", "pruned"):
+                begun.pop(wt_id, None)
+        return begun
+
+    def state(self) -> dict[str, WorktreeRecord]:
+        """Each worktree's current state, from its events (removed ones are left out)."""
+        states: dict[str, WorktreeRecord] = {}
+        for event in self.events():
+            wt_id, kind, at = event.get("id"), event.get("event"), event.get("at")
+            if not isinstance(wt_id, str) or not isinstance(at, str):
+                continue  # not a line this ledger writes
+            if kind == "allocated":
+                states[wt_id] = WorktreeRecord(
+                    id=wt_id,
+                    path=str(event.get("path")),
+                    branch=str(event.get("branch")),
+                    base=str(event.get("base")),
+                    created=at,
+                    last_activity=at,
+                    session=text_of(event.get("session")),
+                )
+                continue
+            state = states.get(wt_id)
+            if state is None:
+                continue
+            if kind in ("cleaned", "pooled", "pruned"):
+                states.pop(wt_id)
+                continue
+            change: dict[str, Any] = {"last_activity": at}
+            if kind == "claimed":
+                change["session"] = text_of(event.get("session"))
+            elif kind == "released":
+                change["session"] = None
+            elif kind == "retained":
+                change["retained"] = text_of(event.get("reason"))
+            elif kind == "missing":
+                change["missing"] = True
+            elif kind == "exported":
+                change["exports"] = (*state.exports, ExportRecord.from_event(event))
+            states[wt_id] = dataclasses.replace(state, **change)
+        return states
+
+
+@dataclass(frozen=True)
+class ExportRecord:
+    """One recorded export: the proof that a worktree produced an envelope."""
+
+    envelope: str | None
+    tree: str | None
+    diff_sha256: str | None
+    session: str | None  # the session that held the worktree when it exported
+    file: str | None
+
+    @classmethod
+    def from_event(cls, event: dict[str, Any]) -> ExportRecord:
+        return cls(
+            envelope=text_of(event.get("envelope")),
+            tree=text_of(event.get("tree")),
+            diff_sha256=text_of(event.get("diff_sha256")),
+            session=text_of(event.get("session")),
+            file=text_of(event.get("file")),
+        )
+
+
+@dataclass(frozen=True)
+class WorktreeRecord:
+    """A worktree as the ledger knows it: the fold of its events."""
+
+    id: str
+    path: str
+    branch: str
+    base: str
+    created: str
+    last_activity: str
+    session: str | None = None  # the session that holds its claim
+    retained: str | None = None  # why a cleanup last kept it
+    missing: bool = False  # its folder was found gone
+    exports: tuple[ExportRecord, ...] = ()
+
+    def export_of(self, envelope_id: str) -> ExportRecord | None:
+        """The latest recorded export of ``envelope_id`` from this worktree."""
+        found = [e for e in self.exports if e.envelope == envelope_id]
+        return found[-1] if found else None

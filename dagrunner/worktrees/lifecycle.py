@@ -1,0 +1,389 @@
+"""A worktree's life after allocation: status (including whether its work landed),
+cleanup with retention, and prune.
+
+Work is never lost here: a dirty or unlanded worktree is retained with a lock
+file saying why, ``--force`` first saves its full state on a backup ref, and a
+worktree a running process uses is never removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.files import atomic_write
+from dagrunner.git.command import GitResult, git
+from dagrunner.git.link import pin_gitfile
+from dagrunner.git.statetree import backup_commit
+from dagrunner.records.worktree import WorktreeStatus
+from dagrunner.worktrees.allocate import (
+    Context,
+    default_target,
+    open_context,
+    recorded_state,
+    remove_worktree,
+    split_id,
+    undo_unfinished,
+)
+from dagrunner.worktrees.ledger import WorktreeRecord, now
+from dagrunner.worktrees.pool import pool_room, to_pool
+
+
+def integrated(path: Path, head: str, base: str, target: str) -> tuple[bool, str]:
+    """Whether ``head``'s work is on ``target``, and why (so a landed branch reads as landed)."""
+
+    def run(*args: str) -> GitResult:
+        return git(list(args), cwd=path, check=False)
+
+    if run("rev-parse", "--verify", "-q", f"{target}^{{commit}}").returncode != 0:
+        return False, f"target {target!r} does not exist"
+    if run("merge-base", "--is-ancestor", head, target).returncode == 0:
+        return True, "ancestor of the target"
+    if run("rev-parse", f"{head}^{{tree}}").text == run("rev-parse", f"{target}^{{tree}}").text:
+        return True, "same tree as the target"
+    cherry = run("cherry", target, head, base).text.splitlines()
+    if cherry and all(line.startswith("-") for line in cherry):
+        return True, "same patches already on the target (rebased)"
+    combined = _patch_id(
+        run("diff", "--no-ext-diff", "--no-textconv", "--binary", base, head).stdout, path
+    )
+    if combined:
+        log = run(
+            "log", "-p", "--no-ext-diff", "--no-textconv", "--format=commit %H", f"{base}..{target}"
+        ).stdout
+        for line in _patch_ids(log, path):
+            if line.split()[0] == combined:
+                return True, f"squashed onto the target as {line.split()[1][:12]}"
+    ahead = len([c for c in cherry if c.startswith("+")])
+    return False, f"{ahead} commit(s) not on the target"
+
+
+def _patch_ids(data: bytes, path: Path) -> list[str]:
+    if not data.strip():
+        return []
+    return git(["patch-id", "--stable"], cwd=path, input=data, check=False).text.splitlines()
+
+
+def _patch_id(diff: bytes, path: Path) -> str:
+    lines = _patch_ids(diff, path)
+    return lines[0].split()[0] if lines else ""
+
+
+def status(wt_id: str, *, repo: Path | None = None, target: str | None = None) -> dict[str, Any]:
+    """Everything about one worktree; a vanished directory is reconciled in the ledger."""
+    ctx = open_context(repo)
+    split_id(wt_id)
+    return _status(ctx, wt_id, recorded_state(ctx, wt_id), target or default_target(ctx)).to_json()
+
+
+def _status(ctx: Context, wt_id: str, state: WorktreeRecord, target: str) -> WorktreeStatus:
+    path = Path(state.path)
+    recorded = WorktreeStatus(
+        id=wt_id,
+        path=str(path),
+        branch=state.branch,
+        base=state.base,
+        session=state.session,
+        created=state.created,
+        last_activity=state.last_activity,
+        target=target,
+        retained=state.retained,
+        missing=True,
+    )
+    if not path.is_dir():
+        if not state.missing:
+            ctx.ledger.append("missing", wt_id)
+        return recorded
+    # The worker could have pointed its .git at another repository (the user's): every
+    # later git command here -- a cleanup's reset and checkout -- would act on that one.
+    pin_gitfile(ctx.info.common_dir, path)
+    porcelain = git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=path).stdout
+    staged = unstaged = untracked = unmerged = 0
+    for entry in porcelain.split(b"\0"):
+        if entry[:2] in (b"1 ", b"2 "):
+            xy = entry[2:4]
+            staged += xy[0:1] != b"."
+            unstaged += xy[1:2] != b"."
+        elif entry[:2] == b"u ":
+            unmerged += 1
+        elif entry[:2] == b"? ":
+            untracked += 1
+    # a rename entry ("2 ") is followed by its original path as a separate field
+    head = git(["rev-parse", "HEAD"], cwd=path).text
+    git_dir = Path(git(["rev-parse", "--absolute-git-dir"], cwd=path).text)
+    rebase = (git_dir / "rebase-merge").exists() or (git_dir / "rebase-apply").exists()
+    merge = (git_dir / "MERGE_HEAD").exists()
+    counts = git(["rev-list", "--left-right", "--count", f"{target}...HEAD"], cwd=path, check=False)
+    behind, ahead = (
+        (int(n) for n in counts.text.split()) if counts.returncode == 0 else (None, None)
+    )
+    landed, why = integrated(path, head, state.base, target)
+    clean = staged == unstaged == untracked == unmerged == 0 and not rebase and not merge
+    return dataclasses.replace(
+        recorded,
+        missing=False,
+        head=head,
+        clean=clean,
+        staged=staged,
+        unstaged=unstaged,
+        untracked=untracked,
+        unmerged=unmerged,
+        ahead=ahead,
+        behind=behind,
+        diffstat=git(["diff", "--shortstat", "--no-ext-diff", state.base], cwd=path).text,
+        rebase_in_progress=rebase,
+        merge_in_progress=merge,
+        integrated=landed,
+        integrated_reason=why,
+    )
+
+
+def list_statuses(*, repo: Path | None = None, target: str | None = None) -> list[WorktreeStatus]:
+    """Every recorded worktree's status, in id order."""
+    ctx = open_context(repo)
+    goal = target or default_target(ctx)
+    return [_status(ctx, wt_id, state, goal) for wt_id, state in sorted(ctx.ledger.state().items())]
+
+
+def list_worktrees(*, repo: Path | None = None, target: str | None = None) -> list[dict[str, Any]]:
+    """``list_statuses`` as JSON (the CLI's ``--json`` shape)."""
+    return [status.to_json() for status in list_statuses(repo=repo, target=target)]
+
+
+# -- cleanup / prune ---------------------------------------------------------------------
+
+
+def processes_using(path: Path) -> list[int]:
+    """Pids of processes whose cwd or an open file is under ``path``."""
+    import psutil  # only cleanup needs it: the swarm's other calls start without it
+
+    prefix = str(path.resolve())
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cwd"]):
+        if proc.pid == me:
+            continue
+        with contextlib.suppress(psutil.Error):
+            cwd = proc.info.get("cwd") or ""
+            if cwd == prefix or cwd.startswith(prefix + os.sep):
+                found.append(proc.pid)
+                continue
+            for handle in proc.open_files():
+                if handle.path.startswith(prefix + os.sep):
+                    found.append(proc.pid)
+                    break
+    return found
+
+
+def retention_file(path: Path) -> Path:
+    return path.parent / f"{path.name}.retained.json"
+
+
+def cleanup(
+    wt_id: str,
+    *,
+    force: bool = False,
+    repo: Path | None = None,
+    target: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Remove a clean, landed worktree and its branch (or return it to the pool).
+
+    A dirty or unlanded one is retained (exit 4, with a retention file) unless
+    ``force``, which first saves its full state on ``refs/dagrunner/backup/...``.
+    A worktree a running process uses is refused (exit 4) even with ``force``.
+    """
+    env = os.environ if env is None else env
+    split_id(wt_id)
+    ctx = open_context(repo, env)
+    with ctx.ledger.exclusive():
+        state = recorded_state(ctx, wt_id)
+        return cleanup_recorded(
+            ctx, wt_id, state, force=force, target=target or default_target(ctx), env=env
+        )
+
+
+def cleanup_recorded(
+    ctx: Context,
+    wt_id: str,
+    state: WorktreeRecord,
+    *,
+    force: bool,
+    target: str,
+    env: Mapping[str, str],
+    keep_unlanded_branch: bool = False,
+    assume_landed: bool = False,
+) -> dict[str, Any]:
+    """``assume_landed``: the caller checked that everything the worktree holds has landed."""
+    path, branch = Path(state.path), state.branch
+    if not path.is_dir():
+        git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
+        git(["worktree", "prune"], cwd=ctx.info.root, check=False)
+        ctx.ledger.append("pruned", wt_id, reason="directory gone; branch kept")
+        return {
+            "id": wt_id,
+            "action": "dropped-record",
+            "reason": "directory gone",
+            "branch_kept": branch,
+        }
+    users = processes_using(path)
+    if users:
+        raise DagrunnerError(
+            "in-use",
+            f"{wt_id} is in use by process(es) {users}",
+            exit_code=ExitCode.REFUSED,
+            details={"pids": users},
+            hint="stop those processes (or leave their directory) first",
+        )
+    info = _status(ctx, wt_id, state, target)
+    landed = bool(info.integrated) or assume_landed
+    problems = []
+    if not info.clean and not assume_landed:
+        problems.append(
+            f"uncommitted work ({info.staged} staged, {info.unstaged} unstaged, "
+            f"{info.untracked} untracked"
+            f"{', rebase or merge in progress' if info.operation_in_progress else ''})"
+        )
+    if not landed and not keep_unlanded_branch:
+        problems.append(f"not landed on {target}: {info.integrated_reason}")
+    backup = None
+    if problems and not force:
+        why = "; ".join(problems)
+        atomic_write(
+            retention_file(path),
+            orjson.dumps(
+                {
+                    "id": wt_id,
+                    "retained_at": now(),
+                    "why": why,
+                    "branch": branch,
+                    "head": info.head,
+                    "base": state.base,
+                    "status": {
+                        "staged": info.staged,
+                        "unstaged": info.unstaged,
+                        "untracked": info.untracked,
+                        "ahead": info.ahead,
+                        "diffstat": info.diffstat,
+                    },
+                },
+                option=orjson.OPT_INDENT_2,
+            ),
+        )
+        ctx.ledger.append("retained", wt_id, reason=why)
+        raise DagrunnerError(
+            "retained",
+            f"{wt_id} holds work and was kept: {why}",
+            exit_code=ExitCode.REFUSED,
+            where=str(retention_file(path)),
+            details={"why": why},
+            hint="land or export its work first; --force saves its state on a backup ref, then removes it",
+        )
+    if problems:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        ref = f"refs/dagrunner/backup/{wt_id}/{stamp}"
+        backup = {
+            "ref": ref,
+            "commit": backup_commit(
+                path, ref, f"dagrunner backup of {wt_id} before forced cleanup"
+            ),
+        }
+    delete_branch = landed or backup is not None
+    action = "removed"
+    if info.clean and pool_room(ctx.pool, env):
+        to_pool(ctx.info.root, ctx.pool, path, branch, delete_branch=delete_branch)
+        action = "pooled"
+    else:
+        remove_worktree(ctx, path, branch, delete_branch=delete_branch)
+    retention_file(path).unlink(missing_ok=True)
+    ctx.ledger.append("cleaned", wt_id, action=action, backup=backup, branch_deleted=delete_branch)
+    return {
+        "id": wt_id,
+        "action": action,
+        "backup": backup,
+        "branch_deleted": delete_branch,
+        "integrated_reason": info.integrated_reason,
+    }
+
+
+def prune(
+    *,
+    idle_days: float | None = None,
+    dry_run: bool = False,
+    repo: Path | None = None,
+    target: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Drop records of vanished worktrees; remove integrated ones and clean unclaimed idle ones.
+
+    Everything else is listed as retained, with the reason.  An idle worktree
+    that is clean but unlanded loses its directory, never its branch.
+    """
+    env = os.environ if env is None else env
+    ctx = open_context(repo, env)
+    goal = target or default_target(ctx)
+    removed: list[dict[str, Any]] = []
+    retained: list[dict[str, Any]] = []
+    cutoff = None
+    if idle_days is not None:
+        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=idle_days)
+    with ctx.ledger.exclusive():
+        for wt_id, state in sorted(ctx.ledger.state().items()):
+            path = Path(state.path)
+            if not path.is_dir():
+                removed.append(
+                    {"id": wt_id, "action": "dropped-record", "reason": "directory gone"}
+                )
+                if not dry_run:
+                    cleanup_recorded(ctx, wt_id, state, force=False, target=goal, env=env)
+                continue
+            info = _status(ctx, wt_id, state, goal)
+            idle = cutoff is not None and dt.datetime.fromisoformat(state.last_activity) < cutoff
+            reason = None
+            if state.session and not info.integrated:
+                reason = f"claimed by session {state.session!r}"
+            elif not info.clean:
+                reason = "uncommitted work"
+            elif not info.integrated and not idle:
+                reason = f"not landed ({info.integrated_reason}) and not idle"
+            if reason:
+                retained.append({"id": wt_id, "reason": reason})
+                continue
+            why = info.integrated_reason if info.integrated else f"idle since {state.last_activity}"
+            removed.append(
+                {
+                    "id": wt_id,
+                    "action": "remove",
+                    "reason": why,
+                    "branch_kept": None if info.integrated else state.branch,
+                }
+            )
+            if not dry_run:
+                cleanup_recorded(
+                    ctx,
+                    wt_id,
+                    state,
+                    force=False,
+                    target=goal,
+                    env=env,
+                    keep_unlanded_branch=not info.integrated,
+                )
+        for wt_id, begun in sorted(ctx.ledger.unfinished().items()):  # a killed allocate's
+            place = (Path(str(begun.get("path"))), str(begun.get("branch")), str(begun.get("base")))
+            if wt_id in ctx.ledger.state():
+                continue
+            if dry_run or undo_unfinished(ctx, *place):
+                removed.append({"id": wt_id, "action": "remove", "reason": "allocation killed"})
+                if not dry_run:
+                    ctx.ledger.append("pruned", wt_id)
+            else:
+                retained.append({"id": wt_id, "reason": "a killed allocation's folder has changes"})
+    return {"dry_run": dry_run, "removed": removed, "retained": retained}
