@@ -235,12 +235,7 @@ def provenance(info: RepoInfo, envelope: Envelope) -> str:
     state = Ledger(info.state_dir).state().get(f"{envelope.mission}/{envelope.worker}")
     if state is None:
         return f"unproven: no worktree {envelope.mission}/{envelope.worker} is recorded here"
-    exported = state.export_of(envelope.exported_id)
-    if (
-        exported is None
-        or exported.tree != envelope.tree
-        or exported.diff_sha256 != envelope.diff_sha256
-    ):
+    if state.exported(envelope.exported_id, envelope.tree, envelope.diff_sha256) is None:
         return "unproven: the ledger records no export of it from that worktree"
     return "ledger"
 

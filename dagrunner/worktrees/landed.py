@@ -61,12 +61,8 @@ def clean_after_landing(
 
 def unproven(envelope: Envelope, state: WorktreeRecord) -> str:
     """Why the worktree of ``state`` is not proven to hold exactly ``envelope`` ('' if it is)."""
-    exported = state.export_of(envelope.exported_id)
-    if (
-        exported is None
-        or exported.tree != envelope.tree
-        or exported.diff_sha256 != envelope.diff_sha256
-    ):
+    exported = state.exported(envelope.exported_id, envelope.tree, envelope.diff_sha256)
+    if exported is None:
         return "no export of this envelope from this worktree is recorded"
     owner = state.session
     if owner and owner != exported.session:

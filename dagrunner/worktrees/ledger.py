@@ -152,3 +152,11 @@ class WorktreeRecord:
         """The latest recorded export of ``envelope_id`` from this worktree."""
         found = [e for e in self.exports if e.envelope == envelope_id]
         return found[-1] if found else None
+
+    def exported(self, envelope_id: str, tree: str, diff_sha256: str) -> ExportRecord | None:
+        """The recorded export of exactly that envelope (id, tree and diff) from this
+        worktree: the proof that it produced it."""
+        found = self.export_of(envelope_id)
+        if found is None or found.tree != tree or found.diff_sha256 != diff_sha256:
+            return None
+        return found
