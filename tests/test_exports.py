@@ -19,3 +19,29 @@ def test_unknown_name_is_an_attribute_error() -> None:
         assert "no_such_thing" in str(exc)
     else:
         raise AssertionError("expected AttributeError")
+
+
+def test_the_public_api_is_exactly_these_names() -> None:
+    """Orchestrators import these; a change here is a change of contract (CHANGELOG)."""
+    assert sorted(dagrunner.__all__) == [
+        "DagrunnerError",
+        "Event",
+        "ExitCode",
+        "GateResult",
+        "IntegrationResult",
+        "Manifest",
+        "RunOptions",
+        "RunRecord",
+        "RunStatus",
+        "Status",
+        "__version__",
+        "allocate",
+        "cleanup",
+        "export",
+        "integrate",
+        "load_manifest",
+        "release_check",
+        "submit",
+        "wait_for",
+        "watch",
+    ]
