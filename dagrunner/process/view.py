@@ -46,7 +46,8 @@ def read_only(point, options):
     flags = REMOUNT | BIND | RDONLY | sum(KEPT.get(o, 0) for o in options)
     if libc.mount(None, point.encode(), None, flags, None) != 0:
         err = ctypes.get_errno()
-        if err == 22 and not os.path.ismount(point):  # EINVAL: hidden by another mount
+        # EINVAL, ENOENT, EACCES, ENOTDIR: covered by another mount (an outer gate's, say)
+        if err in (22, 2, 13, 20) and not os.path.ismount(point):
             return
         raise SystemExit(f"dagrunner: could not make {point} read-only for the gate: "
                          f"{os.strerror(err)}")
