@@ -148,25 +148,27 @@ def _wait(ids: list[str], submitted: list[dict[str, Any]], args: argparse.Namesp
 def cmd_integrate(args: argparse.Namespace) -> int:
     action = args.integrate_command
     if action == "submit":
-        from dagrunner.integration.queue import submit_files
+        from dagrunner.git.repo import repo_info
+        from dagrunner.integration.queue import submit
 
-        submitted = submit_files(
+        queued = submit(
+            repo_info(args.repo),
             args.envelopes,
-            repo=args.repo,
             target=args.target,
             allow_protected=args.allow_protected,
         )
-        for item in [] if args.json else submitted:
-            what = "already queued" if item["duplicate"] else "queued"
+        for item in [] if args.json else queued:
+            what = "already queued" if item.duplicate else "queued"
             print(
-                f"{what} at position {item['position']} for {item['target']}: {item['id']} "
-                f"({item['state']}; provenance: {item['provenance']})"
+                f"{what} at position {item.position} for {item.target}: {item.id} "
+                f"({item.state}; provenance: {item.provenance})"
             )
+        submitted = [item.to_json() for item in queued]
         if not args.wait:
             if args.json:
                 emit_json({"submitted": submitted})
             return ExitCode.OK
-        return _wait([item["id"] for item in submitted], submitted, args)
+        return _wait([item.id for item in queued], submitted, args)
     if action == "watch":
         from dagrunner.integration.events import watch
 
@@ -202,24 +204,22 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         window=args.window,
         confirm_failures=args.confirm_failures,
     )
-    body = result.to_json()
     if args.json:
-        emit_json(body)
+        emit_json(result.to_json())
     else:
-        for item in body["envelopes"]:
-            extra = item.get("commit") or ", ".join(
-                item.get("conflicts") or item.get("failed_gates") or []
-            )
-            flaky = item.get("flaky_gates")
-            extra = f"{extra or item.get('reason', '')}" + (
+        for outcome in result.envelopes:
+            said = outcome.details
+            extra = said.commit or ", ".join(said.conflicts or said.failed_gates or ())
+            flaky = said.flaky_gates
+            extra = f"{extra or said.reason or ''}" + (
                 f"  (flaky: {', '.join(flaky)})" if flaky else ""
             )
-            print(f"{item['state']:<13} {item['id']}  {extra}")
+            print(f"{outcome.state:<13} {outcome.id}  {extra}")
         confirmed = f", {result.confirm_runs} re-run to confirm" if result.confirm_runs else ""
         print(
-            f"{body['target']}: {body['start'][:12]} -> {body['end'][:12]}; "
+            f"{result.target}: {result.start[:12]} -> {result.end[:12]}; "
             f"{_gate_runs(result.gate_runs, result.cached_runs)}{confirmed}; "
-            f"window {result.window}; report {body['report_dir']}"
+            f"window {result.window}; report {result.report_dir}"
         )
         if result.interrupted:
             print("interrupted: what was in flight is queued again")
@@ -231,7 +231,7 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         if result.checkout_stale:
             stale = result.checkout_stale
             print(
-                f"LANDED, BUT THE CHECKOUT {stale['checkout']} COULD NOT FOLLOW "
-                f"({stale['reason']}); restore it with: {stale['command']}"
+                f"LANDED, BUT THE CHECKOUT {stale.checkout} COULD NOT FOLLOW "
+                f"({stale.reason}); restore it with: {stale.command}"
             )
     return result.exit_code

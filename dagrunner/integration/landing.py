@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 from dagrunner.files import crash_point
 from dagrunner.git.command import git, is_dirty
 from dagrunner.integration import target_checkout as checkouts
-from dagrunner.records.integration import Details, EnvelopeState, LandBlocked, LandOutcome
+from dagrunner.records.integration import (
+    Details,
+    EnvelopeState,
+    LandBlocked,
+    LandOutcome,
+    StaleCheckout,
+)
 
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
@@ -76,13 +82,13 @@ def failed_sync(
     checkout, or -- when the ref cannot move back -- say that the envelopes landed."""
     back = git(["update-ref", it.ref, old, new], cwd=it.repo, check=False)
     to = old if back.returncode == 0 else new
-    stale = checkouts.StaleCheckout(
+    stale = StaleCheckout(
         checkout=str(where), target=it.target, old=old, new=new, to=to, reason=why
     )
     restored = checkouts.repair(where, old, new, to)
     if not restored:
         checkouts.remember(it.ctx.info.state_dir, stale)
-        it.result.checkout_stale = stale.to_json()
+        it.result.checkout_stale = stale
     it.stop = True
     try:
         if to == old:

@@ -19,7 +19,7 @@ from dagrunner.git.command import git
 from dagrunner.git.locks import check_locks
 from dagrunner.integration import target_checkout as checkouts
 from dagrunner.integration.trailers import landed_on_target
-from dagrunner.records.integration import FINAL, Details, EnvelopeState
+from dagrunner.records.integration import FINAL, Details, EnvelopeState, StaleCheckout
 
 if TYPE_CHECKING:
     from dagrunner.integration.steps import Integrator
@@ -105,7 +105,7 @@ def preflight(it: Integrator) -> None:
         print(f"removed a stale lock of the integration worktree: {path}", file=sys.stderr)
 
 
-def last_landing(it: Integrator) -> checkouts.StaleCheckout | None:
+def last_landing(it: Integrator) -> StaleCheckout | None:
     """The newest journaled landing onto the current head, as a checkout that should follow.
 
     A full disk can stop the marker from being written; the journal's landing
@@ -119,7 +119,7 @@ def last_landing(it: Integrator) -> checkouts.StaleCheckout | None:
         if entry.get("state") == "landing":
             old, new = entry.get("old"), entry.get("new")
             if isinstance(old, str) and new == head:
-                return checkouts.StaleCheckout(
+                return StaleCheckout(
                     checkout=str(checkout),
                     target=it.target,
                     old=old,

@@ -12,33 +12,13 @@ command to run; the next ``integrate run`` tries the repair again first.
 from __future__ import annotations
 
 import contextlib
-import shlex
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import orjson
 
 from dagrunner.files import atomic_write
 from dagrunner.git.command import git, split_z
-
-
-@dataclass(frozen=True, kw_only=True)
-class StaleCheckout:
-    """A checkout left between two trees: it should be at ``to``."""
-
-    checkout: str
-    target: str
-    old: str
-    new: str
-    to: str
-    reason: str
-
-    @property
-    def command(self) -> str:
-        return f"git -C {shlex.quote(self.checkout)} reset --hard {self.to[:12]}"
-
-    def to_json(self) -> dict[str, str]:
-        return {**asdict(self), "command": self.command}
+from dagrunner.records.integration import StaleCheckout
 
 
 def checkout_of(repo: Path, ref: str) -> Path | None:

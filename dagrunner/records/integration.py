@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dagrunner.errors import ExitCode
@@ -215,6 +216,25 @@ class Speculation:
         }
 
 
+@dataclass(frozen=True, kw_only=True)
+class StaleCheckout:
+    """A checkout left between two trees: it should be at ``to``."""
+
+    checkout: str
+    target: str
+    old: str
+    new: str
+    to: str
+    reason: str
+
+    @property
+    def command(self) -> str:
+        return f"git -C {shlex.quote(self.checkout)} reset --hard {self.to[:12]}"
+
+    def to_json(self) -> dict[str, str]:
+        return {**asdict(self), "command": self.command}
+
+
 @dataclass
 class IntegrationResult:
     target: str
@@ -232,7 +252,7 @@ class IntegrationResult:
     land_blocked: LandBlocked | None = None
     target_moving: bool = False
     report_dir: str = ""
-    checkout_stale: dict[str, str] | None = None  # landed, but the checkout could not follow
+    checkout_stale: StaleCheckout | None = None  # landed, but the checkout could not follow
 
     @property
     def gates_failed(self) -> bool:
@@ -268,7 +288,7 @@ class IntegrationResult:
             "rebuilds": self.rebuilds,
             "land_blocked": self.land_blocked and self.land_blocked.to_json(),
             "target_moving": self.target_moving,
-            "checkout_stale": self.checkout_stale,
+            "checkout_stale": self.checkout_stale.to_json() if self.checkout_stale else None,
             "report_dir": self.report_dir,
             "counts": {
                 str(s): sum(1 for e in self.envelopes if e.state is s)
