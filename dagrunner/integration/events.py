@@ -23,9 +23,8 @@ from typing import Any
 import orjson
 
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.files import text_of
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import Queue, QueueEntry
+from dagrunner.integration.queue import JournalLine, Queue, QueueEntry
 from dagrunner.records.integration import FINAL, Details, EnvelopeState
 
 POLL = 0.1  # seconds between looks at the journal while following it
@@ -70,13 +69,6 @@ class Event:
     @property
     def final(self) -> bool:
         return self.state in FINAL and self.event not in NAMED
-
-
-def _state(raw: Any) -> EnvelopeState:
-    try:
-        return EnvelopeState(str(raw))
-    except ValueError:
-        return EnvelopeState.QUEUED
 
 
 class JournalReader:
@@ -124,30 +116,27 @@ class JournalReader:
 
     def parse(self, raw: bytes, cursor: int) -> Event | None:
         try:
-            line = orjson.loads(raw)
+            line = JournalLine.from_json(orjson.loads(raw))
         except orjson.JSONDecodeError:
             return None  # a line a crash cut short
-        envelope_id = line.get("id") if isinstance(line, dict) else None
-        if not isinstance(envelope_id, str):
+        if line is None:
             return None
-        first = envelope_id not in self.who
-        if first or text_of(line.get("mission")):
-            self.who[envelope_id] = (text_of(line.get("mission")), text_of(line.get("worker")))
+        first = line.id not in self.who
+        if first or line.mission:
+            self.who[line.id] = (line.mission, line.worker)
         if cursor <= self.since:
             return None
-        state = _state(line.get("state"))
-        named = text_of(line.get("event"))
-        mission, worker = self.who[envelope_id]
+        mission, worker = self.who[line.id]
         return Event(
             cursor=cursor,
-            event=named if named in NAMED else "submitted" if first else str(state),
-            id=envelope_id,
-            state=state,
-            at=text_of(line.get("at")),
+            event=line.event if line.event in NAMED else "submitted" if first else str(line.state),
+            id=line.id,
+            state=line.state,
+            at=line.at,
             mission=mission,
             worker=worker,
-            target=text_of(line.get("target")),
-            details=Details.from_json(line),
+            target=line.target,
+            details=line.details,
         )
 
 

@@ -41,6 +41,49 @@ from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeSt
 from dagrunner.worktrees.ledger import now
 
 
+@dataclass(frozen=True, kw_only=True)
+class JournalLine:
+    """One line of the journal, read back (``Queue.record`` writes it): the one reader of
+    its JSON, for the queue's entries, the event stream and recovery alike."""
+
+    id: str
+    state: EnvelopeState  # an unknown state reads as queued: judged again, never skipped
+    at: str | None = None
+    event: str | None = None  # a change that is not a state of its own (flaky, claimed, ...)
+    target: str | None = None
+    mission: str | None = None  # these, on the line that submitted it
+    worker: str | None = None
+    source: str | None = None
+    envelope: str | None = None
+    provenance: str | None = None
+    allow_protected: bool = False
+    details: Details = NO_DETAILS
+
+    @classmethod
+    def from_json(cls, data: object) -> JournalLine | None:
+        """The line, or None for one this journal does not write (or a crash cut short)."""
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+            return None
+        try:
+            state = EnvelopeState(str(data.get("state")))
+        except ValueError:
+            state = EnvelopeState.QUEUED
+        return cls(
+            id=data["id"],
+            state=state,
+            at=text_of(data.get("at")),
+            event=text_of(data.get("event")),
+            target=text_of(data.get("target")),
+            mission=text_of(data.get("mission")),
+            worker=text_of(data.get("worker")),
+            source=text_of(data.get("source")),
+            envelope=text_of(data.get("envelope")),
+            provenance=text_of(data.get("provenance")),
+            allow_protected=data.get("allow_protected") is True,
+            details=Details.from_json(data),
+        )
+
+
 @dataclass(frozen=True)
 class QueueEntry:
     """One envelope on the queue: its latest state, and every detail its journal lines gave."""
@@ -71,34 +114,27 @@ class QueueEntry:
             body["allow_protected"] = True
         return {**body, **self.details.to_json()}
 
-    def followed_by(self, event: dict[str, Any]) -> QueueEntry:
-        """This entry after one more journal line (an unknown state is read as ``queued``:
-        the integrator then judges the envelope again rather than skip it).  A final entry
-        stays as it is, and the first target to claim an entry keeps it: a line of another
-        integrator's cannot undo either."""
+    def followed_by(self, line: JournalLine) -> QueueEntry:
+        """This entry after one more journal line.  A final entry stays as it is, and the
+        first target to claim an entry keeps it: a line of another integrator's cannot undo
+        either."""
         if self.state in FINAL:
             return self
-        target = text_of(event.get("target"))
-        if self.target is not None and target is not None and target != self.target:
+        if self.target is not None and line.target is not None and line.target != self.target:
             return self
-        try:
-            state = EnvelopeState(str(event.get("state")))
-        except ValueError:
-            state = EnvelopeState.QUEUED
-        at = event.get("at")
         return QueueEntry(
             id=self.id,
-            state=state,
+            state=line.state,
             submitted=self.submitted,
-            mission=text_of(event.get("mission")) or self.mission,
-            worker=text_of(event.get("worker")) or self.worker,
-            source=text_of(event.get("source")) or self.source,
-            updated=at if isinstance(at, str) else self.updated,
-            target=self.target or target,
-            envelope=self.envelope or text_of(event.get("envelope")),
-            provenance=self.provenance or text_of(event.get("provenance")),
-            allow_protected=self.allow_protected or event.get("allow_protected") is True,
-            details=self.details.merged(Details.from_json(event)),
+            mission=line.mission or self.mission,
+            worker=line.worker or self.worker,
+            source=line.source or self.source,
+            updated=line.at or self.updated,
+            target=self.target or line.target,
+            envelope=self.envelope or line.envelope,
+            provenance=self.provenance or line.provenance,
+            allow_protected=self.allow_protected or line.allow_protected,
+            details=self.details.merged(line.details),
         )
 
 
@@ -176,20 +212,18 @@ class Queue:
         line.update(details.to_json())
         append_line(self.journal, orjson.dumps(line))
 
+    def lines(self) -> list[JournalLine]:
+        """The journal's lines, oldest first."""
+        return [line for raw in read_lines(self.journal) if (line := JournalLine.from_json(raw))]
+
     def entries(self) -> dict[str, QueueEntry]:
         """Each envelope's latest state and details, in submission order."""
         found: dict[str, QueueEntry] = {}
-        for event in read_lines(self.journal):
-            envelope_id = event.get("id")
-            if not isinstance(envelope_id, str):
-                continue  # not a line this journal writes
-            at = event.get("at")
-            current = found.get(envelope_id) or QueueEntry(
-                id=envelope_id,
-                state=EnvelopeState.QUEUED,
-                submitted=at if isinstance(at, str) else None,
+        for line in self.lines():
+            current = found.get(line.id) or QueueEntry(
+                id=line.id, state=EnvelopeState.QUEUED, submitted=line.at
             )
-            found[envelope_id] = current.followed_by(event)
+            found[line.id] = current.followed_by(line)
         # an envelope file whose "queued" line a crash lost is still submitted
         folder = self.dir / "envelopes"
         if folder.is_dir():

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.files import read_lines
 from dagrunner.git.command import git
 from dagrunner.git.locks import check_locks
 from dagrunner.integration import target_checkout as checkouts
@@ -115,10 +114,10 @@ def last_landing(it: Integrator) -> StaleCheckout | None:
     if checkout is None:
         return None
     head = it.head()
-    for entry in reversed(read_lines(it.queue.journal)):
-        if entry.get("state") == "landing":
-            old, new = entry.get("old"), entry.get("new")
-            if isinstance(old, str) and new == head:
+    for line in reversed(it.queue.lines()):
+        if line.state is EnvelopeState.LANDING:
+            old, new = line.details.old, line.details.new
+            if old and new == head:
                 return StaleCheckout(
                     checkout=str(checkout),
                     target=it.target,
