@@ -7,6 +7,7 @@ import hashlib
 import shutil
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from dagrunner.git.command import git, split_z
 from dagrunner.manifest.globs import glob_regex
 from dagrunner.manifest.load import Manifest
 from dagrunner.process.command import tool_fingerprint
-from dagrunner.records.run import GateResult, Status
+from dagrunner.records.run import CacheProof, GateResult, Status
 from dagrunner.units import format_duration
 
 
@@ -89,20 +90,20 @@ class RunCache:
         ]
         return found + self.store.warnings
 
-    def proof(self, gate: str) -> dict[str, Any]:
+    def proof(self, gate: str) -> CacheProof:
         parts = self.keys.get(gate)
         if not isinstance(parts, KeyParts):
-            return {"cacheable": False, "reason": parts or "not cacheable"}
-        proof = {"cacheable": True, "key": parts.key, **parts.summary()}
+            return CacheProof(cacheable=False, reason=parts or "not cacheable")
+        scoped = None
         if gate in self.scoped:
-            scoped, outside, _ = self.scoped[gate]
-            proof["tree_scoped"] = {
-                "key": scoped,
+            key, outside, _ = self.scoped[gate]
+            scoped = {
+                "key": key,
                 "reason": "the tree under test differs from the trusted target outside the "
                 "gate's inputs, so its verdict is reused only for this exact tree",
                 "outside_inputs": list(outside[:20]),
             }
-        return proof
+        return CacheProof(cacheable=True, key=parts.key, parts=parts.summary(), tree_scoped=scoped)
 
     def lookup(self, gate: str) -> Outcome | None:
         """A CACHED outcome with its proof when a passing entry has this gate's key (or,
@@ -124,13 +125,13 @@ class RunCache:
             out.write(f"[dagrunner: cached result of run {hit.run_id}; its log follows]\n".encode())
             with hit.log.open("rb") as src:
                 shutil.copyfileobj(src, out)
-        proof = {
-            **self.proof(gate),
-            "hit": True,
-            "stored_by_run": hit.run_id,
-            "stored_at": hit.stored_at,
-            "saved": hit.duration,
-        }
+        proof = replace(
+            self.proof(gate),
+            hit=True,
+            stored_by_run=hit.run_id,
+            stored_at=hit.stored_at,
+            saved=hit.duration,
+        )
         return Outcome(
             status=Status.CACHED,
             reason=f"cached: key {parts.key[:12]} passed in run {hit.run_id} "
@@ -139,12 +140,12 @@ class RunCache:
             command=str(hit.result.get("command", "")),
         )
 
-    def miss_proof(self, gate: str) -> dict[str, Any]:
+    def miss_proof(self, gate: str) -> CacheProof:
         proof = self.proof(gate)
-        if proof["cacheable"]:
-            proof["hit"] = False
-            proof["reason"] = "cache reads disabled (--no-cache)" if not self.read else "no entry"
-        return proof
+        if not proof.cacheable:
+            return proof
+        why = "cache reads disabled (--no-cache)" if not self.read else "no entry"
+        return replace(proof, hit=False, reason=why)
 
     def store_passed(self, results: list[GateResult], run_id: str) -> None:
         """Store every plain pass (not flaky, not cached) of a cacheable gate."""

@@ -18,6 +18,7 @@ from dagrunner.engine.graph import bottom_levels, critical_path, spec
 from dagrunner.engine.inputs import take_snapshot
 from dagrunner.engine.plan import RunOptions
 from dagrunner.engine.steps import load_step, plan_step
+from dagrunner.records.run import CacheProof
 
 
 def dry_run(options: RunOptions) -> dict[str, Any]:
@@ -40,17 +41,17 @@ def dry_run(options: RunOptions) -> dict[str, Any]:
             and not options.no_cache
             and store.lookup(parts.key) is not None
         )
-        proof: dict[str, Any] = (
-            {"cacheable": True, "key": parts.key, "hit": hit, **parts.summary()}
+        proof = (
+            CacheProof(cacheable=True, key=parts.key, parts=parts.summary(), hit=hit)
             if isinstance(parts, KeyParts)
-            else {"cacheable": False, "reason": parts}
+            else CacheProof(cacheable=False, reason=parts)
         )
         gates[node] = {
             "action": "cached" if hit else "run",
             "needs": sorted(graph.predecessors(node)),
             "expected": round(plan.expected[node], 3),
             "kind": spec(graph, node).kind,
-            "cache": proof,
+            "cache": proof.to_json(),
         }
     remaining = {n: 0.0 if gates[n]["action"] == "cached" else plan.expected[n] for n in graph}
     path, length = critical_path(graph, remaining)

@@ -25,7 +25,9 @@ def speed_evidence(
     path, path_len = critical_path(graph, durations)
     bound = max(path_len, work / capacity_cpu if capacity_cpu else 0.0)
     saved = sum(
-        float((r.cache or {}).get("saved", 0.0)) for r in results if r.status == Status.CACHED
+        float(r.cache.saved or 0.0) if r.cache else 0.0
+        for r in results
+        if r.status == Status.CACHED
     )
     return Speed(
         wall=round(wall, 4),

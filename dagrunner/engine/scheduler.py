@@ -13,14 +13,20 @@ from __future__ import annotations
 import bisect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import networkx as nx
 import trio
 
 from dagrunner.engine.governor import Governor
 from dagrunner.engine.graph import Graph, bottom_levels, spec
-from dagrunner.records.run import Attempt, GateResult, GovernorSample, Status, TestRun
+from dagrunner.records.run import (
+    Attempt,
+    CacheProof,
+    GateResult,
+    GovernorSample,
+    Status,
+    TestRun,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +37,7 @@ class Outcome:
     reason: str = ""
     attempts: tuple[Attempt, ...] = ()
     memory_exceeded: bool = False
-    cache: dict[str, Any] | None = None
+    cache: CacheProof | None = None
     command: str = ""
     tests: TestRun | None = None
 

@@ -7,6 +7,7 @@ so a report can draw a timeline without clock arithmetic.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +137,7 @@ class GateResult:
     attempts: tuple[Attempt, ...] = ()
     memory_exceeded: bool = False
     skipped_because: str | None = None
-    cache: dict[str, Any] | None = None
+    cache: CacheProof | None = None
     command: str = ""
     kind: str = "gate"  # gate | worker | integrate | land
     tests: TestRun | None = None  # from the gate's JUnit file (its ``junit`` key)
@@ -175,6 +176,7 @@ class GateResult:
         body["exit_code"] = self.exit_code
         body["peak_rss"] = self.peak_rss
         body["retries_used"] = max(0, len(self.attempts) - 1)
+        body["cache"] = self.cache.to_json() if self.cache else None
         return body
 
     @classmethod
@@ -183,6 +185,7 @@ class GateResult:
         fields["status"] = Status(fields["status"])
         fields["needs"] = tuple(fields.get("needs", ()))
         fields["tests"] = TestRun.from_json(fields.get("tests"))
+        fields["cache"] = CacheProof.from_json(fields.get("cache"))
         fields["attempts"] = tuple(
             Attempt(
                 **{
@@ -193,6 +196,49 @@ class GateResult:
             for a in fields.get("attempts", ())
         )
         return cls(**fields)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheProof:
+    """Why a gate was (or was not) answered from the cache: its key and what the key is made
+    of, and for a hit which run stored the verdict.  Built once by ``engine/cachestep``."""
+
+    cacheable: bool
+    key: str | None = None
+    parts: Mapping[str, Any] = field(default_factory=dict)  # counts and digests of the key
+    tree_scoped: Mapping[str, Any] | None = None  # reused only for this exact tree, and why
+    hit: bool | None = None
+    reason: str | None = None  # why not cacheable, or why a miss
+    stored_by_run: str | None = None
+    stored_at: str | None = None
+    saved: float | None = None  # what the cached verdict's run took
+
+    def to_json(self) -> dict[str, Any]:
+        if not self.cacheable:
+            return {"cacheable": False, "reason": self.reason}
+        body: dict[str, Any] = {"cacheable": True, "key": self.key, **self.parts}
+        for name in ("tree_scoped", "hit", "reason", "stored_by_run", "stored_at", "saved"):
+            if (value := getattr(self, name)) is not None:
+                body[name] = value
+        return body
+
+    @classmethod
+    def from_json(cls, body: Any) -> CacheProof | None:
+        if not isinstance(body, dict):
+            return None
+        named = {"cacheable", "key", "tree_scoped", "hit", "reason", "stored_by_run"}
+        named |= {"stored_at", "saved"}
+        return cls(
+            cacheable=body.get("cacheable") is True,
+            key=body.get("key"),
+            parts={k: v for k, v in body.items() if k not in named},
+            tree_scoped=body.get("tree_scoped"),
+            hit=body.get("hit"),
+            reason=body.get("reason"),
+            stored_by_run=body.get("stored_by_run"),
+            stored_at=body.get("stored_at"),
+            saved=body.get("saved"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
