@@ -3,6 +3,7 @@
 - ``queue``: the durable queue and its journal.  ``events``: the journal as a stream.
 - ``run``: ``integrate`` and ``queue_status``, the entry points.
 - ``steps``: the integrator's steps (admit, apply with ``--3way``, land).
+- ``needs``: what the helpers below may use of the integrator (a protocol).
 - ``pipeline`` and ``items``: the speculative pipeline and what it tracks.
 - ``admission``: what the target lets in.  ``trailers``: the commits' trailers.
 - ``landing``: the compare-and-swap.  ``recovery``: after a crash, and the preflight.

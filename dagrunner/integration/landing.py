@@ -26,7 +26,7 @@ from dagrunner.records.integration import (
 
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
-    from dagrunner.integration.steps import Integrator
+    from dagrunner.integration.needs import IntegratorLike as Integrator
 
 Applied = list[tuple["Envelope", str]]
 

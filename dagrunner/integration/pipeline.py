@@ -43,7 +43,7 @@ from dagrunner.records.run import RunStatus, Status
 
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
-    from dagrunner.integration.steps import Integrator
+    from dagrunner.integration.needs import IntegratorLike as Integrator
 
 MAX_REBUILDS = 3  # landings lost to somebody else moving the target, then target-moving
 

@@ -21,7 +21,7 @@ from dagrunner.integration.trailers import landed_on_target
 from dagrunner.records.integration import FINAL, Details, EnvelopeState, StaleCheckout
 
 if TYPE_CHECKING:
-    from dagrunner.integration.steps import Integrator
+    from dagrunner.integration.needs import IntegratorLike as Integrator
 
 
 def recover(it: Integrator) -> None:

@@ -120,7 +120,7 @@ class Integrator:
         # What an envelope's gates may read but never write: the user's checkout, the
         # common git dir (refs, objects, the queue, the ledger) and every worktree under
         # the root -- all but the integration worktree under test (``contain.jail``).
-        self.guarded = (ctx.info.root, ctx.info.common_dir, ctx.root)
+        self.guarded: tuple[Path, ...] = (ctx.info.root, ctx.info.common_dir, ctx.root)
 
     # -- set-up --------------------------------------------------------------------------
 

@@ -1,0 +1,68 @@
+"""What the integrator's helpers need of it: ``IntegratorLike``, the one surface that
+``landing``, ``recovery`` and ``pipeline`` may use.  ``steps.Integrator`` provides it; the
+helpers type against this protocol, so none of them imports ``steps`` back (the room has no
+import circle, not even under ``TYPE_CHECKING``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from dagrunner.envelope import Envelope
+from dagrunner.integration.queue import Queue
+from dagrunner.records.integration import (
+    Details,
+    EnvelopeOutcome,
+    EnvelopeState,
+    IntegrationResult,
+    LandOutcome,
+)
+from dagrunner.worktrees.allocate import Context
+
+
+class IntegratorLike(Protocol):
+    """One integrator run of one target (``steps.Integrator``)."""
+
+    ctx: Context
+    repo: Path
+    target: str
+    ref: str
+    batch: int
+    env: Mapping[str, str]
+    executor: str
+    queue: Queue
+    wt: Path  # the first integration worktree
+    reports: Path
+    result: IntegrationResult
+    outcomes: dict[str, EnvelopeOutcome]
+    stop: bool
+    git_lock: threading.Lock
+    guarded: tuple[Path, ...]  # what an envelope's gates may read, never write
+
+    def head(self) -> str: ...
+    def prepare_worktree(self, head: str, path: Path | None = None) -> None: ...
+    def reset(self, commit: str, path: Path | None = None) -> None: ...
+    def slots(self) -> list[Path]: ...
+    def trusted_manifest(self, head: str, tree: Path | None = None) -> Path: ...
+    def target_checkout(self) -> Path | None: ...
+    def outcome(self, envelope_id: str, state: EnvelopeState, details: Details) -> None: ...
+    def finish(self, envelope_id: str, state: EnvelopeState, details: Details) -> None: ...
+    def admit(self, envelope_id: str) -> Envelope | None: ...
+    def apply(
+        self, envelope: Envelope, wt: Path | None = None, *, final: bool = True
+    ) -> str | None: ...
+    def land(
+        self,
+        old: str,
+        applied: list[tuple[Envelope, str]],
+        new: str | None = None,
+        *,
+        flaky: tuple[str, ...] = (),
+    ) -> LandOutcome: ...
+    def landed(
+        self, applied: list[tuple[Envelope, str]], old: str, new: str, flaky: tuple[str, ...] = ()
+    ) -> None: ...
+    def clean_workers(self, ids: list[str]) -> dict[str, str]: ...
+    def note_workers(self, kept: dict[str, str]) -> None: ...
