@@ -10,6 +10,7 @@ says why -- the envelopes stay queued and no user file is touched.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from dagrunner.records.integration import (
     Details,
     EnvelopeState,
     LandBlocked,
+    Landing,
     LandOutcome,
     StaleCheckout,
 )
@@ -38,20 +40,20 @@ def land(
     new: str | None = None,
     *,
     flaky: tuple[str, ...] = (),
-) -> LandOutcome:
+) -> Landing:
     """Move the target from ``old`` to ``new`` (default: the integration worktree's head):
-    landed, moved, or blocked.  ``flaky``: gates that passed only when re-run on that tree."""
+    landed, moved, or blocked.  ``flaky``: gates that passed only when re-run on that tree.
+    The envelopes' states are journaled here; the run's result is the integrator's to set."""
     new = new or git(["rev-parse", "HEAD"], cwd=it.wt).text
     checkout = it.target_checkout()
     if checkout is not None and is_dirty(checkout):
-        block(
+        return block(
             it,
             applied,
             checkout,
             "target-checkout-dirty",
             "the target branch is checked out there with uncommitted changes",
         )
-        return LandOutcome.BLOCKED
     for envelope, _ in applied:
         it.queue.record(envelope.id, EnvelopeState.LANDING, Details(old=old, new=new))
     crash_point("landing")
@@ -62,22 +64,21 @@ def land(
     )
     if moved.returncode != 0:
         if it.head() != old:
-            return LandOutcome.MOVED
+            return Landing(outcome=LandOutcome.MOVED)
         # Not moved by anyone: the ref itself cannot be written (a lock, a full disk).
-        block(it, applied, Path(it.repo), "target-ref-unwritable", moved.message)
-        return LandOutcome.BLOCKED
+        return block(it, applied, Path(it.repo), "target-ref-unwritable", moved.message)
     crash_point("landed-ref")
     if checkout is not None:
         synced = git(["read-tree", "-m", "-u", old, new], cwd=checkout, check=False)
         if synced.returncode != 0:
             return failed_sync(it, applied, checkout, old, new, synced.message)
     it.landed(applied, old, new, flaky)
-    return LandOutcome.LANDED
+    return Landing(outcome=LandOutcome.LANDED)
 
 
 def failed_sync(
     it: Integrator, applied: Applied, where: Path, old: str, new: str, why: str
-) -> LandOutcome:
+) -> Landing:
     """The ref moved but its checkout could not follow: move the ref back and restore the
     checkout, or -- when the ref cannot move back -- say that the envelopes landed."""
     back = git(["update-ref", it.ref, old, new], cwd=it.repo, check=False)
@@ -86,32 +87,32 @@ def failed_sync(
         checkout=str(where), target=it.target, old=old, new=new, to=to, reason=why
     )
     restored = checkouts.repair(where, old, new, to)
+    left = None
     if not restored:
         checkouts.remember(it.ctx.info.state_dir, stale)
-        it.result.checkout_stale = stale
-    it.stop = True
+        left = stale
     try:
         if to == old:
             note = "the target was moved back" + (
                 "; its checkout was restored" if restored else f"; restore it: {stale.command}"
             )
-            block(it, applied, where, "target-checkout-blocked", f"{why} ({note})")
-            return LandOutcome.BLOCKED
+            refused = block(it, applied, where, "target-checkout-blocked", f"{why} ({note})")
+            return dataclasses.replace(refused, stale=left)
         it.landed(applied, old, new)  # the truth: the target holds them
-        return LandOutcome.LANDED
+        return Landing(outcome=LandOutcome.LANDED, stale=left, stops=True)
     except OSError as exc:  # a full disk: the journal cannot say it, the result still does
-        it.result.land_blocked = LandBlocked(
+        disk = LandBlocked(
             "disk-full", str(where), f"{why}; then {exc.strerror}: the target is at {to[:12]}"
         )
-        return LandOutcome.BLOCKED
+        return Landing(outcome=LandOutcome.BLOCKED, blocked=disk, stale=left, stops=True)
 
 
-def block(it: Integrator, applied: Applied, checkout: Path, code: str, why: str) -> None:
-    """Landing refused: say why, stop the run, and leave the envelopes queued."""
-    it.result.land_blocked = LandBlocked(code, str(checkout), why)
-    it.stop = True
+def block(it: Integrator, applied: Applied, checkout: Path, code: str, why: str) -> Landing:
+    """Landing refused: leave the envelopes queued, saying why; the run stops."""
     for envelope, _ in applied:
         it.queue.record(envelope.id, EnvelopeState.QUEUED, Details(note=f"{code}: {why}"))
         it.outcome(
             envelope.id, EnvelopeState.QUEUED, Details(reason=f"landing refused ({code}): {why}")
         )
+    blocked = LandBlocked(code, str(checkout), why)
+    return Landing(outcome=LandOutcome.BLOCKED, blocked=blocked, stops=True)

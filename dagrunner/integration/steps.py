@@ -386,8 +386,12 @@ class Integrator:
         flaky: tuple[str, ...] = (),
     ) -> LandOutcome:
         """Move the target from ``old`` to ``new`` (default: the integration worktree's head):
-        landed, moved, or blocked."""
-        return landing.land(self, old, applied, new, flaky=flaky)
+        landed, moved, or blocked; what it did is recorded in this run's result."""
+        done = landing.land(self, old, applied, new, flaky=flaky)
+        self.result.land_blocked = done.blocked or self.result.land_blocked
+        self.result.checkout_stale = done.stale or self.result.checkout_stale
+        self.stop = self.stop or done.stops
+        return done.outcome
 
     def landed(
         self,

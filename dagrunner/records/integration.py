@@ -173,6 +173,17 @@ class LandBlocked:
         return {"code": self.code, "checkout": self.checkout, "reason": self.reason}
 
 
+@dataclass(frozen=True, kw_only=True)
+class Landing:
+    """What one landing attempt did, for the integrator to record: its outcome, why it was
+    refused, a checkout it left stale, and whether the run stops there."""
+
+    outcome: LandOutcome
+    blocked: LandBlocked | None = None
+    stale: StaleCheckout | None = None
+    stops: bool = False
+
+
 class Verdict(enum.StrEnum):
     """What one gate run of the pipeline said about its item's tree."""
 
