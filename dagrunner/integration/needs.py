@@ -1,7 +1,8 @@
 """What the integrator's helpers need of it: ``IntegratorLike``, the one surface that
 ``landing``, ``recovery`` and ``pipeline`` may use.  ``steps.Integrator`` provides it; the
 helpers type against this protocol, so none of them imports ``steps`` back (the room has no
-import circle, not even under ``TYPE_CHECKING``)."""
+import circle, not even under ``TYPE_CHECKING``).  The run's result is not on it: the
+helpers return what they did (``Landing``, ``PipelineTally``) and the integrator records it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from dagrunner.records.integration import (
     Details,
     EnvelopeOutcome,
     EnvelopeState,
-    IntegrationResult,
     LandOutcome,
 )
 from dagrunner.worktrees.allocate import Context
@@ -35,7 +35,6 @@ class IntegratorLike(Protocol):
     queue: Queue
     wt: Path  # the first integration worktree
     reports: Path
-    result: IntegrationResult
     outcomes: dict[str, EnvelopeOutcome]
     stop: bool
     git_lock: threading.Lock

@@ -38,7 +38,7 @@ from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
 from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window
 from dagrunner.manifest.load import Manifest
-from dagrunner.records.integration import Details, EnvelopeState, LandOutcome
+from dagrunner.records.integration import Details, EnvelopeState, LandOutcome, PipelineTally
 from dagrunner.records.run import RunStatus, Status
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class Pipeline:
         self.moves = 0
         self.t0 = 0.0
         self.error: DagrunnerError | None = None
-        it.result.window = self.ceiling
+        self.tally = PipelineTally(window=self.ceiling)  # what the integrator's result takes
 
     # -- the controller ----------------------------------------------------------------------
 
@@ -107,7 +107,7 @@ class Pipeline:
         """Ctrl-C or SIGTERM: every gate run ends, and what was in flight is queued again."""
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
             async for _ in received:
-                self.it.result.interrupted = True
+                self.tally.interrupted = True
                 self.it.stop = True
                 self.nursery.cancel_scope.cancel()
                 return
@@ -221,11 +221,11 @@ class Pipeline:
 
     def launch(self, item: Item, position: int, *, confirm: bool = False) -> None:
         it = self.it
-        it.result.gate_runs += 1
-        number = it.result.gate_runs
+        self.tally.gate_runs += 1
+        number = self.tally.gate_runs
         item.stage = Stage.GATING
         if confirm:
-            it.result.confirm_runs += 1
+            self.tally.confirm_runs += 1
         else:
             for envelope in item.envelopes:
                 it.queue.record(
@@ -283,7 +283,7 @@ class Pipeline:
                     self.governor,
                 )
                 if record.gates and all(g.status is Status.CACHED for g in record.gates):
-                    self.it.result.cached_runs += 1
+                    self.tally.cached_runs += 1
                 finished = Finished(
                     run.item,
                     run.generation,
@@ -300,7 +300,7 @@ class Pipeline:
             if slot is not None:
                 self.free.append(slot)  # the run is over (a cancelled one ended its trees)
         end = trio.current_time() - self.t0
-        self.it.result.pipeline.append(run.speculation(finished, start, end, str(run_dir)))
+        self.tally.pipeline.append(run.speculation(finished, start, end, str(run_dir)))
         if finished is not None:
             self.send.send_nowait(finished)
 
@@ -367,7 +367,7 @@ class Pipeline:
             item.applied = []
             if built:
                 reset = True
-                self.it.result.resets += 1
+                self.tally.resets += 1
                 for envelope in item.envelopes:
                     self.it.queue.record(
                         envelope.id,
@@ -409,10 +409,10 @@ class Pipeline:
         elif outcome is LandOutcome.MOVED:
             self.moves += 1
             if self.moves > MAX_REBUILDS:
-                it.result.target_moving = True
+                self.tally.target_moving = True
                 it.stop = True
                 return
-            it.result.rebuilds += 1
+            self.tally.rebuilds += 1
             self.head = it.head()
             self.reset_from(0, cause=None)
         # BLOCKED: landing.block said why, queued the front again and stopped the run
@@ -432,9 +432,9 @@ class Pipeline:
         it = self.it
         note = (
             "interrupted"
-            if it.result.interrupted
+            if self.tally.interrupted
             else "target-moving"
-            if it.result.target_moving
+            if self.tally.target_moving
             else "the run stopped before it"
         )
         for item in self.items:

@@ -214,7 +214,10 @@ class Integrator:
             confirm = manifest.integrate.confirm_failures
         with executor_for(self.executor) as executor:
             drain = Pipeline(self, executor, manifest, window=window, confirm=confirm)
-            trio.run(drain.run)
+            try:
+                trio.run(drain.run)
+            finally:
+                self.result.count(drain.tally)
         self.result.end = self.head()
         self.cleanup_landed_workers()
         self.write_report()

@@ -247,6 +247,22 @@ class StaleCheckout:
 
 
 @dataclass
+class PipelineTally:
+    """What the speculative pipeline counted in one run; the integrator adds it to its
+    result when the pipeline ends (``IntegrationResult.count``)."""
+
+    window: int = 1
+    gate_runs: int = 0
+    cached_runs: int = 0
+    confirm_runs: int = 0
+    rebuilds: int = 0
+    resets: int = 0
+    interrupted: bool = False
+    target_moving: bool = False
+    pipeline: list[Speculation] = field(default_factory=list)
+
+
+@dataclass
 class IntegrationResult:
     target: str
     start: str
@@ -288,6 +304,11 @@ class IntegrationResult:
         if self.interrupted:
             return ExitCode.INTERRUPTED
         return ExitCode.OK if self.ok else ExitCode.FAILED
+
+    def count(self, tally: PipelineTally) -> None:
+        """Take the pipeline's counts (the pipeline never writes this result itself)."""
+        for name in PipelineTally.__dataclass_fields__:
+            setattr(self, name, getattr(tally, name))
 
     def to_json(self) -> dict[str, Any]:
         return {
