@@ -94,7 +94,8 @@ def summary_table(record: RunRecord, run_dir: str, *, tail_lines: int = 20) -> s
             f"{sum(t.failures + t.errors for t in counted)} failed, "
             f"{sum(t.skipped for t in counted)} skipped"
         )
-    states = [e["state"] for e in (record.integration or {}).get("envelopes", [])]
+    envelopes = record.integration.envelopes if record.integration else []
+    states = [str(e.state) for e in envelopes]
     if any(state != "landed" for state in states):  # a green run can still leave work behind
         verdict += "; envelopes: " + ", ".join(
             f"{states.count(s)} {s}" for s in sorted(set(states), key=lambda s: (s != "landed", s))
@@ -111,13 +112,10 @@ def summary_table(record: RunRecord, run_dir: str, *, tail_lines: int = 20) -> s
         )
     for miss in record.budget.misses:
         lines.append(f"BUDGET MISSED: {miss.message}")
-    for envelope in (record.integration or {}).get("envelopes", []):
-        detail = envelope.get("commit") or ", ".join(
-            envelope.get("conflicts") or envelope.get("failed_gates") or []
-        )
-        lines.append(
-            f"envelope {envelope['state']:<12} {envelope['id']}  {detail or envelope.get('reason', '')}"
-        )
+    for envelope in envelopes:
+        said = envelope.details
+        detail = said.commit or ", ".join(said.conflicts or said.failed_gates or ())
+        lines.append(f"envelope {envelope.state:<12} {envelope.id}  {detail or said.reason or ''}")
     lines += failure_tails(record, Path(run_dir), tail_lines=tail_lines)
     lines.append(f"report: {run_dir}/index.html")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from dagrunner.engine.graph import Graph
 from dagrunner.engine.scheduler import Listener
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.run import GateResult, Status
+from dagrunner.records.summary import RunIntegration
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +82,7 @@ class NodeKinds(Protocol):
         """After a worker passed: export its envelope; a note for its record."""
         ...
 
-    def finish(self, results: list[GateResult], *, interrupted: bool) -> Any:
+    def finish(self, results: list[GateResult], *, interrupted: bool) -> RunIntegration | None:
         """After the schedule: settle what is left; the run record's ``integration``."""
         ...
 

@@ -24,7 +24,6 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-import orjson
 import trio
 
 from dagrunner.envelope import Envelope
@@ -220,7 +219,10 @@ class Integrator:
                 self.result.count(drain.tally)
         self.result.end = self.head()
         self.cleanup_landed_workers()
-        self.write_report()
+        # a lazy import: the report's page (jinja2) is not loaded before the run needs it
+        from dagrunner.report.rundir import write_integration
+
+        write_integration(self.result, self.reports)
         return self.result
 
     def outcome(self, envelope_id: str, state: EnvelopeState, details: Details) -> None:
@@ -434,21 +436,3 @@ class Integrator:
                 self.outcomes[envelope_id], worktree=worktree
             )
         self.result.envelopes = list(self.outcomes.values())
-
-    def write_report(self) -> None:
-        from dagrunner.report.rundir import read_run_dir, write_run_dir
-
-        self.reports.mkdir(parents=True, exist_ok=True)
-        summary = self.result.to_json()
-        (self.reports / "integration.json").write_bytes(
-            orjson.dumps(summary, option=orjson.OPT_INDENT_2)
-        )
-        # the newest gate run that wrote a record (a cancelled run wrote none)
-        runs = sorted(
-            (r for r in self.reports.glob("gates-*") if (r / "run.json").is_file()),
-            key=lambda r: int(r.name.removeprefix("gates-")),
-        )
-        if runs:
-            record = read_run_dir(runs[-1])
-            record.integration = summary
-            write_run_dir(record, runs[-1])

@@ -3,5 +3,6 @@
 - ``run``: a run's gate results and its record (``GateResult``, ``RunRecord``, ``Status``).
 - ``integration``: an envelope's queue state, a journal line's details, an integration
   run's outcomes and result.
+- ``summary``: what a run's integrations did, as ``run.json`` carries it for the report.
 - ``worktree``: a worktree's status and an export's summary.
 """

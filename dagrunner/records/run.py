@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagrunner.records.summary import RunIntegration
+
 
 class Status(enum.StrEnum):
     PASSED = "passed"
@@ -382,7 +384,7 @@ class RunRecord:
     speed: Speed = Speed()
     budget: Budget = Budget()
     cache: dict[str, Any] = field(default_factory=dict)
-    integration: dict[str, Any] | None = None
+    integration: RunIntegration | None = None  # what its integrations did (records/summary)
     options: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -400,6 +402,7 @@ class RunRecord:
         body["budget"] = self.budget.to_json()
         body["gates"] = gates if gates is not None else [g.to_json() for g in self.gates]
         body["counts"] = self.counts()
+        body["integration"] = self.integration.to_json() if self.integration else None
         return body
 
     @classmethod
@@ -409,6 +412,7 @@ class RunRecord:
         fields["gates"] = [GateResult.from_json(g) for g in fields["gates"]]
         fields["speed"] = Speed.from_json(fields.get("speed"))
         fields["budget"] = Budget.from_json(fields.get("budget"))
+        fields["integration"] = RunIntegration.from_json(fields.get("integration"))
         return cls(**fields)
 
 

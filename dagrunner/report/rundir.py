@@ -7,7 +7,9 @@ from pathlib import Path
 import orjson
 
 from dagrunner.files import atomic_write
+from dagrunner.records.integration import IntegrationResult
 from dagrunner.records.run import RunRecord
+from dagrunner.records.summary import RunIntegration
 from dagrunner.report.html import write_html
 from dagrunner.report.junit import write_junit
 
@@ -30,3 +32,20 @@ def write_run_dir(record: RunRecord, run_dir: Path) -> None:
 
 def read_run_dir(run_dir: Path) -> RunRecord:
     return RunRecord.from_json(orjson.loads((run_dir / "run.json").read_bytes()))
+
+
+def write_integration(result: IntegrationResult, reports: Path) -> None:
+    """What ``integrate run`` leaves in ``reports``: ``integration.json``, and the newest gate
+    run's record (a cancelled run wrote none) rewritten with the integration in it, so its
+    page shows the whole pipeline."""
+    reports.mkdir(parents=True, exist_ok=True)
+    body = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2)
+    (reports / "integration.json").write_bytes(body)
+    runs = sorted(
+        (r for r in reports.glob("gates-*") if (r / "run.json").is_file()),
+        key=lambda r: int(r.name.removeprefix("gates-")),
+    )
+    if runs:
+        record = read_run_dir(runs[-1])
+        record.integration = RunIntegration(((None, result),))
+        write_run_dir(record, runs[-1])

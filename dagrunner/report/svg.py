@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagrunner.records.run import GateResult, RunRecord
+from dagrunner.records.summary import RunIntegration
 
 NODE_W, NODE_H, COL_GAP, ROW_GAP = 150, 26, 60, 12
 SMALL = 300  # past this many gates, nodes are dots (their names stay in tooltips)
@@ -198,38 +199,37 @@ VERDICT_STATUS = {  # a pipeline gate run's verdict, drawn in the colour of a ga
 }
 
 
-def pipeline_layout(integration: dict[str, Any] | None, width: int = 960) -> dict[str, Any]:
+def pipeline_layout(integration: RunIntegration | None, width: int = 960) -> dict[str, Any]:
     """The integration pipeline's gate runs as bars, one row each in start order: which
     envelopes on which speculative head, how each ended (resets show as cancelled runs)."""
-    runs = sorted(
-        (integration or {}).get("pipeline") or [], key=lambda r: (r["start"], r["gate_run"])
-    )
-    states = {e["id"]: e["state"] for e in (integration or {}).get("envelopes", [])}
-    end = max((float(r["end"]) for r in runs), default=0.0) or 1e-6
+    result = integration.pipelined if integration else None
+    runs = sorted(result.pipeline if result else [], key=lambda r: (r.start, r.gate_run))
+    states = {e.id: e.state for e in integration.envelopes} if integration else {}
+    end = max((r.end for r in runs), default=0.0) or 1e-6
     label_w = 340  # a column of labels, so that no label covers a bar or is cut off
     scale, row = (width - label_w) / end, 18
     bars = []
     for index, run in enumerate(runs):
-        ids = run["envelopes"]
+        ids = run.envelopes
         who = ".".join(ids[0].split(".")[:2]) if ids else "?"
         name = who + (f" +{len(ids) - 1}" if len(ids) > 1 else "")
         landed = bool(ids) and all(states.get(i) == "landed" for i in ids)
-        mark = " (re-run)" if run["confirm"] else ""
-        verdict = run["verdict"]
-        label = f"#{run['gate_run']} {name}{mark} · {verdict}" + (
+        mark = " (re-run)" if run.confirm else ""
+        verdict = str(run.verdict)
+        label = f"#{run.gate_run} {name}{mark} · {verdict}" + (
             " · landed" if landed and verdict in ("passed", "flaky") else ""
         )
-        gates = f"; gates: {', '.join(run['gates'])}" if run["gates"] else ""
+        gates = f"; gates: {', '.join(run.gates)}" if run.gates else ""
         bars.append(
             {
-                "x": round(label_w + float(run["start"]) * scale, 1),
-                "w": round(max((float(run["end"]) - float(run["start"])) * scale, 2.0), 1),
+                "x": round(label_w + run.start * scale, 1),
+                "w": round(max((run.end - run.start) * scale, 2.0), 1),
                 "y": index * row,
                 "status": VERDICT_STATUS.get(verdict, "skipped"),
                 "verdict": verdict,
                 "label": label,
-                "tip": f"gate run {run['gate_run']}: {', '.join(ids)} on {run['head'][:12]} "
-                f"(position {run['position']}) -> {run['commit'][:12]}: {verdict}{gates}",
+                "tip": f"gate run {run.gate_run}: {', '.join(ids)} on {run.head[:12]} "
+                f"(position {run.position}) -> {run.commit[:12]}: {verdict}{gates}",
             }
         )
     return {

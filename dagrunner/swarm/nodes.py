@@ -19,14 +19,15 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dagrunner.engine.graph import Graph, integrations_above, spec
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.manifest.load import LAND_PREFIX, Manifest
-from dagrunner.records.integration import Details, EnvelopeState, LandOutcome
+from dagrunner.records.integration import Details, EnvelopeState, IntegrationResult, LandOutcome
 from dagrunner.records.run import GateResult, Status
+from dagrunner.records.summary import RunIntegration
 from dagrunner.worktrees import export as exporting
 
 if TYPE_CHECKING:
@@ -190,9 +191,9 @@ class Swarm:
             with contextlib.suppress(DagrunnerError):
                 wt.release(f"{self.mission}/{node}", session=f"run-{self.run_id}", repo=self.repo)
 
-    def finish(self, results: list[GateResult], *, interrupted: bool) -> Any:
+    def finish(self, results: list[GateResult], *, interrupted: bool) -> RunIntegration | None:
         """Final states for envelopes whose land did not happen; release locks; the summary."""
-        summary: list[dict[str, Any]] = []
+        summary: list[tuple[str | None, IntegrationResult]] = []
         for node, state in self.integrations.items():
             integrator = state.integrator
             if not state.landed and state.applied and not integrator.result.land_blocked:
@@ -217,10 +218,7 @@ class Swarm:
                         )
             if not integrator.result.end:
                 integrator.result.end = integrator.head()
-            summary.append({"node": node, **integrator.result.to_json()})
+            summary.append((node, integrator.result))
         self.locks.close()
         self.release_claims()
-        if not summary:
-            return None
-        envelopes = [e for s in summary for e in s["envelopes"]]
-        return {"integrations": summary, "envelopes": envelopes}
+        return RunIntegration(tuple(summary)) if summary else None
