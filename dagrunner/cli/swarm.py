@@ -187,11 +187,14 @@ def cmd_integrate(args: argparse.Namespace) -> int:
     from dagrunner.integration.run import integrate, queue_status
 
     if action == "status":
-        status = queue_status(repo=args.repo)
         if args.json:
-            emit_json(status)
-        for item in [] if args.json else status["envelopes"]:
-            print(f"{item['id']:<50} {item.get('state')}")
+            emit_json(queue_status(repo=args.repo))
+            return ExitCode.OK
+        from dagrunner.git.repo import repo_info
+        from dagrunner.integration.queue import Queue
+
+        for entry in Queue.of(repo_info(args.repo)).entries().values():
+            print(f"{entry.id:<50} {entry.state}")
         return ExitCode.OK
     result = integrate(
         repo=args.repo,

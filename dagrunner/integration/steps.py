@@ -169,6 +169,14 @@ class Integrator:
         git(["reset", "-q", "--hard", commit], cwd=path)
         git(["clean", "-q", "-ffdx"], cwd=path)
 
+    def started(self, head: str) -> None:
+        """This run integrates onto ``head`` (a swarm run's integrate node starts it so)."""
+        self.result.start = head
+
+    def ended(self) -> None:
+        """This run is over (for now): the target's head is where it ended."""
+        self.result.end = self.head()
+
     def slots(self) -> list[Path]:
         """Every integration worktree of this target: the main one and the pipeline's."""
         speculative = self.wt.parent / ".speculative" / self.wt.name

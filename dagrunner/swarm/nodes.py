@@ -128,7 +128,7 @@ class Swarm:
         )
         integrator.recover()
         head = integrator.head()
-        integrator.result.start = head
+        integrator.started(head)
         integrator.prepare_worktree(head)
         files = [self.envelopes[w] for w in gate.needs if w in self.envelopes]
         ids = [entry.id for entry in submit(ctx.info, files)] if files else []
@@ -158,7 +158,7 @@ class Swarm:
         if not state.applied:
             return Status.PASSED, "nothing to land"
         outcome = integrator.land(state.head, state.applied)
-        integrator.result.end = integrator.head()
+        integrator.ended()
         if outcome is LandOutcome.LANDED:
             state.landed = True
             integrator.cleanup_landed_workers()
@@ -217,7 +217,7 @@ class Swarm:
                             Details(failed_gates=tuple(failing), report=self.run_id),
                         )
             if not integrator.result.end:
-                integrator.result.end = integrator.head()
+                integrator.ended()
             summary.append((node, integrator.result))
         self.locks.close()
         self.release_claims()
