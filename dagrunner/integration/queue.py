@@ -238,15 +238,14 @@ class Queue:
         if self.target is None:
             return [i for i, e in self.entries().items() if e.state not in FINAL]
         with self.lock():
-            entries = self.entries()
-            for item, entry in entries.items():
-                if entry.state not in FINAL and entry.target is None:
+            ours = []
+            for item, entry in self.entries().items():
+                if entry.state in FINAL or entry.target not in (None, self.target):
+                    continue
+                if entry.target is None:
                     self.record(item, entry.state, event="claimed")
-            return [
-                i
-                for i, e in self.entries().items()
-                if e.state not in FINAL and e.target in (None, self.target)
-            ]
+                ours.append(item)
+            return ours
 
     def load(self, envelope_id: str) -> Envelope:
         """The envelope of queue item ``envelope_id`` (its ``id`` is the item's)."""

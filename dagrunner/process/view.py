@@ -52,7 +52,7 @@ def read_only(point, options):
         raise SystemExit(f"dagrunner: could not make {point} read-only for the gate: "
                          f"{os.strerror(err)}")
 
-keep, under = set(), []
+keep, under, mounts = set(), [], None  # the table is read once, after the moves
 for op in sys.argv[1].splitlines():
     verb, _, arg = op.partition(" ")
     src, _, dst = arg.partition("\t")
@@ -71,11 +71,12 @@ for op in sys.argv[1].splitlines():
     elif verb == "under":
         under.append(arg)
     elif verb == "ro":
-        read_only(arg, table().get(arg, []))
+        mounts = mounts or table()
+        read_only(arg, mounts.get(arg, []))
     elif verb == "readonly":
         # every mount read-only but the kept ones, those under a cover (hidden there, or
         # placed by an operation of their own) and the kernel's
-        for point, options in table().items():
+        for point, options in (mounts or table()).items():
             if point in keep or point.split("/")[1] in ("proc", "dev", "sys"):
                 continue
             if any(point == c or point.startswith(c + "/") for c in under):
