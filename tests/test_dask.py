@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,15 +14,27 @@ import sys
 import tempfile
 import threading
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CLI, check, commit_release_manifest, gate_results, git, run_json, running
+from clusters import start_scheduler, wait_for_workers
+from conftest import (
+    CLI,
+    check,
+    commit_release_manifest,
+    gate_results,
+    git,
+    run_json,
+    running,
+    write_manifest,
+)
 
 import dagrunner
+from dagrunner.cli.main import run_cli
 from dagrunner.version import VERSION
 
 pytestmark = pytest.mark.slow
@@ -34,29 +47,6 @@ class Cluster:
     small: str  # a worker that sees the filesystem: cpu=1
     hidden: str  # a worker that cannot see the submitter's repositories: cpu=4
     hidden_nanny: int
-
-
-def start_scheduler(scheduler_file: Path) -> subprocess.Popen[bytes]:
-    """``dask scheduler`` on a free port; returns once it has written ``scheduler_file``."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
-         "--dashboard-address", ":0", "--scheduler-file", str(scheduler_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not scheduler_file.exists():
-        assert time.monotonic() < deadline and proc.poll() is None, "the scheduler did not start"
-        time.sleep(0.1)
-    return proc
-
-
-def _wait_for_workers(scheduler_file: Path, count: int) -> dict[str, dict[str, float]]:
-    from distributed import Client
-
-    with Client(scheduler_file=str(scheduler_file), timeout="30s") as client:
-        client.wait_for_workers(count, timeout=60)
-        workers = client.scheduler_info(n_workers=-1)["workers"]
-        return {a: dict(w.get("resources") or {}) for a, w in workers.items()}
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +85,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 stderr=subprocess.DEVNULL,
             )
         )  # fmt: skip
-        workers = _wait_for_workers(scheduler_file, 2)
+        workers = wait_for_workers(scheduler_file, 2)
         small = next(a for a, r in workers.items() if r.get("cpu") == 1)
         hidden = next(a for a, r in workers.items() if r.get("cpu") == 4)
         address = "dask://" + __import__("json").loads(scheduler_file.read_text())["address"][6:]
@@ -494,7 +484,7 @@ def test_a_worker_with_another_dagrunner_is_refused_before_any_gate(
                 env=env, cwd=outside, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
         )  # fmt: skip
-        _wait_for_workers(scheduler_file, 1)
+        wait_for_workers(scheduler_file, 1)
         address = "dask://" + json.loads(scheduler_file.read_text())["address"][6:]
         code, body, _ = check(capsys, repo, '[gates.a]\nrun = "touch ran"\n', "--executor", address)
     finally:
@@ -516,3 +506,39 @@ def test_unreachable_scheduler_is_an_environment_error(
     assert code == 3
     assert body["error"]["code"] == "dask-unreachable"
     assert not (repo / "reports").exists()
+
+
+def test_junit_cases_come_back_from_the_worker_as_from_a_local_run(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
+    """A real pytest writes --junitxml on the hidden worker (which cannot see the
+    repository): the gate's record, the terminal's lines and junit.xml say what a local
+    run of the same manifest says."""
+    (repo / "t.py").write_text(
+        "def test_one():\n    assert True\n\ndef test_two():\n    assert 1 == 2, 'two is not one'\n"
+    )
+    manifest = (  # cpu 4: the hidden worker's size (the governor lets a local run take it too)
+        "[governor]\ncpu = 4\n"
+        f'[gates.unit]\nrun = [{json.dumps(sys.executable)}, "-m", "pytest", "-q", "-p", '
+        '"no:cacheprovider", "t.py", "--junitxml=out/junit.xml"]\njunit = "out/junit.xml"\n'
+        "cpu = 4\n"
+    )
+    seen = {}
+    for where in ("local", cluster.address):
+        path = write_manifest(repo, manifest)
+        code = run_cli(["release-check", str(path), "--repo", str(repo), "--executor", where])
+        out = capsys.readouterr().out
+        run_dir = sorted((repo / "reports").glob("2*"))[-1]
+        unit = gate_results(run_dir)["unit"]
+        junit = ET.parse(run_dir / "junit.xml").getroot()
+        cases = sorted(c.get("name", "") for c in junit.iter("testcase"))
+        lines = [  # what the terminal says of the tests, less the run's own time
+            re.sub(r" in [0-9.]+m?s;", ";", line)
+            for line in out.splitlines()
+            if "test_two" in line or "tests:" in line
+        ]
+        seen[where] = (code, unit["tests"], cases, lines)
+        shutil.rmtree(repo / "out", ignore_errors=True)  # only a local run writes it here
+    assert seen["local"][1]["tests"] == 2 and seen["local"][1]["failures"] == 1
+    assert seen[cluster.address] == seen["local"]
+    assert unit["attempts"][0]["worker"] == cluster.hidden

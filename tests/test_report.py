@@ -404,7 +404,7 @@ def test_a_gates_own_junit_file_names_its_failed_tests(
 def test_a_junit_file_cannot_put_escape_sequences_on_the_terminal(tmp_path: Path) -> None:
     """The file is a gate's words: names and messages lose their escape sequences, and a
     file larger than the bound is not read at all."""
-    from dagrunner.engine import testresults
+    from dagrunner.report import testresults
 
     junit = tmp_path / "junit.xml"
     junit.write_text(

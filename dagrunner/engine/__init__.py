@@ -4,7 +4,6 @@
   live pressure.  ``scheduler``: critical-path scheduling on trio.  ``attempts``: a gate's
   attempts and verdict.  ``steps``: the pipeline of steps (``release_check``, ``gate_run``).
 - ``evidence``: speed and budget.  ``history``: measured durations.  ``dry_run``.
-  ``testresults``: a gate's JUnit file read back.
 - The gate cache: ``cache`` (keys, the signed store, explain), ``cachestep`` (its place in a
   run, the reuse rule), ``inputs`` (what the globs match), ``tools`` (fingerprints
   remembered by identity).

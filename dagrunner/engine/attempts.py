@@ -22,7 +22,6 @@ from dagrunner.engine.cachestep import RunCache
 from dagrunner.engine.graph import spec
 from dagrunner.engine.plan import NodeKinds, Plan
 from dagrunner.engine.scheduler import Outcome
-from dagrunner.engine.testresults import read_junit
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.executors.local import LocalExecutor
@@ -31,6 +30,7 @@ from dagrunner.manifest.load import GateSpec
 from dagrunner.process.logs import redact_file
 from dagrunner.process.sandbox import AttemptResult, GateJob
 from dagrunner.records.run import Attempt, Status, TestRun
+from dagrunner.report.testresults import read_junit
 from dagrunner.units import format_duration
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
@@ -83,6 +83,9 @@ class GateRunner:
             writable=(*self.writable, *gate.writable),
             cpu=gate.cpu,
             memory=gate.memory,
+            junit=gate.junit or "",
+            wait_for_workers=self.plan.manifest.executor.wait_for_workers,
+            margin=self.plan.manifest.executor.margin,
         )
 
     async def __call__(self, node: str, t0: float) -> Outcome:
@@ -147,8 +150,10 @@ class GateRunner:
         outcome = replace(judge(gate, tuple(attempts), command), cache=self.cache.miss_proof(node))
         if gate.junit is None:
             return outcome
-        if self.executor_of(gate).name != "local":
-            tests = TestRun(problem="per-test results are not collected from remote workers")
+        if self.executor_of(gate).name != "local":  # read where it ran, and sent back
+            tests = result.tests or TestRun(
+                problem="no JUnit file came back: the attempt did not run to its end on a worker"
+            )
         else:
             where = Path(os.path.normpath(root / gate.cwd)) / gate.junit
             tests = await trio.to_thread.run_sync(lambda: read_junit(where, since=began))

@@ -117,6 +117,14 @@ async def _follow_cluster(
         if not machines:
             continue  # every worker gone for now: what runs ends worker-lost; wait for one
         grown = resolve_capacity(plan.manifest.governor, jobs=options.jobs, machines=machines)
+        # Never below the largest gate: one the machines left cannot take still reaches the
+        # executor, which waits [executor] wait_for_workers for a worker and then fails it.
+        gates = [spec(plan.graph, n) for n in plan.graph.nodes]
+        grown = replace(
+            grown,
+            cpu=max([grown.cpu, *(g.cpu for g in gates)]),
+            memory=max([grown.memory, *(g.memory for g in gates)]),
+        )
         bigger = grown.cpu > governor.capacity.cpu or grown.memory > governor.capacity.memory
         governor.capacity = grown
         if bigger:

@@ -2,35 +2,35 @@
 
 Workers share nothing with the submitter but the network (docs/distributed.md):
 
-- **Source travels with the run.**  The checkout's full state is packed once
-  per run as a commit and a git bundle (``ship.pack``) and checked out on
-  every worker under its own cache root (``ship.materialise``, out of band:
-  the bundle is no task's dependency, so losing a worker loses no data).  A
-  worker that joins later answers ``need-source`` and gets it then.  A gate
-  runs only in that checkout: a worker that cannot make it fails the attempt
-  (``worker-checkout``).
-- **Capacity is the cluster's.**  ``machines()`` reads each worker's declared
-  resources (``--resources "cpu=N,memory=BYTES"``; else its threads and memory
-  limit); the governor admits no more than their sum, and each attempt asks
-  Dask for its declared ``cpu``/``memory`` when every worker declares them.
-- **Faults are failures.**  An attempt runs at most once: a task that Dask
-  starts again because its worker died returns ``worker-lost`` (naming that
-  worker) instead of running the gate a second time; any other Dask error is
-  a failed attempt with a coded reason.  The manifest's ``retries`` decide.
-- **Timing is the gate's.**  The worker measures the attempt from its start;
-  time queued in Dask shows as the gate's wait, not its duration.
+- **Source travels with the run.**  The checkout's full state is packed once per run as a
+  commit and a git bundle (``source.bundle``) and checked out on every worker under its own
+  cache root, out of band (no task depends on it: losing a worker loses no data).  A worker
+  that joins later answers ``need-source`` and gets it then; one that cannot make the
+  checkout fails the attempt (``worker-checkout``).
+- **Capacity is the cluster's.**  ``machines()`` reads each worker's declared resources
+  (``--resources "cpu=N,memory=BYTES"``; else its threads and memory limit); the governor
+  admits no more than their sum, ``placement`` pins each attempt to one worker with room.
+- **Faults are failures, and end.**  An attempt runs at most once (``remote.run_remote``);
+  its worker leaving ends it ``worker-lost``, and none left is none: a gate no worker
+  could take waits ``[executor] wait_for_workers`` and ends ``dask-no-capacity``.  The
+  submitter keeps every deadline itself: no result by timeout + grace + ``[executor]
+  margin`` is ``timed-out`` (worker-unreachable).  The manifest's ``retries`` decide.
+- **Timing is the gate's.**  The worker measures the attempt from its start; time queued in
+  Dask shows as the gate's wait, not its duration.  Its JUnit file is read there.
 
-Cancelling an attempt (Ctrl-C, --fail-fast, a timeout of ours) sets a Dask
-``Event`` that the remote task watches; it then ends its process tree there.
+Cancelling an attempt (Ctrl-C, --fail-fast, a deadline) sets a Dask ``Event`` that the
+remote task waits on; it then ends its process tree there (on its return, if unreachable).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors import remote
 from dagrunner.executors import source as ship
 from dagrunner.executors.base import Fingerprint, Machine
+from dagrunner.executors.placement import Placement, WorkerFacts, worker_size
 from dagrunner.git.command import git
 from dagrunner.process.sandbox import AttemptResult, GateJob
 from dagrunner.report.logtail import strip_ansi
@@ -49,64 +50,6 @@ PLACE_POLL = 0.05
 STASH_TRIES = 3
 GONE = "worker-gone"  # the pinned worker left before the gate started: place it again
 WAIT_STEP = 1.0
-
-
-@dataclass(frozen=True)
-class WorkerFacts:
-    """What a worker has that gates depend on."""
-
-    address: str
-    cpu: float
-    memory: int
-    dagrunner: str  # its dagrunner version ("" when it has none)
-    git: str  # its git version ("" when it has none)
-    problem: str = ""  # why it cannot run gates ("" when it can)
-
-
-def _size(info: Mapping[str, Any]) -> tuple[float, int]:
-    """A worker's (cpu, memory): its declared resources, else its threads and memory limit."""
-    resources = info.get("resources") or {}
-    return (
-        float(resources.get("cpu", info.get("nthreads", 1))),
-        int(resources.get("memory", info.get("memory_limit") or 0)),
-    )
-
-
-_EPS = 1e-9
-
-
-class Placement:
-    """Which machine of a cluster takes an attempt now: the one it fits best (least room left
-    after it), by what is declared in flight on each.  The governor admits against the sum;
-    this keeps a gate off a machine that has the total but not the room free right now."""
-
-    def __init__(self, machines: Sequence[Machine] = ()) -> None:
-        self.machines: dict[str, Machine] = {}
-        self.busy: dict[str, tuple[float, int]] = {}
-        self.update(machines)
-
-    def update(self, machines: Sequence[Machine]) -> None:
-        """The machines now (joined ones added, gone ones dropped; in-flight use is kept)."""
-        self.machines = {m.name: m for m in machines}
-
-    def take(self, cpu: float, memory: int) -> str | None:
-        """Reserve room for an attempt; the machine's name, or None when none has room now."""
-        best: tuple[float, str] | None = None
-        for name, machine in self.machines.items():
-            used_cpu, used_memory = self.busy.get(name, (0.0, 0))
-            room = machine.cpu - used_cpu - cpu
-            fits_memory = not machine.memory or used_memory + memory <= machine.memory
-            if room >= -_EPS and fits_memory and (best is None or room < best[0]):
-                best = (room, name)
-        if best is None:
-            return None
-        used_cpu, used_memory = self.busy.get(best[1], (0.0, 0))
-        self.busy[best[1]] = (used_cpu + cpu, used_memory + memory)
-        return best[1]
-
-    def give_back(self, name: str, cpu: float, memory: int) -> None:
-        used_cpu, used_memory = self.busy.get(name, (0.0, 0))
-        self.busy[name] = (max(0.0, used_cpu - cpu), max(0, used_memory - memory))
 
 
 class DaskExecutor:
@@ -132,6 +75,8 @@ class DaskExecutor:
         self._shipped: dict[str, ship.Shipment] = {}  # checkout -> its source, packed
         self._tops: dict[str, tuple[str, str]] = {}  # a gate's cwd -> (its checkout, path in it)
         self._warnings: list[str] = []
+        self._keep: set[str] = set()  # attempts abandoned: their cancel event stays set
+        self._janitor = ThreadPoolExecutor(1, thread_name_prefix="dagrunner-dask-forget")
         self.placement = Placement()
 
     def _connect(self) -> Any:
@@ -160,7 +105,7 @@ class DaskExecutor:
         workers = self._client.scheduler_info(n_workers=-1).get("workers", {})
         if not versions:
             return [
-                WorkerFacts(address, *_size(info), dagrunner="", git="")
+                WorkerFacts(address, *worker_size(info), dagrunner="", git="")
                 for address, info in sorted(workers.items())
             ]
         found_versions = self._client.run(remote.facts_here, on_error="return") if workers else {}
@@ -181,7 +126,9 @@ class DaskExecutor:
             if not problem and not have_git:
                 problem = "git is not installed there"
             found.append(
-                WorkerFacts(address, *_size(info), dagrunner=theirs, git=have_git, problem=problem)
+                WorkerFacts(
+                    address, *worker_size(info), dagrunner=theirs, git=have_git, problem=problem
+                )
             )
         self._declared = frozenset(declared or ())
         return found
@@ -211,11 +158,22 @@ class DaskExecutor:
         return machines
 
     def following(self) -> list[Machine]:
-        """The workers now (no version check: ``machines`` did it), to follow joins and leaves."""
-        machines = [Machine(w.address, w.cpu, w.memory) for w in self.workers(versions=False)]
-        if machines:
-            self.placement.update(machines)
+        """The workers now (no version check: ``machines`` did it), to follow joins and leaves:
+        when none is left, none is -- what ran on them ends ``worker-lost``."""
+        if self._lost():
+            machines = []
+        else:
+            machines = [Machine(w.address, w.cpu, w.memory) for w in self.workers(versions=False)]
+        self.placement.update(machines)
         return machines
+
+    def _lost(self) -> str:
+        """Why the scheduler is lost to this run ('' while it is not): the client gave up
+        reconnecting to it and closed."""
+        status = getattr(self._client, "status", "closed")
+        if status in ("closing", "closed"):
+            return f"lost the Dask scheduler at {self.address} (the client closed: {status})"
+        return ""
 
     def fingerprinter(self) -> Fingerprint:
         return self.fingerprint
@@ -297,45 +255,64 @@ class DaskExecutor:
         try:
             problem = ""
             for _ in range(STASH_TRIES):
-                result, log = await self._placed(job, rel, commit, key)
-                if result.error != remote.NEED_SOURCE:
+                returned = await self._placed(job, rel, commit, key)
+                if returned.result.error != remote.NEED_SOURCE:
                     break
-                problem = await trio.to_thread.run_sync(self._stash, commit, result.worker)
+                worker = returned.result.worker
+                problem = await trio.to_thread.run_sync(self._stash, commit, worker)
             else:
-                result, log = remote.failed(
-                    f"worker-checkout: on {result.worker}: {problem or 'no checkout'}",
-                    result.worker,
+                returned = remote.failed(
+                    f"worker-checkout: on {worker}: {problem or 'no checkout'}", worker
                 )
         finally:
-            await trio.to_thread.run_sync(self._forget, key)
-        Path(job.log_path).write_bytes(log)
-        return result
+            self._janitor.submit(self._forget, key)
+        Path(job.log_path).write_bytes(returned.log)
+        return returned.result
 
-    async def _placed(
-        self, job: GateJob, rel: str, commit: str, key: str
-    ) -> tuple[AttemptResult, bytes]:
+    async def _placed(self, job: GateJob, rel: str, commit: str, key: str) -> remote.Returned:
         """The attempt on a worker with room for it now; placed again if that worker leaves
-        before the gate starts."""
+        before the gate starts.  While no worker there could ever take it (none is left, or
+        none is big enough), it waits ``job.wait_for_workers`` for one, then fails
+        ``dask-no-capacity`` -- it never ran."""
+        lacking_since: float | None = None
         while True:
+            if lost := self._lost():
+                return remote.failed(f"dask-no-capacity: {lost}; the gate never started")
             place = self.placement.take(job.cpu, job.memory)
             if place is None:  # admitted, but no one worker has the room free yet
+                now = trio.current_time()
+                if self.placement.could_take(job.cpu, job.memory):
+                    lacking_since = None  # one is busy: it frees as what runs there ends
+                elif lacking_since is None:
+                    lacking_since = now
+                elif now - lacking_since >= job.wait_for_workers:
+                    return remote.failed(self._no_capacity(job))
                 await trio.sleep(PLACE_POLL)
                 continue
             try:
-                result, log = await self._run(job, rel, commit, key, place)
+                returned = await self._run(job, rel, commit, key, place)
             finally:
                 self.placement.give_back(place, job.cpu, job.memory)
-            if result.error != GONE:
-                return result, log
+            if returned.result.error != GONE:
+                return returned
+
+    def _no_capacity(self, job: GateJob) -> str:
+        have = ", ".join(
+            f"{m.name} (cpu={m.cpu:g}, memory={m.memory})" for m in self.placement.machines.values()
+        )
+        return (
+            f"dask-no-capacity: no worker of {self.address} can take cpu={job.cpu:g}, "
+            f"memory={job.memory} (workers now: {have or 'none'}) after waiting "
+            f"{job.wait_for_workers:g}s ([executor] wait_for_workers); the gate never started"
+        )
 
     async def _run(
         self, job: GateJob, rel: str, commit: str, key: str, place: str
-    ) -> tuple[AttemptResult, bytes]:
+    ) -> remote.Returned:
         """One submission, pinned to ``place``: its result and log.  A Dask error is a failed
         attempt; the worker leaving is ``worker-lost`` when the gate had started there (it is
-        never run twice), else ``GONE`` (place it again)."""
-        from distributed import Event
-
+        never run twice), else ``GONE`` (place it again).  The submitter keeps the deadline
+        too: no result by timeout + grace + margin is ``timed-out`` (worker-unreachable)."""
         resources = {
             name: value
             for name, value in (("cpu", job.cpu), ("memory", job.memory))
@@ -354,42 +331,67 @@ class DaskExecutor:
             workers=[place],
             allow_other_workers=False,  # loose restrictions ignore resources on a re-run
         )
+        patience = None if job.timeout is None else job.timeout + job.grace + job.margin
+        deadline = None if patience is None else trio.current_time() + patience
         try:
             while True:
                 done = await trio.to_thread.run_sync(_wait, future, abandon_on_cancel=True)
                 if done is not None:
                     return done
+                if lost := self._lost():
+                    return remote.failed(f"worker-lost: {lost} while the gate ran on {place}")
                 if place not in self.placement.machines:  # it left (or died and came back)
                     await trio.to_thread.run_sync(future.cancel)
                     return await trio.to_thread.run_sync(self._left, key, place)
+                if deadline is not None and trio.current_time() > deadline:
+                    await trio.to_thread.run_sync(self._abandon, key, future)
+                    return _unreachable(place, patience or 0.0)
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
-                event = Event(f"{key}-cancel", client=self._client)
-                await trio.to_thread.run_sync(event.set)
-                with trio.move_on_after(job.grace + 5):
+                await trio.to_thread.run_sync(self._abandon, key, future)
+                with trio.move_on_after(job.grace + 5) as waited:
                     await trio.to_thread.run_sync(_settle, future, abandon_on_cancel=True)
+                if not waited.cancelled_caught:  # it ended there: nothing to leave set
+                    self._keep.discard(key)
             raise
         except Exception as exc:  # KilledWorker, a worker's own error ...
             kind = type(exc).__name__
             code = "worker-lost" if kind == "KilledWorker" else "dask-error"
             return remote.failed(f"{code}: {kind}: {str(exc)[:300]}")
 
-    def _left(self, key: str, place: str) -> tuple[AttemptResult, bytes]:
+    def _abandon(self, key: str, future: Any) -> None:
+        """End the attempt where it runs: the cancel event (kept set, so a worker that is
+        unreachable now ends the gate's tree when it comes back) and the task itself."""
         from distributed import Event
 
-        if Event(f"{key}-started", client=self._client).is_set():
+        self._keep.add(key)
+        with contextlib.suppress(Exception):  # a lost scheduler takes the task with it
+            Event(f"{key}-cancel", client=self._client).set()
+            future.cancel()
+
+    def _left(self, key: str, place: str) -> remote.Returned:
+        from distributed import Event
+
+        try:
+            started = Event(f"{key}-started", client=self._client).is_set()
+        except Exception:  # the scheduler is not there to ask: count it as run
+            started = True
+        if started:
             return remote.failed(f"worker-lost: worker {place} died while running the gate", place)
-        return AttemptResult(exit_code=None, error=GONE, worker=place), b""
+        return remote.Returned(AttemptResult(exit_code=None, error=GONE, worker=place), b"")
 
     def _forget(self, key: str) -> None:
-        """Drop the attempt's events and variable from the scheduler."""
-        from distributed import Event, Variable
+        """Drop the attempt's events from the scheduler (after it, off the run's path); the
+        cancel event of an abandoned attempt stays set for its worker's return."""
+        from distributed import Event
 
-        for name in (f"{key}-started", f"{key}-cancel"):
-            Event(name, client=self._client).clear()
-        Variable(f"{key}-where", client=self._client).delete()
+        names = [f"{key}-started"] + ([] if key in self._keep else [f"{key}-cancel"])
+        with contextlib.suppress(Exception):
+            for name in names:
+                Event(name, client=self._client).clear()
 
     def close(self) -> None:
+        self._janitor.shutdown(wait=True)
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -398,15 +400,27 @@ class DaskExecutor:
         await trio.to_thread.run_sync(self.close)
 
 
-def _wait(future: Any) -> tuple[AttemptResult, bytes] | None:
+def _wait(future: Any) -> remote.Returned | None:
     """The attempt's result, or None when it is not done within a second."""
     from distributed import TimeoutError as DaskTimeout
 
     try:
-        done: tuple[AttemptResult, bytes] = future.result(timeout=WAIT_STEP)
+        done: remote.Returned = future.result(timeout=WAIT_STEP)
     except (DaskTimeout, TimeoutError):
         return None
+    except (asyncio.CancelledError, CancelledError) as exc:  # the scheduler dropped it (lost)
+        return remote.failed(f"worker-lost: the Dask scheduler dropped the task: {exc}"[:400])
     return done
+
+
+def _unreachable(place: str, patience: float) -> remote.Returned:
+    why = (
+        f"worker-unreachable: no result from {place} within {patience:g}s (the gate's timeout "
+        "+ grace + [executor] margin); cancelled there, its tree ends when the worker is back"
+    )
+    return remote.Returned(
+        AttemptResult(exit_code=None, timed_out=True, error=why, worker=place), f"{why}\n".encode()
+    )
 
 
 def _settle(future: Any) -> None:

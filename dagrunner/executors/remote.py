@@ -8,9 +8,11 @@ arguments, and what it keeps lives under its own remote root (``DAGRUNNER_REMOTE
 
 from __future__ import annotations
 
+import contextlib
+import os
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import trio
@@ -19,14 +21,27 @@ from dagrunner.errors import DagrunnerError
 from dagrunner.executors import source as ship
 from dagrunner.git.repo import remote_root
 from dagrunner.process.sandbox import AttemptResult, GateJob, run_job
+from dagrunner.records.run import TestRun
+from dagrunner.report.testresults import read_junit
 
-CANCEL_POLL = 0.2
+CANCEL_WAIT = 1.0  # the cancel event is long-polled: at most this long per look
 NEED_SOURCE = "need-source"  # the worker has no checkout of the source yet: nothing ran
+MARKS_KEPT = 86400.0  # seconds an attempt's "ran here" mark is kept (Dask re-runs come sooner)
 
 
-def failed(error: str, worker: str = "") -> tuple[AttemptResult, bytes]:
+@dataclass(frozen=True)
+class Returned:
+    """What an attempt sends back: its result (with its JUnit file read there) and its log."""
+
+    result: AttemptResult
+    log: bytes
+
+
+def failed(error: str, worker: str = "") -> Returned:
     """A failed attempt that never ran a gate, with its reason as its log."""
-    return AttemptResult(exit_code=None, error=error, worker=worker), f"{error}\n".encode()
+    return Returned(
+        AttemptResult(exit_code=None, error=error, worker=worker), f"{error}\n".encode()
+    )
 
 
 def facts_here() -> tuple[str, str]:
@@ -60,33 +75,52 @@ def held_here() -> list[str]:
     return ship.held(remote_root())
 
 
-def run_remote(job: GateJob, rel_cwd: str, commit: str, key: str) -> tuple[AttemptResult, bytes]:
+def run_remote(job: GateJob, rel_cwd: str, commit: str, key: str) -> Returned:
     """Executed on a Dask worker: at most once per attempt, in a checkout of the run's source.
+
+    At most once: the task is pinned to one worker's address, so Dask can run it again only
+    at that address, after the worker there died -- on this machine, with this remote root.
+    A mark made there (``O_EXCL``) before the gate starts is what the second run finds; the
+    one scheduler round trip is ``started``, which tells the submitter the gate may have begun
+    (a worker lost before it is placed again, one lost after it ends ``worker-lost``).
 
     A worker without the checkout (one that joined after the source was shipped) answers
     ``need-source`` without starting anything; the submitter stashes it there and asks again."""
-    from distributed import Event, Variable, get_worker
+    from distributed import Event, get_worker
 
     here = str(get_worker().address)
-    started, where = Event(f"{key}-started"), Variable(f"{key}-where")
-    if started.is_set():  # Dask ran this before, on a worker that died: never twice
-        lost = str(where.get(timeout=5))
-        return failed(f"worker-lost: worker {lost} died while running the gate", lost)
     checkout = ship.ready(commit, remote_root())
     if checkout is None:
-        return AttemptResult(exit_code=None, error=NEED_SOURCE, worker=here), b""
+        return Returned(AttemptResult(exit_code=None, error=NEED_SOURCE, worker=here), b"")
     with ship.using(checkout, commit) as still_there:
         if not still_there:  # moved to another source between the look and the lock
-            return AttemptResult(exit_code=None, error=NEED_SOURCE, worker=here), b""
-        where.set(here)
-        started.set()
+            return Returned(AttemptResult(exit_code=None, error=NEED_SOURCE, worker=here), b"")
+        if not _mark(key):  # Dask ran this before, on the worker that died here: never twice
+            return failed(f"worker-lost: worker {here} died while running the gate", here)
+        Event(f"{key}-started").set()
         return _attempt_in(job, checkout, rel_cwd, here, key)
 
 
-def _attempt_in(
-    job: GateJob, checkout: Path, rel_cwd: str, here: str, key: str
-) -> tuple[AttemptResult, bytes]:
-    """The attempt, run in ``rel_cwd`` of this worker's checkout; its result and log."""
+def _mark(key: str) -> bool:
+    """Mark ``key`` as run on this machine; False when it already was."""
+    marks = remote_root() / "attempts"
+    marks.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(marks / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    if not key.endswith("0"):  # about one attempt in sixteen drops the old marks
+        return True
+    now = time.time()
+    for old in marks.iterdir():
+        with contextlib.suppress(OSError):
+            if now - old.stat().st_mtime > MARKS_KEPT:
+                old.unlink()
+    return True
+
+
+def _attempt_in(job: GateJob, checkout: Path, rel_cwd: str, here: str, key: str) -> Returned:
+    """The attempt, run in ``rel_cwd`` of this worker's checkout: its result, log and JUnit."""
     from distributed import Event
 
     cwd = checkout / rel_cwd
@@ -108,8 +142,10 @@ def _attempt_in(
             async with trio.open_nursery() as nursery:
 
                 async def watch() -> None:
-                    while not await trio.to_thread.run_sync(cancel.is_set):
-                        await trio.sleep(CANCEL_POLL)
+                    while not await trio.to_thread.run_sync(
+                        cancel.wait, CANCEL_WAIT, abandon_on_cancel=True
+                    ):
+                        pass
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(watch)
@@ -117,8 +153,10 @@ def _attempt_in(
                 nursery.cancel_scope.cancel()
             return result or AttemptResult(exit_code=None, interrupted=True, error="cancelled")
 
-        began = time.monotonic()
+        began_wall, began = time.time(), time.monotonic()
         result = trio.run(main)
         ran = time.monotonic() - began
         log = Path(local.log_path).read_bytes() if Path(local.log_path).exists() else b""
-        return replace(result, worker=here, ran=ran), log
+        # Read here, as a local run reads it (bounded; only if this attempt wrote it).
+        tests: TestRun | None = read_junit(cwd / job.junit, since=began_wall) if job.junit else None
+        return Returned(replace(result, worker=here, ran=ran, tests=tests), log)

@@ -126,6 +126,23 @@ def _read_sandbox(table: Table) -> SandboxSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExecutorSpec:
+    """``[executor]``: how long a run on a cluster waits for what it lost (docs/distributed.md)."""
+
+    wait_for_workers: float = 180.0  # a gate no worker can take now waits this long, then fails
+    margin: float = 30.0  # past timeout + grace + margin with no result: the worker is unreachable
+
+
+def _read_executor(table: Table) -> ExecutorSpec:
+    spec = ExecutorSpec(
+        wait_for_workers=table.take("wait_for_workers", duration, 180.0),
+        margin=table.take("margin", duration, 30.0),
+    )
+    table.finish()
+    return spec
+
+
+@dataclass(frozen=True, kw_only=True)
 class IntegrateSpec:
     """``[integrate]``'s own keys: how ``integrate run`` drains the queue."""
 
@@ -158,6 +175,7 @@ class Manifest:
     cache_salt: str = ""
     integrate: IntegrateSpec = IntegrateSpec()
     sandbox: SandboxSpec = SandboxSpec()
+    executor: ExecutorSpec = ExecutorSpec()
     gates: Mapping[str, GateSpec] = field(default_factory=dict)
 
 
@@ -356,6 +374,7 @@ def read_tables(top: Table, path: Path) -> Manifest:
     budget = _read_budget(top.table("budget"))
     env = _read_env(top.table("env"))
     sandbox = _read_sandbox(top.table("sandbox"))
+    executor = _read_executor(top.table("executor"))
     defaults = _read_defaults(top.table("defaults"))
     gates: dict[str, GateSpec] = {}
     readers: dict[str, Callable[[str, Table], GateSpec]] = {
@@ -411,5 +430,6 @@ def read_tables(top: Table, path: Path) -> Manifest:
         cache_salt=cache_salt,
         integrate=integrate,
         sandbox=sandbox,
+        executor=executor,
         gates=gates,
     )

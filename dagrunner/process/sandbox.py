@@ -25,6 +25,7 @@ from dagrunner.process.contain import detect, jail, spawn
 from dagrunner.process.logs import BoundedLog
 from dagrunner.process.tree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
 from dagrunner.process.view import View
+from dagrunner.records.run import TestRun
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 FIXED_ENV = {"TZ": "UTC", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
@@ -59,6 +60,11 @@ class GateJob:
     keep_home: bool = False  # non-gate commands (proc.py) may keep the caller's HOME/TMPDIR
     cpu: float = 1.0  # declared: where a cluster places the attempt
     memory: int = 0
+    junit: str = ""  # the JUnit file the gate writes, relative to cwd (a cluster brings it back)
+    # On a cluster ([executor]): how long an attempt no worker can take waits for one, and
+    # how far past timeout + grace the submitter waits for a result before giving up on it.
+    wait_for_workers: float = 180.0
+    margin: float = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +82,7 @@ class AttemptResult:
     containment: str = "session"
     worker: str = ""  # the remote worker that ran it ("" here)
     ran: float | None = None  # seconds from the gate's start to its end, measured where it ran
+    tests: TestRun | None = None  # its JUnit file, read where it ran (a cluster's worker)
 
     @property
     def passed(self) -> bool:

@@ -4,4 +4,5 @@
 - ``html`` and ``svg``: the self-contained page and its drawings.
 - ``junit``: ``junit.xml``.  ``ci``: annotations and summaries on CI.  ``ansi``: terminal
   colours in logs.  ``logtail``: the tail of a log for display.
+- ``testresults``: a gate's own JUnit file read back, bounded (where the attempt ran).
 """
