@@ -62,10 +62,12 @@ class Cluster:
         address: str = json.loads(self.scheduler_file.read_text())["address"]
         return "dask://" + address.removeprefix("tcp://")
 
-    def add_worker(self, cpu: float, *, nanny: bool = False, name: str = "") -> None:
+    def add_worker(
+        self, cpu: float, *, nanny: bool = False, name: str = "", env: dict[str, str] | None = None
+    ) -> None:
         name = name or f"w{len(self.workers)}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGRUNNER_", "GIT_"))}
-        env |= {"DAGRUNNER_REMOTE_DIR": str(self.base / name / "remote")}
+        own = {k: v for k, v in os.environ.items() if not k.startswith(("DAGRUNNER_", "GIT_"))}
+        own |= {"DAGRUNNER_REMOTE_DIR": str(self.base / name / "remote"), **(env or {})}
         (self.base / name).mkdir(parents=True, exist_ok=True)
         self.nannies.append(nanny)
         self.workers.append(
@@ -74,7 +76,7 @@ class Cluster:
                  ":0", "--nthreads", str(max(1, int(cpu))), "--resources", f"cpu={cpu:g}",
                  "--local-directory", str(self.base / name / "dir"),
                  *([] if nanny else ["--no-nanny"])],
-                env=env, cwd=self.base / name, stdout=subprocess.DEVNULL,
+                env=own, cwd=self.base / name, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
         )  # fmt: skip
@@ -107,13 +109,16 @@ class Cluster:
 
 
 @contextmanager
-def cluster(base: Path, *cpus: float, nanny: bool = False) -> Iterator[Cluster]:
-    """A scheduler and one worker per entry of ``cpus`` (``cpu=N`` each), ready."""
+def cluster(
+    base: Path, *cpus: float, nanny: bool = False, env: dict[str, str] | None = None
+) -> Iterator[Cluster]:
+    """A scheduler and one worker per entry of ``cpus`` (``cpu=N`` each, ``env`` added to
+    their environment), ready."""
     base.mkdir(parents=True, exist_ok=True)
     made = Cluster(base, start_scheduler(base / "scheduler.json"))
     try:
         for cpu in cpus:
-            made.add_worker(cpu, nanny=nanny)
+            made.add_worker(cpu, nanny=nanny, env=env)
         wait_for_workers(made.scheduler_file, len(cpus))
         yield made
     finally:

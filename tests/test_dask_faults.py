@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import pytest
-from clusters import Cluster, cluster
+from clusters import Cluster, cluster, wait_for_workers
 from conftest import CLI, running
 
 pytestmark = pytest.mark.slow
@@ -222,3 +222,64 @@ def test_chaos_workers_killed_and_replaced_then_the_whole_cluster_lost(
     assert sorted(g["id"] for g in run["gates"]) == sorted(names)
     cases = ET.parse(run_dir / "junit.xml").getroot().iter("testcase")
     assert sorted(c.get("name", "") for c in cases) == sorted(names)
+
+
+def _store(made: Cluster) -> Path:
+    return made.base / "w0" / "remote"
+
+
+def test_worker_stores_are_pruned_and_a_checkout_in_use_is_kept(repo: Path, tmp_path: Path) -> None:
+    """Two states of the repository leave two sources in the worker's store; `cache prune
+    --executor` with --max-age 0 keeps the checkout a running gate uses, and once nothing
+    runs removes it and every source, the store smaller than before."""
+    with cluster(tmp_path / "c", 2) as made:
+        for text in ("one\n", "two\n"):
+            (repo / "README").write_text(text)
+            code, _, _ = release_check(repo, '[gates.a]\nrun = "true"\n', made.address, limit=60)
+            assert code == 0
+        store = _store(made) / "store.git"
+        refs = subprocess.run(
+            ["git", "for-each-ref", "refs/trees/"], cwd=store, capture_output=True, text=True
+        ).stdout.split("\n")
+        assert len([r for r in refs if r]) == 2, refs
+        (repo / "m.toml").write_text('[gates.b]\nrun = "sleep 300.0775 & sleep 4; kill $!"\n')
+        held = subprocess.Popen(
+            [*CLI, "release-check", "m.toml", "--repo", str(repo), "--executor", made.address,
+             "--report-dir", str(tmp_path / "held"), "--quiet", "--no-cache"],
+            cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not running("300.0775"):
+            assert time.monotonic() < deadline and held.poll() is None
+            time.sleep(0.1)
+        prune = [*CLI, "cache", "prune", "--executor", made.address, "--max-age", "0s", "--json"]
+        during = orjson.loads(subprocess.run(prune, capture_output=True, check=True).stdout)
+        assert held.wait(timeout=60) == 0  # the gate ran on in its checkout
+        after = orjson.loads(subprocess.run(prune, capture_output=True, check=True).stdout)
+        (address,) = wait_for_workers(made.scheduler_file, 1)
+    first, second = during["workers"][address], after["workers"][address]
+    assert first["busy"] == 1 and first["removed"] == [], first
+    assert first["dropped_refs"] >= 1  # the earlier states' sources
+    assert second["busy"] == 0 and len(second["removed"]) == 1, second
+    assert second["size_after"] < second["size_before"], second
+    assert not list((_store(made) / "slots").glob("*/"))
+
+
+def test_each_run_start_bounds_the_workers_stores(repo: Path, tmp_path: Path) -> None:
+    """A worker whose operator bounds its store to no age keeps only the source of the
+    latest run once the next one starts: the earlier checkout and its source are gone."""
+    with cluster(tmp_path / "c", 2, env={"DAGRUNNER_REMOTE_MAX_AGE": "0s"}) as made:
+        for text in ("one\n", "two\n", "three\n"):
+            (repo / "README").write_text(text)
+            code, _, _ = release_check(repo, '[gates.a]\nrun = "true"\n', made.address, limit=60)
+            assert code == 0
+        deadline = time.monotonic() + 20  # the bound is applied beside the run, not awaited
+        while True:
+            listed = subprocess.run(
+                ["git", "for-each-ref", "refs/trees/"], cwd=_store(made) / "store.git",
+                capture_output=True, text=True, check=True,
+            ).stdout.split()  # fmt: skip
+            if len(listed) <= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert len(listed) == 3, listed  # one ref: "<sha> commit refs/trees/<sha>"

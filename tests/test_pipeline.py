@@ -464,3 +464,27 @@ def test_a_gate_that_repoints_its_worktrees_git_file_moves_no_branch(
     assert git(project, "rev-parse", "main^{tree}").strip() == expected_tree(
         project, base, envelopes, tmp_path
     )
+
+
+def test_slots_beyond_the_window_are_removed_when_the_run_ends(
+    project: Path, tmp_path: Path
+) -> None:
+    """A window-4 run leaves the slots it used for the next run of that width; a window-1
+    run after it removes them all (files and git's registrations)."""
+
+    def slots() -> list[str]:
+        listed = git(project, "worktree", "list", "--porcelain").splitlines()
+        return [
+            line for line in listed if line.startswith("worktree ") and "/.speculative/" in line
+        ]
+
+    submit(repo_info(project), numbered(project, 6))
+    assert integrate(repo=project, manifest=recording_gate(tmp_path), window=4).ok
+    wide = slots()
+    assert len(wide) >= 2, wide
+    submit(
+        repo_info(project), [worker(project, "late", lambda p: (p / "late.txt").write_text("1\n"))]
+    )
+    assert integrate(repo=project, manifest=recording_gate(tmp_path), window=1).ok
+    assert slots() == []
+    assert all(not Path(line.split(" ", 1)[1]).exists() for line in wide)

@@ -9,6 +9,7 @@ builds the parser and turns errors into codes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from dataclasses import replace
@@ -140,12 +141,23 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
     from dagrunner.engine.cache import Store
     from dagrunner.units import parse_size
 
-    try:
-        limit = parse_size(args.max_size)
-    except ValueError as exc:
+    limit = None
+    if args.max_size is not None:
+        try:
+            limit = parse_size(args.max_size)
+        except ValueError as exc:
+            raise DagrunnerError(
+                "bad-size", str(exc), key="--max-size", hint="use a size such as 500M or 2G"
+            ) from None
+    if args.executor:
+        return _prune_workers(args, limit)
+    if limit is None:
         raise DagrunnerError(
-            "bad-size", str(exc), key="--max-size", hint="use a size such as 500M or 2G"
-        ) from None
+            "bad-size",
+            "the local cache is bounded by size: --max-size is needed",
+            key="--max-size",
+            hint="e.g. dagrunner cache prune --max-size 2G (or --executor dask://... for workers)",
+        )
     body = Store().prune(limit, dry_run=args.dry_run)
     if args.json:
         emit_json(body)
@@ -156,6 +168,43 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
             f"{body['size_after']} bytes"
         )
     return ExitCode.OK
+
+
+def _prune_workers(args: argparse.Namespace, limit: int | None) -> int:
+    """Every worker's store of shipped sources, bounded by age and size (their own bounds
+    where none is given)."""
+    from dagrunner.executors.dask import DaskExecutor
+
+    if args.dry_run:
+        raise DagrunnerError(
+            "bad-executor",
+            "--dry-run is not offered for workers' stores",
+            key="--dry-run",
+            hint="run without --dry-run; only unused checkouts and sources are removed",
+        )
+    executor = DaskExecutor(args.executor)
+    try:
+        done = executor.prune_stores(args.max_age, limit)
+    finally:
+        executor.close()
+    workers = {
+        address: dataclasses.asdict(found) if not isinstance(found, str) else {"problem": found}
+        for address, found in done.items()
+    }
+    if args.json:
+        emit_json({"workers": workers})
+    else:
+        for address, body in workers.items():
+            if "problem" in body:
+                print(f"{address}: could not prune: {body['problem']}")
+                continue
+            print(
+                f"{address}: removed {len(body['removed'])} checkouts and "
+                f"{body['dropped_refs']} sources ({body['busy']} in use kept); "
+                f"{body['size_before']} -> {body['size_after']} bytes"
+            )
+    failed = any("problem" in body for body in workers.values())
+    return ExitCode.FAILED if failed else ExitCode.OK
 
 
 # -- report ----------------------------------------------------------------------

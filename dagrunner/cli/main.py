@@ -336,7 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
     ex.set_defaults(handler="cmd_cache_explain")
     pr = ca_sub.add_parser("prune", parents=[common], help="bound the cache by size (LRU)")
-    pr.add_argument("--max-size", required=True, help="e.g. 500M, 2G")
+    pr.add_argument("--max-size", help="e.g. 500M, 2G (needed for the local cache)")
+    pr.add_argument("--executor", help="dask://...: bound every worker's store of sources instead")
+    pr.add_argument("--max-age", type=_duration, help="with --executor: unused this long goes")
     pr.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
     pr.set_defaults(handler="cmd_cache_prune")
 

@@ -75,6 +75,7 @@ class DaskExecutor:
         self._shipped: dict[str, ship.Shipment] = {}  # checkout -> its source, packed
         self._tops: dict[str, tuple[str, str]] = {}  # a gate's cwd -> (its checkout, path in it)
         self._warnings: list[str] = []
+        self._pruned = False
         self._keep: set[str] = set()  # attempts abandoned: their cancel event stays set
         self._janitor = ThreadPoolExecutor(1, thread_name_prefix="dagrunner-dask-forget")
         self.placement = Placement()
@@ -155,7 +156,21 @@ class DaskExecutor:
             )
         machines = [Machine(w.address, w.cpu, w.memory) for w in workers]
         self.placement.update(machines)
+        if not self._pruned:  # each worker bounds its store once a run, beside the run
+            self._pruned = True
+            self._janitor.submit(self._client.run, remote.prune_here, on_error="return")
         return machines
+
+    def prune_stores(
+        self, max_age: float | None, max_size: int | None
+    ) -> dict[str, ship.Pruned | str]:
+        """Bound every worker's store now (``dagrunner cache prune --executor``): what each
+        did, or why it could not."""
+        done = self._client.run(remote.prune_here, max_age, max_size, True, on_error="return")
+        return {
+            address: found if isinstance(found, ship.Pruned) else f"{type(found).__name__}: {found}"
+            for address, found in sorted(done.items())
+        }
 
     def following(self) -> list[Machine]:
         """The workers now (no version check: ``machines`` did it), to follow joins and leaves:

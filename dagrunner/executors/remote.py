@@ -75,6 +75,27 @@ def held_here() -> list[str]:
     return ship.held(remote_root())
 
 
+STORE_MAX_AGE = 7 * 86400.0  # a worker's checkouts unused this long go (DAGRUNNER_REMOTE_MAX_AGE)
+STORE_MAX_SIZE = 20 << 30  # and beyond this size, the least recently used (..._MAX_SIZE)
+
+
+def prune_here(
+    max_age: float | None = None, max_size: int | None = None, full: bool = False
+) -> ship.Pruned:
+    """Run on workers by ``client.run``: bound this worker's store (``source.prune``), by the
+    bounds given, else the worker's own (``DAGRUNNER_REMOTE_MAX_AGE``/``_MAX_SIZE``)."""
+    from dagrunner.units import parse_duration, parse_size
+
+    age = os.environ.get("DAGRUNNER_REMOTE_MAX_AGE")
+    size = os.environ.get("DAGRUNNER_REMOTE_MAX_SIZE")
+    return ship.prune(
+        remote_root(),
+        max_age=max_age if max_age is not None else parse_duration(age) if age else STORE_MAX_AGE,
+        max_size=max_size if max_size is not None else parse_size(size) if size else STORE_MAX_SIZE,
+        full=full,
+    )
+
+
 def run_remote(job: GateJob, rel_cwd: str, commit: str, key: str) -> Returned:
     """Executed on a Dask worker: at most once per attempt, in a checkout of the run's source.
 

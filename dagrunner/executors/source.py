@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,9 +120,13 @@ def ready(commit: str, root: Path) -> Path | None:
 
 @contextlib.contextmanager
 def using(slot: Path, commit: str) -> Iterator[bool]:
-    """Hold ``slot`` for a gate (shared): True when it still holds ``commit``."""
-    with slot.with_name(f"{slot.name}.lock").open("a+b") as handle:
+    """Hold ``slot`` for a gate (shared): True when it still holds ``commit``.  The lock
+    file's time is the slot's last use (``prune`` drops the least recently used)."""
+    lock = slot.with_name(f"{slot.name}.lock")
+    with lock.open("a+b") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+        with contextlib.suppress(OSError):
+            os.utime(lock)
         yield _holds(slot) == commit
 
 
@@ -169,3 +175,83 @@ def _into_slot(store: Path, root: Path, commit: str) -> Path:
     git(["worktree", "add", "-q", "--detach", str(slot), commit], cwd=store)
     atomic_write(_marker(slot), commit.encode())
     return slot
+
+
+# -- pruning (worker side) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What ``prune`` did to one machine's store (bytes on disk, as ``du`` counts them)."""
+
+    removed: tuple[str, ...]  # the commits whose checkouts went
+    dropped_refs: int  # sources no checkout holds, dropped from the object store
+    busy: int  # checkouts kept because a gate runs in them
+    size_before: int
+    size_after: int
+
+
+def prune(root: Path, *, max_age: float, max_size: int, full: bool = False) -> Pruned:
+    """Bound the store under ``root``: checkouts not used for ``max_age`` seconds go, then
+    the least recently used until the whole is at most ``max_size`` bytes; sources no
+    checkout holds leave the object store.  Checkouts in use are never touched.  ``full``
+    (an explicit ``cache prune``) also repacks the store now, dropping unreachable objects;
+    otherwise git's own ``gc --auto`` does that in time."""
+    store = root / "store.git"
+    if not (store / "HEAD").exists():
+        return Pruned((), 0, 0, _du(root), _du(root))
+    with locked(root / "ship.lock"):
+        before = _du(root)
+        now = time.time()
+        idle: list[tuple[float, int, Path]] = []
+        busy = 0
+        with contextlib.ExitStack() as locks:
+            for slot in _slots(root):
+                handle = locks.enter_context(slot.with_name(f"{slot.name}.lock").open("a+b"))
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    busy += 1
+                    continue
+                idle.append((os.fstat(handle.fileno()).st_mtime, _du(slot), slot))
+            total, removed = before, []
+            for used, size, slot in sorted(idle, key=lambda entry: entry[0]):
+                if now - used <= max_age and total <= max_size:
+                    break
+                removed.append(_holds(slot) or slot.name)
+                _marker(slot).unlink(missing_ok=True)
+                git(["worktree", "remove", "--force", "--force", str(slot)], cwd=store, check=False)
+                slot.with_name(f"{slot.name}.lock").unlink(missing_ok=True)
+                total -= size
+        dropped = _drop_unheld(store, set(held(root)))
+        if dropped or removed:
+            git(["worktree", "prune"], cwd=store, check=False)
+            if full or total > max_size:
+                git(["gc", "-q", "--prune=now"], cwd=store, check=False)
+            else:
+                git(["gc", "-q", "--auto"], cwd=store, check=False)
+        return Pruned(tuple(removed), dropped, busy, before, _du(root))
+
+
+def _drop_unheld(store: Path, kept: set[str]) -> int:
+    """Delete the source refs (``refs/trees/<commit>``) that no checkout holds."""
+    refs = git(["for-each-ref", "--format=%(refname)", "refs/trees/"], cwd=store).text.split()
+    gone = [ref for ref in refs if ref.rsplit("/", 1)[-1] not in kept]
+    if gone:
+        lines = "".join(f"delete {ref}\n" for ref in gone)
+        git(["update-ref", "--stdin"], cwd=store, input=lines.encode())
+    return len(gone)
+
+
+def _du(path: Path) -> int:
+    """Bytes ``path`` takes on disk (each inode once; symlinks not followed)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for folder, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            with contextlib.suppress(OSError):
+                info = os.lstat(os.path.join(folder, name))
+                if (info.st_dev, info.st_ino) not in seen:
+                    seen.add((info.st_dev, info.st_ino))
+                    total += info.st_blocks * 512
+    return total

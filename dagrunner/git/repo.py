@@ -16,7 +16,7 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,3 +188,13 @@ def cache_root() -> Path:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg) / "dagrunner" / "cache"
+
+
+def remove_worktrees(repo: Path, paths: Sequence[Path]) -> None:
+    """Unlock and remove worktrees dagrunner made and owns (integration slots), files and
+    registration; one that cannot be removed is left as it is."""
+    for path in paths:
+        git(["worktree", "unlock", str(path)], cwd=repo, check=False)
+        git(["worktree", "remove", "--force", "--force", str(path)], cwd=repo, check=False)
+    if paths:
+        git(["worktree", "prune"], cwd=repo, check=False)

@@ -36,6 +36,7 @@ from dagrunner.engine.steps import gate_run
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
+from dagrunner.git.repo import remove_worktrees
 from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.integration import Details, EnvelopeState, LandOutcome, PipelineTally
@@ -100,6 +101,9 @@ class Pipeline:
                     await self.take(await self.receive.receive())
                 nursery.cancel_scope.cancel()
         self.requeue_rest()
+        # Slots an earlier, wider run made and this one did not use: nothing is kept there.
+        unused = [p for p in self.it.slots()[1:] if p.name.isdigit() and int(p.name) >= self.made]
+        await trio.to_thread.run_sync(remove_worktrees, self.it.repo, unused)
         if self.error is not None:
             raise self.error
 
