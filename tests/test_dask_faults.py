@@ -41,6 +41,7 @@ def release_check(
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         pytest.fail(f"release-check did not end within {limit:g} s: the run hangs")
+    assert b"Traceback" not in done.stderr, done.stderr.decode()[-3000:]
     return done.returncode, time.monotonic() - began, run_dir
 
 
@@ -220,6 +221,7 @@ def test_chaos_workers_killed_and_replaced_then_the_whole_cluster_lost(
     assert any(g["status"] in ("passed", "flaky") for g in found.values())
     run = orjson.loads((run_dir / "run.json").read_bytes())
     assert sorted(g["id"] for g in run["gates"]) == sorted(names)
+    assert any(w.startswith("lost the Dask scheduler") for w in run["warnings"]), run["warnings"]
     cases = ET.parse(run_dir / "junit.xml").getroot().iter("testcase")
     assert sorted(c.get("name", "") for c in cases) == sorted(names)
 

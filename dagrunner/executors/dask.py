@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import threading
 import uuid
 from collections.abc import Mapping
@@ -90,6 +91,9 @@ class DaskExecutor:
                 exit_code=ExitCode.ENVIRONMENT,
                 hint="pip install 'dagrunner[dask]'",
             ) from None
+        # A lost scheduler is said once, in the run's warnings and its attempts' reasons --
+        # not as the client's own traceback on stderr.
+        logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
         try:
             return Client(self.address, timeout=self.timeout)
         except (OSError, TimeoutError, ValueError) as exc:
@@ -186,9 +190,12 @@ class DaskExecutor:
         """Why the scheduler is lost to this run ('' while it is not): the client gave up
         reconnecting to it and closed."""
         status = getattr(self._client, "status", "closed")
-        if status in ("closing", "closed"):
-            return f"lost the Dask scheduler at {self.address} (the client closed: {status})"
-        return ""
+        if status not in ("closing", "closed"):
+            return ""
+        why = f"lost the Dask scheduler at {self.address} (no reconnect within {self.timeout})"
+        if why not in self._warnings:
+            self._warnings.append(why)
+        return why
 
     def fingerprinter(self) -> Fingerprint:
         return self.fingerprint
@@ -360,7 +367,7 @@ class DaskExecutor:
                     return await trio.to_thread.run_sync(self._left, key, place)
                 if deadline is not None and trio.current_time() > deadline:
                     await trio.to_thread.run_sync(self._abandon, key, future)
-                    return _unreachable(place, patience or 0.0)
+                    return remote.unreachable(place, patience or 0.0)
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._abandon, key, future)
@@ -426,16 +433,6 @@ def _wait(future: Any) -> remote.Returned | None:
     except (asyncio.CancelledError, CancelledError) as exc:  # the scheduler dropped it (lost)
         return remote.failed(f"worker-lost: the Dask scheduler dropped the task: {exc}"[:400])
     return done
-
-
-def _unreachable(place: str, patience: float) -> remote.Returned:
-    why = (
-        f"worker-unreachable: no result from {place} within {patience:g}s (the gate's timeout "
-        "+ grace + [executor] margin); cancelled there, its tree ends when the worker is back"
-    )
-    return remote.Returned(
-        AttemptResult(exit_code=None, timed_out=True, error=why, worker=place), f"{why}\n".encode()
-    )
 
 
 def _settle(future: Any) -> None:

@@ -44,6 +44,17 @@ def failed(error: str, worker: str = "") -> Returned:
     )
 
 
+def unreachable(place: str, patience: float) -> Returned:
+    """An attempt the submitter gave up on (``timed-out``): no result within ``patience``."""
+    why = (
+        f"worker-unreachable: no result from {place} within {patience:g}s (the gate's timeout "
+        "+ grace + [executor] margin); cancelled there, its tree ends when the worker is back"
+    )
+    return Returned(
+        AttemptResult(exit_code=None, timed_out=True, error=why, worker=place), f"{why}\n".encode()
+    )
+
+
 def facts_here() -> tuple[str, str]:
     """Run on each worker by ``client.run``: its dagrunner and git versions."""
     from dagrunner.git.repo import git_version
