@@ -30,6 +30,7 @@ from dagrunner.engine.graph import select as select_gates
 from dagrunner.engine.plan import RunOptions
 from dagrunner.engine.steps import load_step
 from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.manifest.load import Manifest
 from dagrunner.records.run import RunStatus
 from dagrunner.report.ci import commands_off, publish
 from dagrunner.swarm.release import release_check
@@ -49,8 +50,8 @@ def cmd_release_check(args: argparse.Namespace) -> int:
     )
     if args.dry_run:
         return _dry_run(options, as_json=args.json)
-    _repo, manifest = load_step(options)  # loaded once: the run gets it
-    progress = None if args.quiet else Progress(total=len(manifest.gates))
+    repo, manifest = load_step(options)  # loaded once: the run gets it
+    progress = None if args.quiet else _progress(repo, manifest, options)
     options = replace(options, loaded=manifest, listener=progress)
     try:
         record, run_dir = release_check(options)
@@ -69,6 +70,19 @@ def cmd_release_check(args: argparse.Namespace) -> int:
     if record.status is RunStatus.INTERRUPTED:
         return ExitCode.INTERRUPTED
     return ExitCode.OK if record.status is RunStatus.PASSED else ExitCode.FAILED
+
+
+def _progress(repo: Path, manifest: Manifest, options: RunOptions) -> Progress:
+    """Live progress, with each gate's expected duration for the ETA (as the plan sees it)."""
+    from dagrunner.engine.governor import resolve_capacity
+    from dagrunner.engine.history import history_path, read_history
+
+    graph = build_graph(manifest)
+    if options.only:
+        graph = select_gates(graph, options.only, where=str(manifest.path))
+    expected = expected_durations(graph, read_history(history_path(repo, manifest.name)))
+    slots = resolve_capacity(manifest.governor, jobs=options.jobs).cpu
+    return Progress(total=graph.number_of_nodes(), expected=expected, slots=slots)
 
 
 def _dry_run(options: RunOptions, *, as_json: bool) -> int:
@@ -91,6 +105,33 @@ def _dry_run(options: RunOptions, *, as_json: bool) -> int:
         f"\ndry run: {body['would_run']} would run, {body['cached']} cached; expected critical "
         f"path {format_duration(crit['expected'])}: {' -> '.join(crit['gates']) or '-'}"
     )
+    return ExitCode.OK
+
+
+# -- init ----------------------------------------------------------------------
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from dagrunner.git.repo import resolve_repo
+    from dagrunner.starter.write import init
+
+    started = init(resolve_repo(args.repo), args.output, dry_run=args.dry_run)
+    if args.json:
+        emit_json(started.to_json())
+    elif args.dry_run:
+        print(started.text, end="")
+    elif not args.quiet:
+        gates = ", ".join(c.id for c in started.found.checks)
+        print(f"wrote {started.path}: {len(started.found.checks)} gates ({gates})")
+        if started.found.skipped:
+            print(
+                f"left out (covered by another gate): {', '.join(s.id for s in started.found.skipped)}"
+            )
+        if started.missing:
+            print(
+                f"not on PATH here (those gates fail until installed): {', '.join(started.missing)}"
+            )
+        print("next: dagrunner release-check --dry-run, then dagrunner release-check")
     return ExitCode.OK
 
 

@@ -1,15 +1,20 @@
 """Terminal output: live progress while gates run, and the final summary table.
 
-On a TTY a status line is redrawn in place under the finished gates; in CI
-(no TTY) every start and end is a plain line.  Progress goes to stderr so that
+On a TTY a status line is redrawn in place under the finished gates, every half second;
+in CI (no TTY, or ``CI`` set) every start and end is a plain line.  Progress goes to stderr so that
 ``--json`` keeps stdout for the one JSON object.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
 import sys
+import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
@@ -30,32 +35,92 @@ _MARK = {
 
 
 class Progress:
-    """A scheduler listener that prints each gate's start and end."""
+    """A scheduler listener that prints each gate's start and end.
 
-    def __init__(self, total: int, stream: TextIO | None = None, live: bool | None = None) -> None:
+    On a terminal (``live``: the stream is a TTY and ``CI`` is not set) finished gates print
+    as lines and one status line stays at the bottom, repainted in place every ``tick``
+    seconds: ``[done/total] running: tests 1m02s, types 12s · waiting 3 · ETA 40s`` (the
+    ETA from each gate's expected duration: its history, else its estimate).  Elsewhere
+    every start and end is a plain line, and nothing is repainted."""
+
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO | None = None,
+        live: bool | None = None,
+        *,
+        expected: Mapping[str, float] | None = None,
+        slots: float = 1.0,
+        tick: float = 0.5,
+    ) -> None:
         self.stream = stream or sys.stderr
-        self.live = self.stream.isatty() if live is None else live
+        if live is None:
+            live = self.stream.isatty() and not os.environ.get("CI")
+        self.live = live
         self.total = total
         self.done = 0
         self.running: dict[str, float] = {}
+        self.finished: set[str] = set()
+        self.expected = dict(expected or {})
+        self.slots = max(slots, 1.0)
         self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.ticker: threading.Thread | None = None
+        if self.live:
+            self.ticker = threading.Thread(target=self._tick, args=(tick,), daemon=True)
+            self.ticker.start()
 
     def __call__(self, event: str, result: GateResult) -> None:
+        with self.lock:
+            now = time.monotonic() - self.t0
+            if event == "start":
+                self.running[result.id] = now
+                if not self.live:
+                    self._line(f"[{now:7.1f}s] {'start':<7} {result.id}")
+            else:
+                self.running.pop(result.id, None)
+                self.finished.add(result.id)
+                self.done += 1
+                took = f" ({format_duration(result.duration)})" if result.attempts else ""
+                why = f"  {result.reason}" if result.reason and not result.status.ok else ""
+                self._line(f"[{now:7.1f}s] {_MARK[result.status]:<7} {result.id}{took}{why}")
+            if self.live:
+                self._paint()
+
+    def status(self) -> str:
+        """The status line's text (without the escape sequences that repaint it)."""
         now = time.monotonic() - self.t0
-        if event == "start":
-            self.running[result.id] = now
-            if not self.live:
-                self._line(f"[{now:7.1f}s] {'start':<7} {result.id}")
-        else:
-            self.running.pop(result.id, None)
-            self.done += 1
-            took = f" ({format_duration(result.duration)})" if result.attempts else ""
-            why = f"  {result.reason}" if result.reason and not result.status.ok else ""
-            self._line(f"[{now:7.1f}s] {_MARK[result.status]:<7} {result.id}{took}{why}")
-        if self.live:
-            names = ", ".join(sorted(self.running)) or "-"
-            self.stream.write(f"\r\x1b[K  {self.done}/{self.total} done; running: {names}"[:200])
-            self.stream.flush()
+        running = sorted(self.running.items(), key=lambda item: item[1])
+        names = ", ".join(f"{gate} {_clock(now - began)}" for gate, began in running)
+        waiting = max(0, self.total - self.done - len(running))
+        parts = [f"[{self.done}/{self.total}] running: {names or '-'}", f"waiting {waiting}"]
+        eta = self._eta(now)
+        if eta is not None:
+            parts.append(f"ETA {_clock(eta + 0.999)}")  # rounded up: never "0s" while running
+        return " · ".join(parts)
+
+    def _eta(self, now: float) -> float | None:
+        """Seconds left: the longest running gate's rest, or all work left over the slots."""
+        if not self.expected:
+            return None
+        rests = [max(self.expected.get(g, 0.0) - (now - b), 0.0) for g, b in self.running.items()]
+        waiting = [
+            seconds
+            for gate, seconds in self.expected.items()
+            if gate not in self.running and gate not in self.finished
+        ]
+        return max([*rests, (sum(rests) + sum(waiting)) / self.slots, 0.0])
+
+    def _paint(self) -> None:
+        width = shutil.get_terminal_size((100, 24)).columns - 1
+        self.stream.write("\r\x1b[K" + self.status()[:width])
+        self.stream.flush()
+
+    def _tick(self, every: float) -> None:
+        while not self.stop.wait(every):
+            with self.lock:
+                self._paint()
 
     def _line(self, text: str) -> None:
         prefix = "\r\x1b[K" if self.live else ""
@@ -63,9 +128,69 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
+        """Stop repainting and leave a clean line (also after Ctrl-C)."""
+        self.stop.set()
+        if self.ticker is not None:
+            self.ticker.join()
         if self.live:
+            with self.lock:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+
+
+class QueueStatus:
+    """While ``integrate run`` drains the queue, on a terminal (as ``Progress`` decides): one
+    status line repainted in place, ``[done/total] gating: w1 12s, w2 3s · queued 3``, read
+    from the queue's journal (``read``: each item's state) every ``tick`` seconds."""
+
+    ACTIVE = frozenset({"applying", "applied", "gating", "landing"})
+    FINAL = frozenset({"landed", "conflict", "gates-failed", "rejected"})
+
+    def __init__(
+        self, read: Callable[[], Mapping[str, str]], stream: TextIO | None = None, tick: float = 0.5
+    ) -> None:
+        self.read = read
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty() and not os.environ.get("CI")
+        self.ours = {i for i, state in read().items() if state not in self.FINAL}
+        self.since: dict[str, float] = {}
+        self.stop = threading.Event()
+        self.ticker = threading.Thread(target=self._tick, args=(tick,), daemon=True)
+        if self.live:
+            self.ticker.start()
+
+    def status(self) -> str:
+        states = self.read()
+        now = time.monotonic()
+        self.ours |= {i for i, state in states.items() if state not in self.FINAL}
+        active = [i for i in self.ours if states.get(i) in self.ACTIVE]
+        for item in active:
+            self.since.setdefault(item, now)
+        active.sort(key=lambda item: self.since[item])
+        done = sum(states.get(i) in self.FINAL for i in self.ours)
+        queued = sum(states.get(i) == "queued" for i in self.ours)
+        names = ", ".join(f"{i} {_clock(now - self.since[i])}" for i in active) or "-"
+        return f"[{done}/{len(self.ours)}] gating: {names} · queued {queued}"
+
+    def _tick(self, every: float) -> None:
+        while not self.stop.wait(every):
+            with contextlib.suppress(Exception):  # a journal read mid-write: next time
+                width = shutil.get_terminal_size((100, 24)).columns - 1
+                self.stream.write("\r\x1b[K" + self.status()[:width])
+                self.stream.flush()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.live:
+            self.ticker.join()
             self.stream.write("\r\x1b[K")
             self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    """Whole seconds as a terminal shows a running clock: 12s, 1m02s."""
+    whole = int(seconds)
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
 
 
 def summary_table(record: RunRecord, run_dir: str, *, tail_lines: int = 20) -> str:

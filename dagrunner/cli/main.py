@@ -69,6 +69,9 @@ class Parser(argparse.ArgumentParser):
         return parser
 
 
+MANIFEST_HELP = "default: manifests/release.toml, else dagrunner.toml (dagrunner init)"
+
+
 def _handler(name: str) -> Handler:
     """A command's handler, imported only when that command runs: ``--version`` and ``--help``
     load none of the machinery (networkx, trio, the report)."""
@@ -168,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     rc = sub.add_parser("release-check", parents=[common], help="run the release gates")
-    rc.add_argument("manifest", nargs="?", type=Path, help="default: manifests/release.toml")
+    rc.add_argument("manifest", nargs="?", type=Path, help=MANIFEST_HELP)
     rc.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
     rc.add_argument("--jobs", type=_positive_int, help="run at most N gates at once")
     rc.add_argument("--report-dir", type=Path, help="the run directory (default reports/<run-id>)")
@@ -176,23 +179,21 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--only", action="append", metavar="GATE", help="run GATE and what it needs")
     rc.add_argument("--fail-fast", action="store_true", help="stop at the first failure")
     rc.add_argument("--executor", default="local", help="local (default) or dask://HOST:PORT")
-    rc.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="say what would run, what is cached (with proof), in which order; run nothing",
-    )
+    rc.add_argument("--dry-run", action="store_true", help="say what would run, what is cached "
+                    "(with proof), in which order; run nothing")  # fmt: skip
     rc.set_defaults(handler="cmd_release_check")
 
+    it = sub.add_parser("init", parents=[common], help="write a manifest from the project's checks")
+    it.add_argument("-o", "--output", type=Path, help="where (default: dagrunner.toml at the root)")
+    it.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
+    it.add_argument("--dry-run", action="store_true", help="print the manifest; write nothing")
+    it.set_defaults(handler="cmd_init")
+
     gr = sub.add_parser("graph", parents=[common], help="show order, levels, critical path")
-    gr.add_argument("manifest", nargs="?", type=Path, help="default: manifests/release.toml")
+    gr.add_argument("manifest", nargs="?", type=Path, help=MANIFEST_HELP)
     gr.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
     gr.add_argument("--only", action="append", metavar="GATE", help="GATE and what it needs")
-    gr.add_argument(
-        "--format",
-        choices=["text", "json", "dot"],
-        default="text",
-        help="output form (default text)",
-    )
+    gr.add_argument("--format", choices=["text", "json", "dot"], default="text", help="(text)")
     gr.set_defaults(handler="cmd_graph")
 
     dr = sub.add_parser("doctor", parents=[common], help="check git, worktree support and the root")
@@ -332,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca_sub = ca.add_subparsers(dest="cache_command", required=True)
     ex = ca_sub.add_parser("explain", parents=[common], help="why GATE hits or misses")
     ex.add_argument("gate", help="the gate to explain")
-    ex.add_argument("manifest", nargs="?", type=Path, help="default: manifests/release.toml")
+    ex.add_argument("manifest", nargs="?", type=Path, help=MANIFEST_HELP)
     ex.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
     ex.set_defaults(handler="cmd_cache_explain")
     pr = ca_sub.add_parser("prune", parents=[common], help="bound the cache by size (LRU)")

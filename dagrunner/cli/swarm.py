@@ -8,10 +8,14 @@ use: no networkx, trio, jinja2 or report at start-up (``tests/test_cli.py`` chec
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dagrunner.cli.output import emit_json
 from dagrunner.errors import ExitCode
+
+if TYPE_CHECKING:
+    from dagrunner.cli.console import QueueStatus
 
 # -- doctor and worktrees ------------------------------------------------------------------
 
@@ -196,17 +200,22 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         for entry in Queue.of(repo_info(args.repo)).entries().values():
             print(f"{entry.id:<50} {entry.state}")
         return ExitCode.OK
-    result = integrate(
-        repo=args.repo,
-        target=args.target,
-        manifest=args.manifest,
-        batch=args.batch,
-        wait=not args.no_wait,
-        trust_envelope_manifest=args.trust_envelope_manifest,
-        executor=args.executor,
-        window=args.window,
-        confirm_failures=args.confirm_failures,
-    )
+    shown = None if args.json or args.quiet else _queue_status(args.repo, args.target)
+    try:
+        result = integrate(
+            repo=args.repo,
+            target=args.target,
+            manifest=args.manifest,
+            batch=args.batch,
+            wait=not args.no_wait,
+            trust_envelope_manifest=args.trust_envelope_manifest,
+            executor=args.executor,
+            window=args.window,
+            confirm_failures=args.confirm_failures,
+        )
+    finally:
+        if shown is not None:
+            shown.close()
     if args.json:
         emit_json(result.to_json())
     else:
@@ -238,3 +247,19 @@ def cmd_integrate(args: argparse.Namespace) -> int:
                 f"({stale.reason}); restore it with: {stale.command}"
             )
     return result.exit_code
+
+
+def _queue_status(repo: Path | None, target: str | None) -> QueueStatus:
+    """The live line of ``integrate run``: the items of this target, as the journal says."""
+    from dagrunner.cli.console import QueueStatus
+    from dagrunner.integration.queue import Queue
+    from dagrunner.worktrees.allocate import default_target, open_context
+
+    ctx = open_context(repo)
+    goal = target or default_target(ctx)
+    queue = Queue.of(ctx.info)
+
+    def read() -> dict[str, str]:
+        return {i: str(e.state) for i, e in queue.entries().items() if e.target in (None, goal)}
+
+    return QueueStatus(read)

@@ -39,7 +39,7 @@ from dagrunner.executors.factory import executor_for
 from dagrunner.files import mark_own_output
 from dagrunner.git.command import head_info
 from dagrunner.git.repo import resolve_repo
-from dagrunner.manifest.load import DEFAULT_MANIFEST, Manifest, load_manifest
+from dagrunner.manifest.load import Manifest, default_manifest, load_manifest
 from dagrunner.process.contain import detect, disable_dumping
 from dagrunner.process.sandbox import gate_environment, secret_values
 from dagrunner.process.tree import sweep_orphans
@@ -55,7 +55,7 @@ def load_step(options: RunOptions) -> tuple[Path, Manifest]:
     repo = resolve_repo(options.repo)
     if options.loaded is not None:
         return repo, options.loaded
-    path = options.manifest if options.manifest is not None else repo / DEFAULT_MANIFEST
+    path = options.manifest if options.manifest is not None else default_manifest(repo)
     return repo, load_manifest(path)
 
 

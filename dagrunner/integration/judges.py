@@ -14,7 +14,7 @@ from pathlib import Path
 from dagrunner.errors import DagrunnerError
 from dagrunner.files import atomic_write
 from dagrunner.git.command import git
-from dagrunner.manifest.load import DEFAULT_MANIFEST
+from dagrunner.manifest.load import DEFAULT_MANIFEST, STARTER_MANIFEST
 
 
 def manifest_rel(given: Path | None) -> Path:
@@ -46,6 +46,8 @@ def trusted_manifest(
     if dest.is_file():  # this head's manifest, already read (bisection gates it again)
         return dest
     blob = git(["show", f"{head}:{rel.as_posix()}"], cwd=repo, check=False)
+    if blob.returncode != 0 and given is None:  # no manifests/release.toml: what init wrote
+        blob = git(["show", f"{head}:{STARTER_MANIFEST.as_posix()}"], cwd=repo, check=False)
     if blob.returncode != 0:
         raise DagrunnerError(
             "manifest-not-found",

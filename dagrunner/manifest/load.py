@@ -45,6 +45,7 @@ from dagrunner.manifest.text import parse_text
 
 SCHEMA_VERSION = 1
 DEFAULT_MANIFEST = Path("manifests/release.toml")
+STARTER_MANIFEST = Path("dagrunner.toml")  # what `dagrunner init` writes
 DEFAULT_LOG_LIMIT = 1024 * 1024
 DEFAULT_ESTIMATE = 1.0
 DEFAULT_MAX_PIDS = 8192  # [governor] max_pids: processes one gate may have at once
@@ -342,7 +343,8 @@ def load_manifest(path: Path) -> Manifest:
             "manifest-not-found",
             "no such manifest",
             where=file,
-            hint="pass a manifest path, or run from a repository with manifests/release.toml",
+            hint="pass a manifest path, or run from a repository with manifests/release.toml "
+            "(or dagrunner.toml: `dagrunner init` writes one)",
         ) from None
     except OSError as exc:
         raise DagrunnerError(
@@ -353,6 +355,13 @@ def load_manifest(path: Path) -> Manifest:
     manifest = read_tables(top, path)
     problems.raise_if_any()
     return replace(manifest, digest=hashlib.sha256(data).hexdigest())
+
+
+def default_manifest(repo: Path) -> Path:
+    """``manifests/release.toml`` when the repository has it, else ``dagrunner.toml``."""
+    if not (repo / DEFAULT_MANIFEST).exists() and (repo / STARTER_MANIFEST).is_file():
+        return repo / STARTER_MANIFEST
+    return repo / DEFAULT_MANIFEST
 
 
 def read_tables(top: Table, path: Path) -> Manifest:
