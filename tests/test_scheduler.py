@@ -69,10 +69,10 @@ def test_longest_remaining_path_starts_first(
         """
         [gates.x1]
         run = "sleep 0.05"
-        estimate = "0.1s"
+        estimate = "0.2s"
         [gates.x2]
         run = "sleep 0.05"
-        estimate = "0.1s"
+        estimate = "0.2s"
         [gates.chain1]
         run = "sleep 0.05"
         estimate = "1s"
@@ -114,11 +114,11 @@ BACKFILL = """
     estimate = "0.9s"
     [gates.s1]
     run = "sleep 0.05"
-    estimate = "0.05s"
+    estimate = "0.08s"
     [gates.s2]
     run = "sleep 0.05"
-    estimate = "0.05s"
-"""
+    estimate = "0.08s"
+"""  # s1, s2: above the cheap-first share (5% of the critical path), so backfill decides
 
 
 def test_small_gates_backfill_without_delaying_the_big_one(

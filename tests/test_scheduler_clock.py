@@ -119,3 +119,16 @@ def test_a_short_gate_nothing_waits_for_starts_before_long_shards() -> None:
     results = run({**{s: () for s in shards}, "lint": ()}, {**shards, "lint": 0.05})
     assert span(results["lint"]) == (0, 0.05)
     assert max(r.finished or 0 for r in results.values()) <= 120.05 + 1e-6
+
+
+def test_a_cheap_check_starts_first_whatever_its_absolute_size() -> None:
+    """This repository's fresh-clone case: lint (2 s, its estimate) beside types (40 s) and
+    three 110 s test shards on 2 slots ran after types, at 127 s.  Under 5% of the critical
+    path, it goes first; a gate that is a large share (types) keeps critical-path order."""
+    seconds = {"lint": 2.0, "types": 40.0, "t1": 110.0, "t2": 110.0, "t3": 110.0}
+    results = run(dict.fromkeys(seconds, ()), seconds)
+    assert results["lint"].started == 0
+    assert (results["types"].started or 0) >= 110.0  # behind the shards, as before
+    makespan = max(r.finished or 0 for r in results.values())
+    without = run(dict.fromkeys(seconds, ()), {**seconds, "lint": 0.0})
+    assert makespan <= max(r.finished or 0 for r in without.values()) + 2.0  # at most its own

@@ -74,12 +74,13 @@ def cmd_release_check(args: argparse.Namespace) -> int:
 
 def _progress(repo: Path, manifest: Manifest, options: RunOptions) -> Progress:
     """Live progress, with each gate's expected duration for the ETA (as the plan sees it)."""
+    from dagrunner.engine import shards
     from dagrunner.engine.governor import resolve_capacity
     from dagrunner.engine.history import history_path, read_history
 
     graph = build_graph(manifest)
     if options.only:
-        graph = select_gates(graph, options.only, where=str(manifest.path))
+        graph = select_gates(graph, shards.only(options.only, manifest), where=str(manifest.path))
     expected = expected_durations(graph, read_history(history_path(repo, manifest.name)))
     slots = resolve_capacity(manifest.governor, jobs=options.jobs).cpu
     return Progress(total=graph.number_of_nodes(), expected=expected, slots=slots)

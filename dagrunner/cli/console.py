@@ -166,7 +166,7 @@ class QueueStatus:
         active = [i for i in self.ours if states.get(i) in self.ACTIVE]
         for item in active:
             self.since.setdefault(item, now)
-        active.sort(key=lambda item: self.since[item])
+        active.sort(key=lambda item: (self.since[item], item))
         done = sum(states.get(i) in self.FINAL for i in self.ours)
         queued = sum(states.get(i) == "queued" for i in self.ours)
         names = ", ".join(f"{i} {_clock(now - self.since[i])}" for i in active) or "-"

@@ -3,6 +3,7 @@
 - ``graph``: the DAG.  ``plan``: what a run is given and plans.  ``governor``: capacity and
   live pressure.  ``scheduler``: critical-path scheduling on trio.  ``attempts``: a gate's
   attempts and verdict.  ``steps``: the pipeline of steps (``release_check``, ``gate_run``).
+- ``shards``: a split gate as shards balanced by recorded durations.
 - ``evidence``: speed and budget.  ``history``: measured durations.  ``dry_run``.
 - The gate cache: ``cache`` (keys, the signed store, explain), ``cachestep`` (its place in a
   run, the reuse rule), ``inputs`` (what the globs match), ``tools`` (fingerprints

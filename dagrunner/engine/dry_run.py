@@ -53,6 +53,11 @@ def dry_run(options: RunOptions) -> dict[str, Any]:
             "kind": spec(graph, node).kind,
             "cache": proof.to_json(),
         }
+        if spec(graph, node).shard_of:  # a split gate's shard: which files, balanced how
+            gates[node] |= {
+                "shard_of": spec(graph, node).shard_of,
+                "files": list(spec(graph, node).shard_files),
+            }
     remaining = {n: 0.0 if gates[n]["action"] == "cached" else plan.expected[n] for n in graph}
     path, length = critical_path(graph, remaining)
     return {

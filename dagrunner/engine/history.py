@@ -22,24 +22,35 @@ def history_path(repo: Path, manifest_name: str, root: Path | None = None) -> Pa
     return (root or cache_root()) / "history" / f"{manifest_name}-{ident}.json"
 
 
-def read_history(path: Path) -> dict[str, float]:
-    """Gate id -> last measured seconds; empty when there is no (readable) history."""
+def read_history(path: Path, part: str = "durations") -> dict[str, float]:
+    """Gate id -> last measured seconds (``part="cases"``: test file or class -> seconds, from
+    the gates' JUnit files); empty when there is no (readable) history."""
     with contextlib.suppress(OSError, orjson.JSONDecodeError, AttributeError, TypeError):
         data = orjson.loads(path.read_bytes())
-        return {str(k): float(v) for k, v in data.get("durations", {}).items()}
+        return {str(k): float(v) for k, v in data.get(part, {}).items()}
     return {}
 
 
+MAX_CASES = 20000
+
+
 def record_history(path: Path, results: Iterable[GateResult]) -> None:
-    """Merge the durations of gates that really ran (passed, flaky or failed) into the history."""
-    measured = {
-        r.id: round(r.duration, 4)
+    """Merge the durations of gates that really ran (passed, flaky or failed) into the
+    history, and the seconds their JUnit files gave per test file (how splits balance)."""
+    ran = [
+        r
         for r in results
         if r.status in (Status.PASSED, Status.FLAKY, Status.FAILED) and r.attempts
-    }
+    ]
+    measured = {r.id: round(r.duration, 4) for r in ran}
+    cases = {k: v for r in ran if r.tests is not None for k, v in r.tests.seconds.items()}
     if not measured:
         return
     with locked(path.with_suffix(".lock")):
         durations = read_history(path)
         durations.update(measured)
-        atomic_write(path, orjson.dumps({"durations": durations}, option=orjson.OPT_SORT_KEYS))
+        known = read_history(path, "cases")
+        known.update(cases)
+        kept = dict(list(known.items())[-MAX_CASES:])
+        body = {"durations": durations, "cases": kept}
+        atomic_write(path, orjson.dumps(body, option=orjson.OPT_SORT_KEYS))

@@ -47,21 +47,21 @@ Lookup = Callable[[str], Outcome | None]
 Listener = Callable[[str, GateResult], None]  # ("start" | "end", result so far)
 
 
-SHORT_GATE = 1.0  # seconds: a gate this quick ...
-SHORT_SHARE = 0.02  # ... and under this share of the critical path starts first
+CHEAP_SHARE = 0.05  # a gate nothing waits for, under this share of the critical path ...
 
 
 def short_first(
     graph: Graph, expected: Mapping[str, float], priority: dict[str, float]
 ) -> dict[str, float]:
-    """Priorities where a short gate nothing waits for (lint beside test shards) goes first:
-    it fails fastest, and it can lengthen the makespan by at most its own duration, which
-    is at most ``SHORT_SHARE`` of the critical path."""
+    """Priorities where a cheap check nothing waits for (lint beside test shards) goes first,
+    whatever its absolute size: it fails fastest, and it can lengthen the makespan by at
+    most its own duration, which is at most ``CHEAP_SHARE`` of the critical path.  The
+    expected duration is the history's, else the manifest's estimate."""
     longest = max(priority.values(), default=0.0)
-    short = min(SHORT_GATE, longest * SHORT_SHARE)
+    cheap = longest * CHEAP_SHARE
     for node in graph.nodes:
         took = expected.get(node)
-        if took is not None and took <= short and graph.out_degree(node) == 0:
+        if took is not None and took <= cheap and graph.out_degree(node) == 0:
             priority[node] = longest + took
     return priority
 

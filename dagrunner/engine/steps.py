@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 import trio
 
+from dagrunner.engine import shards
 from dagrunner.engine.attempts import GateRunner
 from dagrunner.engine.cache import Store
 from dagrunner.engine.cachestep import RunCache
@@ -56,7 +57,16 @@ def load_step(options: RunOptions) -> tuple[Path, Manifest]:
     if options.loaded is not None:
         return repo, options.loaded
     path = options.manifest if options.manifest is not None else default_manifest(repo)
-    return repo, load_manifest(path)
+    return repo, split_gates(repo, load_manifest(path), options)
+
+
+def split_gates(repo: Path, manifest: Manifest, options: RunOptions) -> Manifest:
+    """Each split gate as its shards (``engine/shards``), balanced by the history."""
+    if not any(g.split is not None for g in manifest.gates.values()):
+        return manifest
+    cpu = resolve_capacity(manifest.governor, jobs=options.jobs).cpu
+    cases = read_history(history_path(repo, manifest.name, options.history_root), "cases")
+    return shards.expand(manifest, repo, cpu, cases)[0]
 
 
 def plan_step(
@@ -65,7 +75,7 @@ def plan_step(
     """``machines``: where a cluster runs the gates (empty: this machine)."""
     graph = build_graph(manifest)
     if options.only:
-        graph = select(graph, options.only, where=str(manifest.path))
+        graph = select(graph, shards.only(options.only, manifest), where=str(manifest.path))
     capacity = resolve_capacity(manifest.governor, jobs=options.jobs, machines=machines)
     check_fits(
         [spec(graph, n) for n in graph.nodes],

@@ -14,6 +14,7 @@ import math
 import posixpath
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
@@ -308,3 +309,33 @@ def boolean(raw: Any) -> bool:
     if not isinstance(raw, bool):
         raise TypeMismatch("true or false")
     return raw
+
+
+MAX_SHARDS = 64
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """A gate's ``split``: the files its shards share out, and how many shards (None: auto)."""
+
+    files: tuple[str, ...]
+    shards: int | None = None
+
+
+def split_spec(raw: Any) -> SplitSpec:
+    if not isinstance(raw, dict):
+        raise TypeMismatch('a table such as { files = ["tests/**/test_*.py"], shards = "auto" }')
+    unknown = sorted(set(raw) - {"files", "shards"})
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r}; split takes files and shards")
+    if "files" not in raw:
+        raise ValueError("files is missing: the globs of the files the shards share out")
+    files = globs(raw["files"])
+    if not files:
+        raise ValueError("files is empty: name the globs of the files the shards share out")
+    shards = raw.get("shards", "auto")
+    if shards == "auto":
+        return SplitSpec(files)
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+        raise ValueError(f'shards must be "auto" or 1 to {MAX_SHARDS}, not {shards!r}')
+    return SplitSpec(files, shards)

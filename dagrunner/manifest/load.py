@@ -17,6 +17,7 @@ from typing import TypeVar
 from dagrunner.diagnostics import Problems
 from dagrunner.errors import DagrunnerError
 from dagrunner.manifest.fields import (
+    SplitSpec,
     Table,
     auto,
     boolean,
@@ -35,11 +36,20 @@ from dagrunner.manifest.fields import (
     retries,
     show,
     size,
+    split_spec,
     string,
     string_list,
     timeout,
-    window,
     writable_paths,
+)
+from dagrunner.manifest.settings import (
+    INTEGRATE_SETTINGS,
+    ExecutorSpec,
+    IntegrateSpec,
+    SandboxSpec,
+    read_executor,
+    read_integrate_settings,
+    read_sandbox,
 )
 from dagrunner.manifest.text import parse_text
 
@@ -87,6 +97,9 @@ class GateSpec:
     setup: tuple[str, ...] = ()  # worker: commands run in a new worktree before ``run``
     setup_timeout: float = 300.0
     writable: tuple[str, ...] = ()  # besides its tree, HOME and TMPDIR (absolute or repo-relative)
+    split: SplitSpec | None = None  # shards share out these files (engine/shards.py)
+    shard_of: str = ""  # a shard: the gate it was split from ...
+    shard_files: tuple[str, ...] = ()  # ... and the files it runs
 
 
 KINDS = ("gate", "worker", "integrate", "land")
@@ -114,57 +127,6 @@ class BudgetSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SandboxSpec:
-    """``[sandbox]``: what every gate may write besides its tree, HOME and TMPDIR."""
-
-    writable: tuple[str, ...] = ()
-
-
-def _read_sandbox(table: Table) -> SandboxSpec:
-    spec = SandboxSpec(writable=table.take("writable", writable_paths, ()))
-    table.finish()
-    return spec
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExecutorSpec:
-    """``[executor]``: how long a run on a cluster waits for what it lost (docs/distributed.md)."""
-
-    wait_for_workers: float = 180.0  # a gate no worker can take now waits this long, then fails
-    margin: float = 30.0  # past timeout + grace + margin with no result: the worker is unreachable
-
-
-def _read_executor(table: Table) -> ExecutorSpec:
-    spec = ExecutorSpec(
-        wait_for_workers=table.take("wait_for_workers", duration, 180.0),
-        margin=table.take("margin", duration, 30.0),
-    )
-    table.finish()
-    return spec
-
-
-@dataclass(frozen=True, kw_only=True)
-class IntegrateSpec:
-    """``[integrate]``'s own keys: how ``integrate run`` drains the queue."""
-
-    window: int | None = None  # queue items gated at once; None: adaptive (what fits)
-    confirm_failures: int = 1  # re-runs of failed gates before an item is blamed
-    # globs of paths an envelope may touch only when submitted with --allow-protected
-    protected: tuple[str, ...] = ()
-
-
-INTEGRATE_SETTINGS = ("window", "confirm_failures", "protected")
-
-
-def _read_integrate_settings(table: Table) -> IntegrateSpec:
-    return IntegrateSpec(
-        window=table.take("window", auto(window), None),
-        confirm_failures=table.take("confirm_failures", count, 1),
-        protected=table.take("protected", globs, ()),
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
 class Manifest:
     path: Path
     digest: str
@@ -174,9 +136,9 @@ class Manifest:
     budget: BudgetSpec = BudgetSpec()
     env: EnvSpec = EnvSpec()
     cache_salt: str = ""
-    integrate: IntegrateSpec = IntegrateSpec()
-    sandbox: SandboxSpec = SandboxSpec()
-    executor: ExecutorSpec = ExecutorSpec()
+    integrate: IntegrateSpec = field(default_factory=IntegrateSpec)
+    sandbox: SandboxSpec = field(default_factory=SandboxSpec)
+    executor: ExecutorSpec = field(default_factory=ExecutorSpec)
     gates: Mapping[str, GateSpec] = field(default_factory=dict)
 
 
@@ -238,6 +200,7 @@ def _read_gate(gate_id: str, table: Table, defaults: GateSpec, kind: str = "gate
         description=table.take("description", string, ""),
         junit=table.take("junit", relative_path, None),
         writable=table.take("writable", writable_paths, ()),
+        split=table.take("split", split_spec, None) if kind == "gate" else None,
         kind=kind,
         base=table.take("base", string, "HEAD") if kind == "worker" else "HEAD",
         setup=table.take("setup", string_list, ()) if kind == "worker" else (),
@@ -251,6 +214,14 @@ def _read_gate(gate_id: str, table: Table, defaults: GateSpec, kind: str = "gate
             "the gate has no 'run' command" if "run" not in table.data else "its 'run' is empty",
             key=table.path("run"),
             hint='give a command: run = ["program", "arg"] (argv) or run = "shell text"',
+        )
+    words = [run] if isinstance(run, str) else list(run)
+    if spec.split is not None and not any("{files}" in word for word in words):
+        table.fail(
+            "manifest-split",
+            "a split gate's run must say where its shard's files go",
+            key=table.path("run"),
+            hint='put "{files}" in run (it becomes the files, one argument each)',
         )
     if len(set(spec.needs)) != len(spec.needs):
         table.fail(
@@ -382,8 +353,8 @@ def read_tables(top: Table, path: Path) -> Manifest:
     governor = _read_governor(top.table("governor"))
     budget = _read_budget(top.table("budget"))
     env = _read_env(top.table("env"))
-    sandbox = _read_sandbox(top.table("sandbox"))
-    executor = _read_executor(top.table("executor"))
+    sandbox = read_sandbox(top.table("sandbox"))
+    executor = read_executor(top.table("executor"))
     defaults = _read_defaults(top.table("defaults"))
     gates: dict[str, GateSpec] = {}
     readers: dict[str, Callable[[str, Table], GateSpec]] = {
@@ -396,7 +367,7 @@ def read_tables(top: Table, path: Path) -> Manifest:
     for section, read in readers.items():
         table = top.table(section)
         if section == "integrate":
-            integrate = _read_integrate_settings(table)
+            integrate = read_integrate_settings(table)
         for node_id in table.data:
             if section == "integrate" and node_id in INTEGRATE_SETTINGS:
                 continue

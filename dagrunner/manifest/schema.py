@@ -59,6 +59,21 @@ FRAGMENTS: dict[Callable[[Any], Any], dict[str, Any]] = {
     f.env_values: {"type": "object", "additionalProperties": {"type": "string"}},
     f.durations: {"type": "object", "additionalProperties": _DURATION},
     f.boolean: {"type": "boolean"},
+    f.split_spec: {
+        "type": "object",
+        "description": "shards share out these files, balanced by recorded durations",
+        "properties": {
+            "files": {**_STRINGS, "minItems": 1},
+            "shards": {
+                "anyOf": [
+                    {"const": "auto"},
+                    {"type": "integer", "minimum": 1, "maximum": f.MAX_SHARDS},
+                ]
+            },
+        },
+        "required": ["files"],
+        "additionalProperties": False,
+    },
 }
 # One node of each kind, and every table: what the readers take from them is the schema.
 SAMPLE: dict[str, Any] = {

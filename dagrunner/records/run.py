@@ -95,6 +95,8 @@ class TestRun:
     skipped: int = 0
     cases: tuple[TestCase, ...] = ()
     problem: str = ""
+    # seconds per test file (a case's ``file``, else its ``classname``): how a split is balanced
+    seconds: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def failed(self) -> tuple[TestCase, ...]:
@@ -121,6 +123,11 @@ class TestRun:
             skipped=count("skipped"),
             cases=cases,
             problem=str(body.get("problem", "")),
+            seconds={
+                str(k): float(v)
+                for k, v in (body.get("seconds") or {}).items()
+                if isinstance(v, int | float)
+            },
         )
 
 

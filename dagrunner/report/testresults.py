@@ -18,6 +18,7 @@ from dagrunner.report.logtail import strip_ansi
 
 MAX_BYTES = 32 * 1024 * 1024
 MAX_CASES = 200
+MAX_FILES = 10000  # test files (or classes) whose seconds are kept
 MESSAGE = 2000
 
 
@@ -37,8 +38,12 @@ def read_junit(path: Path, *, since: float) -> TestRun:
         return TestRun(problem=f"{path.name} is not JUnit XML: {exc}"[:300])
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     cases: list[TestCase] = []
+    seconds: dict[str, float] = {}
     for case in root.iter("testcase"):
         counts["tests"] += 1
+        where = strip_ansi(case.get("file") or case.get("classname") or "")[:300]
+        if where and (where in seconds or len(seconds) < MAX_FILES):
+            seconds[where] = seconds.get(where, 0.0) + _seconds(case.get("time"))
         outcome, message = _outcome(case)
         if outcome == "passed":
             continue
@@ -58,7 +63,16 @@ def read_junit(path: Path, *, since: float) -> TestRun:
         errors=counts["errors"],
         skipped=counts["skipped"],
         cases=tuple(cases),
+        seconds={k: round(v, 3) for k, v in seconds.items()},
     )
+
+
+def _seconds(text: str | None) -> float:
+    try:
+        value = float(text or 0)
+    except ValueError:
+        return 0.0
+    return value if 0 <= value < 1e7 else 0.0
 
 
 def _outcome(case: ET.Element) -> tuple[str, str]:

@@ -1,0 +1,67 @@
+"""The run-wide settings tables of a manifest: ``[sandbox]``, ``[executor]`` and
+``[integrate]``'s own keys (``load`` reads the rest)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dagrunner.manifest.fields import (
+    Table,
+    auto,
+    count,
+    duration,
+    globs,
+    window,
+    writable_paths,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxSpec:
+    """``[sandbox]``: what every gate may write besides its tree, HOME and TMPDIR."""
+
+    writable: tuple[str, ...] = ()
+
+
+def read_sandbox(table: Table) -> SandboxSpec:
+    spec = SandboxSpec(writable=table.take("writable", writable_paths, ()))
+    table.finish()
+    return spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorSpec:
+    """``[executor]``: how long a run on a cluster waits for what it lost (docs/distributed.md)."""
+
+    wait_for_workers: float = 180.0  # a gate no worker can take now waits this long, then fails
+    margin: float = 30.0  # past timeout + grace + margin with no result: the worker is unreachable
+
+
+def read_executor(table: Table) -> ExecutorSpec:
+    spec = ExecutorSpec(
+        wait_for_workers=table.take("wait_for_workers", duration, 180.0),
+        margin=table.take("margin", duration, 30.0),
+    )
+    table.finish()
+    return spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntegrateSpec:
+    """``[integrate]``'s own keys: how ``integrate run`` drains the queue."""
+
+    window: int | None = None  # queue items gated at once; None: adaptive (what fits)
+    confirm_failures: int = 1  # re-runs of failed gates before an item is blamed
+    # globs of paths an envelope may touch only when submitted with --allow-protected
+    protected: tuple[str, ...] = ()
+
+
+INTEGRATE_SETTINGS = ("window", "confirm_failures", "protected")
+
+
+def read_integrate_settings(table: Table) -> IntegrateSpec:
+    return IntegrateSpec(
+        window=table.take("window", auto(window), None),
+        confirm_failures=table.take("confirm_failures", count, 1),
+        protected=table.take("protected", globs, ()),
+    )

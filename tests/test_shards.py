@@ -1,0 +1,127 @@
+"""``split``: a test gate's files shared out among shards, on real pytest runs -- every
+file runs exactly once, the second run is balanced from the first run's JUnit, a file added
+between runs is run, and a shard whose files did not change stays cached."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import check, gate_results, git, run_json
+
+SECONDS = {"a": 0.2, "b": 1.2, "c": 0.2, "d": 0.4, "e": 0.2, "f": 0.2}
+
+MANIFEST = f"""
+[env]
+set = {{ PYTHONDONTWRITEBYTECODE = "1" }}
+
+[gates.tests]
+run = ["{sys.executable}", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+       "--junitxml=out/junit-{{shard}}.xml", "{{files}}"]
+junit = "out/junit-{{shard}}.xml"
+split = {{ files = ["tests/test_*.py"], shards = 2 }}
+inputs = ["tests/test_*.py", "tests/conftest.py"]
+
+[gates.after]
+run = ["true"]
+needs = ["tests"]
+inputs = ["tests/conftest.py"]
+"""
+
+
+def write_tests(repo: Path, seconds: dict[str, float]) -> None:
+    (repo / "tests").mkdir(exist_ok=True)
+    (repo / "tests" / "conftest.py").write_text("")
+    for name, took in seconds.items():
+        (repo / "tests" / f"test_{name}.py").write_text(
+            f"import time\n\n\ndef test_{name}() -> None:\n    time.sleep({took})\n"
+        )
+    (repo / ".gitignore").write_text("reports/\nout/\n")
+
+
+def shard_files(gates: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Each shard's test files, as its own JUnit file says they ran."""
+    return {
+        gid: sorted(g["tests"]["seconds"]) for gid, g in gates.items() if gid.startswith("tests-")
+    }
+
+
+def loads(gates: dict[str, dict[str, Any]]) -> list[float]:
+    return [sum(g["tests"]["seconds"].values()) for i, g in gates.items() if i.startswith("tests-")]
+
+
+def test_every_file_runs_once_and_the_second_run_is_balanced_by_the_first(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_tests(repo, SECONDS)
+    code, body, run_dir = check(capsys, repo, MANIFEST, "--no-cache")
+    assert code == 0, body
+    first = gate_results(run_dir)
+    assert set(first) == {"tests-1", "tests-2", "after"}
+    ran = [f for files in shard_files(first).values() for f in files]
+    assert sorted(ran) == sorted(f"tests.test_{n}" for n in SECONDS)  # each exactly once
+    assert first["after"]["started"] >= max(first[s]["finished"] for s in ("tests-1", "tests-2"))
+    # unknown durations: the files went round-robin by name, one shard got b (1.2 s) and d
+    code, _, run_dir = check(capsys, repo, MANIFEST, "--no-cache")
+    second = loads(gate_results(run_dir))
+    assert max(second) <= 1.2 * min(second), second  # balanced from the first run's JUnit
+    assert max(loads(first)) > max(second)
+
+
+def test_a_new_file_is_run_and_unchanged_shards_stay_cached(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_tests(repo, SECONDS)
+    for _ in range(2):  # the second run is balanced by the first's durations: new shards
+        code, _, _ = check(capsys, repo, MANIFEST)
+        assert code == 0
+    code, _, run_dir = check(capsys, repo, MANIFEST)  # nothing changed: all cached
+    assert {g["status"] for g in gate_results(run_dir).values()} == {"cached"}
+    _, plan, _ = check(capsys, repo, MANIFEST, "--dry-run")
+    b_shard = next(g for g, v in plan["gates"].items() if "tests/test_b.py" in v.get("files", []))
+    (repo / "tests" / "test_b.py").write_text(
+        "import time\n\n\ndef test_b() -> None:\n    time.sleep(1.2)\n    assert True\n"
+    )
+    code, _, run_dir = check(capsys, repo, MANIFEST)
+    statuses = {gid: g["status"] for gid, g in gate_results(run_dir).items()}
+    other = "tests-2" if b_shard == "tests-1" else "tests-1"
+    assert statuses[b_shard] == "passed" and statuses[other] == "cached", statuses
+    write_tests(repo, {"g": 0.1})  # a file added between runs
+    code, _, run_dir = check(capsys, repo, MANIFEST, "--no-cache")
+    ran = [f for files in shard_files(gate_results(run_dir)).values() for f in files]
+    assert "tests.test_g" in ran and len(ran) == len(SECONDS) + 1
+
+
+def test_only_a_split_gate_runs_all_its_shards_and_dry_run_shows_them(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_tests(repo, SECONDS)
+    code, body, _ = check(capsys, repo, MANIFEST, "--only", "tests", "--dry-run")
+    assert code == 0
+    assert sorted(body["gates"]) == ["tests-1", "tests-2"]
+    assert all(g["shard_of"] == "tests" and g["files"] for g in body["gates"].values())
+    files = [f for g in body["gates"].values() for f in g["files"]]
+    assert sorted(files) == sorted(f"tests/test_{n}.py" for n in SECONDS)
+
+
+@pytest.mark.parametrize(
+    ("split", "run", "code"),
+    [
+        ('{ files = ["tests/*.py"] }', '["pytest"]', "manifest-split"),
+        ('{ files = ["nothing/*.py"] }', '["pytest", "{files}"]', "manifest-split-empty"),
+        ('{ files = ["tests/*.py"], shards = 0 }', '["pytest", "{files}"]', "manifest-value"),
+        ("{ files = [] }", '["pytest", "{files}"]', "manifest-value"),
+    ],
+)
+def test_a_bad_split_is_a_coded_error_naming_the_key(
+    repo: Path, capsys: pytest.CaptureFixture[str], split: str, run: str, code: str
+) -> None:
+    write_tests(repo, {"a": 0})
+    git(repo, "add", "-A")
+    (repo / "m.toml").write_text(f"[gates.t]\nrun = {run}\nsplit = {split}\n")
+    exit_code, body = run_json(capsys, "release-check", str(repo / "m.toml"), "--repo", str(repo))
+    assert exit_code == 2 and body["error"]["code"] == code, body
+    assert "gates.t" in body["error"]["key"]
+    assert not (repo / "reports").exists()
