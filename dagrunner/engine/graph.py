@@ -161,7 +161,9 @@ def expected_durations(graph: Graph, history: Mapping[str, float]) -> dict[str, 
     result: dict[str, float] = {}
     for node in graph.nodes:
         gate = spec(graph, node)
-        if node in history:
+        if gate.shard_of and gate.estimate is not None:  # its files' recorded times, summed
+            result[node] = gate.estimate
+        elif node in history:
             result[node] = history[node]
         elif gate.estimate is not None:
             result[node] = gate.estimate
