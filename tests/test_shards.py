@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 from conftest import check, gate_results, git, run_json
 
+from dagrunner.engine.plan import RunOptions
+from dagrunner.engine.steps import load_step
+
 SECONDS = {"a": 0.2, "b": 1.2, "c": 0.2, "d": 0.4, "e": 0.2, "f": 0.2}
 
 MANIFEST = f"""
@@ -125,3 +128,22 @@ def test_a_bad_split_is_a_coded_error_naming_the_key(
     assert exit_code == 2 and body["error"]["code"] == code, body
     assert "gates.t" in body["error"]["key"]
     assert not (repo / "reports").exists()
+
+
+def test_a_file_named_like_an_option_is_passed_as_a_path(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tree (an envelope's, when integrating) may name a file ``--co.py``: in ``{files}``
+    it is ``./--co.py``, so pytest cannot read it as ``--collect-only`` and pass empty."""
+    (repo / "--co.py").write_text("def test_x() -> None:\n    assert False\n")
+    (repo / "m.toml").write_text(
+        '[gates.t]\nrun = ["echo", "{files}"]\nsplit = { files = ["*.py"], shards = 1 }\n'
+    )
+    code, body = run_json(
+        capsys, "release-check", str(repo / "m.toml"), "--repo", str(repo), "--dry-run"
+    )
+    assert code == 0
+    (gate,) = body["gates"].values()
+    assert gate["files"] == ["--co.py"]
+    _, manifest = load_step(RunOptions(repo=repo, manifest=repo / "m.toml"))
+    assert manifest.gates["t-1"].run == ("echo", "./--co.py")

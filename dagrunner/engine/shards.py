@@ -149,6 +149,8 @@ def _shard_gate(gate: GateSpec, shard: Shard, count: int) -> GateSpec:
     assert gate.split is not None
     cwd = gate.cwd
     args = [os.path.relpath(f, cwd) if cwd not in ("", ".") else f for f in shard.files]
+    # A file's name is the tree's (an envelope's, in integration): never read as an option.
+    args = [f"./{a}" if a.startswith("-") else a for a in args]
 
     def fill(word: str) -> str:
         return word.replace("{shard}", str(shard.number)).replace("{shards}", str(count))
