@@ -207,3 +207,25 @@ def test_release_check_prefers_manifests_release_toml_over_dagrunner_toml(
     (repo / "manifests" / "release.toml").write_text('[gates.release]\nrun = ["true"]\n')
     code, body = run_json(capsys, "release-check", "--repo", str(repo), "--quiet")
     assert code == 0 and [g["id"] for g in body["gates"]] == ["release"]
+
+
+def test_integrate_reads_dagrunner_toml_from_the_target_when_there_is_no_release_toml(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repo / "dagrunner.toml").write_text(
+        '[gates.check]\nrun = "! grep -rq BROKEN --include=*.txt ."\n'
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "manifest")
+    base = ["--repo", str(repo)]
+    for name, text in (("good", "fine\n"), ("bad", "BROKEN\n")):
+        _, made = run_json(
+            capsys, "worktree", "allocate", "--mission", "m", "--worker", name, *base
+        )
+        (Path(made["path"]) / f"{name}.txt").write_text(text)
+        out = str(repo.parent / f"{name}.json")
+        run_json(capsys, "worktree", "export", f"m/{name}", "-o", out, *base)
+        run_json(capsys, "integrate", "submit", out, *base)
+    code, body = run_json(capsys, "integrate", "run", *base)
+    outcome = {e["worker"]: e["state"] for e in body["envelopes"]}
+    assert code == 1 and outcome == {"good": "landed", "bad": "gates-failed"}, body
