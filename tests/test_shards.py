@@ -147,3 +147,28 @@ def test_a_file_named_like_an_option_is_passed_as_a_path(
     assert gate["files"] == ["--co.py"]
     _, manifest = load_step(RunOptions(repo=repo, manifest=repo / "m.toml"))
     assert manifest.gates["t-1"].run == ("echo", "./--co.py")
+
+
+def test_the_report_groups_a_split_gates_shards(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In headless Chromium: one line per split gate naming its shards, their verdicts and
+    times and the tests they ran; each shard's row says whose shard it is."""
+    from playwright.sync_api import sync_playwright
+    from test_report import _chromium
+
+    write_tests(repo, {"a": 0, "b": 0, "c": 0})
+    code, _, run_dir = check(capsys, repo, MANIFEST, "--no-cache")
+    assert code == 0
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=_chromium(), args=["--no-sandbox", "--disable-gpu"]
+        )
+        page = browser.new_page()
+        page.goto((run_dir / "index.html").as_uri())
+        line = page.locator("#split-tests").inner_text()
+        assert line.startswith("tests: split in 2 shards (tests-1 passed")
+        assert "tests-2 passed" in line and line.endswith("); 3 tests")
+        rows = page.locator("#gate-table tbody tr", has_text="shard of tests")
+        assert rows.count() == 2
+        browser.close()

@@ -288,6 +288,7 @@ class Scheduler:
             command=outcome.command,
             kind=gate.kind,
             tests=outcome.tests,
+            shard_of=gate.shard_of,
         )
         self.results[node] = result
         if self.listener is not None:
@@ -335,6 +336,7 @@ class Scheduler:
             id=node,
             status=Status.SKIPPED,
             kind=gate.kind,
+            shard_of=gate.shard_of,
             needs=gate.needs,
             cpu=gate.cpu,
             memory=gate.memory,

@@ -150,6 +150,7 @@ class GateResult:
     command: str = ""
     kind: str = "gate"  # gate | worker | integrate | land
     tests: TestRun | None = None  # from the gate's JUnit file (its ``junit`` key)
+    shard_of: str = ""  # a shard of a split gate: that gate's id
 
     @property
     def duration(self) -> float:

@@ -88,7 +88,12 @@ def _context(record: RunRecord, run_dir: Path) -> dict[str, Any]:
         g for g in gates if g.status in (Status.FAILED, Status.TIMED_OUT, Status.INTERRUPTED)
     ]
     speed = record.speed
+    splits: dict[str, list[Any]] = {}
+    for gate in record.gates:
+        if gate.shard_of:
+            splits.setdefault(gate.shard_of, []).append(gate)
     return {
+        "splits": splits,
         "record": record,
         "gates": gates,
         "failures": failures,
