@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import orjson
@@ -31,10 +31,26 @@ def read_history(path: Path, part: str = "durations") -> dict[str, float]:
     return {}
 
 
+def read_splits(path: Path) -> dict[str, dict[str, int]]:
+    """Each split gate's last assignment: file -> shard number."""
+    with contextlib.suppress(OSError, orjson.JSONDecodeError, AttributeError, TypeError):
+        data = orjson.loads(path.read_bytes()).get("splits", {})
+        return {
+            str(gate): {str(f): int(n) for f, n in files.items() if isinstance(n, int)}
+            for gate, files in data.items()
+            if isinstance(files, dict)
+        }
+    return {}
+
+
 MAX_CASES = 20000
 
 
-def record_history(path: Path, results: Iterable[GateResult]) -> None:
+def record_history(
+    path: Path,
+    results: Iterable[GateResult],
+    splits: Mapping[str, Mapping[str, int]] | None = None,
+) -> None:
     """Merge the durations of gates that really ran (passed, flaky or failed) into the
     history, and the seconds their JUnit files gave per test file (how splits balance)."""
     ran = [
@@ -52,5 +68,6 @@ def record_history(path: Path, results: Iterable[GateResult]) -> None:
         known = read_history(path, "cases")
         known.update(cases)
         kept = dict(list(known.items())[-MAX_CASES:])
-        body = {"durations": durations, "cases": kept}
+        assigned = read_splits(path) | {g: dict(f) for g, f in (splits or {}).items()}
+        body = {"durations": durations, "cases": kept, "splits": assigned}
         atomic_write(path, orjson.dumps(body, option=orjson.OPT_SORT_KEYS))

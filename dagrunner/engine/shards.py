@@ -48,11 +48,16 @@ def shard_id(gate: str, number: int) -> str:
 
 
 def expand(
-    manifest: Manifest, repo: Path, cpu: float, cases: Mapping[str, float]
+    manifest: Manifest,
+    repo: Path,
+    cpu: float,
+    cases: Mapping[str, float],
+    before: Mapping[str, Mapping[str, int]] | None = None,
 ) -> tuple[Manifest, dict[str, list[Shard]]]:
     """The manifest with every split gate replaced by its shards, and the shards per gate.
     ``cpu``: the governor's capacity (``auto``); ``cases``: seconds per JUnit file or
-    classname, from the history.  A manifest without ``split`` comes back as it is."""
+    classname, from the history; ``before``: each gate's last assignment (file -> shard),
+    kept while it stays balanced.  A manifest without ``split`` comes back as it is."""
     split = {g.id: g for g in manifest.gates.values() if g.split is not None}
     if not split:
         return manifest, {}
@@ -63,7 +68,8 @@ def expand(
         if gate.id not in split:
             gates[gate.id] = gate
             continue
-        shards[gate.id] = plan_shards(gate, files, cpu, cases, where=str(manifest.path))
+        last = (before or {}).get(gate.id, {})
+        shards[gate.id] = plan_shards(gate, files, cpu, cases, where=str(manifest.path), last=last)
         for shard in shards[gate.id]:
             made = _shard_gate(gate, shard, len(shards[gate.id]))
             if made.id in manifest.gates:
@@ -87,8 +93,19 @@ def only(names: Sequence[str], manifest: Manifest) -> tuple[str, ...]:
     return tuple(out)
 
 
+REBALANCE = (
+    1.25  # the last assignment is kept while its slowest shard is within this of the fastest
+)
+
+
 def plan_shards(
-    gate: GateSpec, files: Sequence[str], cpu: float, cases: Mapping[str, float], *, where: str
+    gate: GateSpec,
+    files: Sequence[str],
+    cpu: float,
+    cases: Mapping[str, float],
+    *,
+    where: str,
+    last: Mapping[str, int] | None = None,
 ) -> list[Shard]:
     assert gate.split is not None
     patterns = [glob_regex(p) for p in gate.split.files]
@@ -104,15 +121,44 @@ def plan_shards(
     count = gate.split.shards or max(1, math.floor(cpu / max(gate.cpu, 1e-9) + 1e-9))
     count = min(count, len(matched))
     seconds = file_seconds(matched, cases)
-    loads = [0.0] * count
-    members: list[list[str]] = [[] for _ in range(count)]
-    for path in sorted(matched, key=lambda f: (-seconds[f], f)):
-        lightest = min(range(count), key=lambda i: (loads[i], i))
-        members[lightest].append(path)
-        loads[lightest] += seconds[path]
+    members, loads = _assign(matched, seconds, count, last or {})
+    if min(loads) <= 0 or max(loads) > REBALANCE * min(loads):
+        members, loads = _assign(matched, seconds, count, {})  # balance again from scratch
     return [
         Shard(gate.id, i + 1, tuple(sorted(members[i])), round(loads[i], 3)) for i in range(count)
     ]
+
+
+def _assign(
+    files: Sequence[str], seconds: Mapping[str, float], count: int, last: Mapping[str, int]
+) -> tuple[list[list[str]], list[float]]:
+    """Files kept in their last shard (times wobble from run to run: a stable split keeps
+    its shards' cache keys), the rest longest first to the least loaded shard (LPT)."""
+    loads = [0.0] * count
+    members: list[list[str]] = [[] for _ in range(count)]
+    rest = []
+    for path in files:
+        shard = last.get(path)
+        if shard is not None and 1 <= shard <= count:
+            members[shard - 1].append(path)
+            loads[shard - 1] += seconds[path]
+        else:
+            rest.append(path)
+    for path in sorted(rest, key=lambda f: (-seconds[f], f)):
+        lightest = min(range(count), key=lambda i: (loads[i], i))
+        members[lightest].append(path)
+        loads[lightest] += seconds[path]
+    return members, loads
+
+
+def assignment(manifest: Manifest) -> dict[str, dict[str, int]]:
+    """Each split gate's files and their shard numbers, as the history keeps them."""
+    found: dict[str, dict[str, int]] = {}
+    for gate in manifest.gates.values():
+        if gate.shard_of:
+            number = int(gate.id.rsplit("-", 1)[1])
+            found.setdefault(gate.shard_of, {}).update(dict.fromkeys(gate.shard_files, number))
+    return found
 
 
 def file_seconds(files: Sequence[str], cases: Mapping[str, float]) -> dict[str, float]:

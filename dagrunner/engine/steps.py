@@ -31,7 +31,7 @@ from dagrunner.engine.cachestep import RunCache
 from dagrunner.engine.evidence import check_budget, speed_evidence
 from dagrunner.engine.governor import Governor, check_fits, resolve_capacity
 from dagrunner.engine.graph import build_graph, expected_durations, select, spec
-from dagrunner.engine.history import history_path, read_history, record_history
+from dagrunner.engine.history import history_path, read_history, read_splits, record_history
 from dagrunner.engine.plan import NodeKinds, PlainGates, Plan, RunOptions
 from dagrunner.engine.scheduler import Scheduler
 from dagrunner.errors import DagrunnerError
@@ -65,8 +65,9 @@ def split_gates(repo: Path, manifest: Manifest, options: RunOptions) -> Manifest
     if not any(g.split is not None for g in manifest.gates.values()):
         return manifest
     cpu = resolve_capacity(manifest.governor, jobs=options.jobs).cpu
-    cases = read_history(history_path(repo, manifest.name, options.history_root), "cases")
-    return shards.expand(manifest, repo, cpu, cases)[0]
+    history = history_path(repo, manifest.name, options.history_root)
+    before = read_splits(history)
+    return shards.expand(manifest, repo, cpu, read_history(history, "cases"), before)[0]
 
 
 def plan_step(
@@ -384,7 +385,7 @@ def _finish(
     record.integration = integration
     record.warnings = cache.warnings() + executor.warnings + record.warnings
     write_run_dir(record, run_dir)
-    record_history(plan.history, scheduled.results)
+    record_history(plan.history, scheduled.results, shards.assignment(plan.manifest))
     return record, run_dir
 
 
