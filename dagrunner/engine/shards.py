@@ -93,9 +93,9 @@ def only(names: Sequence[str], manifest: Manifest) -> tuple[str, ...]:
     return tuple(out)
 
 
-REBALANCE = (
-    1.25  # the last assignment is kept while its slowest shard is within this of the fastest
-)
+# The last assignment is kept while its slowest shard is within this of its fastest: test
+# times vary by 10-40% between runs under load, and every re-share changes shards' keys.
+REBALANCE = 1.5
 
 
 def plan_shards(
