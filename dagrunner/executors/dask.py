@@ -94,6 +94,7 @@ class DaskExecutor:
         # A lost scheduler is said once, in the run's warnings and its attempts' reasons --
         # not as the client's own traceback on stderr.
         logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
+        logging.getLogger("asyncio").addFilter(_not_all_exit)  # the client's own, on loss
         try:
             return Client(self.address, timeout=self.timeout)
         except (OSError, TimeoutError, ValueError) as exc:
@@ -420,6 +421,12 @@ class DaskExecutor:
 
     async def aclose(self) -> None:
         await trio.to_thread.run_sync(self.close)
+
+
+def _not_all_exit(record: logging.LogRecord) -> bool:
+    """Drop asyncio's "never retrieved" traceback of the client's ``AllExit`` (a lost scheduler)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ != "AllExit"
 
 
 def _wait(future: Any) -> remote.Returned | None:
