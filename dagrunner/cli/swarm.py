@@ -228,6 +228,8 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             )
             print(f"{outcome.state:<13} {outcome.id}  {extra}")
         confirmed = f", {result.confirm_runs} re-run to confirm" if result.confirm_runs else ""
+        if result.gates_reused:
+            confirmed += f", {result.gates_reused} gate(s) answered from verdicts already computed"
         print(
             f"{result.target}: {result.start[:12]} -> {result.end[:12]}; "
             f"{_gate_runs(result.gate_runs, result.cached_runs)}{confirmed}; "

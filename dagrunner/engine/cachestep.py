@@ -1,5 +1,9 @@
-"""The cache's place in a run: keys at plan time, lookups as gates become ready,
-stores after the run, and the proof written into each gate's record."""
+"""The cache's place in a run: keys at plan time, lookups as gates become ready, a store
+the moment a gate passes, and the proof written into each gate's record.
+
+Runs in one trio loop (the integration pipeline's trees) share :class:`Flights`: a gate
+whose key another run is computing now waits for that run's verdict instead of computing
+it too (single flight), then is looked up again."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any
 from dagrunner.engine.cache import KeyParts, Store, compute_keys
 from dagrunner.engine.graph import Graph, spec
 from dagrunner.engine.inputs import take_snapshot
-from dagrunner.engine.scheduler import Outcome
+from dagrunner.engine.scheduler import Flights, Outcome, Wait
 from dagrunner.engine.tools import remembered
 from dagrunner.executors.base import Fingerprint
 from dagrunner.git.command import git, split_z
@@ -39,8 +43,14 @@ class RunCache:
         fingerprint: Fingerprint | None = None,
         remember_tools: bool = True,
         trusted: str | None = None,
+        run_id: str = "",
+        flights: Flights | None = None,
     ) -> None:
         self.manifest = manifest
+        self.run_id = run_id
+        self.flights = flights
+        self.claimed: dict[str, str] = {}  # gate -> the key it computes for the others
+        self.waited: set[str] = set()  # gates that waited for another run's flight once
         self.run_dir = run_dir
         self.read = read
         self.store = store or Store()
@@ -105,20 +115,34 @@ class RunCache:
             }
         return CacheProof(cacheable=True, key=parts.key, parts=parts.summary(), tree_scoped=scoped)
 
-    def lookup(self, gate: str) -> Outcome | None:
+    def lookup(self, gate: str) -> Outcome | Wait | None:
         """A CACHED outcome with its proof when a passing entry has this gate's key (or,
-        for a tree-scoped gate, its key for this exact tree)."""
+        for a tree-scoped gate, its key for this exact tree); a :class:`Wait` when another
+        run computes one of those keys now; None when this run must compute it."""
         parts = self.keys.get(gate)
         if not self.read or not isinstance(parts, KeyParts):
             return None
-        hit = self.store.lookup(parts.key)
-        if hit is None and gate in self.scoped:
-            # this very tree; or the trusted head's own tree, judged while it was an
-            # envelope's (it has landed since, so its verdict is a trusted one)
-            scoped = self.scoped[gate]
-            hit = self.store.lookup(scoped[0]) or self.store.lookup(scoped[2])
+        # this very tree; or the trusted head's own tree, judged while it was an
+        # envelope's (it has landed since, so its verdict is a trusted one)
+        scoped = self.scoped.get(gate)
+        keys = [parts.key, *((scoped[0], scoped[2]) if scoped else ())]
+        hit = next((h for h in map(self.store.lookup, keys) if h is not None), None)
         if hit is None:
+            flights = self.flights
+            if flights is not None and gate not in self.waited:
+                for key in keys:
+                    if key in flights.running:
+                        # once: a flight that ends without a pass leaves this run to compute
+                        # it itself, beside the others, not behind them one by one
+                        flights.waited += 1
+                        self.waited.add(gate)
+                        return Wait(done=flights.running[key], key=key)
+                mine = self.store_key(gate, parts)
+                flights.claim(mine)
+                self.claimed[gate] = mine
             return None
+        if self.flights is not None:
+            self.flights.reused += 1
         log = self.run_dir / "logs" / f"{gate}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("wb") as out:
@@ -147,21 +171,35 @@ class RunCache:
         why = "cache reads disabled (--no-cache)" if not self.read else "no entry"
         return replace(proof, hit=False, reason=why)
 
-    def store_passed(self, results: list[GateResult], run_id: str) -> None:
-        """Store every plain pass (not flaky, not cached) of a cacheable gate."""
-        for result in results:
-            parts = self.keys.get(result.id)
-            if result.status is Status.PASSED and isinstance(parts, KeyParts):
-                scoped = self.scoped.get(result.id)
-                self.store.store(
-                    manifest_name=self.manifest.name,
-                    parts=parts,
-                    result=result,
-                    run_id=run_id,
-                    log=self.run_dir / "logs" / f"{result.id}.log",
-                    key=scoped[0] if scoped else None,
-                )
-                self.stored += 1
+    def store_key(self, gate: str, parts: KeyParts) -> str:
+        """The key this run stores ``gate``'s pass under: its input key, or this tree's."""
+        scoped = self.scoped.get(gate)
+        return scoped[0] if scoped else parts.key
+
+    def settled(self, result: GateResult) -> None:
+        """A gate's result is recorded: a plain pass (not flaky, not cached) of a cacheable
+        gate is stored now, so that runs waiting for its key are answered from it."""
+        parts = self.keys.get(result.id)
+        if result.status is Status.PASSED and isinstance(parts, KeyParts):
+            self.store.store(
+                manifest_name=self.manifest.name,
+                parts=parts,
+                result=result,
+                run_id=self.run_id,
+                log=self.run_dir / "logs" / f"{result.id}.log",
+                key=self.store_key(result.id, parts),
+            )
+            self.stored += 1
+        self.land(result.id)
+
+    def land(self, gate: str | None = None) -> None:
+        """Waiters on what this run claimed (``gate``'s key, or all) look again."""
+        if self.flights is None:
+            return
+        for name in [gate] if gate is not None else list(self.claimed):
+            key = self.claimed.pop(name, None) if name is not None else None
+            if key is not None:
+                self.flights.land(key)
 
     def summary(self, results: list[GateResult]) -> dict[str, Any]:
         cacheable = [g for g, p in self.keys.items() if isinstance(p, KeyParts)]

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from dagrunner.engine.governor import Capacity
 from dagrunner.engine.graph import Graph
-from dagrunner.engine.scheduler import Listener
+from dagrunner.engine.scheduler import Flights, Listener
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.run import GateResult, Status
 from dagrunner.records.summary import RunIntegration
@@ -45,6 +45,9 @@ class RunOptions:
     # its verdicts are then reused by input key only where the reuse rule allows
     # (``cachestep._tree_scoped``, docs/security.md).
     trusted: str | None = None
+    # Keys computed now by other runs in this trio loop (the pipeline's trees): shared, a
+    # gate whose key is in flight waits for it instead of computing it again.
+    flights: Flights | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 import trio
@@ -42,8 +42,35 @@ class Outcome:
     tests: TestRun | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Wait:
+    """A lookup's answer "another run computes this key now": look again once it is set."""
+
+    done: trio.Event
+    key: str
+
+
+@dataclass
+class Flights:
+    """Cache keys some run in this trio loop is computing now, each with the event its
+    waiters wait on; ``reused`` and ``waited`` count what they saved."""
+
+    running: dict[str, trio.Event] = field(default_factory=dict)
+    reused: int = 0  # gates answered from a verdict computed in this loop or before
+    waited: int = 0  # lookups that waited for a key in flight instead of computing it
+
+    def claim(self, key: str) -> None:
+        self.running[key] = trio.Event()
+
+    def land(self, key: str) -> None:
+        event = self.running.pop(key, None)
+        if event is not None:
+            event.set()
+
+
 RunGate = Callable[[str, float], Awaitable[Outcome]]  # (gate id, run start) -> outcome
-Lookup = Callable[[str], Outcome | None]
+Lookup = Callable[[str], Outcome | Wait | None]
+Settled = Callable[[GateResult], None]  # each result, the moment it is recorded
 Listener = Callable[[str, GateResult], None]  # ("start" | "end", result so far)
 
 
@@ -75,6 +102,7 @@ class Scheduler:
         run_gate: RunGate,
         expected: Mapping[str, float],
         lookup: Lookup | None = None,
+        settled: Settled | None = None,
         fail_fast: bool = False,
         sample_interval: float = 0.5,
         backfill_limit: float = 60.0,
@@ -84,6 +112,7 @@ class Scheduler:
         self.governor = governor
         self.run_gate = run_gate
         self.lookup = lookup
+        self.settled = settled
         self.expected = dict(expected)
         self.priority = short_first(graph, self.expected, bottom_levels(graph, expected))
         self.fail_fast = fail_fast
@@ -111,14 +140,14 @@ class Scheduler:
         """Run every gate (or skip it) and return the results in topological order."""
         self._t0 = trio.current_time()
         self.samples.append(self.governor.sample(0.0))  # pressure is known before a start
-        # Collect the roots first: a cache hit among them makes its dependents ready at once.
-        for node in [n for n in self.graph.nodes if self._waiting_needs[n] == 0]:
-            self._make_ready(node)
         self.governor.wakers.append(self.wake)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._sample_loop)
+                # The roots first: a cache hit among them makes its dependents ready at once.
+                for node in [n for n in self.graph.nodes if self._waiting_needs[n] == 0]:
+                    self._make_ready(node)
                 while len(self.results) < self.graph.number_of_nodes():
                     self._start_what_fits(nursery)
                     if len(self.results) == self.graph.number_of_nodes():
@@ -216,12 +245,24 @@ class Scheduler:
             return
         if self.lookup is not None:
             hit = self.lookup(node)
+            if isinstance(hit, Wait):
+                assert self._nursery is not None
+                self._nursery.start_soon(self._after_flight, node, hit)
+                return
             if hit is not None:
                 now = self.now()
                 self._record(node, hit, ready=now, started=now, finished=now, lane=None)
                 return
         self._ready[node] = self.now()
         bisect.insort(self._order, (-self.priority[node], node))
+
+    async def _after_flight(self, node: str, wait: Wait) -> None:
+        """``node``'s key is being computed by another run: it takes no capacity until that
+        ends, then is looked up again (a pass answers it; otherwise it runs here)."""
+        await wait.done.wait()
+        if node not in self.results and not self._stopping and not self.interrupted:
+            self._make_ready(node)
+        self._wake.set()
 
     def _start(self, nursery: trio.Nursery, node: str) -> None:
         gate = spec(self.graph, node)
@@ -291,6 +332,8 @@ class Scheduler:
             shard_of=gate.shard_of,
         )
         self.results[node] = result
+        if self.settled is not None:
+            self.settled(result)
         if self.listener is not None:
             self.listener("end", result)
         if result.status.ok:

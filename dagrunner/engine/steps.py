@@ -180,6 +180,7 @@ async def schedule_step(
         governor,
         run_gate=runner,
         lookup=cache.lookup,
+        settled=cache.settled,
         expected=plan.expected,
         fail_fast=options.fail_fast,
         sample_interval=plan.manifest.governor.sample_interval,
@@ -208,6 +209,7 @@ async def schedule_step(
             for pid, token in await trio.to_thread.run_sync(sweep_orphans):
                 warnings.append(f"ended process {pid} left running by a finished gate ({token})")
     finally:
+        cache.land()  # whatever this run claimed and did not settle: its waiters look again
         shutil.rmtree(runner.sandbox_root, ignore_errors=True)
     return Scheduled(
         results=results,
@@ -364,6 +366,8 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
         # identity read from outside covers -- so there its tools run every time.
         remember_tools=not plan.read_only,
         trusted=options.trusted,
+        run_id=run_id,
+        flights=options.flights,
     )
     env = options.environ if options.environ is not None else os.environ
     nodes = (options.node_kinds or PlainGates.open)(plan, run_id, env)
@@ -377,7 +381,6 @@ def _finish(
     # Tool fingerprints ran before the schedule: the user waited for them too.
     scheduled = replace(scheduled, wall=scheduled.wall + cache.setup_seconds)
     integration = prepared.nodes.finish(scheduled.results, interrupted=scheduled.interrupted)
-    cache.store_passed(scheduled.results, prepared.run_id)
     record = record_step(
         plan, options, run_id=prepared.run_id, started_at=prepared.started_at, scheduled=scheduled
     )

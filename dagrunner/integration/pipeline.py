@@ -32,6 +32,7 @@ import trio
 
 from dagrunner.engine.governor import Governor, resolve_capacity
 from dagrunner.engine.plan import RunOptions
+from dagrunner.engine.scheduler import Flights
 from dagrunner.engine.steps import gate_run
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
@@ -74,6 +75,7 @@ class Pipeline:
         self.moves = 0
         self.t0 = 0.0
         self.error: DagrunnerError | None = None
+        self.flights = Flights()  # cache keys one tree's run computes for the others
         self.tally = PipelineTally(window=self.ceiling)  # what the integrator's result takes
 
     # -- the controller ----------------------------------------------------------------------
@@ -282,11 +284,15 @@ class Pipeline:
                         only=run.only,
                         read_only=self.it.guarded,
                         trusted=trusted,
+                        flights=self.flights,
                     ),
                     self.executor,
                     self.governor,
                 )
-                if record.gates and all(g.status is Status.CACHED for g in record.gates):
+                cached = sum(g.status is Status.CACHED for g in record.gates)
+                self.tally.gates_reused += cached
+                self.tally.gates_waited = self.flights.waited
+                if record.gates and cached == len(record.gates):
                     self.tally.cached_runs += 1
                 finished = Finished(
                     run.item,

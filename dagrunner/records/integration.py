@@ -254,6 +254,8 @@ class PipelineTally:
     window: int = 1
     gate_runs: int = 0
     cached_runs: int = 0
+    gates_reused: int = 0  # gates answered from a verdict instead of run (the cache, its flights)
+    gates_waited: int = 0  # of those, gates that waited for a key another tree computed then
     confirm_runs: int = 0
     rebuilds: int = 0
     resets: int = 0
@@ -270,6 +272,8 @@ class IntegrationResult:
     envelopes: list[EnvelopeOutcome] = field(default_factory=list)
     gate_runs: int = 0  # including confirmation re-runs
     cached_runs: int = 0  # gate runs where every gate was a cache hit (said, not in the JSON)
+    gates_reused: int = 0  # gates answered from a verdict, in every tree and rebuild
+    gates_waited: int = 0  # lookups that waited for the same key in flight in another tree
     confirm_runs: int = 0  # re-runs of failed gates on the same tree (flake confirmation)
     rebuilds: int = 0
     resets: int = 0  # items rebuilt because one ahead of them failed
@@ -331,4 +335,6 @@ class IntegrationResult:
             "window": self.window,
             "interrupted": self.interrupted,
             "pipeline": [p.to_json() for p in self.pipeline],
+            "gates_reused": self.gates_reused,
+            "gates_waited": self.gates_waited,
         }
