@@ -29,7 +29,7 @@ INTEGRATE_KEYS = [
     "target_moving", "checkout_stale", "report_dir", "counts",
     # added with the speculative pipeline, after the older keys
     "confirm_runs", "resets", "window", "interrupted", "pipeline",
-    "gates_reused", "gates_waited",  # with reuse across the pipeline's trees
+    "gates_reused", "gates_waited", "warnings",  # with reuse and landed proofs
 ]  # fmt: skip
 
 

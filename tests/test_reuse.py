@@ -3,10 +3,15 @@ and rebuilds (identical keys in flight run once), on real repositories and proce
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import uuid
 from pathlib import Path
+from typing import Any
 
 import orjson
-from conftest import commit_release_manifest, git
+from conftest import CLI, commit_release_manifest, git
 from test_integration import worker
 
 from dagrunner.git.repo import repo_info
@@ -79,3 +84,182 @@ def test_a_failed_flight_answers_nobody_and_its_waiters_run_themselves(
     ]
     assert "cached" not in heavy[: heavy.count("failed")], heavy
     assert heavy.count("failed") >= 2 and heavy[-1] == "passed", heavy
+
+
+# -- landed proofs ----------------------------------------------------------------------------
+
+
+def keypair(folder: Path, name: str) -> tuple[Path, str]:
+    """A real ed25519 key (no passphrase) and its allowed_signers line."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = folder / name
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(key)], check=True
+    )
+    public = (folder / f"{name}.pub").read_text().split()
+    return key, f'{name}@example namespaces="dagrunner-landed-proof" {public[0]} {public[1]}\n'
+
+
+def proof_manifest(tmp: Path) -> str:
+    """``heavy`` has inputs; ``whole`` has none (its proof is keyed by the whole tree); both
+    count their runs; ``heavy``'s tool reads a version file outside the repository."""
+    return f"""
+[sandbox]
+writable = ["{tmp}"]
+
+[gates.heavy]
+run = "echo ran >> '{tmp / "heavy.txt"}'; ! grep -q BAD src/a.txt"
+inputs = ["src/**"]
+tools = ["cat '{tmp / "tool-version"}'"]
+
+[gates.whole]
+run = "echo ran >> '{tmp / "whole.txt"}'"
+needs = ["heavy"]
+"""
+
+
+def landed_project(project: Path, tmp: Path) -> tuple[Path, str]:
+    """main with the manifest and the integrator's key in .dagrunner/allowed_signers; one
+    envelope integrated and landed with DAGRUNNER_SIGNING_KEY.  The key; the landed commit."""
+    key, line = keypair(tmp / "keys", "integrator")
+    (tmp / "tool-version").write_text("tool 1.0\n")
+    (project / ".dagrunner").mkdir()
+    (project / ".dagrunner" / "allowed_signers").write_text(line)
+    (project / "src").mkdir()
+    (project / "src" / "a.txt").write_text("GOOD\n")
+    commit_release_manifest(project, proof_manifest(tmp))
+    envelope = worker(project, "w1", lambda p: (p / "src" / "a.txt").write_text("GOOD too\n"))
+    submit(repo_info(project), [envelope])
+    result = integrate(repo=project, env={**os.environ, "DAGRUNNER_SIGNING_KEY": str(key)})
+    assert result.ok and not result.warnings, result.to_json()
+    return key, git(project, "rev-parse", "main").strip()
+
+
+def fresh_clone(project: Path, tmp: Path, name: str = "clone") -> Path:
+    clone = tmp / name
+    git(tmp, "clone", "-q", str(project), str(clone))
+    git(clone, "fetch", "-q", "origin", "refs/notes/*:refs/notes/*")
+    return clone
+
+
+def reuse_landed(clone: Path, tmp: Path, *extra: str, **env: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [*CLI, "release-check", "--reuse-landed", "--json", "--report-dir", str(tmp / "r"), *extra],
+        cwd=clone,
+        # a cache of its own each time: only the proof can answer
+        env={**os.environ, "DAGRUNNER_CACHE_DIR": str(tmp / uuid.uuid4().hex), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    body: dict[str, Any] = orjson.loads(done.stdout)
+    shutil.rmtree(tmp / "r")
+    return body
+
+
+def statuses(body: dict[str, Any]) -> dict[str, str]:
+    return {g["id"]: g["status"] for g in body["gates"]}
+
+
+def test_a_fresh_clone_with_the_notes_runs_no_gate_and_says_whose_proof(
+    project: Path, tmp_path: Path
+) -> None:
+    _, landed = landed_project(project, tmp_path)
+    note = orjson.loads(git(project, "notes", "--ref=dagrunner", "show", landed))
+    assert note["signature"].startswith("-----BEGIN SSH SIGNATURE-----")
+    assert set(note["proof"]["gates"]) == {"heavy", "whole"}
+    assert note["proof"]["tree"] == git(project, "rev-parse", "main^{tree}").strip()
+    before = [(tmp_path / f).read_text() for f in ("heavy.txt", "whole.txt")]
+    body = reuse_landed(fresh_clone(project, tmp_path), tmp_path)
+    assert statuses(body) == {"heavy": "cached", "whole": "cached"}, body["warnings"]
+    assert [(tmp_path / f).read_text() for f in ("heavy.txt", "whole.txt")] == before
+    reasons = [g["reason"] for g in body["gates"]]
+    assert all(f"landed proof {landed[:12]}" in r and "integrator@example" in r for r in reasons)
+    assert body["gates"][0]["cache"]["landed"]["commit"] == landed
+    assert body["warnings"] == []
+
+
+def test_a_tampered_proof_a_wrong_signer_or_a_new_tool_version_make_the_gates_run(
+    project: Path, tmp_path: Path
+) -> None:
+    _, landed = landed_project(project, tmp_path)
+    clone = fresh_clone(project, tmp_path)
+    # a wrong signer: the caller's allowed signers list another key only
+    _, other = keypair(tmp_path / "keys", "someone")
+    (tmp_path / "signers").write_text(other)
+    body = reuse_landed(clone, tmp_path, DAGRUNNER_ALLOWED_SIGNERS=str(tmp_path / "signers"))
+    assert statuses(body) == {"heavy": "passed", "whole": "passed"}
+    assert any("does not verify" in w for w in body["warnings"]), body["warnings"]
+    # a new version of heavy's tool: heavy's key differs, so it runs (and whole, which needs it)
+    (tmp_path / "tool-version").write_text("tool 2.0\n")
+    body = reuse_landed(clone, tmp_path)
+    assert statuses(body) == {"heavy": "passed", "whole": "passed"}, body["warnings"]
+    (tmp_path / "tool-version").write_text("tool 1.0\n")
+    # a tampered proof: one byte of a duration changed, the signature kept
+    note = orjson.loads(git(clone, "notes", "--ref=dagrunner", "show", landed))
+    note["proof"]["gates"]["heavy"]["duration"] += 1
+    (tmp_path / "note.json").write_bytes(orjson.dumps(note))
+    git(clone, "notes", "--ref=dagrunner", "add", "-f", "-F", str(tmp_path / "note.json"), landed)
+    body = reuse_landed(clone, tmp_path)
+    assert statuses(body) == {"heavy": "passed", "whole": "passed"}
+    assert sum("does not verify" in w for w in body["warnings"]) == 1, body["warnings"]
+
+
+def test_a_commit_that_adds_its_own_key_cannot_vouch_for_itself(
+    project: Path, tmp_path: Path
+) -> None:
+    """The hostile view: the commit under test adds the attacker's key to allowed_signers and
+    carries a proof signed by it.  Signers come from main's tip, so the proof is ignored."""
+    landed_project(project, tmp_path)
+    clone = fresh_clone(project, tmp_path)
+    evil, line = keypair(tmp_path / "keys", "attacker")
+    git(clone, "checkout", "-q", "-b", "pr")
+    with (clone / ".dagrunner" / "allowed_signers").open("a") as signers:
+        signers.write(line)
+    (clone / "src" / "a.txt").write_text("BAD\n")  # heavy fails on this tree
+    git(clone, "commit", "-qam", "trust me")
+    head = git(clone, "rev-parse", "HEAD").strip()
+    note = orjson.loads(git(clone, "notes", "--ref=dagrunner", "show", "main"))
+    proof = note["proof"]
+    proof["commit"], proof["tree"] = head, git(clone, "rev-parse", "HEAD^{tree}").strip()
+    heavy_key = reuse_landed_keys(clone, tmp_path)
+    proof["gates"]["heavy"]["key"] = heavy_key  # a forged pass for this tree's real key
+    note["signature"] = sign_as(evil, proof, tmp_path)
+    (tmp_path / "note.json").write_bytes(orjson.dumps(note))
+    git(clone, "notes", "--ref=dagrunner", "add", "-f", "-F", str(tmp_path / "note.json"), head)
+    done = subprocess.run(
+        [*CLI, "release-check", "--reuse-landed", "--json"],
+        cwd=clone,
+        env={**os.environ, "DAGRUNNER_CACHE_DIR": str(tmp_path / "another-cache")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    body = orjson.loads(done.stdout)
+    assert done.returncode == 1 and statuses(body)["heavy"] == "failed", body["warnings"]
+    assert any("does not verify" in w for w in body["warnings"]), body["warnings"]
+
+
+def reuse_landed_keys(clone: Path, tmp: Path) -> str:
+    """heavy's key on the clone's HEAD, as a run computes it (its record's cache proof)."""
+    done = subprocess.run(
+        [*CLI, "release-check", "--dry-run", "--json"],
+        cwd=clone,
+        env={**os.environ, "DAGRUNNER_CACHE_DIR": str(tmp / "another-cache")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return str(orjson.loads(done.stdout)["gates"]["heavy"]["cache"]["key"])
+
+
+def sign_as(key: Path, proof: dict[str, Any], tmp: Path) -> str:
+    data = orjson.dumps(proof, option=orjson.OPT_SORT_KEYS)
+    done = subprocess.run(
+        ["ssh-keygen", "-Y", "sign", "-q", "-f", str(key), "-n", "dagrunner-landed-proof"],
+        input=data,
+        capture_output=True,
+        check=True,
+    )
+    return done.stdout.decode()

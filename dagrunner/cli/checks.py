@@ -47,6 +47,8 @@ def cmd_release_check(args: argparse.Namespace) -> int:
         fail_fast=args.fail_fast,
         no_cache=args.no_cache,
         executor=args.executor,
+        reuse_landed=args.reuse_landed,
+        target=args.target,
     )
     if args.dry_run:
         return _dry_run(options, as_json=args.json)

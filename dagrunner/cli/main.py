@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--executor", default="local", help="local (default) or dask://HOST:PORT")
     rc.add_argument("--dry-run", action="store_true", help="say what would run, what is cached "
                     "(with proof), in which order; run nothing")  # fmt: skip
+    rc.add_argument("--reuse-landed", action="store_true", help="answer from HEAD's landed proof")
+    rc.add_argument("--target", default="main", help="trust the signers on its tip (main)")
     rc.set_defaults(handler="cmd_release_check")
 
     it = sub.add_parser("init", parents=[common], help="write a manifest from the project's checks")

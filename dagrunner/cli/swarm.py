@@ -235,6 +235,8 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             f"{_gate_runs(result.gate_runs, result.cached_runs)}{confirmed}; "
             f"window {result.window}; report {result.report_dir}"
         )
+        for warning in result.warnings:
+            print(f"warning: {warning}")
         if result.interrupted:
             print("interrupted: what was in flight is queued again")
         if result.land_blocked:

@@ -5,7 +5,8 @@
   attempts and verdict.  ``steps``: the pipeline of steps (``release_check``, ``gate_run``).
 - ``shards``: a split gate as shards balanced by recorded durations.
 - ``evidence``: speed and budget.  ``history``: measured durations.  ``dry_run``.
-- The gate cache: ``cache`` (keys, the signed store, explain), ``cachestep`` (its place in a
-  run, the reuse rule), ``inputs`` (what the globs match), ``tools`` (fingerprints
-  remembered by identity).
+- The gate cache: ``keys`` (a gate's key), ``cache`` (the signed store, explain),
+  ``cachestep`` (its place in a run, the reuse rule, single flight), ``inputs`` (what the
+  globs match), ``tools`` (fingerprints remembered by identity), ``landed`` (signed landed
+  proofs in git notes).
 """

@@ -1,11 +1,7 @@
 """The content-addressed gate cache, with proof of why a gate was skipped.
 
-A gate with ``inputs`` is cacheable.  Its key is a sha256 over a canonical
-encoding of its components: the resolved definition (run, cwd, timeout), the
-hermetic environment (names and values), the manifest's ``cache_salt``, the
-content ids of every input file, the keys of the gates it needs, the output of
-its declared ``tools`` commands, and :data:`CACHE_FORMAT`.  Secrets never
-reach the store: environment values are kept only as hashes.
+A gate with ``inputs`` is cacheable, under its key (``keys.py``).  Secrets never reach
+the store: environment values are kept only as hashes.
 
 Entries live under ``DAGRUNNER_CACHE_DIR`` as ``entries/<k[:2]>/<k>.json``
 (written atomically) plus ``entries/<k[:2]>/<k>.log``.  Each entry carries an
@@ -26,168 +22,16 @@ import hmac
 import os
 import secrets
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from dagrunner.engine.graph import Graph, integration_map, spec, topological_order
-from dagrunner.engine.inputs import Snapshot, input_files
-from dagrunner.executors.base import Fingerprint
+from dagrunner.engine.keys import CACHE_FORMAT, KeyParts
 from dagrunner.files import atomic_write, mark_own_output
 from dagrunner.git.repo import cache_root
-from dagrunner.manifest.load import GateSpec, Manifest
-from dagrunner.process.command import tool_fingerprint
 from dagrunner.records.run import GateResult
-
-CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
-# Derived from the commit, so it would miss every entry on every commit; it is
-# recorded in the proof instead (docs/cache.md says why).
-NOT_KEYED_ENV = frozenset({"SOURCE_DATE_EPOCH"})
-
-
-def _digest(value: object) -> str:
-    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def _hash_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-@dataclass(frozen=True, kw_only=True)
-class KeyParts:
-    """The components of one gate's key, in the form kept in the store."""
-
-    gate: str
-    definition: dict[str, Any]
-    env: dict[str, str]  # name -> sha256 of the value
-    salt: str
-    inputs: dict[str, str]  # path -> content id
-    unmatched: list[str]
-    needs: dict[str, str]  # gate -> its key
-    tools: dict[str, str]  # command -> sha256 of its output
-    tool_lines: dict[str, str] = field(default_factory=dict)  # command -> its output, for people
-
-    @property
-    def key(self) -> str:
-        return _digest(
-            {
-                "format": CACHE_FORMAT,
-                "definition": self.definition,
-                "env": self.env,
-                "salt": _hash_text(self.salt),
-                "inputs": self.inputs,
-                "needs": self.needs,
-                "tools": self.tools,
-            }
-        )
-
-    def summary(self) -> dict[str, Any]:
-        """The proof shown in a gate's record: counts and digests, not the whole file list."""
-        return {
-            "inputs": {"count": len(self.inputs), "digest": _digest(self.inputs)},
-            "unmatched_globs": self.unmatched,
-            "env_digest": _digest(self.env),
-            "env_names": sorted(self.env),
-            "definition_digest": _digest(self.definition),
-            "needs": self.needs,
-            "tools": {cmd: self.tool_lines.get(cmd, "").split("\n")[0] for cmd in self.tools},
-            "format": CACHE_FORMAT,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "gate": self.gate,
-            "definition": self.definition,
-            "env": self.env,
-            "salt": _hash_text(self.salt),
-            "inputs": self.inputs,
-            "unmatched": self.unmatched,
-            "needs": self.needs,
-            "tools": self.tools,
-            "tool_lines": self.tool_lines,
-            "format": CACHE_FORMAT,
-        }
-
-
-"""(command, the gate's environment) -> (hash of its output, the output for people)."""
-
-
-def compute_keys(
-    manifest: Manifest,
-    graph: Graph,
-    snapshot: Snapshot,
-    envs: Mapping[str, Mapping[str, str]],
-    repo: Path,
-    *,
-    hide: Path | None = None,
-    fingerprint: Fingerprint | None = None,
-) -> dict[str, KeyParts | str]:
-    """Each gate's key parts, or a sentence saying why it is not cacheable.
-
-    ``fingerprint`` takes the tools' fingerprints where the gates run (a cluster's
-    workers); by default here, in ``repo``."""
-    result: dict[str, KeyParts | str] = {}
-    tools: dict[tuple[str, str], tuple[str, str]] = {}
-    above = integration_map(graph)
-    for node in topological_order(graph):
-        gate = spec(graph, node)
-        if gate.kind != "gate":
-            result[node] = f"not cacheable: a {gate.kind} node always runs"
-            continue
-        if above[node]:
-            result[node] = "not cacheable: it runs in an integration worktree"
-            continue
-        if not gate.inputs:
-            result[node] = "not cacheable: the gate declares no inputs"
-            continue
-        blocked = [n for n in gate.needs if not isinstance(result.get(n), KeyParts)]
-        if blocked:
-            result[node] = f"not cacheable: it needs {blocked[0]!r}, which is not cacheable"
-            continue
-        env = envs[node]
-        fingerprints: dict[str, str] = {}
-        lines: dict[str, str] = {}
-        for command in gate.tools:
-            cache_key = (command, _digest(dict(env)))
-            if cache_key not in tools:
-                tools[cache_key] = (
-                    fingerprint(command, env)
-                    if fingerprint is not None
-                    else tool_fingerprint(
-                        command, env, repo, hide=hide, writable=manifest.sandbox.writable
-                    )
-                )
-            fingerprints[command], lines[command] = tools[cache_key]
-        files, unmatched = input_files(snapshot, gate.inputs)
-        needs: dict[str, str] = {}
-        for need in gate.needs:
-            parts = result[need]
-            assert isinstance(parts, KeyParts)
-            needs[need] = parts.key
-        result[node] = KeyParts(
-            gate=node,
-            definition=_definition(gate),
-            env={k: _hash_text(v) for k, v in env.items() if k not in NOT_KEYED_ENV},
-            salt=manifest.cache_salt,
-            inputs=files,
-            unmatched=unmatched,
-            needs=needs,
-            tools=fingerprints,
-            tool_lines=lines,
-        )
-    return result
-
-
-def _definition(gate: GateSpec) -> dict[str, Any]:
-    return {
-        "run": gate.run if isinstance(gate.run, str) else list(gate.run),
-        "cwd": gate.cwd,
-        "timeout": gate.timeout,
-    }
-
 
 # -- the store ---------------------------------------------------------------------------
 

@@ -15,9 +15,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dagrunner.engine.cache import KeyParts, Store, compute_keys
+from dagrunner.engine.cache import Store
 from dagrunner.engine.graph import Graph, spec
 from dagrunner.engine.inputs import take_snapshot
+from dagrunner.engine.keys import KeyParts, compute_keys, store_keys
+from dagrunner.engine.landed import Verified, manifest_digest
+from dagrunner.engine.landed import clean_tree as landed_tree
 from dagrunner.engine.scheduler import Flights, Outcome, Wait
 from dagrunner.engine.tools import remembered
 from dagrunner.executors.base import Fingerprint
@@ -45,6 +48,8 @@ class RunCache:
         trusted: str | None = None,
         run_id: str = "",
         flights: Flights | None = None,
+        whole_tree: bool = False,
+        landed: Verified | str | None = None,
     ) -> None:
         self.manifest = manifest
         self.run_id = run_id
@@ -57,10 +62,22 @@ class RunCache:
         self.snapshot_files = 0
         self.hashed_files = 0
         started = time.monotonic()
-        if any(spec(graph, n).inputs and spec(graph, n).kind == "gate" for n in graph.nodes):
+        # A landed proof (written, or answered from) keys the gates without inputs by the
+        # whole tree too, when the checkout is exactly HEAD (``landed.py``).
+        self.tree = landed_tree(repo) if whole_tree or isinstance(landed, Verified) else None
+        if isinstance(landed, Verified) and landed.proof.manifest_digest != manifest_digest(
+            manifest.path
+        ):
+            landed = f"the landed proof on {landed.proof.commit[:12]} was made with another "
+            landed += "manifest; every gate runs"
+        self.landed = landed if isinstance(landed, Verified) else None
+        self.landed_warning = landed if isinstance(landed, str) else ""
+        if self.tree or any(
+            spec(graph, n).inputs and spec(graph, n).kind == "gate" for n in graph.nodes
+        ):
             snapshot = take_snapshot(repo)
             self.snapshot_files, self.hashed_files = len(snapshot.paths), snapshot.hashed
-            self.keys = compute_keys(
+            self.all_keys = compute_keys(
                 manifest,
                 graph,
                 snapshot,
@@ -68,9 +85,11 @@ class RunCache:
                 repo,
                 hide=self.store.root,
                 fingerprint=fingerprint or (self.remembering(repo) if remember_tools else None),
+                tree=self.tree,
             )
         else:
-            self.keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}
+            self.all_keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}
+        self.keys = store_keys(self.all_keys)
         self.scoped = _tree_scoped(graph, self.keys, repo, trusted) if trusted else {}
         self.setup_seconds = time.monotonic() - started
         self.stored = 0
@@ -98,7 +117,7 @@ class RunCache:
             if isinstance(parts, KeyParts)
             for glob in parts.unmatched
         ]
-        return found + self.store.warnings
+        return found + self.store.warnings + ([self.landed_warning] if self.landed_warning else [])
 
     def proof(self, gate: str) -> CacheProof:
         parts = self.keys.get(gate)
@@ -119,6 +138,9 @@ class RunCache:
         """A CACHED outcome with its proof when a passing entry has this gate's key (or,
         for a tree-scoped gate, its key for this exact tree); a :class:`Wait` when another
         run computes one of those keys now; None when this run must compute it."""
+        answered = self.from_landed(gate)
+        if answered is not None:
+            return answered
         parts = self.keys.get(gate)
         if not self.read or not isinstance(parts, KeyParts):
             return None
@@ -163,6 +185,50 @@ class RunCache:
             cache=proof,
             command=str(hit.result.get("command", "")),
         )
+
+    def from_landed(self, gate: str) -> Outcome | None:
+        """A CACHED outcome when the verified landed proof holds this gate's key exactly."""
+        parts = self.all_keys.get(gate)
+        verified = self.landed
+        if verified is None or not self.read or not isinstance(parts, KeyParts):
+            return None
+        proven = verified.proof.gates.get(gate)
+        if proven is None or proven.key != parts.key:
+            return None
+        commit = verified.proof.commit
+        log = self.run_dir / "logs" / f"{gate}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(
+            f"[dagrunner: answered by the landed proof on {commit} (signed by "
+            f"{verified.signer}); the gate did not run here]\n"
+        )
+        if self.flights is not None:
+            self.flights.reused += 1
+        return Outcome(
+            status=Status.CACHED,
+            reason=f"cached (landed proof {commit[:12]}): key {parts.key[:12]} {proven.verdict} "
+            f"when it landed, signed by {verified.signer}; saved {format_duration(proven.duration)}",
+            cache=CacheProof(
+                cacheable=True,
+                key=parts.key,
+                parts=parts.summary(),
+                hit=True,
+                saved=proven.duration,
+                landed={
+                    "commit": commit,
+                    "signer": verified.signer,
+                    "verdict": proven.verdict,
+                    "landed_at": verified.proof.landed_at,
+                    "runner": dict(verified.proof.runner),
+                },
+            ),
+        )
+
+    def landed_keys(self) -> dict[str, str]:
+        """Each gate's key on this tree, for the proof written when it lands."""
+        if not self.tree:
+            return {}
+        return {g: p.key for g, p in self.all_keys.items() if isinstance(p, KeyParts)}
 
     def miss_proof(self, gate: str) -> CacheProof:
         proof = self.proof(gate)
@@ -213,6 +279,8 @@ class RunCache:
             "stored": self.stored,
             "snapshot_files": self.snapshot_files,
             "hashed_files": self.hashed_files,
+            "landed": sum(1 for r in results if r.cache and r.cache.landed),
+            "landed_keys": self.landed_keys(),
         }
 
 

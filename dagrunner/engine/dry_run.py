@@ -13,9 +13,10 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from dagrunner.engine.cache import KeyParts, Store, compute_keys
+from dagrunner.engine.cache import Store
 from dagrunner.engine.graph import bottom_levels, critical_path, spec
 from dagrunner.engine.inputs import take_snapshot
+from dagrunner.engine.keys import KeyParts, compute_keys
 from dagrunner.engine.plan import RunOptions
 from dagrunner.engine.steps import load_step, plan_step
 from dagrunner.records.run import CacheProof

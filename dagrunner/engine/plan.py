@@ -48,6 +48,10 @@ class RunOptions:
     # Keys computed now by other runs in this trio loop (the pipeline's trees): shared, a
     # gate whose key is in flight waits for it instead of computing it again.
     flights: Flights | None = None
+    # Answer gates from a verified landed proof on HEAD (``landed.py``), trusting the allowed
+    # signers on this branch's tip (or DAGRUNNER_ALLOWED_SIGNERS).
+    reuse_landed: bool = False
+    target: str = "main"
 
 
 @dataclass(frozen=True, kw_only=True)

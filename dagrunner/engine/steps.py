@@ -32,6 +32,7 @@ from dagrunner.engine.evidence import check_budget, speed_evidence
 from dagrunner.engine.governor import Governor, check_fits, resolve_capacity
 from dagrunner.engine.graph import build_graph, expected_durations, select, spec
 from dagrunner.engine.history import history_path, read_history, read_splits, record_history
+from dagrunner.engine.landed import read_proof
 from dagrunner.engine.plan import NodeKinds, PlainGates, Plan, RunOptions
 from dagrunner.engine.scheduler import Scheduler
 from dagrunner.errors import DagrunnerError
@@ -352,6 +353,7 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
     run_id = new_run_id()
     run_dir = prepare_run_dir(plan.repo, options.report_dir, run_id)
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    env = options.environ if options.environ is not None else os.environ
     cache = RunCache(
         manifest=plan.manifest,
         graph=plan.graph,
@@ -368,8 +370,9 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
         trusted=options.trusted,
         run_id=run_id,
         flights=options.flights,
+        whole_tree=options.trusted is not None,  # what lands gets a proof of these keys
+        landed=read_proof(plan.repo, options.target, env) if options.reuse_landed else None,
     )
-    env = options.environ if options.environ is not None else os.environ
     nodes = (options.node_kinds or PlainGates.open)(plan, run_id, env)
     return Prepared(run_id=run_id, run_dir=run_dir, started_at=started_at, cache=cache, nodes=nodes)
 

@@ -4,7 +4,8 @@
 - ``run``: ``integrate`` and ``queue_status``, the entry points.
 - ``steps``: the integrator's steps (admit, apply with ``--3way``, land).
 - ``needs``: what the helpers below may use of the integrator (a protocol).
-- ``pipeline`` and ``items``: the speculative pipeline and what it tracks.
+- ``pipeline`` and ``items``: the speculative pipeline and what it tracks; ``trees``: where
+  its trees are made and gated; ``proofs``: the landed proof of each commit it lands.
 - ``admission``: what the target lets in.  ``trailers``: the commits' trailers.
 - ``landing``: the compare-and-swap.  ``recovery``: after a crash, and the preflight.
 - ``judges``: the target's manifest.  ``target_checkout``: the target's checkout after a

@@ -4,12 +4,14 @@ and tree, and the verdicts its gate runs send back (``pipeline.py`` drives them)
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
+from dagrunner.engine.landed import GateProof
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.integration import Speculation, Verdict
 
@@ -44,6 +46,7 @@ class Item:
     report: str = ""
     scope: trio.CancelScope | None = None
     slot: Path | None = None  # the worktree it was just built in, until its run takes it
+    proven: Mapping[str, GateProof] = field(default_factory=dict)  # its landed proof's gates
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -60,6 +63,7 @@ class Finished:
     failing: tuple[str, ...]
     report: str
     confirm: bool
+    proven: Mapping[str, GateProof] = field(default_factory=dict)  # what passed on its tree
 
 
 def auto_window(manifest: Manifest, cpu: float) -> int:

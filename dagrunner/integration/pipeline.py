@@ -25,20 +25,18 @@ from __future__ import annotations
 import math
 import signal
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import trio
 
 from dagrunner.engine.governor import Governor, resolve_capacity
-from dagrunner.engine.plan import RunOptions
-from dagrunner.engine.scheduler import Flights
-from dagrunner.engine.steps import gate_run
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
 from dagrunner.git.repo import remove_worktrees
+from dagrunner.integration import proofs
 from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window
+from dagrunner.integration.trees import Trees
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.integration import Details, EnvelopeState, LandOutcome, PipelineTally
 from dagrunner.records.run import RunStatus, Status
@@ -64,18 +62,16 @@ class Pipeline:
         self.executor = executor
         capacity = resolve_capacity(manifest.governor, machines=executor.machines())
         self.governor = Governor(capacity)
+        self.trees = Trees(it, executor, self.governor, manifest)
         self.ceiling = window or auto_window(manifest, capacity.cpu)
         self.window = self.ceiling
         self.confirm = confirm
         self.items: list[Item] = []
         self.pending = it.queue.pending()
         self.head = it.head()
-        self.free: list[Path] = [it.wt]
-        self.made = 1
         self.moves = 0
         self.t0 = 0.0
         self.error: DagrunnerError | None = None
-        self.flights = Flights()  # cache keys one tree's run computes for the others
         self.tally = PipelineTally(window=self.ceiling)  # what the integrator's result takes
 
     # -- the controller ----------------------------------------------------------------------
@@ -104,8 +100,7 @@ class Pipeline:
                 nursery.cancel_scope.cancel()
         self.requeue_rest()
         # Slots an earlier, wider run made and this one did not use: nothing is kept there.
-        unused = [p for p in self.it.slots()[1:] if p.name.isdigit() and int(p.name) >= self.made]
-        await trio.to_thread.run_sync(remove_worktrees, self.it.repo, unused)
+        await trio.to_thread.run_sync(remove_worktrees, self.it.repo, self.trees.unused())
         if self.error is not None:
             raise self.error
 
@@ -180,50 +175,25 @@ class Pipeline:
         """Apply the item on its speculative head: built; deferred (it conflicts behind the
         front); or gone (its envelopes all ended at the front: conflict, rejected)."""
         item.base = self.base_for(position)
-        slot = await self.take_slot()
+        trees = self.trees
+        slot = await trees.take(self.head)
         try:
-            built = await trio.to_thread.run_sync(self.apply_all, item, slot, position == 0)
+            built = await trio.to_thread.run_sync(
+                trees.apply_all, item, slot, position == 0, self.head
+            )
         except BaseException:
-            self.free.append(slot)
+            trees.give(slot)
             raise
         if not built:
-            self.free.append(slot)
+            trees.give(slot)
             item.stage = Stage.DEFERRED
             return "deferred"
         if not item.applied:
-            self.free.append(slot)
+            trees.give(slot)
             self.items.remove(item)
             return "gone"
         item.slot = slot  # exactly its tree now: its first gate run uses it as it is
         return "built"
-
-    def apply_all(self, item: Item, slot: Path, final: bool) -> bool:
-        it = self.it
-        it.reset(item.base, slot)
-        item.applied = []
-        for envelope in item.envelopes:
-            commit = it.apply(envelope, slot, final=final)
-            if commit is not None:
-                item.applied.append((envelope, commit))
-            elif not final:
-                for done, _ in item.applied:
-                    it.queue.record(done.id, EnvelopeState.QUEUED, Details(note="deferred"))
-                item.applied = []
-                return False
-        item.envelopes = [e for e, _ in item.applied]  # the rest ended (conflict, rejected)
-        item.commit = item.applied[-1][1] if item.applied else item.base
-        item.manifest = it.trusted_manifest(self.head, slot)
-        return True
-
-    async def take_slot(self) -> Path:
-        """A free integration worktree (made when none is free).  Slots are taken and given
-        back in the trio thread only, so two tasks never hold one."""
-        if self.free:
-            return self.free.pop()
-        slot = self.it.wt.parent / ".speculative" / self.it.wt.name / str(self.made)
-        self.made += 1
-        await trio.to_thread.run_sync(self.it.prepare_worktree, self.head, slot)
-        return slot
 
     def launch(self, item: Item, position: int, *, confirm: bool = False) -> None:
         it = self.it
@@ -266,32 +236,12 @@ class Pipeline:
         start = trio.current_time() - self.t0
         run_dir = self.it.reports / f"gates-{run.number:02d}"
         finished: Finished | None = None
-        slot: Path | None = run.slot
         try:
             with run.scope:
-                if slot is None:  # a confirmation: any free slot, moved to the item's tree
-                    slot = await self.take_slot()
-                    await trio.to_thread.run_sync(self.it.reset, run.commit, slot)
-                self.executor.fresh(slot)
-                trusted = await trio.to_thread.run_sync(self.it.head)
-                record, _ = await gate_run(
-                    RunOptions(
-                        repo=slot,
-                        manifest=run.manifest,
-                        report_dir=run_dir,
-                        environ=self.it.env,
-                        executor=self.it.executor,
-                        only=run.only,
-                        read_only=self.it.guarded,
-                        trusted=trusted,
-                        flights=self.flights,
-                    ),
-                    self.executor,
-                    self.governor,
-                )
+                record = await self.trees.gate(run, run_dir, self.head)
                 cached = sum(g.status is Status.CACHED for g in record.gates)
                 self.tally.gates_reused += cached
-                self.tally.gates_waited = self.flights.waited
+                self.tally.gates_waited = self.trees.flights.waited
                 if record.gates and cached == len(record.gates):
                     self.tally.cached_runs += 1
                 finished = Finished(
@@ -301,14 +251,12 @@ class Pipeline:
                     tuple(g.id for g in record.gates if not g.status.ok),
                     str(run_dir),
                     run.confirm,
+                    proofs.proven_gates(record),
                 )
         except DagrunnerError as exc:  # the run could not start (a bad manifest): stop, say it
             self.error = self.error or exc
             self.it.stop = True
             self.nursery.cancel_scope.cancel()
-        finally:
-            if slot is not None:
-                self.free.append(slot)  # the run is over (a cancelled one ended its trees)
         end = trio.current_time() - self.t0
         self.tally.pipeline.append(run.speculation(finished, start, end, str(run_dir)))
         if finished is not None:
@@ -331,9 +279,12 @@ class Pipeline:
                         Details(flaky_gates=item.flaky, report=done.report),
                         event="flaky",
                     )
+            else:
+                item.proven = done.proven  # every gate passed on this very tree
             item.stage = Stage.PASSED
             return
         item.failing, item.report = done.failing, done.report
+        item.proven = {g: p for g, p in done.proven.items() if g not in done.failing}
         if item.confirms < self.confirm:
             # Confirmed only when every item ahead passed: until then the failure may be
             # theirs, and a re-run would be spent on it.
@@ -371,9 +322,10 @@ class Pipeline:
                 item.scope.cancel()  # its run ends its process trees, then frees its slot
             built = item.stage is not Stage.DEFERRED
             if item.slot is not None:  # built ahead, never launched: no run gives it back
-                self.free.append(item.slot)
+                self.trees.give(item.slot)
                 item.slot = None
             item.stage, item.confirms, item.failing, item.flaky = Stage.WAITING, 0, (), ()
+            item.proven = {}
             item.applied = []
             if built:
                 reset = True
@@ -408,7 +360,10 @@ class Pipeline:
 
         def land() -> LandOutcome:
             with it.git_lock:
-                return it.land(front.base, front.applied, front.commit, flaky=front.flaky)
+                landed = it.land(front.base, front.applied, front.commit, flaky=front.flaky)
+                if landed is LandOutcome.LANDED and (said := self.trees.prove(front)):
+                    self.tally.warnings.append(said)
+                return landed
 
         outcome = await trio.to_thread.run_sync(land)
         if outcome is LandOutcome.LANDED:

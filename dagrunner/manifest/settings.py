@@ -11,6 +11,7 @@ from dagrunner.manifest.fields import (
     count,
     duration,
     globs,
+    string,
     window,
     writable_paths,
 )
@@ -54,9 +55,11 @@ class IntegrateSpec:
     confirm_failures: int = 1  # re-runs of failed gates before an item is blamed
     # globs of paths an envelope may touch only when submitted with --allow-protected
     protected: tuple[str, ...] = ()
+    # the SSH private key that signs landed proofs (DAGRUNNER_SIGNING_KEY outranks it)
+    signing_key: str | None = None
 
 
-INTEGRATE_SETTINGS = ("window", "confirm_failures", "protected")
+INTEGRATE_SETTINGS = ("window", "confirm_failures", "protected", "signing_key")
 
 
 def read_integrate_settings(table: Table) -> IntegrateSpec:
@@ -64,4 +67,5 @@ def read_integrate_settings(table: Table) -> IntegrateSpec:
         window=table.take("window", auto(window), None),
         confirm_failures=table.take("confirm_failures", count, 1),
         protected=table.take("protected", globs, ()),
+        signing_key=table.take("signing_key", string, None),
     )

@@ -262,6 +262,7 @@ class PipelineTally:
     interrupted: bool = False
     target_moving: bool = False
     pipeline: list[Speculation] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # a landed proof not written, ...
 
 
 @dataclass
@@ -274,6 +275,7 @@ class IntegrationResult:
     cached_runs: int = 0  # gate runs where every gate was a cache hit (said, not in the JSON)
     gates_reused: int = 0  # gates answered from a verdict, in every tree and rebuild
     gates_waited: int = 0  # lookups that waited for the same key in flight in another tree
+    warnings: list[str] = field(default_factory=list)
     confirm_runs: int = 0  # re-runs of failed gates on the same tree (flake confirmation)
     rebuilds: int = 0
     resets: int = 0  # items rebuilt because one ahead of them failed
@@ -337,4 +339,5 @@ class IntegrationResult:
             "pipeline": [p.to_json() for p in self.pipeline],
             "gates_reused": self.gates_reused,
             "gates_waited": self.gates_waited,
+            "warnings": self.warnings,
         }

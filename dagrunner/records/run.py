@@ -222,12 +222,21 @@ class CacheProof:
     stored_by_run: str | None = None
     stored_at: str | None = None
     saved: float | None = None  # what the cached verdict's run took
+    landed: Mapping[str, Any] | None = None  # answered by a verified landed proof: whose
 
     def to_json(self) -> dict[str, Any]:
         if not self.cacheable:
             return {"cacheable": False, "reason": self.reason}
         body: dict[str, Any] = {"cacheable": True, "key": self.key, **self.parts}
-        for name in ("tree_scoped", "hit", "reason", "stored_by_run", "stored_at", "saved"):
+        for name in (
+            "tree_scoped",
+            "hit",
+            "reason",
+            "stored_by_run",
+            "stored_at",
+            "saved",
+            "landed",
+        ):
             if (value := getattr(self, name)) is not None:
                 body[name] = value
         return body
@@ -237,7 +246,7 @@ class CacheProof:
         if not isinstance(body, dict):
             return None
         named = {"cacheable", "key", "tree_scoped", "hit", "reason", "stored_by_run"}
-        named |= {"stored_at", "saved"}
+        named |= {"stored_at", "saved", "landed"}
         return cls(
             cacheable=body.get("cacheable") is True,
             key=body.get("key"),
@@ -248,6 +257,7 @@ class CacheProof:
             stored_by_run=body.get("stored_by_run"),
             stored_at=body.get("stored_at"),
             saved=body.get("saved"),
+            landed=body.get("landed"),
         )
 
 

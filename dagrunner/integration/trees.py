@@ -1,0 +1,116 @@
+"""Where the pipeline's trees are made and gated: integration worktrees (slots) taken and
+given back, an item applied on its speculative head, one gate run of a tree, and the proof
+written when a tree lands.  ``pipeline.py`` decides which tree, when, and what counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from dagrunner.engine.governor import Governor
+from dagrunner.engine.plan import RunOptions
+from dagrunner.engine.scheduler import Flights
+from dagrunner.engine.steps import gate_run
+from dagrunner.executors.base import Executor
+from dagrunner.integration import proofs
+from dagrunner.integration.items import GateRun, Item
+from dagrunner.manifest.load import Manifest
+from dagrunner.records.integration import Details, EnvelopeState
+from dagrunner.records.run import RunRecord
+
+if TYPE_CHECKING:
+    from dagrunner.integration.needs import IntegratorLike as Integrator
+
+
+class Trees:
+    def __init__(
+        self, it: Integrator, executor: Executor, governor: Governor, manifest: Manifest
+    ) -> None:
+        self.it = it
+        self.executor = executor
+        self.governor = governor
+        self.free: list[Path] = [it.wt]
+        self.made = 1
+        self.flights = Flights()  # cache keys one tree's run computes for the others
+        self.signing_key = proofs.signing_key(manifest, it.env, it.repo)
+
+    async def take(self, head: str) -> Path:
+        """A free integration worktree (made on ``head`` when none is free).  Slots are taken
+        and given back in the trio thread only, so two tasks never hold one."""
+        if self.free:
+            return self.free.pop()
+        slot = self.it.wt.parent / ".speculative" / self.it.wt.name / str(self.made)
+        self.made += 1
+        await trio.to_thread.run_sync(self.it.prepare_worktree, head, slot)
+        return slot
+
+    def give(self, slot: Path) -> None:
+        self.free.append(slot)
+
+    def unused(self) -> list[Path]:
+        """Slots an earlier, wider run made and this one did not use."""
+        return [p for p in self.it.slots()[1:] if p.name.isdigit() and int(p.name) >= self.made]
+
+    def apply_all(self, item: Item, slot: Path, final: bool, head: str) -> bool:
+        """Apply the item's envelopes on its base in ``slot``; False: one conflicts behind
+        the front (``final`` False), and the item is deferred."""
+        it = self.it
+        it.reset(item.base, slot)
+        item.applied = []
+        for envelope in item.envelopes:
+            commit = it.apply(envelope, slot, final=final)
+            if commit is not None:
+                item.applied.append((envelope, commit))
+            elif not final:
+                for done, _ in item.applied:
+                    it.queue.record(done.id, EnvelopeState.QUEUED, Details(note="deferred"))
+                item.applied = []
+                return False
+        item.envelopes = [e for e, _ in item.applied]  # the rest ended (conflict, rejected)
+        item.commit = item.applied[-1][1] if item.applied else item.base
+        item.manifest = it.trusted_manifest(head, slot)
+        return True
+
+    async def gate(self, run: GateRun, run_dir: Path, head: str) -> RunRecord:
+        """One gate run of the run's tree: in the slot it was built in, or (a confirmation)
+        in any free slot moved to its commit.  The slot is given back however it ends."""
+        slot = run.slot
+        try:
+            if slot is None:
+                slot = await self.take(head)
+                await trio.to_thread.run_sync(self.it.reset, run.commit, slot)
+            self.executor.fresh(slot)
+            trusted = await trio.to_thread.run_sync(self.it.head)
+            record, _ = await gate_run(
+                RunOptions(
+                    repo=slot,
+                    manifest=run.manifest,
+                    report_dir=run_dir,
+                    environ=self.it.env,
+                    executor=self.it.executor,
+                    only=run.only,
+                    read_only=self.it.guarded,
+                    trusted=trusted,
+                    flights=self.flights,
+                ),
+                self.executor,
+                self.governor,
+            )
+            return record
+        finally:
+            if slot is not None:
+                self.give(slot)  # the run is over (a cancelled one ended its trees)
+
+    def prove(self, landed: Item) -> str | None:
+        """The landed commit's proof in refs/notes/dagrunner; a warning when not written."""
+        return proofs.write_landed(
+            self.it.repo,
+            commit=landed.commit,
+            target=self.it.target,
+            manifest=landed.manifest,
+            gates=landed.proven,
+            executor=self.executor.name,
+            key=self.signing_key,
+        )
