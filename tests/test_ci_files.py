@@ -34,9 +34,13 @@ def test_the_action_runs_release_check_with_its_cache_and_uploads_the_report() -
         line.replace("$MANIFEST", "manifests/release.toml")
         .replace("$report", "/tmp/report")
         .replace("$ARGS", "--only lint --fail-fast")
+        .replace('"${landed[@]}"', "--reuse-landed --target rel")
     )
     args = build_parser().parse_args(words[1:])
     assert args.command == "release-check" and args.only == ["lint"] and args.fail_fast
+    assert args.reuse_landed and args.target == "rel"
+    fetch = next(s for s in steps if "refs/notes/*:refs/notes/*" in s.get("run", ""))
+    assert fetch["if"] == "inputs.reuse-landed == 'true'"
     upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@"))
     assert upload["if"] == "always()" and upload["with"]["path"].endswith("dagrunner-report")
 

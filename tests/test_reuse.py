@@ -171,7 +171,13 @@ def test_a_fresh_clone_with_the_notes_runs_no_gate_and_says_whose_proof(
     assert set(note["proof"]["gates"]) == {"heavy", "whole"}
     assert note["proof"]["tree"] == git(project, "rev-parse", "main^{tree}").strip()
     before = [(tmp_path / f).read_text() for f in ("heavy.txt", "whole.txt")]
-    body = reuse_landed(fresh_clone(project, tmp_path), tmp_path)
+    clone = fresh_clone(project, tmp_path)
+    explained = subprocess.run(
+        [*CLI, "cache", "explain", "whole", "--json"], cwd=clone, capture_output=True, timeout=60
+    )
+    landed_answer = orjson.loads(explained.stdout)["landed"]
+    assert landed_answer["answers"] and landed_answer["signer"] == "integrator@example"
+    body = reuse_landed(clone, tmp_path)
     assert statuses(body) == {"heavy": "cached", "whole": "cached"}, body["warnings"]
     assert [(tmp_path / f).read_text() for f in ("heavy.txt", "whole.txt")] == before
     reasons = [g["reason"] for g in body["gates"]]

@@ -178,6 +178,10 @@ def cmd_cache_explain(args: argparse.Namespace) -> int:
         print(f"{args.gate}: {state}; key {body['key'] or '-'}")
         for line in body["changes"]:
             print(f"  {line}")
+        landed = body["landed"]
+        whose = f" on {landed['commit'][:12]} by {landed['signer']}" if "signer" in landed else ""
+        answers = "answers" if landed["answers"] else "does not answer"
+        print(f"  landed proof{whose}: {answers} it with --reuse-landed ({landed['why']})")
     return ExitCode.OK
 
 

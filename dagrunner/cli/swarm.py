@@ -228,7 +228,7 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             )
             print(f"{outcome.state:<13} {outcome.id}  {extra}")
         confirmed = f", {result.confirm_runs} re-run to confirm" if result.confirm_runs else ""
-        if result.gates_reused:
+        if result.gates_reused and result.cached_runs < result.gate_runs:
             confirmed += f", {result.gates_reused} gate(s) answered from verdicts already computed"
         print(
             f"{result.target}: {result.start[:12]} -> {result.end[:12]}; "

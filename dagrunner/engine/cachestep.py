@@ -8,6 +8,7 @@ it too (single flight), then is looked up again."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import time
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from dagrunner.engine.cache import Store
 from dagrunner.engine.graph import Graph, spec
 from dagrunner.engine.inputs import take_snapshot
 from dagrunner.engine.keys import KeyParts, compute_keys, store_keys
-from dagrunner.engine.landed import Verified, manifest_digest
+from dagrunner.engine.landed import Verified, manifest_digest, read_proof
 from dagrunner.engine.landed import clean_tree as landed_tree
 from dagrunner.engine.scheduler import Flights, Outcome, Wait
 from dagrunner.engine.tools import remembered
@@ -327,18 +328,23 @@ def explain_gate(
     envs: dict[str, dict[str, str]],
     gate: str,
     store: Store | None = None,
+    target: str = "main",
+    environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """What ``cache explain GATE`` prints: the current key and what changed since the newest entry."""
+    """What ``cache explain GATE`` prints: the current key, what changed since the newest
+    entry, and whether HEAD's landed proof would answer it (``landed.py``)."""
     from dagrunner.engine.cache import explain
     from dagrunner.engine.graph import select
 
     sub = select(graph, [gate], where=str(manifest.path))
     snapshot = take_snapshot(repo)
     store = store or Store()
-    keys = compute_keys(
-        manifest, sub, snapshot, {n: envs[n] for n in sub.nodes}, repo, hide=store.root
+    tree = landed_tree(repo)
+    environ = os.environ if environ is None else environ
+    every = compute_keys(
+        manifest, sub, snapshot, {n: envs[n] for n in sub.nodes}, repo, hide=store.root, tree=tree
     )
-    current = keys[gate]
+    current = store_keys(every)[gate]
     stored = store.newest_parts(manifest.name, gate)
     hit = isinstance(current, KeyParts) and store.lookup(current.key) is not None
     # A hit is a hit, whichever entry is newest (after a revert, an older one matches).
@@ -354,4 +360,29 @@ def explain_gate(
         "stored_key": stored.get("key") if stored else None,
         "hit": hit,
         "changes": changes,
+        "landed": _landed_answer(repo, manifest, gate, every[gate], target, environ),
     }
+
+
+def _landed_answer(
+    repo: Path,
+    manifest: Manifest,
+    gate: str,
+    parts: KeyParts | str,
+    target: str,
+    environ: Mapping[str, str],
+) -> dict[str, Any]:
+    """Whether HEAD's landed proof would answer ``gate`` under ``--reuse-landed``, and why."""
+    verified = read_proof(repo, target, environ)
+    if isinstance(verified, str):
+        return {"answers": False, "why": verified}
+    proof = verified.proof
+    said: dict[str, Any] = {"commit": proof.commit, "signer": verified.signer}
+    proven = proof.gates.get(gate)
+    if proof.manifest_digest != manifest_digest(manifest.path):
+        return {**said, "answers": False, "why": "the proof was made with another manifest"}
+    if proven is None:
+        return {**said, "answers": False, "why": "the proof does not hold this gate"}
+    key = parts.key if isinstance(parts, KeyParts) else None
+    why = "the key matches" if proven.key == key else "this run computes another key"
+    return {**said, "answers": proven.key == key, "why": why, "proof_key": proven.key, "key": key}
