@@ -12,6 +12,17 @@ wall time, envelopes per minute, gate runs (of which confirmation re-runs), outc
 the ratio against one by one in the same scenario, and whether the target's tree is
 exactly the base plus the landed envelopes.  Then the export of a worktree with 1,000
 changed files against plain `git diff --binary` of the same change.
+
+    python scripts/bench_integration.py --scenario blame [--gate-seconds 1.5]
+
+One culprit among 9 envelopes (the third), one gate of 1.5 s: the pipeline with
+``--window 2`` against one by one, in the same run (blame without waiting).
+
+    python scripts/bench_integration.py --scenario reuse [--envelopes 12] [--gate-seconds 1]
+
+Two gates: ``heavy`` (``inputs = ["src/**"]``, which no envelope changes) and ``check`` (no
+inputs, fails on the culprits), ``--window 4``; against the same queue with ``heavy``'s
+``inputs`` removed (nothing to reuse).  Printed: wall, heavy's runs, gates reused.
 """
 
 from __future__ import annotations
@@ -45,7 +56,9 @@ CULPRITS = (7, 31)  # write BROKEN: the gate fails on them
 FLAKY = 20  # adds the file whose first gate run fails once
 
 
-def make_repo(root: Path, files: int, gate_seconds: float, marker: Path | None = None) -> None:
+def make_repo(
+    root: Path, files: int, gate_seconds: float, marker: Path | None = None, manifest: str = ""
+) -> None:
     root.mkdir(parents=True)
     (root / "manifests").mkdir()
     flaky = (
@@ -54,9 +67,12 @@ def make_repo(root: Path, files: int, gate_seconds: float, marker: Path | None =
         else ""
     )
     (root / "manifests" / "release.toml").write_text(
-        f"[integrate]\nwindow = 1\n\n[gates.fixed-cost]\ncpu = 1\n"
+        manifest
+        or f"[integrate]\nwindow = 1\n\n[gates.fixed-cost]\ncpu = 1\n"
         f'run = "sleep {gate_seconds}; {flaky}! grep -rq BROKEN --include=*.txt ."\n'
     )
+    (root / "src").mkdir()
+    (root / "src" / "lib.txt").write_text("what heavy reads\n")
     for i in range(files):
         (root / f"file{i:04d}.txt").write_text(f"file {i}\n" * 5)
     (root / "shared.txt").write_text("a\nb\nc\n")
@@ -136,6 +152,77 @@ def run_mode(
     }
 
 
+def queue_of(repo: Path, count: int, culprits: tuple[int, ...]) -> None:
+    envelopes = []
+    for i in range(count):
+        path = Path(worktrees.allocate(mission="bench", worker=f"w{i:03d}", repo=repo)["path"])
+        if i in culprits:
+            (path / f"culprit{i}.txt").write_text("BROKEN\n")
+        else:
+            (path / f"file{i:04d}.txt").write_text(f"file {i}, changed\n" * 5)
+        envelopes.append(Path(exporting.export(f"bench/w{i:03d}", repo=repo)["file"]))
+    submit(repo_info(repo), envelopes)
+
+
+def blame(base: Path, gate_seconds: float) -> None:
+    """One culprit among 9: --window 2 against one by one."""
+    print(f"9 envelopes, the third a culprit, gate of {gate_seconds}s, cpu 1")
+    walls = {}
+    for window in (1, 2):
+        repo = base / f"blame-w{window}"
+        make_repo(repo, 9, gate_seconds)
+        queue_of(repo, 9, (2,))
+        start = time.perf_counter()
+        result = integrate(repo=repo, window=window)
+        walls[window] = time.perf_counter() - start
+        counts: dict[str, int] = {}
+        for outcome in result.envelopes:
+            counts[str(outcome.state)] = counts.get(str(outcome.state), 0) + 1
+        print(
+            f"  --window {window}: {walls[window]:6.2f}s ({walls[window] / walls[1]:4.2f}x one "
+            f"by one)  {result.gate_runs} gate runs ({result.confirm_runs} re-runs)  {counts}"
+        )
+
+
+REUSE = """[gates.heavy]
+cpu = 1
+run = "sleep {s}; echo ran >> '{runs}'; cat src/lib.txt >/dev/null"
+{inputs}
+[gates.check]
+cpu = 0.25
+run = "! grep -rq BROKEN --include=*.txt ."
+"""
+
+
+def reuse(base: Path, count: int, gate_seconds: float) -> None:
+    """heavy's inputs never change: reused (and single-flighted) against declared none."""
+    culprits = (3, count // 2 + 1)
+    print(
+        f"{count} envelopes, culprits at {culprits}, --window 4; heavy {gate_seconds}s "
+        "(inputs src/**, which no envelope changes) + check"
+    )
+    walls = {}
+    for declared in (False, True):
+        repo = base / f"reuse-{declared}"
+        runs = base / f"reuse-{declared}.runs"
+        inputs = 'inputs = ["src/**"]\n' if declared else ""
+        manifest = REUSE.format(s=gate_seconds, runs=runs, inputs=inputs)
+        make_repo(
+            repo, count, gate_seconds, manifest=f'[sandbox]\nwritable = ["{base}"]\n' + manifest
+        )
+        queue_of(repo, count, culprits)
+        start = time.perf_counter()
+        result = integrate(repo=repo, window=4)
+        walls[declared] = time.perf_counter() - start
+        heavy = runs.read_text().count("ran") if runs.exists() else 0
+        print(
+            f"  {'with inputs (reuse)' if declared else 'no inputs (no reuse)':<22}"
+            f"{walls[declared]:6.2f}s ({walls[declared] / walls[False]:4.2f}x)  "
+            f"heavy ran {heavy:>2}x  gates reused {result.gates_reused} "
+            f"(waited {result.gates_waited})  {result.gate_runs} tree runs"
+        )
+
+
 def export_speed(base: Path, files: int) -> tuple[float, float]:
     repo = base / "export-repo"
     make_repo(repo, files, 0.0)
@@ -159,11 +246,19 @@ def main() -> int:
     parser.add_argument("--gate-seconds", type=float, default=0.3)
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--export-files", type=int, default=1000)
+    parser.add_argument("--scenario", choices=["queue", "blame", "reuse"], default="queue")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dagrunner-bench-int-") as tmp:
         base = Path(tmp)
         os.environ["DAGRUNNER_WORKTREE_ROOT"] = str(base / "root")
         os.environ["DAGRUNNER_CACHE_DIR"] = str(base / "cache")
+        if args.scenario == "blame":
+            blame(base, args.gate_seconds if args.gate_seconds != 0.3 else 1.5)
+            return 0
+        if args.scenario == "reuse":
+            count = args.envelopes if args.envelopes != 50 else 12
+            reuse(base, count, args.gate_seconds if args.gate_seconds != 0.3 else 1.0)
+            return 0
         modes = [(1, 1), (args.batch, 1), (1, 2), (1, 4), (5, 4)]
         for culprits in (False, True):
             print(

@@ -62,6 +62,31 @@ def test_a_key_in_flight_runs_once_across_speculative_trees_and_rebuilds(
     assert git(project, "show", "main:three.txt") == "3\n"
 
 
+def test_trees_ahead_in_the_speculation_lend_their_verdicts_to_the_trees_built_on_them(
+    project: Path, tmp_path: Path
+) -> None:
+    """Every envelope changes a file outside heavy's inputs, so each tree's verdict is scoped
+    to that tree (the reuse rule).  A tree built on the trees ahead lands only after they
+    do, so their verdicts answer it: heavy runs once for three trees gated at once."""
+    (project / "src").mkdir()
+    (project / "src" / "a.txt").write_text("GOOD\n")
+    commit_release_manifest(project, heavy_manifest(tmp_path))
+    envelopes = [
+        worker(project, f"w{i}", lambda p, i=i: (p / f"own{i}.txt").write_text(f"{i}\n"))
+        for i in range(1, 4)
+    ]
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project, window=3)
+    assert {str(o.state) for o in result.envelopes} == {"landed"}, result.to_json()
+    assert (tmp_path / "runs.txt").read_text().count("ran") == 1
+    assert result.gates_waited == 2 and result.gates_reused == 2, result.to_json()
+    proofs = [
+        orjson.loads((Path(run.report) / "gates" / "heavy.json").read_bytes())["cache"]
+        for run in result.pipeline
+    ]
+    assert [p.get("tree_scoped") is not None for p in proofs] == [True, True, True]
+
+
 def test_a_failed_flight_answers_nobody_and_its_waiters_run_themselves(
     project: Path, tmp_path: Path
 ) -> None:

@@ -12,7 +12,7 @@ import os
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ class RunCache:
         fingerprint: Fingerprint | None = None,
         remember_tools: bool = True,
         trusted: str | None = None,
+        ahead: str | None = None,
         run_id: str = "",
         flights: Flights | None = None,
         whole_tree: bool = False,
@@ -91,7 +92,7 @@ class RunCache:
         else:
             self.all_keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}
         self.keys = store_keys(self.all_keys)
-        self.scoped = _tree_scoped(graph, self.keys, repo, trusted) if trusted else {}
+        self.scoped = _tree_scoped(graph, self.keys, repo, trusted, ahead) if trusted else {}
         self.setup_seconds = time.monotonic() - started
         self.stored = 0
 
@@ -126,7 +127,7 @@ class RunCache:
             return CacheProof(cacheable=False, reason=parts or "not cacheable")
         scoped = None
         if gate in self.scoped:
-            key, outside, _ = self.scoped[gate]
+            key, outside = self.scoped[gate].own, self.scoped[gate].outside
             scoped = {
                 "key": key,
                 "reason": "the tree under test differs from the trusted target outside the "
@@ -148,7 +149,7 @@ class RunCache:
         # this very tree; or the trusted head's own tree, judged while it was an
         # envelope's (it has landed since, so its verdict is a trusted one)
         scoped = self.scoped.get(gate)
-        keys = [parts.key, *((scoped[0], scoped[2]) if scoped else ())]
+        keys = [parts.key, *((scoped.own, *scoped.trusted) if scoped else ())]
         hit = next((h for h in map(self.store.lookup, keys) if h is not None), None)
         if hit is None:
             flights = self.flights
@@ -241,7 +242,7 @@ class RunCache:
     def store_key(self, gate: str, parts: KeyParts) -> str:
         """The key this run stores ``gate``'s pass under: its input key, or this tree's."""
         scoped = self.scoped.get(gate)
-        return scoped[0] if scoped else parts.key
+        return scoped.own if scoped else parts.key
 
     def settled(self, result: GateResult) -> None:
         """A gate's result is recorded: a plain pass (not flaky, not cached) of a cacheable
@@ -285,14 +286,29 @@ class RunCache:
         }
 
 
+@dataclass(frozen=True)
+class Scoped:
+    """A gate the reuse rule scopes to this exact tree: its key for this tree, the changed
+    paths outside its inputs, and its keys for the trees whose verdicts hold here too."""
+
+    own: str
+    outside: tuple[str, ...]
+    trusted: tuple[str, ...]
+
+
 def _tree_scoped(
-    graph: Graph, keys: Mapping[str, KeyParts | str], repo: Path, trusted: str
-) -> dict[str, tuple[str, tuple[str, ...], str]]:
+    graph: Graph, keys: Mapping[str, KeyParts | str], repo: Path, trusted: str, ahead: str | None
+) -> dict[str, Scoped]:
     """The reuse rule for an untrusted tree (an envelope's): a verdict computed on it may be
     reused by input key only when the tree equals the ``trusted`` commit outside the gate's
-    declared inputs; otherwise only for this exact tree.  Gate -> (its key for this tree,
-    the changed paths outside its inputs, its key for the trusted commit's tree), for each
-    gate the rule scopes.  A tree that cannot be compared scopes every gate."""
+    declared inputs; otherwise only for this exact tree (docs/security.md).
+
+    Trees whose tree-scoped verdicts hold here too: the trusted commit's (judged while it
+    was an envelope's, it has landed since), and, in the pipeline, the trees of the commits
+    between it and ``ahead`` (this tree's speculative base): this tree lands only after every
+    one of them has landed, so only once their verdicts are trusted ones; when one does not
+    land, this tree is built and gated again without it.  A tree that cannot be compared
+    scopes every gate."""
     tree = git(["rev-parse", "--verify", "-q", "HEAD^{tree}"], cwd=repo, check=False)
     head = git(["rev-parse", "--verify", "-q", f"{trusted}^{{tree}}"], cwd=repo, check=False)
     diff = git(
@@ -301,9 +317,11 @@ def _tree_scoped(
         check=False,
     )
     dirty = git(["status", "--porcelain", "-z", "--untracked-files=all"], cwd=repo, check=False)
+    chain = git(["log", "--format=%T", f"{trusted}..{ahead}", "--"], cwd=repo, check=False)
     known = tree.returncode == 0 and diff.returncode == 0 and not dirty.stdout
     changed = tuple(split_z(diff.stdout)) if known else ("(the tree could not be compared)",)
     ident = tree.text if known else "unknown"
+    trees = [head.text, *(chain.text.split() if ahead and chain.returncode == 0 else ())]
     scoped = {}
     for gate, parts in keys.items():
         if not isinstance(parts, KeyParts):
@@ -311,7 +329,8 @@ def _tree_scoped(
         patterns = [glob_regex(g) for g in spec(graph, gate).inputs]
         outside = tuple(p for p in changed if not any(r.match(p) for r in patterns))
         if outside or not known:
-            scoped[gate] = (_scoped(parts.key, ident), outside, _scoped(parts.key, head.text))
+            also = tuple(_scoped(parts.key, t) for t in trees)
+            scoped[gate] = Scoped(_scoped(parts.key, ident), outside, also)
     return scoped
 
 

@@ -45,6 +45,9 @@ class RunOptions:
     # its verdicts are then reused by input key only where the reuse rule allows
     # (``cachestep._tree_scoped``, docs/security.md).
     trusted: str | None = None
+    # The pipeline's speculative base of the tree under test: the commits between ``trusted``
+    # and it land before this tree can, so their trees' verdicts hold here (``cachestep``).
+    ahead: str | None = None
     # Keys computed now by other runs in this trio loop (the pipeline's trees): shared, a
     # gate whose key is in flight waits for it instead of computing it again.
     flights: Flights | None = None

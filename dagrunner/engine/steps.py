@@ -368,6 +368,7 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
         # identity read from outside covers -- so there its tools run every time.
         remember_tools=not plan.read_only,
         trusted=options.trusted,
+        ahead=options.ahead,
         run_id=run_id,
         flights=options.flights,
         whole_tree=options.trusted is not None,  # what lands gets a proof of these keys

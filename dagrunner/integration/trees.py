@@ -93,6 +93,7 @@ class Trees:
                     only=run.only,
                     read_only=self.it.guarded,
                     trusted=trusted,
+                    ahead=run.base,
                     flights=self.flights,
                 ),
                 self.executor,
