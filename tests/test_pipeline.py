@@ -119,6 +119,52 @@ def test_culprit_at_position_three_is_blamed_and_the_rest_land_without_it(
         assert git(project, "rev-parse", f"{commit}^{{tree}}").strip() in gated
 
 
+def test_blame_without_waiting_the_item_behind_a_suspect_is_gated_without_it_meanwhile(
+    project: Path, tmp_path: Path
+) -> None:
+    """n01 fails; while its failure is confirmed, n02 (built on n01, so failing too) is built
+    again on the head without n01 and gated beside the confirmation.  Once n01 is blamed,
+    n02 goes on from that run, not from a rebuild; the window stays at 2 after the blame."""
+    base = git(project, "rev-parse", "HEAD").strip()
+    envelopes = numbered(project, 4, bad={1})
+    submit(repo_info(project), envelopes)
+    gated = tmp_path / "gated.txt"
+    manifest = tmp_path / "slow-confirm.toml"  # a tree's second run (the confirmation) is slow
+    manifest.write_text(
+        f"""
+[sandbox]
+writable = ["{tmp_path}"]
+
+[gates.check]
+run = "t=$(git rev-parse 'HEAD^{{tree}}'); if grep -qs $t '{gated}'; then sleep 2; fi; echo $t >> '{gated}'; sleep 0.4; ! grep -rq BROKEN --include=*.txt ."
+"""
+    )
+    result = integrate(repo=project, manifest=manifest, window=2)
+    assert states(project) == {"n01": "gates-failed", "n02": "landed", "n03": "landed",
+                               "n04": "landed"}  # fmt: skip
+    runs = result.pipeline
+    confirm = next(r for r in runs if r.confirm)
+    twin = next(
+        (r for r in runs if ".n02." in r.envelopes[0] and r.head == base),
+        [r.to_json() for r in runs],
+    )
+    assert not isinstance(twin, list), twin
+    assert twin.start < confirm.end and twin.verdict == "passed", [r.to_json() for r in runs]
+    n02 = next(e for e in result.envelopes if e.worker == "n02")
+    assert (
+        git(project, "rev-parse", f"{n02.details.commit}^{{tree}}").strip()
+        in (tmp_path / "gated.txt").read_text().split()
+    )
+    # n02 was never rebuilt after the blame: its only runs are the first and the twin
+    assert [r.head for r in runs if ".n02." in r.envelopes[0]].count(base) == 1
+    # the window stayed at 2: n03 and n04 were gated at once
+    n03, n04 = (next(r for r in runs if f".n0{i}." in r.envelopes[0]) for i in (3, 4))
+    assert n04.start < n03.end
+    assert git(project, "rev-parse", "main^{tree}").strip() == expected_tree(
+        project, base, envelopes[1:], tmp_path
+    )
+
+
 def flaky_gate(tmp: Path) -> Path:
     """A gate whose first run anywhere fails (mkdir is atomic: exactly one run fails)."""
     marker = tmp / "failed-once"

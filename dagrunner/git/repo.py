@@ -27,6 +27,7 @@ from dagrunner.git.command import git, toplevel
 MIN_GIT = (2, 17)  # worktree move/remove
 LOW_DISK = 1 << 30
 FULL_DISK = 64 << 20
+DISK_FULL = ("No space left on device", "Out of diskspace", "Disk quota exceeded")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,3 +199,16 @@ def remove_worktrees(repo: Path, paths: Sequence[Path]) -> None:
         git(["worktree", "remove", "--force", "--force", str(path)], cwd=repo, check=False)
     if paths:
         git(["worktree", "prune"], cwd=repo, check=False)
+
+
+def out_of_disk(stderr: str, places: Sequence[Path]) -> bool:
+    """Whether git failed for want of disk space: it said so on one of its own error lines
+    *and* a disk it writes (one of ``places``) is nearly full.  (Paths an envelope names
+    appear in git's messages: a file called "No space left on device" must not turn its
+    conflict into a disk error that would hold the queue forever.)"""
+    said = any(
+        line.startswith(("fatal:", "error:")) and sign in line
+        for line in stderr.splitlines()
+        for sign in DISK_FULL
+    )
+    return said and any(shutil.disk_usage(place).free < FULL_DISK for place in places)

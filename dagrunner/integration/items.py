@@ -47,10 +47,39 @@ class Item:
     scope: trio.CancelScope | None = None
     slot: Path | None = None  # the worktree it was just built in, until its run takes it
     proven: Mapping[str, GateProof] = field(default_factory=dict)  # its landed proof's gates
+    # Built again on the head without the suspect ahead of it (``without``), gated beside
+    # it: if the suspect's failure is confirmed, the item goes on from its twin.
+    twin: Item | None = None
+    without: Item | None = None  # a twin's: the suspect it was built without
+    finished: Finished | None = None  # a twin's verdict, when it came before the blame
 
     @property
     def ids(self) -> tuple[str, ...]:
         return tuple(e.id for e in self.envelopes)
+
+    def reset(self) -> Path | None:
+        """Back to waiting, in a newer generation (its runs and its twin's are cancelled);
+        the slot it was built in when no run took it (the caller gives it back)."""
+        self.generation += 1
+        for scope in (self.scope, self.twin.scope if self.twin else None):
+            if scope is not None:
+                scope.cancel()  # the run ends its process trees, then frees its slot
+        slot, self.slot, self.twin = self.slot, None, None
+        self.stage, self.confirms, self.failing, self.flaky = Stage.WAITING, 0, (), ()
+        self.proven, self.applied = {}, []
+        return slot
+
+    def adopt(self, twin: Item) -> Path | None:
+        """Go on from ``twin`` (the suspect it was built without is blamed): its tree, its run
+        (in the generation that run was started for); the slot to give back, as ``reset``."""
+        if self.scope is not None:
+            self.scope.cancel()
+        slot, self.slot, self.twin = self.slot, None, None
+        self.generation, self.base, self.commit = twin.generation, twin.base, twin.commit
+        self.applied, self.envelopes, self.manifest = twin.applied, twin.envelopes, twin.manifest
+        self.scope, self.stage, self.confirms = twin.scope, Stage.GATING, 0
+        self.failing, self.flaky, self.proven = (), (), {}
+        return slot
 
 
 @dataclass(frozen=True)
@@ -88,12 +117,14 @@ class GateRun:
     ids: tuple[str, ...]
     scope: trio.CancelScope
     slot: Path | None  # built there; None: take a free one and move it to ``commit``
+    twin: bool = False  # the item's twin (its generation: the one after the blame)
 
     def speculation(
         self, finished: Finished | None, start: float, end: float, report: str
     ) -> Speculation:
         """This run as the report's timeline draws it."""
-        if finished is None or self.generation != self.item.generation:
+        stale = self.generation != self.item.generation and not (self.twin and finished)
+        if finished is None or stale:
             verdict = Verdict.CANCELLED
         elif finished.passed:
             verdict = Verdict.FLAKY if self.confirm else Verdict.PASSED

@@ -50,7 +50,12 @@ class IntegratorLike(Protocol):
     def finish(self, envelope_id: str, state: EnvelopeState, details: Details) -> None: ...
     def admit(self, envelope_id: str) -> Envelope | None: ...
     def apply(
-        self, envelope: Envelope, wt: Path | None = None, *, final: bool = True
+        self,
+        envelope: Envelope,
+        wt: Path | None = None,
+        *,
+        final: bool = True,
+        journal: bool = True,
     ) -> str | None: ...
     def land(
         self,

@@ -8,7 +8,7 @@ by compare-and-swap, as soon as it and every item ahead of it passed.
 
 - A failed gate run is first re-run on the same tree (``confirm_failures``):
   a pass marks the gates ``flaky`` on its envelopes, and the item goes on.
-- A confirmed failure halves the window and resets every item behind it onto a
+- A confirmed failure halves the window (never below 2) and resets every item behind it onto a
   head without it (their runs are cancelled).  The item itself is judged at
   the front: a batch splits into two halves, one envelope is ``gates-failed``.
 - A conflict at the front is final.  Behind it, the conflict may be with an
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
     from dagrunner.integration.needs import IntegratorLike as Integrator
 
+TWINNED = (Stage.GATING, Stage.PASSED, Stage.SUSPECT)  # built on a suspect, gated or gating
+WINDOW_FLOOR = 2  # a confirmed failure halves the window, never below this (Zuul's floor: 3)
 MAX_REBUILDS = 3  # landings lost to somebody else moving the target, then target-moving
 
 
@@ -72,6 +74,7 @@ class Pipeline:
         self.moves = 0
         self.t0 = 0.0
         self.error: DagrunnerError | None = None
+        self.in_flight = 0  # gate runs started and not ended
         self.tally = PipelineTally(window=self.ceiling)  # what the integrator's result takes
 
     # -- the controller ----------------------------------------------------------------------
@@ -97,6 +100,8 @@ class Pipeline:
                     if not self.items:
                         break
                     await self.take(await self.receive.receive())
+                    for item in [i for i in self.items if i.stage is Stage.GATING and i.confirms]:
+                        await self.twin_behind(item)  # being confirmed: room for a twin?
                 nursery.cancel_scope.cancel()
         self.requeue_rest()
         # Slots an earlier, wider run made and this one did not use: nothing is kept there.
@@ -175,34 +180,25 @@ class Pipeline:
         """Apply the item on its speculative head: built; deferred (it conflicts behind the
         front); or gone (its envelopes all ended at the front: conflict, rejected)."""
         item.base = self.base_for(position)
-        trees = self.trees
-        slot = await trees.take(self.head)
-        try:
-            built = await trio.to_thread.run_sync(
-                trees.apply_all, item, slot, position == 0, self.head
-            )
-        except BaseException:
-            trees.give(slot)
-            raise
-        if not built:
-            trees.give(slot)
+        built = await self.trees.build(item, self.head, final=position == 0)
+        if built == "deferred":
             item.stage = Stage.DEFERRED
-            return "deferred"
-        if not item.applied:
-            trees.give(slot)
+        elif built == "gone":
             self.items.remove(item)
-            return "gone"
-        item.slot = slot  # exactly its tree now: its first gate run uses it as it is
-        return "built"
+        return built
 
-    def launch(self, item: Item, position: int, *, confirm: bool = False) -> None:
+    def launch(
+        self, item: Item, position: int, *, confirm: bool = False, of: Item | None = None
+    ) -> None:
+        """Start a gate run of ``item``'s tree (``of``: the item whose twin ``item`` is)."""
         it = self.it
         self.tally.gate_runs += 1
+        self.in_flight += 1
         number = self.tally.gate_runs
         item.stage = Stage.GATING
         if confirm:
             self.tally.confirm_runs += 1
-        else:
+        elif of is None:
             for envelope in item.envelopes:
                 it.queue.record(
                     envelope.id,
@@ -215,7 +211,7 @@ class Pipeline:
         # The scope exists before the task starts: a reset right after this cancels it.
         item.scope = trio.CancelScope()
         run = GateRun(
-            item=item,
+            item=of or item,
             number=number,
             position=position,
             confirm=confirm,
@@ -227,6 +223,7 @@ class Pipeline:
             ids=item.ids,
             scope=item.scope,
             slot=item.slot,
+            twin=of is not None,
         )
         item.slot = None  # the run owns it now, and gives it back when it ends
         self.nursery.start_soon(self.gate, run)
@@ -257,6 +254,7 @@ class Pipeline:
             self.error = self.error or exc
             self.it.stop = True
             self.nursery.cancel_scope.cancel()
+        self.in_flight -= 1
         end = trio.current_time() - self.t0
         self.tally.pipeline.append(run.speculation(finished, start, end, str(run_dir)))
         if finished is not None:
@@ -266,10 +264,15 @@ class Pipeline:
 
     async def take(self, done: Finished) -> None:
         item = done.item
+        twin = item.twin
+        if twin is not None and done.generation == twin.generation and item in self.items:
+            twin.finished = done  # counts if the suspect ahead is blamed (``reset_from``)
+            return
         if done.generation != item.generation or item not in self.items:
             return  # a run of a tree that was reset since
         it = self.it
         if done.passed:
+            self.drop_twin_behind(item)
             if done.confirm:
                 item.flaky = item.failing
                 for envelope in item.envelopes:
@@ -292,8 +295,17 @@ class Pipeline:
             self.confirm_next()
             return
         item.stage = Stage.FAILED
-        self.window = max(1, self.window // 2)
+        self.window = max(min(WINDOW_FLOOR, self.ceiling), self.window // 2)
         self.reset_from(self.items.index(item) + 1, cause=item)
+
+    def drop_twin_behind(self, item: Item) -> None:
+        """``item`` passed: the item behind it goes on from its own tree, never its twin's."""
+        index = self.items.index(item) + 1
+        behind = self.items[index] if index < len(self.items) else None
+        if behind is not None and behind.twin is not None and behind.twin.without is item:
+            if behind.twin.scope is not None:
+                behind.twin.scope.cancel()
+            behind.twin = None
 
     def confirm_next(self) -> None:
         """Re-run the failed gates of the first undecided item, when it failed."""
@@ -307,7 +319,8 @@ class Pipeline:
             return
 
     def reset_from(self, index: int, *, cause: Item | None) -> None:
-        """Every item from ``index`` on is built again (on a head without ``cause``)."""
+        """Every item from ``index`` on is built again (on a head without ``cause``); the
+        first goes on from its twin instead, when it has one built without ``cause``."""
         why = (
             f"rebuilt without {', '.join(cause.ids)}"
             if cause is not None
@@ -317,16 +330,20 @@ class Pipeline:
         for item in self.items[index:]:
             if item.stage is Stage.WAITING:
                 continue
-            item.generation += 1
-            if item.scope is not None:
-                item.scope.cancel()  # its run ends its process trees, then frees its slot
+            twin = item.twin
+            if twin is not None and twin.without is cause and cause is not None:
+                self.trees.give(item.adopt(twin))
+                for envelope in item.envelopes:
+                    self.it.queue.record(
+                        envelope.id,
+                        EnvelopeState.GATING,
+                        Details(head=item.base, position=index, note=f"gated {why}"),
+                    )
+                if twin.finished is not None:
+                    self.send.send_nowait(twin.finished)  # its verdict counts now
+                continue
             built = item.stage is not Stage.DEFERRED
-            if item.slot is not None:  # built ahead, never launched: no run gives it back
-                self.trees.give(item.slot)
-                item.slot = None
-            item.stage, item.confirms, item.failing, item.flaky = Stage.WAITING, 0, (), ()
-            item.proven = {}
-            item.applied = []
+            self.trees.give(item.reset())
             if built:
                 reset = True
                 self.tally.resets += 1
@@ -339,6 +356,26 @@ class Pipeline:
                     )
         if reset:
             crash_point("speculation-reset")
+
+    async def twin_behind(self, suspect: Item) -> None:
+        """While ``suspect``'s failure is confirmed (looked at after each verdict), build the
+        item behind it again on the head without it and gate it there too, when fewer runs
+        than the window are in flight: if the failure is confirmed, that item goes on from
+        there (blame without waiting); if not, the twin is dropped."""
+        index = self.items.index(suspect) + 1
+        if index == len(self.items) or self.in_flight >= self.window:
+            return
+        behind = self.items[index]
+        if behind.twin is not None or behind.stage not in TWINNED:
+            return
+        twin = Item(list(behind.envelopes), base=suspect.base, without=suspect)
+        twin.generation = behind.generation + 1  # the one a blame of the suspect gives it
+        built = await self.trees.build(twin, self.head, final=False, journal=False)
+        if built == "built" and behind.generation + 1 == twin.generation:
+            behind.twin = twin
+            self.launch(twin, index, of=behind)
+        elif twin.slot is not None:  # the item was reset meanwhile
+            self.trees.give(twin.slot)
 
     def blame(self, front: Item) -> None:
         """A confirmed failure at the front: split a batch, or judge the one envelope."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shutil
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -32,7 +31,7 @@ from dagrunner.executors.factory import executor_for
 from dagrunner.files import crash_point, locked
 from dagrunner.git.command import IDENTITY, git
 from dagrunner.git.link import pin_gitfile
-from dagrunner.git.repo import FULL_DISK
+from dagrunner.git.repo import out_of_disk
 from dagrunner.integration import judges, landing, recovery
 from dagrunner.integration import target_checkout as checkouts
 from dagrunner.integration.admission import flagged, judging_files, refusal
@@ -52,7 +51,10 @@ from dagrunner.worktrees.landed import clean_after_landing
 from dagrunner.worktrees.ledger import Ledger
 
 HUNK_LIMIT = 16 * 1024
-DISK_FULL = ("No space left on device", "Out of diskspace", "Disk quota exceeded")
+
+
+def _unrecorded(envelope_id: str, state: EnvelopeState, details: Details | None = None) -> None:
+    """What ``apply`` records with when the journal must not hear of it (a twin)."""
 
 
 def integrator_lock(path: Path, *, wait: bool) -> contextlib.AbstractContextManager[None]:
@@ -282,13 +284,20 @@ class Integrator:
         return envelope
 
     def apply(
-        self, envelope: Envelope, wt: Path | None = None, *, final: bool = True
+        self,
+        envelope: Envelope,
+        wt: Path | None = None,
+        *,
+        final: bool = True,
+        journal: bool = True,
     ) -> str | None:
         """Apply and commit one envelope in ``wt`` (default: the first integration worktree);
         the new commit, or None.  ``final``: a conflict or corrupt patch is its outcome
-        (recorded); otherwise (a speculative head) it is queued again, to be judged later."""
+        (recorded); otherwise (a speculative head) it is queued again, to be judged later
+        (``journal`` False: a twin, of which the journal says nothing)."""
         wt = wt or self.wt
-        self.queue.record(envelope.id, EnvelopeState.APPLYING)
+        record = self.queue.record if journal else _unrecorded
+        record(envelope.id, EnvelopeState.APPLYING)
         crash_point("applying")
         before = git(["rev-parse", "HEAD"], cwd=wt).text
         with tempfile.NamedTemporaryFile(
@@ -326,10 +335,10 @@ class Integrator:
                 env=IDENTITY,
             )
             commit = git(["rev-parse", "HEAD"], cwd=wt).text
-            self.queue.record(envelope.id, EnvelopeState.APPLIED, Details(commit=commit))
+            record(envelope.id, EnvelopeState.APPLIED, Details(commit=commit))
             return commit
         stderr = result.stderr.decode("utf-8", "replace").strip()
-        if self.disk_full(stderr, wt):
+        if out_of_disk(stderr, (wt, self.ctx.info.common_dir)):
             # The integrator's disk, not the envelope: nothing is judged; a rerun resumes
             raise DagrunnerError(
                 "disk-full",
@@ -350,7 +359,7 @@ class Integrator:
         ).stdout[:HUNK_LIMIT]
         self.reset(before, wt)  # leave nothing of this envelope behind for the next one
         if not final:
-            self.queue.record(
+            record(
                 envelope.id,
                 EnvelopeState.QUEUED,
                 Details(note="does not apply on the speculative head; retried at the front"),
@@ -370,22 +379,6 @@ class Integrator:
             ),
         )
         return None
-
-    def disk_full(self, stderr: str, wt: Path) -> bool:
-        """Whether ``git apply`` failed for want of disk space: git said so on one of its own
-        error lines *and* the disks it writes are nearly full.  (Paths an envelope names
-        appear in git's messages: a file called "No space left on device" must not turn
-        its conflict into a disk error that would hold the queue forever.)"""
-        said = any(
-            line.startswith(("fatal:", "error:")) and sign in line
-            for line in stderr.splitlines()
-            for sign in DISK_FULL
-        )
-        if not said:
-            return False
-        return any(
-            shutil.disk_usage(place).free < FULL_DISK for place in (wt, self.ctx.info.common_dir)
-        )
 
     def target_checkout(self) -> Path | None:
         return checkouts.checkout_of(self.repo, self.ref)

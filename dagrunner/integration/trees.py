@@ -5,7 +5,7 @@ written when a tree lands.  ``pipeline.py`` decides which tree, when, and what c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import trio
 
@@ -46,25 +46,50 @@ class Trees:
         await trio.to_thread.run_sync(self.it.prepare_worktree, head, slot)
         return slot
 
-    def give(self, slot: Path) -> None:
-        self.free.append(slot)
+    def give(self, slot: Path | None) -> None:
+        """``slot`` is free again (None: nothing to give back)."""
+        if slot is not None:
+            self.free.append(slot)
 
     def unused(self) -> list[Path]:
         """Slots an earlier, wider run made and this one did not use."""
         return [p for p in self.it.slots()[1:] if p.name.isdigit() and int(p.name) >= self.made]
 
-    def apply_all(self, item: Item, slot: Path, final: bool, head: str) -> bool:
+    async def build(
+        self, item: Item, head: str, *, final: bool, journal: bool = True
+    ) -> Literal["built", "deferred", "gone"]:
+        """Apply ``item`` on its base in a slot of its own: built (``item.slot`` holds it,
+        exactly its tree); deferred (it conflicts behind the front); or gone (its envelopes
+        all ended at the front: conflict, rejected).  Only a built item keeps its slot."""
+        slot = await self.take(head)
+        try:
+            built = await trio.to_thread.run_sync(
+                lambda: self.apply_all(item, slot, final, head, journal=journal)
+            )
+        except BaseException:
+            self.give(slot)
+            raise
+        if not built or not item.applied:
+            self.give(slot)
+            return "deferred" if not built else "gone"
+        item.slot = slot  # its first gate run uses it as it is
+        return "built"
+
+    def apply_all(
+        self, item: Item, slot: Path, final: bool, head: str, *, journal: bool = True
+    ) -> bool:
         """Apply the item's envelopes on its base in ``slot``; False: one conflicts behind
-        the front (``final`` False), and the item is deferred."""
+        the front (``final`` False), and the item is deferred.  ``journal`` False (a twin):
+        the envelopes' journal says nothing of it."""
         it = self.it
         it.reset(item.base, slot)
         item.applied = []
         for envelope in item.envelopes:
-            commit = it.apply(envelope, slot, final=final)
+            commit = it.apply(envelope, slot, final=final, journal=journal)
             if commit is not None:
                 item.applied.append((envelope, commit))
             elif not final:
-                for done, _ in item.applied:
+                for done, _ in item.applied if journal else ():
                     it.queue.record(done.id, EnvelopeState.QUEUED, Details(note="deferred"))
                 item.applied = []
                 return False
