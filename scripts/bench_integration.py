@@ -66,9 +66,11 @@ def make_repo(
         if marker is not None
         else ""
     )
+    # the flaky gate's marker is outside the tree: the gate may write only what is named
+    writable = f'[sandbox]\nwritable = ["{marker.parent}"]\n\n' if marker is not None else ""
     (root / "manifests" / "release.toml").write_text(
         manifest
-        or f"[integrate]\nwindow = 1\n\n[gates.fixed-cost]\ncpu = 1\n"
+        or f"{writable}[integrate]\nwindow = 1\n\n[gates.fixed-cost]\ncpu = 1\n"
         f'run = "sleep {gate_seconds}; {flaky}! grep -rq BROKEN --include=*.txt ."\n'
     )
     (root / "src").mkdir()

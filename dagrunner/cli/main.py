@@ -10,63 +10,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import errno
 import io
 import os
-import re
 import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from dagrunner.cli.output import emit_json
+from dagrunner.cli.parsing import Parser, duration, positive_int
+from dagrunner.cli.swarm_args import add_integrate, add_worktree
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.units import MAX_WINDOW, parse_duration
 from dagrunner.version import VERSION
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are DagrunnerErrors (``bad-usage``, exit 2): the real
-    message survives ``--json``, the usage shown is the subcommand's, and a misspelt
-    command gets a did-you-mean."""
-
-    def error(self, message: str) -> NoReturn:
-        hint = f"{' '.join(self.format_usage().split())}; see {self.prog} --help"
-        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-        if wrong:
-            choices = re.findall(r"'([^']*)'", wrong.group(2))
-            close = difflib.get_close_matches(wrong.group(1), choices, n=1)
-            if close:
-                hint = f"did you mean {close[0]!r}? " + hint
-        raise DagrunnerError("bad-usage", message, hint=hint)
-
-    def parse_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: None = None
-    ) -> argparse.Namespace:
-        parsed, extras = self.parse_known_args(args, namespace)
-        if extras:  # told by the subcommand that was given, with its own usage
-            self.chosen(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
-        return parsed
-
-    def chosen(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
-        """The deepest subcommand parser that ``parsed`` went through."""
-        parser: argparse.ArgumentParser = self
-        while parser._subparsers is not None:
-            action = next(
-                a
-                for a in parser._subparsers._group_actions
-                if isinstance(a, argparse._SubParsersAction)
-            )
-            name = getattr(parsed, action.dest or "", None)
-            if name not in action.choices:
-                break
-            parser = action.choices[name]
-        return parser
 
 
 MANIFEST_HELP = "default: manifests/release.toml, else dagrunner.toml (dagrunner init)"
@@ -112,39 +72,6 @@ def _paths_complete_as_files(parser: argparse.ArgumentParser, shtab: Any) -> Non
 # -- parser ------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _count(text: str) -> int:
-    if text == "0":
-        return 0
-    return _positive_int(text)
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _window(text: str) -> int | None:
-    """``auto`` (None: adaptive) or 1..MAX_WINDOW."""
-    if text == "auto":
-        return None
-    value = _positive_int(text)
-    if value > MAX_WINDOW:
-        raise argparse.ArgumentTypeError(f"at most {MAX_WINDOW}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="dagrunner",
@@ -173,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("release-check", parents=[common], help="run the release gates")
     rc.add_argument("manifest", nargs="?", type=Path, help=MANIFEST_HELP)
     rc.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
-    rc.add_argument("--jobs", type=_positive_int, help="run at most N gates at once")
+    rc.add_argument("--jobs", type=positive_int, help="run at most N gates at once")
     rc.add_argument("--report-dir", type=Path, help="the run directory (default reports/<run-id>)")
     rc.add_argument("--no-cache", action="store_true", help="ignore stored gate results")
     rc.add_argument("--only", action="append", metavar="GATE", help="run GATE and what it needs")
@@ -207,129 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dr.set_defaults(handler="cmd_doctor")
 
-    wt = sub.add_parser("worktree", help="worker worktrees under the cache root")
-    wt_sub = wt.add_subparsers(dest="worktree_command", required=True)
-    repo_opt = Parser(add_help=False)
-    repo_opt.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
-    target_opt = Parser(add_help=False)
-    target_opt.add_argument(
-        "--target", help="branch that counts as landed (default: the checked-out one)"
-    )
-    al = wt_sub.add_parser(
-        "allocate", parents=[common, repo_opt], help="create (or return) a worktree"
-    )
-    al.add_argument("--mission", required=True, help="the mission (a safe name)")
-    al.add_argument("--worker", required=True, help="the worker (a safe name)")
-    al.add_argument("--base", default="HEAD", help="commit to start from (default HEAD)")
-    al.add_argument("--session", help="claim it for this session")
-    al.add_argument(
-        "--setup", action="append", metavar="CMD", help="command to run in the new worktree"
-    )
-    al.add_argument(
-        "--setup-timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="per setup step (default 300)",
-    )
-    wt_sub.add_parser(
-        "list", parents=[common, repo_opt, target_opt], help="every recorded worktree"
-    )
-    st = wt_sub.add_parser("status", parents=[common, repo_opt, target_opt], help="one worktree")
-    st.add_argument("id", help="MISSION/WORKER")
-    for name, text in (("claim", "claim for a session"), ("release", "release a session's claim")):
-        cl = wt_sub.add_parser(name, parents=[common, repo_opt], help=text)
-        cl.add_argument("id", help="MISSION/WORKER")
-        cl.add_argument("--session", required=True, help="the session that claims or releases")
-        cl.add_argument("--force", action="store_true", help="even when another session holds it")
-    cu = wt_sub.add_parser(
-        "cleanup", parents=[common, repo_opt, target_opt], help="remove if clean and landed"
-    )
-    cu.add_argument("id", help="MISSION/WORKER")
-    cu.add_argument(
-        "--force", action="store_true", help="remove even with work (saved on a backup ref)"
-    )
-    exp = wt_sub.add_parser("export", parents=[common, repo_opt], help="write its patch envelope")
-    exp.add_argument("id", help="MISSION/WORKER")
-    exp.add_argument("-o", "--output", type=Path, help="default: .git/dagrunner/exports/<id>.json")
-    pn = wt_sub.add_parser(
-        "prune", parents=[common, repo_opt, target_opt], help="drop stale worktrees"
-    )
-    pn.add_argument(
-        "--idle", type=float, metavar="DAYS", help="also clean unclaimed worktrees idle this long"
-    )
-    pn.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
-    wt.set_defaults(handler="cmd_worktree")
-    for parser_ in wt_sub.choices.values():
-        parser_.set_defaults(handler="cmd_worktree")
-
-    ig = sub.add_parser("integrate", help="the integration queue")
-    ig_sub = ig.add_subparsers(dest="integrate_command", required=True)
-    sb = ig_sub.add_parser("submit", parents=[common, repo_opt], help="queue patch envelopes")
-    sb.add_argument("envelopes", nargs="+", type=Path, metavar="ENVELOPE", help="files to queue")
-    sb.add_argument("--target", metavar="BRANCH", help="the branch they are for (default: HEAD's)")
-    sb.add_argument("--allow-protected", action="store_true", help="may touch protected paths")
-    sb.add_argument(
-        "--wait",
-        action="store_true",
-        help="return when every envelope reached a final state (whoever runs the integrator); "
-        "exit 0 landed, 1 gates-failed, 4 conflict, 2 rejected",
-    )
-    sb.add_argument("--timeout", type=_duration, metavar="DUR", help="with --wait: exit 124 after")
-    wa = ig_sub.add_parser(
-        "watch", parents=[common, repo_opt], help="follow the queue's events (JSON Lines)"
-    )
-    wa.add_argument(
-        "--since",
-        type=_count,
-        default=0,
-        metavar="CURSOR",
-        help="start after the event with this cursor (default: from the first event)",
-    )
-    wa.add_argument("--once", action="store_true", help="print what happened so far, then stop")
-    wa.add_argument("--timeout", type=_duration, metavar="DUR", help="stop following after DUR")
-    ir = ig_sub.add_parser("run", parents=[common, repo_opt], help="apply, gate and land the queue")
-    ir.add_argument("--target", help="branch to land on (default: the main checkout's branch)")
-    ir.add_argument(
-        "--manifest",
-        type=Path,
-        help="gates to run: a path in the target's head (default manifests/release.toml), "
-        "or an absolute path to your own file; never read from the tree under test",
-    )
-    ir.add_argument(
-        "--executor",
-        default="local",
-        help="where the gates run: local (default) or dask://HOST:PORT (docs/distributed.md)",
-    )
-    ir.add_argument(
-        "--trust-envelope-manifest",
-        action="store_true",
-        help="single-user set-ups only: read the manifest from the tree under test",
-    )
-    ir.add_argument(
-        "--batch",
-        type=_positive_int,
-        default=1,
-        help="envelopes gated together (bisected on failure)",
-    )
-    ir.add_argument(
-        "--window",
-        type=_window,
-        help="queue items gated at once, each on the speculative head of those ahead "
-        "(default: the manifest's [integrate] window, else adaptive: what the governor holds)",
-    )
-    ir.add_argument(
-        "--confirm-failures",
-        type=_count,
-        metavar="N",
-        help="re-runs of failed gates on the same tree before an item is blamed (default 1)",
-    )
-    ir.add_argument(
-        "--no-wait", action="store_true", help="fail instead of waiting for another integrator"
-    )
-    ig_sub.add_parser("status", parents=[common, repo_opt], help="every envelope's state")
-    for parser_ in ig_sub.choices.values():
-        parser_.set_defaults(handler="cmd_integrate")
+    add_worktree(sub, common)
+    add_integrate(sub, common)
 
     ca = sub.add_parser("cache", help="explain or prune the gate cache")
     ca_sub = ca.add_subparsers(dest="cache_command", required=True)
@@ -341,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr = ca_sub.add_parser("prune", parents=[common], help="bound the cache by size (LRU)")
     pr.add_argument("--max-size", help="e.g. 500M, 2G (needed for the local cache)")
     pr.add_argument("--executor", help="dask://...: bound every worker's store of sources instead")
-    pr.add_argument("--max-age", type=_duration, help="with --executor: unused this long goes")
+    pr.add_argument("--max-age", type=duration, help="with --executor: unused this long goes")
     pr.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
     pr.set_defaults(handler="cmd_cache_prune")
 
