@@ -77,7 +77,13 @@ def cmd_worktree(args: argparse.Namespace) -> int:
         statuses = lifecycle.list_statuses(repo=args.repo, target=args.target)
         body = {"worktrees": [s.to_json() for s in statuses]}
     elif action == "status":
+        from dagrunner.integration.run import overlaps
+
         body = lifecycle.status(args.id, repo=args.repo, target=args.target)
+        found = overlaps(repo=args.repo, target=args.target, only=args.id)
+        body["conflicts_with"] = found.conflicts_with(args.id)
+    elif action == "overlaps":
+        return _overlaps(args)
     elif action == "claim":
         body = wt.claim(args.id, session=args.session, force=args.force, repo=args.repo)
     elif action == "release":
@@ -113,6 +119,27 @@ def cmd_worktree(args: argparse.Namespace) -> int:
     else:
         _print_pairs(body)
     return ExitCode.OK
+
+
+def _overlaps(args: argparse.Namespace) -> int:
+    from dagrunner.integration.run import overlaps
+
+    found = overlaps(repo=args.repo, target=args.target)
+    if args.json:
+        emit_json(found.to_json())
+    else:
+        for pair in found.pairs:
+            said = "CONFLICT" if pair.conflict else "overlap "
+            clean = "" if pair.conflict else "  (merges cleanly)"
+            print(f"{said} {pair.a.name} <-> {pair.b.name}: {', '.join(pair.paths)}{clean}")
+        for skipped in found.skipped:
+            print(f"not read: {skipped}")
+        print(
+            f"{len(found.sides) - 1} live side(s) and {found.target}'s tip: "
+            f"{len(found.pairs)} overlapping pair(s), "
+            f"{sum(p.conflict for p in found.pairs)} conflicting; {found.merges} merge(s)"
+        )
+    return ExitCode.FAILED if found.conflict else ExitCode.OK
 
 
 # -- integrate ---------------------------------------------------------------------

@@ -43,6 +43,11 @@ def add_worktree(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     )
     st = wt_sub.add_parser("status", parents=[common, repo_opt, target_opt], help="one worktree")
     st.add_argument("id", help="MISSION/WORKER")
+    wt_sub.add_parser(
+        "overlaps",
+        parents=[common, repo_opt, target_opt],
+        help="which live work would conflict (exit 1 when any does)",
+    )
     for name, text in (("claim", "claim for a session"), ("release", "release a session's claim")):
         cl = wt_sub.add_parser(name, parents=[common, repo_opt], help=text)
         cl.add_argument("id", help="MISSION/WORKER")

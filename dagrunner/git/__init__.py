@@ -1,6 +1,7 @@
 """The one door to git, and what is built on it.
 
 - ``command``: every git call (environment cleaned, formats and command-running keys pinned).
+- ``drivers``: the merge drivers and filters a repository's config defines, turned off.
 - ``repo``: the repository, its common git dir, the worktree and cache roots.
 - ``statetree``: a worktree's full state as a tree, through a temporary index.
 - ``diff``: a binary diff read by its structure (which paths it touches, how).

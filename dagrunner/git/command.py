@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.git.drivers import neutral_drivers, with_overrides
 
 # Inherited GIT_* variables that are safe (they do not redirect git to other data).
 KEEP_GIT_ENV = frozenset({"GIT_EXEC_PATH", "GIT_TRACE", "GIT_TRACE2"})
@@ -94,6 +95,15 @@ def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def driverless_env(
+    cwd: Path, args: Sequence[str], extra: Mapping[str, str] | None
+) -> dict[str, str]:
+    """``git_env(extra)`` with every merge driver and filter the config defines turned off
+    (``drivers.py``)."""
+    env = git_env(extra)
+    return with_overrides(env, neutral_drivers(cwd, args, env))
+
+
 def git(
     args: Sequence[str],
     *,
@@ -112,7 +122,7 @@ def git(
             input=input,
             stdin=None if input is not None else subprocess.DEVNULL,
             capture_output=True,
-            env=git_env(env),
+            env=driverless_env(cwd, args, env),
             check=False,
         )
     except FileNotFoundError:
@@ -150,7 +160,7 @@ def git_output(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=errors,
-            env=git_env(env),
+            env=driverless_env(cwd, args, env),
         ) as proc,
     ):
         assert proc.stdout is not None

@@ -255,6 +255,22 @@ class Queue:
         return dataclasses.replace(envelope, item=envelope_id)
 
 
+def check_target(info: RepoInfo, goal: str) -> None:
+    """``goal`` must be a branch of this repository (``unknown-target`` otherwise)."""
+    if (
+        goal.startswith("-")
+        or git(["check-ref-format", "--branch", goal], cwd=info.root, check=False).returncode
+        or git(
+            ["rev-parse", "--verify", "-q", f"refs/heads/{goal}"], cwd=info.root, check=False
+        ).returncode
+    ):
+        raise DagrunnerError(
+            "unknown-target",
+            f"{goal[:80]!r} is not a branch of this repository",
+            hint="pass --target with an existing branch (or check out the branch to land on)",
+        )
+
+
 def same_repository(envelope: Envelope, info: RepoInfo) -> bool:
     """Whether ``envelope`` says it came from this repository (or a clone of it)."""
     return envelope.repo.same_as(repo_identity(info.root))
@@ -311,17 +327,7 @@ def submit(
     queued as its own item (module doc).
     """
     goal = target or checkout_branch(info)
-    if (
-        git(["check-ref-format", "--branch", goal], cwd=info.root, check=False).returncode
-        or git(
-            ["rev-parse", "--verify", "-q", f"refs/heads/{goal}"], cwd=info.root, check=False
-        ).returncode
-    ):
-        raise DagrunnerError(
-            "unknown-target",
-            f"{goal[:80]!r} is not a branch of this repository",
-            hint="pass --target with an existing branch (or check out the branch to land on)",
-        )
+    check_target(info, goal)
     envelopes: list[tuple[Path, Envelope, bytes]] = []
     for path in files:
         # Read once, validate those bytes, store those bytes: no second read can differ.

@@ -1,24 +1,29 @@
 """Drain the integration queue: the public entry points (``integrate``, ``queue_status``).
 
-The integrator's steps live in ``integrator.py``, crash recovery and the
-preflight in ``recovery.py``, the commit trailers in ``trailers.py`` and the
-result record in ``outcomes.py``; the names users and tests import are
-re-exported here.
+The integrator's steps live in ``steps.py``, crash recovery and the preflight in
+``recovery.py``, the commit trailers in ``trailers.py`` and the result record in
+``records/integration.py``; the names users and tests import are re-exported here.
+``overlaps`` is the queue's foresight: which live work would collide
+(``worktrees/overlaps.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dagrunner.envelope import Envelope
+from dagrunner.errors import DagrunnerError
 from dagrunner.executors.factory import executor_for
-from dagrunner.integration.queue import Queue
+from dagrunner.integration.queue import Queue, check_target
 from dagrunner.integration.steps import Integrator, integrator_lock
 from dagrunner.integration.trailers import SHA_TRAILER, TRAILER
-from dagrunner.records.integration import IntegrationResult
+from dagrunner.records.integration import FINAL, IntegrationResult
 from dagrunner.worktrees.allocate import default_target, open_context
+from dagrunner.worktrees.overlaps import Overlaps, find_overlaps
 
 __all__ = [
     "SHA_TRAILER",
@@ -27,6 +32,7 @@ __all__ = [
     "Integrator",
     "integrate",
     "integrator_lock",
+    "overlaps",
     "queue_status",
 ]
 
@@ -79,3 +85,44 @@ def queue_status(*, repo: Path | None = None) -> dict[str, Any]:
     for entry in entries:
         counts[entry.state] = counts.get(entry.state, 0) + 1
     return {"envelopes": [e.to_json() for e in entries], "counts": counts}
+
+
+def overlaps(
+    *,
+    repo: Path | None = None,
+    target: str | None = None,
+    only: str | None = None,
+    prefilter: bool = True,
+) -> Overlaps:
+    """``worktree overlaps``: the pairs among the live worktrees, the envelopes queued for
+    ``target`` (default: the main checkout's branch) and its tip that touch a common path,
+    and whether each merges cleanly (``only``: the pairs of that worktree or envelope)."""
+    ctx = open_context(repo)
+    goal = target or default_target(ctx)
+    check_target(ctx.info, goal)
+    records = ctx.ledger.state()
+    live = [
+        (wt_id, Path(record.path), record.base)
+        for wt_id, record in sorted(records.items())
+        if not record.missing and Path(record.path).is_dir()
+    ]
+    queue = Queue.of(ctx.info)
+    envelopes: list[Envelope] = []
+    for item, entry in queue.entries().items():
+        if entry.state in FINAL or entry.target not in (None, goal):
+            continue
+        with contextlib.suppress(DagrunnerError):  # a damaged file: integrate rejects it
+            envelopes.append(queue.load(item))
+    exported = [
+        (wt_id, e.envelope) for wt_id, r in records.items() for e in r.exports if e.envelope
+    ]
+    return find_overlaps(
+        ctx.info.root,
+        ctx.info.common_dir,
+        target=goal,
+        worktrees=live,
+        envelopes=envelopes,
+        related=[(w, e) for w, e in exported],
+        only=only,
+        prefilter=prefilter,
+    )
