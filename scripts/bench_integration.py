@@ -249,6 +249,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--export-files", type=int, default=1000)
     parser.add_argument("--scenario", choices=["queue", "blame", "reuse"], default="queue")
+    parser.add_argument("--culprits-only", action="store_true", help="queue: only the culprit rows")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dagrunner-bench-int-") as tmp:
         base = Path(tmp)
@@ -262,7 +263,7 @@ def main() -> int:
             reuse(base, count, args.gate_seconds if args.gate_seconds != 0.3 else 1.0)
             return 0
         modes = [(1, 1), (args.batch, 1), (1, 2), (1, 4), (5, 4)]
-        for culprits in (False, True):
+        for culprits in (True,) if args.culprits_only else (False, True):
             print(
                 f"{args.envelopes} envelopes (one conflict pair"
                 + (f", culprits at {CULPRITS}, a flaky gate at {FLAKY}" if culprits else "")

@@ -8,7 +8,8 @@ resumes right after the event whose cursor was ``c``; the journal is only ever
 appended to, so a cursor stays valid.
 
 Event names are the envelope's state, except ``submitted`` (its first
-``queued`` line), ``flaky`` and ``speculation-reset`` (``pipeline.py``).
+``queued`` line), ``flaky`` and ``speculation-reset`` (``pipeline.py``), and ``overlap``
+(``foresight.py``: at submit, it conflicts with an item queued ahead of it).
 Their JSON shape is ``docs/integration-event.schema.json``.
 """
 
@@ -28,7 +29,7 @@ from dagrunner.integration.queue import JournalLine, Queue, QueueEntry
 from dagrunner.records.integration import FINAL, Details, EnvelopeState
 
 POLL = 0.1  # seconds between looks at the journal while following it
-NAMED = ("flaky", "speculation-reset")  # events that are not a state of their own
+NAMED = ("flaky", "speculation-reset", "overlap")  # events that are not a state of their own
 
 # What each final state means to ``integrate submit --wait`` (docs/integration.md).
 WAIT_EXIT: dict[EnvelopeState, ExitCode] = {

@@ -36,6 +36,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.files import append_line, atomic_write, locked, read_lines, text_of
 from dagrunner.git.command import git
 from dagrunner.git.repo import RepoInfo, checkout_branch
+from dagrunner.integration.foresight import Foreseen, conflicts_ahead, loaded
 from dagrunner.names import is_safe_id
 from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeState
 from dagrunner.worktrees.ledger import now
@@ -152,6 +153,7 @@ class Submitted:
     state: EnvelopeState
     target: str
     provenance: str
+    overlaps: tuple[Foreseen, ...] = ()  # queued ahead and conflicting with it
 
     def to_json(self) -> dict[str, Any]:
         return {  # new keys go last: orchestrators read this shape
@@ -163,6 +165,7 @@ class Submitted:
             "envelope": self.envelope,
             "target": self.target,
             "provenance": self.provenance,
+            "overlaps": [o.to_json() for o in self.overlaps],
         }
 
 
@@ -380,9 +383,15 @@ def submit(
                 origin["allow_protected"] = True
             if item != envelope.id:
                 origin["envelope"] = envelope.id
+            ahead = [
+                i for i, e in known.items() if e.state not in FINAL and e.target in (None, goal)
+            ]
             try:
                 atomic_write(queue.envelope_path(item), raw)
                 queue.record(item, EnvelopeState.QUEUED, NO_DETAILS, provenance=proof, **origin)
+                overlaps = conflicts_ahead(info, envelope, loaded(queue.load, ahead))
+                for seen in overlaps:
+                    queue.record(item, EnvelopeState.QUEUED, seen.details(), event="overlap")
             except OSError as exc:
                 # atomic_write leaves nothing behind; a file without its line is not queued
                 queue.envelope_path(item).unlink(missing_ok=True)
@@ -408,6 +417,7 @@ def submit(
                     state=EnvelopeState.QUEUED,
                     target=goal,
                     provenance=proof,
+                    overlaps=tuple(overlaps),
                 )
             )
     return results

@@ -88,6 +88,9 @@ class Details:
     # files it changes that change how git or dagrunner judge later work (.gitattributes,
     # .gitmodules, the manifest): flagged like a manifest change
     judging_changed: tuple[str, ...] | None = None
+    # overlap (at submit): the envelope queued ahead that it conflicts with, and the paths
+    overlaps_with: str | None = None
+    overlap_paths: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,6 +121,8 @@ class Details:
             note=text_of(data.get("note")),
             recovered=_flag(data.get("recovered")),
             recovered_from=text_of(data.get("recovered_from")),
+            overlaps_with=text_of(data.get("overlaps_with")),
+            overlap_paths=_texts(data.get("overlap_paths")),
         )
 
     def merged(self, newer: Details) -> Details:

@@ -137,6 +137,16 @@ def envelope_side(repo: Path, envelope: Envelope) -> Side | str:
     )
 
 
+def shared(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+    """The paths both change, and a file one changes where the other changes what is
+    under it as a folder (``a`` against ``a/b``: a file/directory conflict)."""
+    found = set(a & b)
+    for one, other in ((a, b), (b, a)):
+        folders = {"/".join(p.split("/")[:i]) for p in other for i in range(1, p.count("/") + 1)}
+        found |= one & folders
+    return frozenset(found)
+
+
 def merge(common: Path, a: Side, b: Side) -> tuple[bool, tuple[str, ...]]:
     """Whether ``a`` and ``b`` merge cleanly on their content; the conflicting paths."""
     with tempfile.TemporaryDirectory(prefix="dagrunner-merge-") as empty:
@@ -189,10 +199,10 @@ def find_overlaps(
     candidates: list[tuple[Side, Side, frozenset[str]]] = []
     for i, a in enumerate(sides):
         for b in sides[i + 1 :]:
-            candidates.append((a, b, a.touched & b.touched))
+            candidates.append((a, b, shared(a.touched, b.touched)))
         if a.base not in tip_touched:
             tip_touched[a.base] = _touched(repo, a.base, tip)
-        candidates.append((a, target_side, a.touched & tip_touched[a.base]))
+        candidates.append((a, target_side, shared(a.touched, tip_touched[a.base])))
     same = {frozenset(pair) for pair in related}
     candidates = [
         c
@@ -202,15 +212,18 @@ def find_overlaps(
     ]
     pairs = []
     merges = 0
-    for a, b, shared in candidates:
-        if prefilter and not shared:
+    for a, b, common_paths in candidates:
+        if prefilter and not common_paths:
             continue
         merges += 1
         conflict, paths = merge(common, a, b)
-        if conflict or shared:
+        if conflict or common_paths:
             pairs.append(
                 Overlap(
-                    a=a, b=b, conflict=conflict, paths=paths if conflict else tuple(sorted(shared))
+                    a=a,
+                    b=b,
+                    conflict=conflict,
+                    paths=paths if conflict else tuple(sorted(common_paths)),
                 )
             )
     return Overlaps(
