@@ -63,8 +63,8 @@ if TYPE_CHECKING:
     from dagrunner.engine.plan import RunOptions
     from dagrunner.errors import DagrunnerError, ExitCode
     from dagrunner.integration.events import Event, wait_for, watch
-    from dagrunner.integration.queue import submit_files as submit
     from dagrunner.integration.run import IntegrationResult, integrate
+    from dagrunner.integration.submit import submit_files as submit
     from dagrunner.manifest.load import Manifest, load_manifest
     from dagrunner.records.run import GateResult, RunRecord, RunStatus, Status
     from dagrunner.swarm.release import release_check

@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.queue import Queue
 from dagrunner.integration.run import TRAILER, integrate
+from dagrunner.integration.submit import submit
 from dagrunner.worktrees import allocate as worktrees
 from dagrunner.worktrees import export as exporting
 

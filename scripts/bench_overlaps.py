@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import submit
 from dagrunner.integration.run import overlaps
+from dagrunner.integration.submit import submit
 from dagrunner.worktrees import allocate as worktrees
 from dagrunner.worktrees import export as exporting
 from dagrunner.worktrees import lifecycle

@@ -14,8 +14,9 @@ import pytest
 from conftest import CLI, git, run_json
 
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.queue import Queue
 from dagrunner.integration.run import TRAILER, integrate, integrator_lock
+from dagrunner.integration.submit import submit
 from dagrunner.worktrees import allocate as wt
 from dagrunner.worktrees import export as exporting
 from dagrunner.worktrees import lifecycle

@@ -43,7 +43,7 @@ def test_status_export_and_integrate_json_keep_their_shapes(
     )
     (Path(allocated["path"]) / "new.txt").write_text("x\n")
     _, status = run_json(capsys, "worktree", "status", "m/w", *base)
-    assert list(status) == STATUS_KEYS
+    assert list(status) == [*STATUS_KEYS, "conflicts_with"]  # with worktree overlaps
     _, listing = run_json(capsys, "worktree", "list", *base)
     assert [list(item) for item in listing["worktrees"]] == [STATUS_KEYS]
     out = repo.parent / "env.json"
@@ -56,6 +56,7 @@ def test_status_export_and_integrate_json_keep_their_shapes(
 
 
 SUBMIT_KEYS = ["id", "file", "duplicate", "position", "state", "envelope", "target", "provenance"]
+SUBMIT_KEYS.append("overlaps")  # with the overlap events
 OUTCOME_KEYS = {
     "landed": ["id", "mission", "worker", "state", "commit", "worktree", "provenance"],
     "conflict": ["id", "mission", "worker", "state", "conflicts", "hunks", "reason", "provenance"],
@@ -66,7 +67,8 @@ ENTRY = ["id", "submitted", "state", "mission", "worker", "source", "updated", "
 ENTRY.append("provenance")
 QUEUE_KEYS = {
     "landed": [*ENTRY, "commit", "gate_run", "old", "new", "head", "position"],
-    "conflict": [*ENTRY, "conflicts", "hunks", "reason"],
+    # the second envelope of the conflicting pair was foreseen at submit (an overlap event)
+    "conflict": [*ENTRY, "conflicts", "hunks", "reason", "overlaps_with", "overlap_paths"],
     "gates-failed": [*ENTRY, "commit", "gate_run", "failed_gates", "report", "head", "position"],
     "rejected": [*ENTRY, "reason"],
 }

@@ -12,8 +12,8 @@ from conftest import CLI, git
 from test_integration import worker
 
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import submit
 from dagrunner.integration.run import overlaps
+from dagrunner.integration.submit import submit
 from dagrunner.worktrees import allocate as wt
 
 

@@ -25,8 +25,9 @@ from test_integration import (
 
 from dagrunner import wait_for, watch
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.queue import Queue
 from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
 from dagrunner.worktrees import allocate as wt
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ from conftest import CLI, commit_release_manifest, git
 from test_integration import worker
 
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import submit
 from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
 
 
 def heavy_manifest(tmp: Path) -> str:

@@ -140,8 +140,8 @@ def test_an_envelopes_tree_never_answers_from_remembered_tools(
     from test_integration import states, worker
 
     from dagrunner.git.repo import repo_info
-    from dagrunner.integration.queue import submit
     from dagrunner.integration.run import integrate
+    from dagrunner.integration.submit import submit
 
     def shadow(path: Path) -> None:
         (path / "pip").mkdir()

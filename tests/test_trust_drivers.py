@@ -10,8 +10,8 @@ from conftest import git
 from test_integration import worker
 
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import submit
 from dagrunner.integration.run import integrate, overlaps
+from dagrunner.integration.submit import submit
 
 
 def plant(project: Path, attributes: str, **config: str) -> None:

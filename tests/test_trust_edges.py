@@ -20,8 +20,8 @@ from test_integration import worker
 
 from dagrunner.errors import DagrunnerError
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import submit
 from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
 from dagrunner.manifest.load import load_manifest
 from dagrunner.process.contain import namespaced
 from dagrunner.process.view import View

@@ -14,8 +14,9 @@ from conftest import git, run_json
 from dagrunner.envelope import envelope_id, load_envelope, parse_envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.queue import Queue
 from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
 from dagrunner.records.integration import EnvelopeState
 from dagrunner.worktrees import allocate as wt
 from dagrunner.worktrees import export as exporting

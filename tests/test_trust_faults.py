@@ -13,8 +13,9 @@ import pytest
 from conftest import git, run_json
 
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.queue import Queue
 from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
 from dagrunner.worktrees import allocate as wt
 from dagrunner.worktrees import export as exporting
 

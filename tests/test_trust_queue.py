@@ -15,8 +15,9 @@ from test_pipeline import numbered
 
 from dagrunner.envelope import envelope_id
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.queue import Queue
 from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
 
 
 def cli(repo: Path, *args: str) -> tuple[int, dict[str, Any]]:

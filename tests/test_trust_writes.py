@@ -14,8 +14,9 @@ from test_integration import states, worker
 from test_pipeline import run_cli
 
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import Queue, submit
+from dagrunner.integration.queue import Queue
 from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
 from dagrunner.process.contain import detect
 
 confined = pytest.mark.skipif(

@@ -492,8 +492,8 @@ def test_list_says_landed_only_when_all_the_work_landed(
 ) -> None:
     from dagrunner.cli.main import run_cli
     from dagrunner.git.repo import repo_info
-    from dagrunner.integration.queue import submit
     from dagrunner.integration.run import integrate
+    from dagrunner.integration.submit import submit
 
     assert run_cli(["worktree", "list", "--repo", str(project)]) == 0
     assert "no worktrees are recorded" in capsys.readouterr().out

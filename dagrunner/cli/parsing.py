@@ -83,3 +83,19 @@ def window(text: str) -> int | None:
     if value > MAX_WINDOW:
         raise argparse.ArgumentTypeError(f"at most {MAX_WINDOW}")
     return value
+
+
+URGENT = 1 << 30  # integration/queue.URGENT (not imported: --help loads no machinery)
+
+
+def priority(text: str) -> int:
+    """``urgent`` or a whole number from -1000 to 1000."""
+    if text == "urgent":
+        return URGENT
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number nor urgent") from None
+    if not -1000 <= value <= 1000:
+        raise argparse.ArgumentTypeError("must be from -1000 to 1000, or urgent")
+    return value

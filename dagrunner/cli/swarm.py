@@ -180,13 +180,14 @@ def cmd_integrate(args: argparse.Namespace) -> int:
     action = args.integrate_command
     if action == "submit":
         from dagrunner.git.repo import repo_info
-        from dagrunner.integration.queue import submit
+        from dagrunner.integration.submit import submit
 
         queued = submit(
             repo_info(args.repo),
             args.envelopes,
             target=args.target,
             allow_protected=args.allow_protected,
+            priority=args.priority,
         )
         for item in [] if args.json else queued:
             what = "already queued" if item.duplicate else "queued"
@@ -194,6 +195,10 @@ def cmd_integrate(args: argparse.Namespace) -> int:
                 f"{what} at position {item.position} for {item.target}: {item.id} "
                 f"({item.state}; provenance: {item.provenance})"
             )
+            for seen in item.overlaps:
+                print(
+                    f"  OVERLAP: conflicts with {seen.other} (queued ahead): {', '.join(seen.paths)}"
+                )
         submitted = [item.to_json() for item in queued]
         if not args.wait:
             if args.json:

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dagrunner.cli.parsing import Parser, count, duration, positive_int, window
+from dagrunner.cli.parsing import Parser, count, duration, positive_int, priority, window
 
 Subparsers = Any  # argparse's _SubParsersAction, which has no public name
 
@@ -84,6 +84,14 @@ def add_integrate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     sb.add_argument("envelopes", nargs="+", type=Path, metavar="ENVELOPE", help="files to queue")
     sb.add_argument("--target", metavar="BRANCH", help="the branch they are for (default: HEAD's)")
     sb.add_argument("--allow-protected", action="store_true", help="may touch protected paths")
+    sb.add_argument(
+        "--priority",
+        type=priority,
+        default=0,
+        metavar="N|urgent",
+        help="higher first (default 0, stable within a priority); urgent: before all, and "
+        "what gates behind it is reset",
+    )
     sb.add_argument(
         "--wait",
         action="store_true",

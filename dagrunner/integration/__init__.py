@@ -1,6 +1,7 @@
 """The integration queue and its integrator.
 
 - ``queue``: the durable queue and its journal.  ``events``: the journal as a stream.
+- ``submit``: envelopes onto the queue (validated, with priority and the overlaps foreseen).
 - ``run``: ``integrate`` and ``queue_status``, the entry points.
 - ``steps``: the integrator's steps (admit, apply with ``--3way``, land).
 - ``needs``: what the helpers below may use of the integrator (a protocol).

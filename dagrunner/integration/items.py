@@ -4,7 +4,7 @@ and tree, and the verdicts its gate runs send back (``pipeline.py`` drives them)
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,10 +13,17 @@ import trio
 
 from dagrunner.engine.landed import GateProof
 from dagrunner.manifest.load import Manifest
-from dagrunner.records.integration import Speculation, Verdict
+from dagrunner.records.integration import (
+    Details,
+    EnvelopeState,
+    PipelineTally,
+    Speculation,
+    Verdict,
+)
 
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
+    from dagrunner.integration.needs import IntegratorLike
 
 MAX_AUTO_WINDOW = 4
 
@@ -52,6 +59,7 @@ class Item:
     twin: Item | None = None
     without: Item | None = None  # a twin's: the suspect it was built without
     finished: Finished | None = None  # a twin's verdict, when it came before the blame
+    priority: int = 0  # its envelopes' (``--priority``; queue.URGENT pre-empts)
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -68,6 +76,13 @@ class Item:
         self.stage, self.confirms, self.failing, self.flaky = Stage.WAITING, 0, (), ()
         self.proven, self.applied = {}, []
         return slot
+
+    def drop_twin(self, *, without: Item) -> None:
+        """Its twin built without ``without`` goes (that item passed): its run is cancelled."""
+        if self.twin is not None and self.twin.without is without:
+            if self.twin.scope is not None:
+                self.twin.scope.cancel()
+            self.twin = None
 
     def adopt(self, twin: Item) -> Path | None:
         """Go on from ``twin`` (the suspect it was built without is blamed): its tree, its run
@@ -143,3 +158,68 @@ class GateRun:
             gates=finished.failing if finished else (),
             report=report,
         )
+
+
+class Intake:
+    """What enters the pipeline: the queue's pending items, highest priority first, read
+    again at each admission, so that what is submitted while the run goes, and its
+    priority, counts.  An item is admitted once per run."""
+
+    def __init__(self, it: IntegratorLike) -> None:
+        self.it = it
+        self.taken: set[str] = set()
+
+    def fresh(self) -> list[tuple[str, int]]:
+        """The pending items not admitted yet, with their priorities, highest first."""
+        entries = self.it.queue.entries()
+        return [(i, entries[i].priority) for i in self.it.queue.pending() if i not in self.taken]
+
+    def admit(self, ids: list[str], priority: int = 0) -> Item | None:
+        """An item of the first of ``ids`` that the target lets in (up to ``--batch`` of
+        them); None when none is (each rejection is journaled)."""
+        envelopes: list[Envelope] = []
+        for envelope_id in ids:
+            if len(envelopes) == self.it.batch:
+                break
+            self.taken.add(envelope_id)
+            envelope = self.it.admit(envelope_id)
+            if envelope is not None:
+                envelopes.append(envelope)
+        return Item(envelopes, priority=priority) if envelopes else None
+
+    def next(self) -> Item | None:
+        """The next item to gate, or None when the queue holds no more."""
+        while fresh := self.fresh():
+            same = [i for i, p in fresh if p == fresh[0][1]]  # a batch is of one priority
+            item = self.admit(same, fresh[0][1])
+            if item is not None:
+                return item
+        return None
+
+    async def news(self, send: Callable[[None], None], every: float = 0.5) -> None:
+        """While the run goes: wake the controller (``send(None)``) when an item with a
+        priority above 0 is submitted, so that it can go before what has not started."""
+        seen: set[str] = set()
+        while True:
+            await trio.sleep(every)
+            fresh = await trio.to_thread.run_sync(self.fresh)
+            if any(p > 0 and i not in seen for i, p in fresh):
+                send(None)
+            seen |= {i for i, _ in fresh}
+
+    def requeue(self, items: list[Item], tally: PipelineTally) -> None:
+        """The run stopped early: what it applied of ``items`` and did not finish is queued
+        again, with a note saying why."""
+        note = (
+            "interrupted"
+            if tally.interrupted
+            else "target-moving"
+            if tally.target_moving
+            else "the run stopped before it"
+        )
+        for item in items:
+            if item.stage is Stage.DEFERRED or (item.stage is Stage.WAITING and not item.applied):
+                continue  # its journal says queued already
+            for envelope in item.envelopes:
+                if envelope.id not in self.it.outcomes:
+                    self.it.queue.record(envelope.id, EnvelopeState.QUEUED, Details(note=note))

@@ -14,6 +14,7 @@ by compare-and-swap, as soon as it and every item ahead of it passed.
 - A conflict at the front is final.  Behind it, the conflict may be with an
   item that will not land, so the item waits for the front; no gate runs.
 - The window grows by one after each landing (ceiling: ``window``).
+- Items enter highest priority first (``items.Intake``); an urgent one pre-empts.
 
 Every step is journaled before it takes effect (``queue.py``); after a crash,
 ``recovery.recover`` discards the speculation (only commits on the target
@@ -35,16 +36,17 @@ from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
 from dagrunner.git.repo import remove_worktrees
 from dagrunner.integration import proofs
-from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window
+from dagrunner.integration.items import Finished, GateRun, Intake, Item, Stage, auto_window
+from dagrunner.integration.queue import URGENT
 from dagrunner.integration.trees import Trees
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.integration import Details, EnvelopeState, LandOutcome, PipelineTally
 from dagrunner.records.run import RunStatus, Status
 
 if TYPE_CHECKING:
-    from dagrunner.envelope import Envelope
     from dagrunner.integration.needs import IntegratorLike as Integrator
 
+NOT_STARTED = (Stage.WAITING, Stage.BUILT, Stage.DEFERRED)
 TWINNED = (Stage.GATING, Stage.PASSED, Stage.SUSPECT)  # built on a suspect, gated or gating
 WINDOW_FLOOR = 2  # a confirmed failure halves the window, never below this (Zuul's floor: 3)
 MAX_REBUILDS = 3  # landings lost to somebody else moving the target, then target-moving
@@ -69,7 +71,7 @@ class Pipeline:
         self.window = self.ceiling
         self.confirm = confirm
         self.items: list[Item] = []
-        self.pending = it.queue.pending()
+        self.intake = Intake(it)
         self.head = it.head()
         self.moves = 0
         self.t0 = 0.0
@@ -81,7 +83,7 @@ class Pipeline:
 
     async def run(self) -> None:
         self.t0 = trio.current_time()
-        send, self.receive = trio.open_memory_channel[Finished](math.inf)
+        send, self.receive = trio.open_memory_channel[Finished | None](math.inf)
         self.send = send
         # Landed workers are cleaned while later items are gated; those cleanups are
         # finished (never cancelled) before the run returns.
@@ -91,19 +93,23 @@ class Pipeline:
                 self.nursery = nursery
                 if threading.current_thread() is threading.main_thread():
                     nursery.start_soon(self.on_signal)
+                nursery.start_soon(self.intake.news, self.send.send_nowait)
                 while not self.it.stop:
                     await self.settle()
                     if self.it.stop:
                         break
+                    self.preempt()
                     self.confirm_next()
                     await self.fill()
                     if not self.items:
                         break
-                    await self.take(await self.receive.receive())
+                    done = await self.receive.receive()
+                    if done is not None:  # None: a priority item was submitted
+                        await self.take(done)
                     for item in [i for i in self.items if i.stage is Stage.GATING and i.confirms]:
                         await self.twin_behind(item)  # being confirmed: room for a twin?
                 nursery.cancel_scope.cancel()
-        self.requeue_rest()
+        self.intake.requeue(self.items, self.tally)
         # Slots an earlier, wider run made and this one did not use: nothing is kept there.
         await trio.to_thread.run_sync(remove_worktrees, self.it.repo, self.trees.unused())
         if self.error is not None:
@@ -156,16 +162,28 @@ class Pipeline:
             position += 1
 
     def admit_item(self) -> bool:
-        while self.pending:
-            envelopes: list[Envelope] = []
-            while self.pending and len(envelopes) < self.it.batch:
-                envelope = self.it.admit(self.pending.pop(0))  # a rejection is journaled
-                if envelope is not None:
-                    envelopes.append(envelope)
-            if envelopes:
-                self.items.append(Item(envelopes))
-                return True
-        return False
+        item = self.intake.next()
+        self.items += [item] if item is not None else []
+        return item is not None
+
+    def preempt(self) -> None:
+        """A pending item of a higher priority than admitted ones that have not started
+        goes before them; an urgent one before every item not yet passed, and what was
+        gating behind it is reset (built and gated again on top of it)."""
+        fresh = self.intake.fresh()
+        if not fresh:
+            return
+        top, priority = fresh[0]
+        urgent = priority >= URGENT
+        started = [i for i, x in enumerate(self.items) if x.stage not in NOT_STARTED]
+        floor = next((i for i, x in enumerate(self.items) if x.stage is not Stage.PASSED), 0)
+        index = floor if urgent else (started[-1] + 1 if started else 0)
+        while index < len(self.items) and self.items[index].priority >= priority:
+            index += 1
+        if index == len(self.items) or not (item := self.intake.admit([top], priority)):
+            return  # it comes next anyway (``fill``)
+        self.items.insert(index, item)
+        self.reset_from(index + 1, cause=None, why=f"reset behind {', '.join(item.ids)}")
 
     # -- building and gating -----------------------------------------------------------------
 
@@ -301,11 +319,8 @@ class Pipeline:
     def drop_twin_behind(self, item: Item) -> None:
         """``item`` passed: the item behind it goes on from its own tree, never its twin's."""
         index = self.items.index(item) + 1
-        behind = self.items[index] if index < len(self.items) else None
-        if behind is not None and behind.twin is not None and behind.twin.without is item:
-            if behind.twin.scope is not None:
-                behind.twin.scope.cancel()
-            behind.twin = None
+        if index < len(self.items):
+            self.items[index].drop_twin(without=item)
 
     def confirm_next(self) -> None:
         """Re-run the failed gates of the first undecided item, when it failed."""
@@ -318,10 +333,10 @@ class Pipeline:
                 self.launch(item, index, confirm=True)
             return
 
-    def reset_from(self, index: int, *, cause: Item | None) -> None:
+    def reset_from(self, index: int, *, cause: Item | None, why: str = "") -> None:
         """Every item from ``index`` on is built again (on a head without ``cause``); the
         first goes on from its twin instead, when it has one built without ``cause``."""
-        why = (
+        why = why or (
             f"rebuilt without {', '.join(cause.ids)}"
             if cause is not None
             else "rebuilt on the target's new head"
@@ -428,20 +443,3 @@ class Pipeline:
                 return it.clean_workers(ids)
 
         it.note_workers(await trio.to_thread.run_sync(clean))
-
-    def requeue_rest(self) -> None:
-        """The run stopped early: what it applied and did not finish is queued again."""
-        it = self.it
-        note = (
-            "interrupted"
-            if self.tally.interrupted
-            else "target-moving"
-            if self.tally.target_moving
-            else "the run stopped before it"
-        )
-        for item in self.items:
-            if item.stage is Stage.DEFERRED or (item.stage is Stage.WAITING and not item.applied):
-                continue  # its journal says queued already
-            for envelope in item.envelopes:
-                if envelope.id not in it.outcomes:
-                    it.queue.record(envelope.id, EnvelopeState.QUEUED, Details(note=note))

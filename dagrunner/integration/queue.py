@@ -24,22 +24,28 @@ journal before it works on it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from dagrunner.envelope import Envelope, load_envelope, parse_envelope, repo_identity
-from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.files import append_line, atomic_write, locked, read_lines, text_of
-from dagrunner.git.command import git
-from dagrunner.git.repo import RepoInfo, checkout_branch
-from dagrunner.integration.foresight import Foreseen, conflicts_ahead, loaded
+from dagrunner.envelope import Envelope, load_envelope, repo_identity
+from dagrunner.errors import DagrunnerError
+from dagrunner.files import append_line, locked, read_lines, text_of
+from dagrunner.git.repo import RepoInfo
 from dagrunner.names import is_safe_id
 from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeState
 from dagrunner.worktrees.ledger import now
+
+URGENT = 1 << 30  # ``--priority urgent``: before every number, and pre-empts what gates
+PRIORITIES = range(-1000, 1001)  # what --priority N takes
+
+
+def _priority(raw: object) -> int | None:
+    if raw == "urgent":
+        return URGENT
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw in PRIORITIES else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +64,7 @@ class JournalLine:
     envelope: str | None = None
     provenance: str | None = None
     allow_protected: bool = False
+    priority: int | None = None  # on the line that submitted it (URGENT: "urgent")
     details: Details = NO_DETAILS
 
     @classmethod
@@ -81,6 +88,7 @@ class JournalLine:
             envelope=text_of(data.get("envelope")),
             provenance=text_of(data.get("provenance")),
             allow_protected=data.get("allow_protected") is True,
+            priority=_priority(data.get("priority")),
             details=Details.from_json(data),
         )
 
@@ -100,6 +108,7 @@ class QueueEntry:
     envelope: str | None = None  # the envelope's own id, where another item holds that id
     provenance: str | None = None  # whether the ledger proves which worktree exported it
     allow_protected: bool = False  # submitted with --allow-protected ([integrate] protected)
+    priority: int = 0  # higher first; URGENT pre-empts what gates
     details: Details = NO_DETAILS
 
     def to_json(self) -> dict[str, Any]:
@@ -113,6 +122,8 @@ class QueueEntry:
                 body[key] = value
         if self.allow_protected:
             body["allow_protected"] = True
+        if self.priority:
+            body["priority"] = "urgent" if self.priority == URGENT else self.priority
         return {**body, **self.details.to_json()}
 
     def followed_by(self, line: JournalLine) -> QueueEntry:
@@ -135,38 +146,9 @@ class QueueEntry:
             envelope=self.envelope or line.envelope,
             provenance=self.provenance or line.provenance,
             allow_protected=self.allow_protected or line.allow_protected,
+            priority=self.priority if line.priority is None else line.priority,
             details=self.details.merged(line.details),
         )
-
-
-@dataclass(frozen=True)
-class Submitted:
-    """What ``submit`` did with one file: queued it, or found the very same envelope (id,
-    diff and tree) already queued.  ``id`` is the item's id on the queue, which ``--wait``,
-    ``status`` and ``watch`` speak of; ``envelope`` is the envelope's own."""
-
-    id: str
-    envelope: str
-    file: str
-    duplicate: bool
-    position: int
-    state: EnvelopeState
-    target: str
-    provenance: str
-    overlaps: tuple[Foreseen, ...] = ()  # queued ahead and conflicting with it
-
-    def to_json(self) -> dict[str, Any]:
-        return {  # new keys go last: orchestrators read this shape
-            "id": self.id,
-            "file": self.file,
-            "duplicate": self.duplicate,
-            "position": self.position,
-            "state": str(self.state),
-            "envelope": self.envelope,
-            "target": self.target,
-            "provenance": self.provenance,
-            "overlaps": [o.to_json() for o in self.overlaps],
-        }
 
 
 @dataclass(frozen=True)
@@ -235,20 +217,23 @@ class Queue:
         return found
 
     def pending(self) -> list[str]:
-        """The items not yet final for this queue's target (every target's, without one).
-        An item submitted without a target is claimed for this one first, in the journal,
-        under the queue lock: no two integrators ever take one item."""
+        """The items not yet final for this queue's target (every target's, without one),
+        highest priority first, in submission order within a priority.  An item submitted
+        without a target is claimed for this one first, in the journal, under the queue
+        lock: no two integrators ever take one item."""
+        entries = self.entries()
         if self.target is None:
-            return [i for i, e in self.entries().items() if e.state not in FINAL]
-        with self.lock():
-            ours = []
-            for item, entry in self.entries().items():
-                if entry.state in FINAL or entry.target not in (None, self.target):
-                    continue
-                if entry.target is None:
-                    self.record(item, entry.state, event="claimed")
-                ours.append(item)
-            return ours
+            ours = [i for i, e in entries.items() if e.state not in FINAL]
+        else:
+            with self.lock():
+                ours = []
+                for item, entry in entries.items():
+                    if entry.state in FINAL or entry.target not in (None, self.target):
+                        continue
+                    if entry.target is None:
+                        self.record(item, entry.state, event="claimed")
+                    ours.append(item)
+        return sorted(ours, key=lambda item: -entries[item].priority)  # stable
 
     def load(self, envelope_id: str) -> Envelope:
         """The envelope of queue item ``envelope_id`` (its ``id`` is the item's)."""
@@ -258,181 +243,6 @@ class Queue:
         return dataclasses.replace(envelope, item=envelope_id)
 
 
-def check_target(info: RepoInfo, goal: str) -> None:
-    """``goal`` must be a branch of this repository (``unknown-target`` otherwise)."""
-    if (
-        goal.startswith("-")
-        or git(["check-ref-format", "--branch", goal], cwd=info.root, check=False).returncode
-        or git(
-            ["rev-parse", "--verify", "-q", f"refs/heads/{goal}"], cwd=info.root, check=False
-        ).returncode
-    ):
-        raise DagrunnerError(
-            "unknown-target",
-            f"{goal[:80]!r} is not a branch of this repository",
-            hint="pass --target with an existing branch (or check out the branch to land on)",
-        )
-
-
 def same_repository(envelope: Envelope, info: RepoInfo) -> bool:
     """Whether ``envelope`` says it came from this repository (or a clone of it)."""
     return envelope.repo.same_as(repo_identity(info.root))
-
-
-def provenance(info: RepoInfo, envelope: Envelope) -> str:
-    """``ledger`` when the ledger records that the worktree the envelope names exported
-    exactly it (id, tree and diff); otherwise ``unproven: <why>``."""
-    from dagrunner.worktrees.ledger import Ledger
-
-    state = Ledger(info.state_dir).state().get(f"{envelope.mission}/{envelope.worker}")
-    if state is None:
-        return f"unproven: no worktree {envelope.mission}/{envelope.worker} is recorded here"
-    if state.exported(envelope.exported_id, envelope.tree, envelope.diff_sha256) is None:
-        return "unproven: the ledger records no export of it from that worktree"
-    return "ledger"
-
-
-def _item_id(queue: Queue, envelope: Envelope, known: dict[str, QueueEntry]) -> str:
-    """The queue item that is (or would be) ``envelope``: its id, unless an item of other
-    content holds the id; then the id with its diff's hash."""
-    for item in (envelope.id, f"{envelope.id}.{envelope.diff_sha256[:12]}"):
-        if item not in known:
-            return item
-        try:
-            held = queue.load(item)
-        except DagrunnerError:
-            continue  # an unreadable stored envelope answers for nothing
-        if (held.exported_id, held.diff_sha256, held.tree) == (
-            envelope.exported_id,
-            envelope.diff_sha256,
-            envelope.tree,
-        ):
-            return item
-    raise DagrunnerError(
-        "envelope-id-taken",
-        f"two other envelopes already hold the id {envelope.id}",
-        hint="export the worktree again (a new export has a new tree, so a new id)",
-    )
-
-
-def submit(
-    info: RepoInfo,
-    files: Iterable[Path],
-    *,
-    target: str | None = None,
-    allow_protected: bool = False,
-) -> list[Submitted]:
-    """Put envelopes on the queue (durably) for ``target`` (default: the branch of the main
-    checkout) and return each one's position.
-
-    Every file is validated first; a bad one raises (exit 2) and nothing is queued.
-    The same envelope (id, diff and tree) is not queued twice; another with its id is
-    queued as its own item (module doc).
-    """
-    goal = target or checkout_branch(info)
-    check_target(info, goal)
-    envelopes: list[tuple[Path, Envelope, bytes]] = []
-    for path in files:
-        # Read once, validate those bytes, store those bytes: no second read can differ.
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise DagrunnerError(
-                "envelope-unreadable",
-                exc.strerror or str(exc),
-                where=str(path),
-                hint="check the path",
-            ) from None
-        envelope = parse_envelope(raw, where=str(path))
-        if not same_repository(envelope, info):
-            raise DagrunnerError(
-                "envelope-foreign-repo",
-                "the envelope was exported from another repository",
-                where=str(path),
-                hint="submit it to the repository its worktree belongs to",
-            )
-        envelopes.append((path, envelope, raw))
-    queue = Queue.of(info, target=goal)
-    results: list[Submitted] = []
-    with queue.lock():
-        known = queue.entries()
-        for path, envelope, raw in envelopes:
-            order = list(known)
-            item = _item_id(queue, envelope, known)
-            proof = provenance(info, envelope)
-            if item in known:
-                results.append(
-                    Submitted(
-                        id=item,
-                        envelope=envelope.id,
-                        file=str(path),
-                        duplicate=True,
-                        position=order.index(item) + 1,
-                        state=known[item].state,
-                        target=known[item].target or goal,
-                        provenance=known[item].provenance or proof,
-                    )
-                )
-                continue
-            origin: dict[str, Any] = {
-                "mission": envelope.mission,
-                "worker": envelope.worker,
-                "source": str(path),
-            }
-            if allow_protected:
-                origin["allow_protected"] = True
-            if item != envelope.id:
-                origin["envelope"] = envelope.id
-            ahead = [
-                i for i, e in known.items() if e.state not in FINAL and e.target in (None, goal)
-            ]
-            try:
-                atomic_write(queue.envelope_path(item), raw)
-                queue.record(item, EnvelopeState.QUEUED, NO_DETAILS, provenance=proof, **origin)
-                overlaps = conflicts_ahead(info, envelope, loaded(queue.load, ahead))
-                for seen in overlaps:
-                    queue.record(item, EnvelopeState.QUEUED, seen.details(), event="overlap")
-            except OSError as exc:
-                # atomic_write leaves nothing behind; a file without its line is not queued
-                queue.envelope_path(item).unlink(missing_ok=True)
-                raise DagrunnerError(
-                    "queue-write-failed",
-                    f"could not store the envelope: {exc.strerror or exc}",
-                    where=str(queue.dir),
-                    exit_code=ExitCode.ENVIRONMENT,
-                    details={"queued_before": [r.id for r in results]},
-                    hint="free disk space (or fix permissions) under the queue folder, then "
-                    "submit again; envelopes listed as queued_before are already queued",
-                ) from None
-            known[item] = QueueEntry(
-                id=item, state=EnvelopeState.QUEUED, target=goal, provenance=proof
-            )
-            results.append(
-                Submitted(
-                    id=item,
-                    envelope=envelope.id,
-                    file=str(path),
-                    duplicate=False,
-                    position=len(known),
-                    state=EnvelopeState.QUEUED,
-                    target=goal,
-                    provenance=proof,
-                    overlaps=tuple(overlaps),
-                )
-            )
-    return results
-
-
-def submit_files(
-    files: Iterable[Path],
-    *,
-    repo: Path | None = None,
-    target: str | None = None,
-    allow_protected: bool = False,
-) -> list[dict[str, Any]]:
-    """``submit`` for the repository at ``repo`` (default: the current directory), as the
-    public API and ``integrate submit --json`` give it."""
-    from dagrunner.git.repo import repo_info
-
-    submitted = submit(repo_info(repo), files, target=target, allow_protected=allow_protected)
-    return [s.to_json() for s in submitted]

@@ -18,8 +18,9 @@ from typing import Any
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.factory import executor_for
-from dagrunner.integration.queue import Queue, check_target
+from dagrunner.integration.queue import Queue
 from dagrunner.integration.steps import Integrator, integrator_lock
+from dagrunner.integration.submit import check_target
 from dagrunner.integration.trailers import SHA_TRAILER, TRAILER
 from dagrunner.records.integration import FINAL, IntegrationResult
 from dagrunner.worktrees.allocate import default_target, open_context

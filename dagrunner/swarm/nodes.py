@@ -113,8 +113,8 @@ class Swarm:
             return Status.FAILED, f"{exc.code}: {exc.message}"
 
     def integrate(self, node: str) -> tuple[Status, str]:
-        from dagrunner.integration.queue import submit
         from dagrunner.integration.run import Integrator, integrator_lock
+        from dagrunner.integration.submit import submit
         from dagrunner.worktrees import allocate as wt
 
         gate = spec(self.graph, node)

@@ -6,4 +6,5 @@
 - ``lifecycle``: status, cleanup with retention, prune.
 - ``export``: a worktree's work as a patch envelope.
 - ``landed``: a worker's worktree after its envelope landed (cleaned only on proof).
+- ``overlaps``: which live work (worktrees, envelopes, the tip) would conflict, on content.
 """

@@ -1,0 +1,282 @@
+"""Putting envelopes on the queue: every file validated first, the same envelope never
+queued twice, each item's provenance from the ledger, its priority, and what the submit
+foresees -- an envelope that conflicts, on its content, with one queued ahead of it for the
+same target is journaled with an ``overlap`` event (both ids, the paths), so an
+orchestrator can stop or re-plan that worker before its turn (``integrate watch`` streams
+it).  Envelopes whose paths do not meet are never merged (``worktrees/overlaps``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dagrunner.envelope import Envelope, parse_envelope
+from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.files import atomic_write
+from dagrunner.git.command import git
+from dagrunner.git.repo import RepoInfo, checkout_branch
+from dagrunner.integration.queue import PRIORITIES, URGENT, Queue, QueueEntry, same_repository
+from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeState
+from dagrunner.worktrees.overlaps import Side, envelope_side, merge, shared
+
+
+@dataclass(frozen=True)
+class Foreseen:
+    other: str  # the item queued ahead
+    paths: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"with": self.other, "paths": list(self.paths)}
+
+    def details(self) -> Details:
+        return Details(overlaps_with=self.other, overlap_paths=self.paths)
+
+
+def loaded(load: Callable[[str], Envelope], items: Iterable[str]) -> list[tuple[str, Envelope]]:
+    """The envelopes of ``items`` that can be read (a damaged one is integrate's to reject)."""
+    found = []
+    for item in items:
+        with contextlib.suppress(DagrunnerError):
+            found.append((item, load(item)))
+    return found
+
+
+def conflicts_ahead(
+    info: RepoInfo, envelope: Envelope, ahead: Iterable[tuple[str, Envelope]]
+) -> list[Foreseen]:
+    """The items ``ahead`` (id, envelope) whose tree conflicts with ``envelope``'s."""
+    found: list[Foreseen] = []
+    mine: Side | str | None = None
+    for other_id, other in ahead:
+        if not shared(frozenset(envelope.paths), frozenset(other.paths)):
+            continue
+        with contextlib.suppress(DagrunnerError):  # a base this repository lacks: no foresight
+            mine = mine or envelope_side(info.root, envelope)
+            theirs = envelope_side(info.root, other)
+            if isinstance(mine, Side) and isinstance(theirs, Side):
+                conflict, paths = merge(info.common_dir, mine, theirs)
+                if conflict:
+                    found.append(Foreseen(other_id, paths))
+    return found
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What ``submit`` did with one file: queued it, or found the very same envelope (id,
+    diff and tree) already queued.  ``id`` is the item's id on the queue, which ``--wait``,
+    ``status`` and ``watch`` speak of; ``envelope`` is the envelope's own."""
+
+    id: str
+    envelope: str
+    file: str
+    duplicate: bool
+    position: int
+    state: EnvelopeState
+    target: str
+    provenance: str
+    overlaps: tuple[Foreseen, ...] = ()  # queued ahead and conflicting with it
+
+    def to_json(self) -> dict[str, Any]:
+        return {  # new keys go last: orchestrators read this shape
+            "id": self.id,
+            "file": self.file,
+            "duplicate": self.duplicate,
+            "position": self.position,
+            "state": str(self.state),
+            "envelope": self.envelope,
+            "target": self.target,
+            "provenance": self.provenance,
+            "overlaps": [o.to_json() for o in self.overlaps],
+        }
+
+
+def check_target(info: RepoInfo, goal: str) -> None:
+    """``goal`` must be a branch of this repository (``unknown-target`` otherwise)."""
+    if (
+        goal.startswith("-")
+        or git(["check-ref-format", "--branch", goal], cwd=info.root, check=False).returncode
+        or git(
+            ["rev-parse", "--verify", "-q", f"refs/heads/{goal}"], cwd=info.root, check=False
+        ).returncode
+    ):
+        raise DagrunnerError(
+            "unknown-target",
+            f"{goal[:80]!r} is not a branch of this repository",
+            hint="pass --target with an existing branch (or check out the branch to land on)",
+        )
+
+
+def provenance(info: RepoInfo, envelope: Envelope) -> str:
+    """``ledger`` when the ledger records that the worktree the envelope names exported
+    exactly it (id, tree and diff); otherwise ``unproven: <why>``."""
+    from dagrunner.worktrees.ledger import Ledger
+
+    state = Ledger(info.state_dir).state().get(f"{envelope.mission}/{envelope.worker}")
+    if state is None:
+        return f"unproven: no worktree {envelope.mission}/{envelope.worker} is recorded here"
+    if state.exported(envelope.exported_id, envelope.tree, envelope.diff_sha256) is None:
+        return "unproven: the ledger records no export of it from that worktree"
+    return "ledger"
+
+
+def _item_id(queue: Queue, envelope: Envelope, known: dict[str, QueueEntry]) -> str:
+    """The queue item that is (or would be) ``envelope``: its id, unless an item of other
+    content holds the id; then the id with its diff's hash."""
+    for item in (envelope.id, f"{envelope.id}.{envelope.diff_sha256[:12]}"):
+        if item not in known:
+            return item
+        try:
+            held = queue.load(item)
+        except DagrunnerError:
+            continue  # an unreadable stored envelope answers for nothing
+        if (held.exported_id, held.diff_sha256, held.tree) == (
+            envelope.exported_id,
+            envelope.diff_sha256,
+            envelope.tree,
+        ):
+            return item
+    raise DagrunnerError(
+        "envelope-id-taken",
+        f"two other envelopes already hold the id {envelope.id}",
+        hint="export the worktree again (a new export has a new tree, so a new id)",
+    )
+
+
+def submit(
+    info: RepoInfo,
+    files: Iterable[Path],
+    *,
+    target: str | None = None,
+    allow_protected: bool = False,
+    priority: int = 0,
+) -> list[Submitted]:
+    """Put envelopes on the queue (durably) for ``target`` (default: the branch of the main
+    checkout) and return each one's position.
+
+    Every file is validated first; a bad one raises (exit 2) and nothing is queued.
+    The same envelope (id, diff and tree) is not queued twice; another with its id is
+    queued as its own item (module doc).
+    """
+    goal = target or checkout_branch(info)
+    check_target(info, goal)
+    if priority != URGENT and priority not in PRIORITIES:
+        raise DagrunnerError(
+            "bad-priority",
+            f"priority {priority} is out of range",
+            key="--priority",
+            hint=f"give a whole number from {PRIORITIES[0]} to {PRIORITIES[-1]}, or urgent",
+        )
+    envelopes: list[tuple[Path, Envelope, bytes]] = []
+    for path in files:
+        # Read once, validate those bytes, store those bytes: no second read can differ.
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise DagrunnerError(
+                "envelope-unreadable",
+                exc.strerror or str(exc),
+                where=str(path),
+                hint="check the path",
+            ) from None
+        envelope = parse_envelope(raw, where=str(path))
+        if not same_repository(envelope, info):
+            raise DagrunnerError(
+                "envelope-foreign-repo",
+                "the envelope was exported from another repository",
+                where=str(path),
+                hint="submit it to the repository its worktree belongs to",
+            )
+        envelopes.append((path, envelope, raw))
+    queue = Queue.of(info, target=goal)
+    results: list[Submitted] = []
+    with queue.lock():
+        known = queue.entries()
+        for path, envelope, raw in envelopes:
+            order = list(known)
+            item = _item_id(queue, envelope, known)
+            proof = provenance(info, envelope)
+            if item in known:
+                results.append(
+                    Submitted(
+                        id=item,
+                        envelope=envelope.id,
+                        file=str(path),
+                        duplicate=True,
+                        position=order.index(item) + 1,
+                        state=known[item].state,
+                        target=known[item].target or goal,
+                        provenance=known[item].provenance or proof,
+                    )
+                )
+                continue
+            origin: dict[str, Any] = {
+                "mission": envelope.mission,
+                "worker": envelope.worker,
+                "source": str(path),
+            }
+            if allow_protected:
+                origin["allow_protected"] = True
+            if priority:
+                origin["priority"] = "urgent" if priority == URGENT else priority
+            if item != envelope.id:
+                origin["envelope"] = envelope.id
+            ahead = [
+                i for i, e in known.items() if e.state not in FINAL and e.target in (None, goal)
+            ]
+            try:
+                atomic_write(queue.envelope_path(item), raw)
+                queue.record(item, EnvelopeState.QUEUED, NO_DETAILS, provenance=proof, **origin)
+                overlaps = conflicts_ahead(info, envelope, loaded(queue.load, ahead))
+                for seen in overlaps:
+                    queue.record(item, EnvelopeState.QUEUED, seen.details(), event="overlap")
+            except OSError as exc:
+                # atomic_write leaves nothing behind; a file without its line is not queued
+                queue.envelope_path(item).unlink(missing_ok=True)
+                raise DagrunnerError(
+                    "queue-write-failed",
+                    f"could not store the envelope: {exc.strerror or exc}",
+                    where=str(queue.dir),
+                    exit_code=ExitCode.ENVIRONMENT,
+                    details={"queued_before": [r.id for r in results]},
+                    hint="free disk space (or fix permissions) under the queue folder, then "
+                    "submit again; envelopes listed as queued_before are already queued",
+                ) from None
+            known[item] = QueueEntry(
+                id=item, state=EnvelopeState.QUEUED, target=goal, provenance=proof
+            )
+            results.append(
+                Submitted(
+                    id=item,
+                    envelope=envelope.id,
+                    file=str(path),
+                    duplicate=False,
+                    position=len(known),
+                    state=EnvelopeState.QUEUED,
+                    target=goal,
+                    provenance=proof,
+                    overlaps=tuple(overlaps),
+                )
+            )
+    return results
+
+
+def submit_files(
+    files: Iterable[Path],
+    *,
+    repo: Path | None = None,
+    target: str | None = None,
+    allow_protected: bool = False,
+    priority: int = 0,
+) -> list[dict[str, Any]]:
+    """``submit`` for the repository at ``repo`` (default: the current directory), as the
+    public API and ``integrate submit --json`` give it."""
+    from dagrunner.git.repo import repo_info
+
+    submitted = submit(
+        repo_info(repo), files, target=target, allow_protected=allow_protected, priority=priority
+    )
+    return [s.to_json() for s in submitted]
