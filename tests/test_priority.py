@@ -103,3 +103,43 @@ def test_urgent_pre_empts_what_gates_and_a_high_priority_never_does(
     assert order.index("hi") < order.index("n03"), order
     resets = [e for e in watch(repo=project, follow=False) if e.event == "speculation-reset"]
     assert any("urgent" in (e.details.note or "") for e in resets)
+
+
+def test_stats_read_the_journal_of_a_real_run(project: Path, tmp_path: Path) -> None:
+    """Five envelopes: n03 breaks the gate, two conflict with each other (one foreseen at
+    submit); window 2.  The figures match what the run's own result says."""
+    import orjson
+
+    envelopes = numbered(project, 3, bad={3})
+    one = worker(project, "one", lambda p: (p / "shared.txt").write_text("1\ntwo\nthree\n"))
+    two = worker(project, "two", lambda p: (p / "shared.txt").write_text("2\ntwo\nthree\n"))
+    submit(repo_info(project), [*envelopes, one, two])
+    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.2), window=2)
+    done = subprocess.run(
+        [*CLI, "integrate", "stats", "--json"], cwd=project, capture_output=True, timeout=60
+    )
+    body = orjson.loads(done.stdout)
+    assert body["outcomes"] == {"conflict": 1, "gates-failed": 1, "landed": 3}
+    assert body["pending"] == 0 and body["overlaps"] == 1
+    assert body["time_in_queue"]["count"] == 5
+    assert 0 < body["time_in_queue"]["p50"] <= body["time_in_queue"]["p95"] < 120
+    assert body["wasted_gate_runs"] == result.resets
+    assert body["gate_runs"] >= result.gate_runs - result.confirm_runs
+    assert body["gate_runs_per_landed"] >= 1
+    recent = subprocess.run(
+        [*CLI, "integrate", "stats", "--since", "1s", "--json"], cwd=project, capture_output=True
+    )
+    time.sleep(1.1)
+    later = subprocess.run(
+        [*CLI, "integrate", "stats", "--since", "1s", "--json"], cwd=project, capture_output=True
+    )
+    assert orjson.loads(later.stdout)["outcomes"] == {}, recent.stdout
+    text = subprocess.run(
+        [*CLI, "integrate", "stats", "--format", "prometheus"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert 'dagrunner_queue_outcomes_total{state="landed"} 3' in text
+    assert "# TYPE dagrunner_queue_time_in_queue_seconds summary" in text
+    assert "dagrunner_queue_time_in_queue_seconds_count 5" in text

@@ -176,8 +176,33 @@ def _wait(ids: list[str], submitted: list[dict[str, Any]], args: argparse.Namesp
     return next((code for code in codes if code != ExitCode.OK), ExitCode.OK)
 
 
+def _stats(args: argparse.Namespace) -> int:
+    from dagrunner.integration.events import queue_stats
+
+    found = queue_stats(repo=args.repo, since=args.since)
+    if args.json:
+        emit_json(found.to_json())
+    elif args.format == "prometheus":
+        print(found.to_prometheus(), end="")
+    else:
+        body = found.to_json()
+        waits = body["time_in_queue"]
+        outcomes = ", ".join(f"{n} {s}" for s, n in body["outcomes"].items()) or "none ended"
+        print(f"{outcomes}; {body['pending']} pending")
+        if waits["count"]:
+            print(f"time in queue: p50 {waits['p50']}s, p95 {waits['p95']}s ({waits['count']})")
+        print(
+            f"gate runs: {body['gate_runs']} ({body['gate_runs_per_landed'] or '-'} per landed "
+            f"envelope), {body['wasted_gate_runs']} wasted by resets, "
+            f"{body['flaky_reruns']} flaky re-runs; {body['overlaps']} overlaps foreseen"
+        )
+    return ExitCode.OK
+
+
 def cmd_integrate(args: argparse.Namespace) -> int:
     action = args.integrate_command
+    if action == "stats":
+        return _stats(args)
     if action == "submit":
         from dagrunner.git.repo import repo_info
         from dagrunner.integration.submit import submit

@@ -151,5 +151,8 @@ def add_integrate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "--no-wait", action="store_true", help="fail instead of waiting for another integrator"
     )
     ig_sub.add_parser("status", parents=[common, repo_opt], help="every envelope's state")
+    stats = ig_sub.add_parser("stats", parents=[common, repo_opt], help="how the queue does")
+    stats.add_argument("--since", type=duration, metavar="DUR", help="only the last DUR (1h, 7d)")
+    stats.add_argument("--format", choices=["text", "prometheus"], default="text", help="(text)")
     for parser_ in ig_sub.choices.values():
         parser_.set_defaults(handler="cmd_integrate")

@@ -15,6 +15,7 @@ Their JSON shape is ``docs/integration-event.schema.json``.
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -195,3 +196,144 @@ def wait_for(
 def final_entry(envelope_id: str, *, repo: Path | None = None) -> QueueEntry:
     """The envelope's queue entry (its latest state, with every detail)."""
     return Queue.of(repo_info(repo)).entries()[envelope_id]
+
+
+# -- figures ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueStats:
+    """What the journal says of how the queue does (``integrate stats``)."""
+
+    since: float | None  # seconds back from now (None: the whole journal)
+    outcomes: dict[str, int]  # final state -> envelopes
+    pending: int
+    time_in_queue: tuple[float, ...]  # submission to final state, of the envelopes ended
+    gate_runs: int  # gate runs that judged an envelope (one per envelope and run)
+    gate_runs_landed: int  # of those, runs that judged an envelope that landed
+    wasted: int  # runs cancelled by a reset (a failure ahead, the target moved, urgent)
+    flaky: int  # re-runs that passed a gate that had failed
+    overlaps: int  # conflicts foreseen at submit
+
+    def quantile(self, q: float) -> float | None:
+        ordered = sorted(self.time_in_queue)
+        if not ordered:
+            return None
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+    def to_json(self) -> dict[str, Any]:
+        landed = self.outcomes.get("landed", 0)
+        return {
+            "since": self.since,
+            "outcomes": self.outcomes,
+            "pending": self.pending,
+            "time_in_queue": {
+                "count": len(self.time_in_queue),
+                "p50": self.quantile(0.5),
+                "p95": self.quantile(0.95),
+            },
+            "gate_runs": self.gate_runs,
+            "gate_runs_per_landed": round(self.gate_runs_landed / landed, 3) if landed else None,
+            "wasted_gate_runs": self.wasted,
+            "flaky_reruns": self.flaky,
+            "overlaps": self.overlaps,
+        }
+
+    def to_prometheus(self) -> str:
+        """The same figures as Prometheus text metrics (exposition format 0.0.4)."""
+        body = self.to_json()
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, what: str, samples: list[tuple[str, object]]) -> None:
+            lines.extend(
+                [f"# HELP dagrunner_queue_{name} {what}", f"# TYPE dagrunner_queue_{name} {kind}"]
+            )
+            lines.extend(
+                f"dagrunner_queue_{name}{labels} {value}"
+                for labels, value in samples
+                if value is not None
+            )
+
+        metric("outcomes_total", "counter", "Envelopes by final state.",
+               [(f'{{state="{s}"}}', n) for s, n in sorted(self.outcomes.items())])  # fmt: skip
+        metric("pending", "gauge", "Envelopes not yet in a final state.", [("", self.pending)])
+        metric("time_in_queue_seconds", "summary", "Submission to final state.", [
+            ('{quantile="0.5"}', body["time_in_queue"]["p50"]),
+            ('{quantile="0.95"}', body["time_in_queue"]["p95"]),
+            ("_count", len(self.time_in_queue)),
+            ("_sum", round(sum(self.time_in_queue), 3)),
+        ])  # fmt: skip
+        metric(
+            "gate_runs_total",
+            "counter",
+            "Gate runs that judged an envelope.",
+            [("", self.gate_runs)],
+        )
+        metric("gate_runs_per_landed", "gauge", "Gate runs per landed envelope.",
+               [("", body["gate_runs_per_landed"])])  # fmt: skip
+        metric(
+            "wasted_gate_runs_total",
+            "counter",
+            "Gate runs cancelled by a reset.",
+            [("", self.wasted)],
+        )
+        metric(
+            "flaky_reruns_total",
+            "counter",
+            "Re-runs that passed a failed gate.",
+            [("", self.flaky)],
+        )
+        metric("overlaps_total", "counter", "Conflicts foreseen at submit.", [("", self.overlaps)])
+        return "\n".join(lines) + "\n"
+
+
+def _when(at: str | None) -> float | None:
+    try:
+        return dt.datetime.fromisoformat(at).timestamp() if at else None
+    except ValueError:
+        return None
+
+
+def queue_stats(*, repo: Path | None = None, since: float | None = None) -> QueueStats:
+    """The queue's figures from its journal; ``since``: only what happened in the last
+    ``since`` seconds (an envelope counts when it was submitted or ended then)."""
+    cutoff = None if since is None else time.time() - since
+    submitted: dict[str, float] = {}
+    ended: dict[str, tuple[str, float]] = {}
+    runs: dict[str, int] = {}
+    wasted = flaky = overlaps = 0
+    for event in watch(repo=repo, follow=False):
+        at = _when(event.at)
+        recent = cutoff is None or (at is not None and at >= cutoff)
+        if event.event == "submitted" and at is not None:
+            submitted.setdefault(event.id, at)
+        elif event.event == "gating" and recent:
+            runs[event.id] = runs.get(event.id, 0) + 1
+        elif event.event == "speculation-reset" and recent:
+            wasted += 1
+        elif event.event == "flaky" and recent:
+            flaky += 1
+        elif event.event == "overlap" and recent:
+            overlaps += 1
+        elif event.final and at is not None and event.id not in ended:
+            ended[event.id] = (str(event.state), at)
+    outcomes: dict[str, int] = {}
+    waits: list[float] = []
+    for envelope_id, (state, at) in ended.items():
+        if cutoff is not None and at < cutoff:
+            continue
+        outcomes[state] = outcomes.get(state, 0) + 1
+        if envelope_id in submitted:
+            waits.append(max(0.0, at - submitted[envelope_id]))
+    landed = [i for i, (state, _) in ended.items() if state == "landed"]
+    return QueueStats(
+        since=since,
+        outcomes=dict(sorted(outcomes.items())),
+        pending=sum(1 for i in submitted if i not in ended),
+        time_in_queue=tuple(waits),
+        gate_runs=sum(runs.values()),
+        gate_runs_landed=sum(runs.get(i, 0) for i in landed),
+        wasted=wasted,
+        flaky=flaky,
+        overlaps=overlaps,
+    )
