@@ -84,6 +84,10 @@ def cmd_worktree(args: argparse.Namespace) -> int:
         body["conflicts_with"] = found.conflicts_with(args.id)
     elif action == "overlaps":
         return _overlaps(args)
+    elif action == "sync":
+        from dagrunner.worktrees.sync import sync
+
+        body = sync(args.id, repo=args.repo, target=args.target)
     elif action == "claim":
         body = wt.claim(args.id, session=args.session, force=args.force, repo=args.repo)
     elif action == "release":

@@ -43,6 +43,12 @@ def add_worktree(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     )
     st = wt_sub.add_parser("status", parents=[common, repo_opt, target_opt], help="one worktree")
     st.add_argument("id", help="MISSION/WORKER")
+    sy = wt_sub.add_parser(
+        "sync",
+        parents=[common, repo_opt, target_opt],
+        help="onto the target's tip, its commits, staged, unstaged and untracked work carried",
+    )
+    sy.add_argument("id", help="MISSION/WORKER")
     wt_sub.add_parser(
         "overlaps",
         parents=[common, repo_opt, target_opt],

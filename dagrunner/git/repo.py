@@ -212,3 +212,19 @@ def out_of_disk(stderr: str, places: Sequence[Path]) -> bool:
         for sign in DISK_FULL
     )
     return said and any(shutil.disk_usage(place).free < FULL_DISK for place in places)
+
+
+def check_branch(info: RepoInfo, goal: str) -> None:
+    """``goal`` must be a branch of this repository (``unknown-target`` otherwise)."""
+    if (
+        goal.startswith("-")
+        or git(["check-ref-format", "--branch", goal], cwd=info.root, check=False).returncode
+        or git(
+            ["rev-parse", "--verify", "-q", f"refs/heads/{goal}"], cwd=info.root, check=False
+        ).returncode
+    ):
+        raise DagrunnerError(
+            "unknown-target",
+            f"{goal[:80]!r} is not a branch of this repository",
+            hint="pass --target with an existing branch (or check out the branch to land on)",
+        )

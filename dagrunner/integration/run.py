@@ -18,9 +18,9 @@ from typing import Any
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.factory import executor_for
+from dagrunner.git.repo import check_branch
 from dagrunner.integration.queue import Queue
 from dagrunner.integration.steps import Integrator, integrator_lock
-from dagrunner.integration.submit import check_target
 from dagrunner.integration.trailers import SHA_TRAILER, TRAILER
 from dagrunner.records.integration import FINAL, IntegrationResult
 from dagrunner.worktrees.allocate import default_target, open_context
@@ -100,7 +100,7 @@ def overlaps(
     and whether each merges cleanly (``only``: the pairs of that worktree or envelope)."""
     ctx = open_context(repo)
     goal = target or default_target(ctx)
-    check_target(ctx.info, goal)
+    check_branch(ctx.info, goal)
     records = ctx.ledger.state()
     live = [
         (wt_id, Path(record.path), record.base)

@@ -17,8 +17,7 @@ from typing import Any
 from dagrunner.envelope import Envelope, parse_envelope
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.files import atomic_write
-from dagrunner.git.command import git
-from dagrunner.git.repo import RepoInfo, checkout_branch
+from dagrunner.git.repo import RepoInfo, check_branch, checkout_branch
 from dagrunner.integration.queue import PRIORITIES, URGENT, Queue, QueueEntry, same_repository
 from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeState
 from dagrunner.worktrees.overlaps import Side, envelope_side, merge, shared
@@ -94,22 +93,6 @@ class Submitted:
         }
 
 
-def check_target(info: RepoInfo, goal: str) -> None:
-    """``goal`` must be a branch of this repository (``unknown-target`` otherwise)."""
-    if (
-        goal.startswith("-")
-        or git(["check-ref-format", "--branch", goal], cwd=info.root, check=False).returncode
-        or git(
-            ["rev-parse", "--verify", "-q", f"refs/heads/{goal}"], cwd=info.root, check=False
-        ).returncode
-    ):
-        raise DagrunnerError(
-            "unknown-target",
-            f"{goal[:80]!r} is not a branch of this repository",
-            hint="pass --target with an existing branch (or check out the branch to land on)",
-        )
-
-
 def provenance(info: RepoInfo, envelope: Envelope) -> str:
     """``ledger`` when the ledger records that the worktree the envelope names exported
     exactly it (id, tree and diff); otherwise ``unproven: <why>``."""
@@ -162,7 +145,7 @@ def submit(
     queued as its own item (module doc).
     """
     goal = target or checkout_branch(info)
-    check_target(info, goal)
+    check_branch(info, goal)
     if priority != URGENT and priority not in PRIORITIES:
         raise DagrunnerError(
             "bad-priority",

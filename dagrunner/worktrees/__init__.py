@@ -7,4 +7,5 @@
 - ``export``: a worktree's work as a patch envelope.
 - ``landed``: a worker's worktree after its envelope landed (cleaned only on proof).
 - ``overlaps``: which live work (worktrees, envelopes, the tip) would conflict, on content.
+- ``sync``: a worktree onto the target's tip, all of its work carried.
 """

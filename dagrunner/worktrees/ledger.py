@@ -33,6 +33,7 @@ EVENTS = {
     "pooled",
     "missing",
     "pruned",
+    "synced",  # moved onto the target's tip (worktree sync): a new base
 }
 
 
@@ -106,6 +107,8 @@ class Ledger:
                 change["retained"] = text_of(event.get("reason"))
             elif kind == "missing":
                 change["missing"] = True
+            elif kind == "synced":
+                change["base"] = str(event.get("base"))
             elif kind == "exported":
                 change["exports"] = (*state.exports, ExportRecord.from_event(event))
             states[wt_id] = dataclasses.replace(state, **change)
