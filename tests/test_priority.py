@@ -143,3 +143,28 @@ def test_stats_read_the_journal_of_a_real_run(project: Path, tmp_path: Path) -> 
     assert 'dagrunner_queue_outcomes_total{state="landed"} 3' in text
     assert "# TYPE dagrunner_queue_time_in_queue_seconds summary" in text
     assert "dagrunner_queue_time_in_queue_seconds_count 5" in text
+
+
+def test_status_gives_each_pending_item_its_position_and_an_eta_from_the_history(
+    project: Path, tmp_path: Path
+) -> None:
+    from dagrunner.integration.run import queue_status
+
+    first = numbered(project, 2)
+    submit(repo_info(project), first)
+    assert queue_status(repo=project)["eta"]["gate_run_seconds"] is None  # no history yet
+    assert integrate(repo=project, manifest=recording_gate(tmp_path, 0.3), window=1).ok
+    later = [
+        worker(project, f"later{i}", lambda p, i=i: (p / f"l{i}.txt").write_text("l\n"))
+        for i in range(3)
+    ]
+    submit(repo_info(project), later[:2])
+    submit(repo_info(project), later[2:], priority=3)
+    status = queue_status(repo=project)
+    run = status["eta"]["gate_run_seconds"]
+    assert run is not None and run >= 0.3
+    pending = {e["worker"]: e for e in status["envelopes"] if e["state"] == "queued"}
+    assert [pending[w]["position"] for w in ("later2", "later0", "later1")] == [1, 2, 3]
+    etas = [pending[w]["eta_seconds"] for w in ("later2", "later0", "later1")]
+    assert etas == sorted(etas) and etas[0] == round(run, 1)  # window 1: one run each
+    assert pending["later2"]["priority"] == 3

@@ -337,3 +337,19 @@ def queue_stats(*, repo: Path | None = None, since: float | None = None) -> Queu
         flaky=flaky,
         overlaps=overlaps,
     )
+
+
+def median_gate_run(*, repo: Path | None = None) -> float | None:
+    """The median time from an envelope's last ``gating`` line to its verdict (landed or
+    gates-failed), over the journal; None before any."""
+    started: dict[str, float] = {}
+    took: list[float] = []
+    for event in watch(repo=repo, follow=False):
+        at = _when(event.at)
+        if at is None:
+            continue
+        if event.event == "gating":
+            started[event.id] = at
+        elif event.event in ("landed", "gates-failed") and event.id in started:
+            took.append(at - started.pop(event.id))
+    return round(sorted(took)[len(took) // 2], 3) if took else None

@@ -10,7 +10,9 @@ The integrator's steps live in ``steps.py``, crash recovery and the preflight in
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,14 @@ from typing import Any
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.factory import executor_for
+from dagrunner.git.command import git
 from dagrunner.git.repo import check_branch
+from dagrunner.integration.events import median_gate_run
+from dagrunner.integration.judges import trusted_manifest
 from dagrunner.integration.queue import Queue
 from dagrunner.integration.steps import Integrator, integrator_lock
 from dagrunner.integration.trailers import SHA_TRAILER, TRAILER
+from dagrunner.manifest.load import load_manifest
 from dagrunner.records.integration import FINAL, IntegrationResult
 from dagrunner.worktrees.allocate import default_target, open_context
 from dagrunner.worktrees.overlaps import Overlaps, find_overlaps
@@ -80,12 +86,48 @@ def integrate(
 
 
 def queue_status(*, repo: Path | None = None) -> dict[str, Any]:
+    """``integrate status``: every envelope's entry; each one not yet final with its
+    ``position`` among its target's pending items and an ``eta_seconds`` (``eta``)."""
     ctx = open_context(repo)
     entries = list(Queue.of(ctx.info).entries().values())
     counts: dict[str, int] = {}
     for entry in entries:
         counts[entry.state] = counts.get(entry.state, 0) + 1
-    return {"envelopes": [e.to_json() for e in entries], "counts": counts}
+    body = [e.to_json() for e in entries]
+    run_seconds = median_gate_run(repo=repo)
+    default = default_target(ctx)
+    by_target: dict[str, list[int]] = {}
+    for index, entry in enumerate(entries):
+        if entry.state not in FINAL:
+            by_target.setdefault(entry.target or default, []).append(index)
+    for goal, indexes in by_target.items():
+        window = _window(ctx.info.root, goal)
+        ordered = sorted(indexes, key=lambda i: -entries[i].priority)  # as the queue takes them
+        for position, index in enumerate(ordered, 1):
+            body[index]["position"] = position
+            body[index]["eta_seconds"] = (
+                None
+                if run_seconds is None
+                else round(math.ceil(position / window) * run_seconds, 1)
+            )
+    return {"envelopes": body, "counts": counts, "eta": {"gate_run_seconds": run_seconds}}
+
+
+def _window(root: Path, target: str) -> int:
+    """The target's ``[integrate] window`` (1 when it is adaptive or cannot be read: the
+    estimate is then an upper bound)."""
+    with contextlib.suppress(DagrunnerError), tempfile.TemporaryDirectory() as folder:
+        head = git(["rev-parse", "--verify", f"refs/heads/{target}^{{commit}}"], cwd=root).text
+        path = trusted_manifest(
+            repo=root,
+            head=head,
+            target=target,
+            given=None,
+            tree_under_test=None,
+            folder=Path(folder),
+        )
+        return load_manifest(path).integrate.window or 1
+    return 1
 
 
 def overlaps(
