@@ -32,7 +32,10 @@ _EXPORTS = {
     "integrate": "dagrunner.integration.run",
     "load_manifest": "dagrunner.manifest.load",
     "release_check": "dagrunner.swarm.release",
-    "submit": "dagrunner.integration.queue",
+    "overlaps": "dagrunner.integration.run",
+    "queue_stats": "dagrunner.integration.events",
+    "submit": "dagrunner.integration.submit",
+    "sync": "dagrunner.worktrees.sync",
     "wait_for": "dagrunner.integration.events",
     "watch": "dagrunner.integration.events",
 }
@@ -53,8 +56,11 @@ __all__ = [
     "export",
     "integrate",
     "load_manifest",
+    "overlaps",
+    "queue_stats",
     "release_check",
     "submit",
+    "sync",
     "wait_for",
     "watch",
 ]
@@ -62,8 +68,8 @@ __all__ = [
 if TYPE_CHECKING:
     from dagrunner.engine.plan import RunOptions
     from dagrunner.errors import DagrunnerError, ExitCode
-    from dagrunner.integration.events import Event, wait_for, watch
-    from dagrunner.integration.run import IntegrationResult, integrate
+    from dagrunner.integration.events import Event, queue_stats, wait_for, watch
+    from dagrunner.integration.run import IntegrationResult, integrate, overlaps
     from dagrunner.integration.submit import submit_files as submit
     from dagrunner.manifest.load import Manifest, load_manifest
     from dagrunner.records.run import GateResult, RunRecord, RunStatus, Status
@@ -71,6 +77,7 @@ if TYPE_CHECKING:
     from dagrunner.worktrees.allocate import allocate
     from dagrunner.worktrees.export import export
     from dagrunner.worktrees.lifecycle import cleanup
+    from dagrunner.worktrees.sync import sync
 
 
 def __getattr__(name: str) -> Any:

@@ -40,8 +40,11 @@ def test_the_public_api_is_exactly_these_names() -> None:
         "export",
         "integrate",
         "load_manifest",
+        "overlaps",
+        "queue_stats",
         "release_check",
         "submit",
+        "sync",
         "wait_for",
         "watch",
     ]
