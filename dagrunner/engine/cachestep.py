@@ -18,7 +18,7 @@ from typing import Any
 
 from dagrunner.engine.cache import Store
 from dagrunner.engine.graph import Graph, spec
-from dagrunner.engine.inputs import take_snapshot
+from dagrunner.engine.inputs import Snapshot, take_snapshot
 from dagrunner.engine.keys import KeyParts, compute_keys, store_keys
 from dagrunner.engine.landed import Verified, manifest_digest, read_proof
 from dagrunner.engine.landed import clean_tree as landed_tree
@@ -74,10 +74,10 @@ class RunCache:
             landed += "manifest; every gate runs"
         self.landed = landed if isinstance(landed, Verified) else None
         self.landed_warning = landed if isinstance(landed, str) else ""
-        if self.tree or any(
-            spec(graph, n).inputs and spec(graph, n).kind == "gate" for n in graph.nodes
-        ):
-            snapshot = take_snapshot(repo)
+        declared = any(spec(graph, n).inputs and spec(graph, n).kind == "gate" for n in graph.nodes)
+        if self.tree or declared:
+            # whole-tree keys need the tree id only: no snapshot unless a gate has inputs
+            snapshot = take_snapshot(repo) if declared else Snapshot(repo, [], {}, git=True)
             self.snapshot_files, self.hashed_files = len(snapshot.paths), snapshot.hashed
             self.all_keys = compute_keys(
                 manifest,
@@ -92,7 +92,10 @@ class RunCache:
         else:
             self.all_keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}
         self.keys = store_keys(self.all_keys)
-        self.scoped = _tree_scoped(graph, self.keys, repo, trusted, ahead) if trusted else {}
+        cacheable = any(isinstance(k, KeyParts) for k in self.keys.values())
+        self.scoped = (
+            _tree_scoped(graph, self.keys, repo, trusted, ahead) if trusted and cacheable else {}
+        )
         self.setup_seconds = time.monotonic() - started
         self.stored = 0
 

@@ -168,6 +168,7 @@ class Intake:
     def __init__(self, it: IntegratorLike) -> None:
         self.it = it
         self.taken: set[str] = set()
+        self.prioritized = False  # an item with a priority above 0 was submitted since the start
 
     def fresh(self) -> list[tuple[str, int]]:
         """The pending items not admitted yet, with their priorities, highest first."""
@@ -201,11 +202,12 @@ class Intake:
         priority above 0 is submitted, so that it can go before what has not started."""
         seen: set[str] = set()
         while True:
-            await trio.sleep(every)
             fresh = await trio.to_thread.run_sync(self.fresh)
             if any(p > 0 and i not in seen for i, p in fresh):
+                self.prioritized = True
                 send(None)
             seen |= {i for i, _ in fresh}
+            await trio.sleep(every)
 
     def requeue(self, items: list[Item], tally: PipelineTally) -> None:
         """The run stopped early: what it applied of ``items`` and did not finish is queued

@@ -170,6 +170,8 @@ class Pipeline:
         """A pending item of a higher priority than admitted ones that have not started
         goes before them; an urgent one before every item not yet passed, and what was
         gating behind it is reset (built and gated again on top of it)."""
+        if not self.intake.prioritized:
+            return  # nothing with a priority was submitted since the run began
         fresh = self.intake.fresh()
         if not fresh:
             return
