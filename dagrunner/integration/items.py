@@ -3,15 +3,18 @@ and tree, and the verdicts its gate runs send back (``pipeline.py`` drives them)
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import orjson
 import trio
 
 from dagrunner.engine.landed import GateProof
+from dagrunner.integration.queue import JournalLine
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.integration import (
     Details,
@@ -172,8 +175,8 @@ class Intake:
 
     def fresh(self) -> list[tuple[str, int]]:
         """The pending items not admitted yet, with their priorities, highest first."""
-        entries = self.it.queue.entries()
-        return [(i, entries[i].priority) for i in self.it.queue.pending() if i not in self.taken]
+        pending, entries = self.it.queue.pending_entries()
+        return [(i, entries[i].priority) for i in pending if i not in self.taken]
 
     def admit(self, ids: list[str], priority: int = 0) -> Item | None:
         """An item of the first of ``ids`` that the target lets in (up to ``--batch`` of
@@ -199,15 +202,23 @@ class Intake:
 
     async def news(self, send: Callable[[None], None], every: float = 0.5) -> None:
         """While the run goes: wake the controller (``send(None)``) when an item with a
-        priority above 0 is submitted, so that it can go before what has not started."""
-        seen: set[str] = set()
+        priority above 0 is submitted, so that it can go before what has not started.  Only
+        the journal's new lines are read."""
+        journal = self.it.queue.journal
+        offset = journal.stat().st_size if journal.exists() else 0
         while True:
-            fresh = await trio.to_thread.run_sync(self.fresh)
-            if any(p > 0 and i not in seen for i, p in fresh):
-                self.prioritized = True
-                send(None)
-            seen |= {i for i, _ in fresh}
             await trio.sleep(every)
+            with contextlib.suppress(OSError), journal.open("rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+                end = data.rfind(b"\n") + 1
+                offset += end
+                for raw in data[:end].splitlines():
+                    with contextlib.suppress(orjson.JSONDecodeError):
+                        line = JournalLine.from_json(orjson.loads(raw))
+                        if line is not None and (line.priority or 0) > 0:
+                            self.prioritized = True
+                            send(None)
 
     def requeue(self, items: list[Item], tally: PipelineTally) -> None:
         """The run stopped early: what it applied of ``items`` and did not finish is queued

@@ -221,11 +221,16 @@ class Queue:
         highest priority first, in submission order within a priority.  An item submitted
         without a target is claimed for this one first, in the journal, under the queue
         lock: no two integrators ever take one item."""
-        entries = self.entries()
+        return self.pending_entries()[0]
+
+    def pending_entries(self) -> tuple[list[str], dict[str, QueueEntry]]:
+        """``pending``, with the entries it was read from (read under the lock)."""
         if self.target is None:
+            entries = self.entries()
             ours = [i for i, e in entries.items() if e.state not in FINAL]
         else:
             with self.lock():
+                entries = self.entries()
                 ours = []
                 for item, entry in entries.items():
                     if entry.state in FINAL or entry.target not in (None, self.target):
@@ -233,7 +238,7 @@ class Queue:
                     if entry.target is None:
                         self.record(item, entry.state, event="claimed")
                     ours.append(item)
-        return sorted(ours, key=lambda item: -entries[item].priority)  # stable
+        return sorted(ours, key=lambda item: -entries[item].priority), entries  # stable
 
     def load(self, envelope_id: str) -> Envelope:
         """The envelope of queue item ``envelope_id`` (its ``id`` is the item's)."""
