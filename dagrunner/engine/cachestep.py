@@ -66,7 +66,13 @@ class RunCache:
         started = time.monotonic()
         # A landed proof (written, or answered from) keys the gates without inputs by the
         # whole tree too, when the checkout is exactly HEAD (``landed.py``).
-        self.tree = landed_tree(repo) if whole_tree or isinstance(landed, Verified) else None
+        self.tree = (
+            landed_tree(repo)
+            if isinstance(landed, Verified)
+            else _head_tree(repo)
+            if whole_tree
+            else None
+        )
         if isinstance(landed, Verified) and landed.proof.manifest_digest != manifest_digest(
             manifest.path
         ):
@@ -287,6 +293,13 @@ class RunCache:
             "landed": sum(1 for r in results if r.cache and r.cache.landed),
             "landed_keys": self.landed_keys(),
         }
+
+
+def _head_tree(repo: Path) -> str | None:
+    """HEAD's tree, for a tree the integrator has just reset to exactly its commit (an
+    integration slot: ``reset --hard`` and ``clean -ffdx``), so no status is needed."""
+    done = git(["rev-parse", "--verify", "-q", "HEAD^{tree}"], cwd=repo, check=False)
+    return done.text if done.returncode == 0 else None
 
 
 @dataclass(frozen=True)

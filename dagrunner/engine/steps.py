@@ -371,7 +371,8 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
         ahead=options.ahead,
         run_id=run_id,
         flights=options.flights,
-        whole_tree=options.trusted is not None,  # what lands gets a proof of these keys
+        # what lands gets a proof of these keys; the integrator reset that tree just now
+        whole_tree=options.trusted is not None,
         landed=read_proof(plan.repo, options.target, env) if options.reuse_landed else None,
     )
     nodes = (options.node_kinds or PlainGates.open)(plan, run_id, env)

@@ -172,11 +172,19 @@ class Intake:
         self.it = it
         self.taken: set[str] = set()
         self.prioritized = False  # an item with a priority above 0 was submitted since the start
+        self.known: list[tuple[str, int]] = []  # the pending items as last read
+        self.stale = True  # something was submitted since they were read
 
     def fresh(self) -> list[tuple[str, int]]:
-        """The pending items not admitted yet, with their priorities, highest first."""
-        pending, entries = self.it.queue.pending_entries()
-        return [(i, entries[i].priority) for i in pending if i not in self.taken]
+        """The pending items not admitted yet, with their priorities, highest first.  The
+        queue is read again only when something was submitted since (``news`` saw it), or
+        when everything read before is taken."""
+        fresh = [(i, p) for i, p in self.known if i not in self.taken]
+        if self.stale or not fresh:
+            pending, entries = self.it.queue.pending_entries()
+            self.known, self.stale = [(i, entries[i].priority) for i in pending], False
+            fresh = [(i, p) for i, p in self.known if i not in self.taken]
+        return fresh
 
     def admit(self, ids: list[str], priority: int = 0) -> Item | None:
         """An item of the first of ``ids`` that the target lets in (up to ``--batch`` of
@@ -216,6 +224,7 @@ class Intake:
                 for raw in data[:end].splitlines():
                     with contextlib.suppress(orjson.JSONDecodeError):
                         line = JournalLine.from_json(orjson.loads(raw))
+                        self.stale = self.stale or (line is not None and line.source is not None)
                         if line is not None and (line.priority or 0) > 0:
                             self.prioritized = True
                             send(None)
