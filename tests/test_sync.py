@@ -115,3 +115,17 @@ def test_sync_runs_no_filter_or_merge_driver_a_worker_planted(
     sync("m/w", repo=project)
     assert not marker.exists()
     assert (path / "other.txt").read_text() == "main moves\n"
+
+
+def test_a_worktree_whose_head_points_at_the_target_is_refused_and_main_never_moves(
+    project: Path,
+) -> None:
+    """The hostile view: the worker points its HEAD at refs/heads/main; a sync that moved
+    "its branch" would move main onto unreviewed commits."""
+    path = busy_worker(project)
+    git(path, "symbolic-ref", "HEAD", "refs/heads/main")
+    main = git(project, "rev-parse", "main")
+    with pytest.raises(DagrunnerError) as raised:
+        sync("m/w", repo=project)
+    assert raised.value.code == "sync-off-branch"
+    assert git(project, "rev-parse", "main") == main

@@ -9,7 +9,8 @@ the integrator's ``git apply --3way``, outside every sandbox (and a ``filter.evi
 its checkouts).  So each defined driver is overridden on the command line: a merge driver
 becomes ``false`` (the file conflicts), a filter ``cat`` (content passes through unchanged),
 a long-running filter process nothing.  The names are read with ``git config`` and
-remembered while the config files are unchanged (their size, time and inode); a config
+remembered while the config files are unchanged (their size, time and inode; run by this
+module itself with the helper's environment, since the helper cannot call itself); a config
 with ``include`` directives is read again every time, since an included file may change.
 """
 

@@ -22,6 +22,8 @@ from dagrunner.integration.queue import PRIORITIES, URGENT, Queue, QueueEntry, s
 from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeState
 from dagrunner.worktrees.overlaps import Side, envelope_side, merge, shared
 
+MAX_PATHS = 50  # conflicting paths an overlap event names
+
 
 @dataclass(frozen=True)
 class Foreseen:
@@ -58,8 +60,8 @@ def conflicts_ahead(
             theirs = envelope_side(info.root, other)
             if isinstance(mine, Side) and isinstance(theirs, Side):
                 conflict, paths = merge(info.common_dir, mine, theirs)
-                if conflict:
-                    found.append(Foreseen(other_id, paths))
+                if conflict:  # bounded: the journal line is read by every watcher
+                    found.append(Foreseen(other_id, paths[:MAX_PATHS]))
     return found
 
 

@@ -132,6 +132,12 @@ def sync(wt_id: str, *, repo: Path | None = None, target: str | None = None) -> 
         if git(["ls-files", "-u"], cwd=path).stdout:
             raise _refuse("sync-busy", f"{wt_id} has unmerged paths", "resolve them, then sync")
         branch = git(["symbolic-ref", "-q", "HEAD"], cwd=path, check=False).text
+        if branch != f"refs/heads/{state.branch}":  # it could point at the target itself
+            raise _refuse(
+                "sync-off-branch",
+                f"{wt_id} is not on its own branch {state.branch!r} ({branch or 'detached'})",
+                f"check out {state.branch} in the worktree, then sync",
+            )
         head = git(["rev-parse", "--verify", "HEAD^{commit}"], cwd=path).text
         tip = git(["rev-parse", "--verify", f"refs/heads/{goal}^{{commit}}"], cwd=root).text
         chain = git(["rev-list", "--reverse", "--parents", f"{state.base}..{head}"], cwd=root)
@@ -160,10 +166,7 @@ def sync(wt_id: str, *, repo: Path | None = None, target: str | None = None) -> 
         backup = f"refs/dagrunner/backup/{wt_id}/{stamp}"
         git(["update-ref", backup, everything], cwd=root)
         try:
-            if branch:
-                git(["update-ref", branch, new, head], cwd=path)
-            else:
-                git(["update-ref", "--no-deref", "HEAD", new, head], cwd=path)
+            git(["update-ref", branch, new, head], cwd=path)
             git(["read-tree", "-u", "--reset", new_files], cwd=path)
             git(["read-tree", new_index], cwd=path)
             git(["update-index", "-q", "--refresh"], cwd=path, check=False)
@@ -199,10 +202,7 @@ def _carried(path: Path, head: str, index_tree: str, full_tree: str) -> dict[str
 
 def _restore(path: Path, branch: str, head: str, index_tree: str, full_tree: str) -> None:
     """Put the worktree back as it was (a step of the move failed)."""
-    if branch:
-        git(["update-ref", branch, head], cwd=path, check=False)
-    else:
-        git(["update-ref", "--no-deref", "HEAD", head], cwd=path, check=False)
+    git(["update-ref", branch, head], cwd=path, check=False)
     git(["read-tree", "-u", "--reset", full_tree], cwd=path, check=False)
     git(["read-tree", index_tree], cwd=path, check=False)
     git(["update-index", "-q", "--refresh"], cwd=path, check=False)
