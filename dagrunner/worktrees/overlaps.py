@@ -193,7 +193,10 @@ def find_overlaps(
         except DagrunnerError as exc:  # its base is not in this repository
             found.append(f"{envelope.id}: {exc.message}")
     for side in found:
-        (skipped.append if isinstance(side, str) else sides.append)(side)  # type: ignore[arg-type]
+        if isinstance(side, str):
+            skipped.append(side)
+        else:
+            sides.append(side)
     tip_touched: dict[str, frozenset[str]] = {}
     target_side = Side(name=target, kind="target", commit=tip, base=tip, touched=frozenset())
     candidates: list[tuple[Side, Side, frozenset[str]]] = []
