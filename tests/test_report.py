@@ -331,7 +331,7 @@ def test_timeline_and_reasons_do_not_mislead(
         [gates.quick-failure-with-a-long-name]
         run = "exit 1"
         [gates.slow]
-        run = ["sleep", "0.3"]
+        run = ["sleep", "2.5"]  # the quick failure stays a sliver of it under any load
         """,
     )
     assert code == 1
