@@ -103,6 +103,18 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         else "gates are held by their process group only; see dagrunner's docs/security.md "
         "(run as root, or enable user namespaces or cgroup delegation)",
     )
+    from dagrunner.process.contain import network_isolation
+
+    isolating = network_isolation()
+    report.facts["network_isolation"] = isolating
+    report.add(
+        "PASS" if isolating else "NOTE",
+        "network",
+        'gates with network = "isolated" get a network of their own (loopback only)'
+        if isolating
+        else 'no network namespace for gates here: a gate with network = "isolated" will not start',
+        "" if isolating else "enable user namespaces (or run as root) to isolate gates' networks",
+    )
     if contained.cgroup_kill is not None and favors_dynmods() is False:
         report.add(
             "NOTE",

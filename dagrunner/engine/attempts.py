@@ -84,6 +84,7 @@ class GateRunner:
             cpu=gate.cpu,
             memory=gate.memory,
             junit=gate.junit or "",
+            network=gate.network,
             wait_for_workers=self.plan.manifest.executor.wait_for_workers,
             margin=self.plan.manifest.executor.margin,
         )

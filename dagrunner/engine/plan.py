@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dagrunner.engine.governor import Capacity
-from dagrunner.engine.graph import Graph
+from dagrunner.engine.graph import Graph, spec
 from dagrunner.engine.scheduler import Flights, Listener
+from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.manifest.load import Manifest
+from dagrunner.process.contain import network_isolation
 from dagrunner.records.run import GateResult, Status
 from dagrunner.records.summary import RunIntegration
 
@@ -121,3 +123,20 @@ class PlainGates:
 
     def finish(self, results: list[GateResult], *, interrupted: bool) -> None:
         return None
+
+
+def check_network(graph: Graph, manifest: Manifest, executor: str) -> None:
+    """A gate that asks for a network of its own gets one, or the run does not start (never
+    a silent ``host``); on a cluster each worker's sandbox makes it (or the attempt fails)."""
+    isolated = [n for n in graph.nodes if spec(graph, n).network == "isolated"]
+    if isolated and executor == "local" and not network_isolation():
+        raise DagrunnerError(
+            "network-isolation-unavailable",
+            f'gate {isolated[0]!r} asks for network = "isolated", and this machine gives '
+            "gates no network namespace of their own",
+            where=str(manifest.path),
+            key=f"gates.{isolated[0]}.network",
+            hint="run where user namespaces are enabled (dagrunner doctor: network), or set "
+            'network = "host"',
+            exit_code=ExitCode.ENVIRONMENT,
+        )

@@ -33,7 +33,7 @@ from dagrunner.engine.governor import Governor, check_fits, resolve_capacity
 from dagrunner.engine.graph import build_graph, expected_durations, select, spec
 from dagrunner.engine.history import history_path, read_history, read_splits, record_history
 from dagrunner.engine.landed import read_proof
-from dagrunner.engine.plan import NodeKinds, PlainGates, Plan, RunOptions
+from dagrunner.engine.plan import NodeKinds, PlainGates, Plan, RunOptions, check_network
 from dagrunner.engine.scheduler import Scheduler
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor, Machine
@@ -42,7 +42,7 @@ from dagrunner.files import mark_own_output
 from dagrunner.git.command import head_info
 from dagrunner.git.repo import resolve_repo
 from dagrunner.manifest.load import Manifest, default_manifest, load_manifest
-from dagrunner.process.contain import detect, disable_dumping
+from dagrunner.process.contain import detect, disable_dumping, network_isolation
 from dagrunner.process.sandbox import gate_environment, secret_values
 from dagrunner.process.tree import sweep_orphans
 from dagrunner.records.run import GateResult, GovernorSample, RunRecord, RunStatus
@@ -85,6 +85,7 @@ def plan_step(
         where=str(manifest.path),
         machines=machines,
     )
+    check_network(graph, manifest, options.executor)
     history = history_path(repo, manifest.name, options.history_root)
     git_info = head_info(repo)
     commit_time = git_info.get("commit_time")
@@ -264,7 +265,7 @@ def record_step(
             "cpus": os.cpu_count(),
             "memory_total": memory.total,
             "dagrunner": VERSION,
-            "containment": detect().to_json(),
+            "containment": {**detect().to_json(), "network_isolation": network_isolation()},
         },
         governor={
             "capacity": plan.capacity.to_json(),

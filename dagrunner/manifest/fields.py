@@ -305,6 +305,18 @@ def durations(raw: Any) -> dict[str, float]:
     return {str(name): duration(value) for name, value in raw.items()}
 
 
+NETWORKS = ("host", "isolated")
+
+
+def network(raw: Any) -> str:
+    """``host`` (the machine's network) or ``isolated`` (a network of its own: loopback only)."""
+    if not isinstance(raw, str):
+        raise TypeMismatch("a string: host or isolated")
+    if raw not in NETWORKS:
+        raise ValueError(f"{show(raw)} is not a network; use host or isolated")
+    return raw
+
+
 def boolean(raw: Any) -> bool:
     if not isinstance(raw, bool):
         raise TypeMismatch("true or false")

@@ -31,6 +31,7 @@ from dagrunner.manifest.fields import (
     globs,
     interval,
     is_empty,
+    network,
     positive,
     relative_path,
     retries,
@@ -97,6 +98,7 @@ class GateSpec:
     setup: tuple[str, ...] = ()  # worker: commands run in a new worktree before ``run``
     setup_timeout: float = 300.0
     writable: tuple[str, ...] = ()  # besides its tree, HOME and TMPDIR (absolute or repo-relative)
+    network: str = "host"  # or "isolated": a network namespace of its own, loopback only
     split: SplitSpec | None = None  # shards share out these files (engine/shards.py)
     shard_of: str = ""  # a shard: the gate it was split from ...
     shard_files: tuple[str, ...] = ()  # ... and the files it runs
@@ -200,6 +202,7 @@ def _read_gate(gate_id: str, table: Table, defaults: GateSpec, kind: str = "gate
         description=table.take("description", string, ""),
         junit=table.take("junit", relative_path, None),
         writable=table.take("writable", writable_paths, ()),
+        network=table.take("network", network, defaults.network),
         split=table.take("split", split_spec, None) if kind == "gate" else None,
         kind=kind,
         base=table.take("base", string, "HEAD") if kind == "worker" else "HEAD",
@@ -295,6 +298,7 @@ def _read_defaults(table: Table) -> GateSpec:
         cwd=table.take("cwd", relative_path, base.cwd),
         estimate=table.take("estimate", duration, base.estimate),
         log_limit=table.take("log_limit", size, base.log_limit),
+        network=table.take("network", network, base.network),
     )
     table.finish()
     return spec

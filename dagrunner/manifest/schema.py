@@ -34,6 +34,7 @@ _SIZE: dict[str, Any] = {
 _STRINGS: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
 FRAGMENTS: dict[Callable[[Any], Any], dict[str, Any]] = {
     f.string: {"type": "string"},
+    f.network: {"enum": list(f.NETWORKS)},
     f.string_list: _STRINGS,
     f.number: {"type": "number"},
     f.count: {"type": "integer", "minimum": 0},

@@ -164,6 +164,30 @@ def detect() -> Containment:
     )
 
 
+@functools.cache
+def network_isolation() -> bool:
+    """Whether a gate can get a network namespace of its own with loopback up (probed once,
+    and only when a gate asks for one)."""
+    found = detect()
+    if not found.pidns:
+        return False
+    with tempfile.TemporaryDirectory(prefix="dagrunner-probe-") as tmp:
+        argv = namespaced(
+            ["true"],
+            ops="loopback",
+            left=Path(tmp) / "left",
+            cwd=Path(tmp),
+            unshare=found.unshare,
+            userns=found.userns,
+            net=True,
+        )
+        try:
+            done = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return done.returncode == 0
+
+
 def _probe(unshare: str, userns: bool, *, confine: bool) -> bool:
     """Whether the init runs a command in a new namespace; with ``confine``, whether the
     view holds: a covered folder's secret hidden, a writable folder inside it written, and a
@@ -210,6 +234,7 @@ def namespaced(
     userns: bool = False,
     groups: Sequence[Path] = (),
     python: str = sys.executable,
+    net: bool = False,
 ) -> list[str]:
     """``argv`` run by the init in new PID and mount namespaces (with a user namespace when
     ``userns``: how an ordinary user gets them), after the view's ``ops`` (one a line) and
@@ -219,7 +244,8 @@ def namespaced(
     user = ["--user", "--map-root-user"] if userns else []
     init = ["/bin/sh", "-c", _INIT, "init", str(left), ops, str(cwd), python, APPLY_VIEW]
     init += [*map(str, groups), "--"]
-    return [unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--", *init, *argv]
+    spaces = ["--pid", "--fork", "--kill-child", "--mount-proc", *(["--net"] if net else [])]
+    return [unshare, *user, *spaces, "--", *init, *argv]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,10 +316,12 @@ def jail(
     memory: int | None,
     max_pids: int | None,
     view: View | None = None,
+    isolated: bool = False,
 ) -> Jail:
     """Wrap ``argv`` in this machine's containment; ``work`` holds the leftover count file.
     With a mount namespace that allows it (``Containment.views``), the gate sees ``view``;
-    otherwise only the cache store (``hide``) is covered."""
+    otherwise only the cache store (``hide``) is covered.  ``isolated``: a network namespace
+    of its own with only loopback up (the plan checked ``network_isolation()``)."""
     found = detect()
     confined = view is not None and found.pidns and found.views
     # confined, the count goes where the gate can write: its own HOME
@@ -324,12 +352,13 @@ def jail(
             ops = []
         command = namespaced(
             command,
-            ops="\n".join(ops),
+            ops="\n".join([*ops, *(["loopback"] if isolated else [])]),
             left=left,
             cwd=cwd,
             unshare=found.unshare,
             userns=found.userns,
             groups=groups,
+            net=isolated,
         )
     elif groups:
         command = ["/bin/sh", "-c", _JOIN, "join", *map(str, groups), "--", *command]

@@ -58,6 +58,7 @@ class GateJob:
     read_only: tuple[str, ...] = ()
     writable: tuple[str, ...] = ()
     keep_home: bool = False  # non-gate commands (proc.py) may keep the caller's HOME/TMPDIR
+    network: str = "host"  # "isolated": a network namespace of its own, only loopback up
     cpu: float = 1.0  # declared: where a cluster places the attempt
     memory: int = 0
     junit: str = ""  # the JUnit file the gate writes, relative to cwd (a cluster brings it back)
@@ -284,6 +285,7 @@ async def _run(
         memory=job.memory_limit,
         max_pids=job.max_pids,
         view=view,
+        isolated=job.network == "isolated",
     )
     # Running before it starts: the orphan sweep (another run's, or this one's, in a thread)
     # must never take a just-spawned gate for the leftover of a finished one.

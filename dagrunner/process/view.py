@@ -68,6 +68,12 @@ for op in sys.argv[1].splitlines():
         mount(src.encode(), dst, None, MOVE, None, "place")
     elif verb == "keep":
         keep.add(arg)
+    elif verb == "loopback":  # a network namespace of its own: bring lo up (SIOC[GS]IFFLAGS)
+        import fcntl, socket, struct
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            got = fcntl.ioctl(s, 0x8913, struct.pack("16sH22x", b"lo", 0))
+            flags = struct.unpack("16sH22x", got)[1] | 1  # IFF_UP
+            fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags))
     elif verb == "under":
         under.append(arg)
     elif verb == "ro":
