@@ -10,15 +10,17 @@ from conftest import commit_release_manifest, run_json
 
 ALLOCATE_KEYS = [
     "id", "path", "branch", "base", "root", "session", "created", "reused", "pooled", "copied",
-    "main_checkout_dirty",
+    "main_checkout_dirty", "ports",
 ]  # fmt: skip
 REALLOCATE_KEYS = [
     "id", "path", "branch", "base", "root", "session", "created", "reused", "main_checkout_dirty",
+    "ports",
 ]  # fmt: skip
 STATUS_KEYS = [
     "id", "path", "branch", "base", "session", "created", "last_activity", "target", "retained",
     "missing", "head", "clean", "staged", "unstaged", "untracked", "unmerged", "ahead", "behind",
     "diffstat", "rebase_in_progress", "merge_in_progress", "integrated", "integrated_reason",
+    "ports",  # with [worktrees] ports
 ]  # fmt: skip
 EXPORT_KEYS = [
     "id", "file", "worktree", "empty", "base", "head", "tree", "changed_files", "diff_bytes",

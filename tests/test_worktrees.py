@@ -69,6 +69,7 @@ def test_doctor_reports_each_check(project: Path, capsys: pytest.CaptureFixture[
         "worktrees": "PASS",
         "git-config": "PASS",
         "containment": "PASS" if contained else "WARN",
+        "network": "PASS" if body["network_isolation"] else "NOTE",
         "root": "PASS",
         "disk": "PASS",
     } | ({"cgroup-join": "NOTE"} if body["containment"]["cgroup_kill"] and slow_joins() else {})

@@ -305,6 +305,26 @@ def durations(raw: Any) -> dict[str, float]:
     return {str(name): duration(value) for name, value in raw.items()}
 
 
+def port_range(raw: Any) -> tuple[int, int]:
+    """``"20000-29999"``: the ports a worktree may lease (1024 to 65535, low to high)."""
+    if not isinstance(raw, str):
+        raise TypeMismatch('a string such as "20000-29999"')
+    low, dash, high = raw.partition("-")
+    if not dash or not low.strip().isdigit() or not high.strip().isdigit():
+        raise ValueError(f'{show(raw)} is not a port range; write it as "20000-29999"')
+    first, last = int(low), int(high)
+    if not 1024 <= first <= last <= 65535:
+        raise ValueError(f"{show(raw)} must lie within 1024-65535, low to high")
+    return first, last
+
+
+def port_count(raw: Any) -> int:
+    value = count(raw)
+    if value > 64:
+        raise ValueError(f"{value} ports per worktree is too many; at most 64")
+    return value
+
+
 NETWORKS = ("host", "isolated")
 
 

@@ -48,9 +48,11 @@ from dagrunner.manifest.settings import (
     ExecutorSpec,
     IntegrateSpec,
     SandboxSpec,
+    WorktreesSpec,
     read_executor,
     read_integrate_settings,
     read_sandbox,
+    read_worktrees,
 )
 from dagrunner.manifest.text import parse_text
 
@@ -141,6 +143,7 @@ class Manifest:
     integrate: IntegrateSpec = field(default_factory=IntegrateSpec)
     sandbox: SandboxSpec = field(default_factory=SandboxSpec)
     executor: ExecutorSpec = field(default_factory=ExecutorSpec)
+    worktrees: WorktreesSpec = field(default_factory=WorktreesSpec)
     gates: Mapping[str, GateSpec] = field(default_factory=dict)
 
 
@@ -359,6 +362,7 @@ def read_tables(top: Table, path: Path) -> Manifest:
     env = _read_env(top.table("env"))
     sandbox = read_sandbox(top.table("sandbox"))
     executor = read_executor(top.table("executor"))
+    worktrees = read_worktrees(top.table("worktrees"))
     defaults = _read_defaults(top.table("defaults"))
     gates: dict[str, GateSpec] = {}
     readers: dict[str, Callable[[str, Table], GateSpec]] = {
@@ -415,5 +419,6 @@ def read_tables(top: Table, path: Path) -> Manifest:
         integrate=integrate,
         sandbox=sandbox,
         executor=executor,
+        worktrees=worktrees,
         gates=gates,
     )

@@ -35,6 +35,8 @@ _STRINGS: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
 FRAGMENTS: dict[Callable[[Any], Any], dict[str, Any]] = {
     f.string: {"type": "string"},
     f.network: {"enum": list(f.NETWORKS)},
+    f.port_range: {"type": "string", "pattern": "^[0-9]+-[0-9]+$"},
+    f.port_count: {"type": "integer", "minimum": 0, "maximum": 64},
     f.string_list: _STRINGS,
     f.number: {"type": "number"},
     f.count: {"type": "integer", "minimum": 0},
@@ -82,6 +84,7 @@ SAMPLE: dict[str, Any] = {
     "budget": {},
     "env": {},
     "defaults": {},
+    "worktrees": {},
     "gates": {"g": {"run": "true"}},
     "workers": {"w": {"run": "true"}},
     "integrate": {"i": {"needs": ["w"]}},

@@ -11,6 +11,8 @@ from dagrunner.manifest.fields import (
     count,
     duration,
     globs,
+    port_count,
+    port_range,
     string,
     window,
     writable_paths,
@@ -69,3 +71,20 @@ def read_integrate_settings(table: Table) -> IntegrateSpec:
         protected=table.take("protected", globs, ()),
         signing_key=table.take("signing_key", string, None),
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorktreesSpec:
+    """``[worktrees]``: what each worker's worktree gets (read from its base commit)."""
+
+    ports: int = 0  # ports leased to each worktree
+    port_range: tuple[int, int] = (20000, 29999)
+
+
+def read_worktrees(table: Table) -> WorktreesSpec:
+    spec = WorktreesSpec(
+        ports=table.take("ports", port_count, 0),
+        port_range=table.take("port_range", port_range, (20000, 29999)),
+    )
+    table.finish()
+    return spec

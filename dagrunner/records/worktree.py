@@ -46,6 +46,7 @@ class Allocation:
     copied: tuple[str, ...] = ()  # files .worktreeinclude copied in (new ones only)
     restored: bool = False  # its folder had vanished; it was made again from its branch
     main_checkout_dirty: bool | None = None  # None: a bare repository
+    ports: tuple[int, ...] = ()  # leased to it ([worktrees] ports)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -67,6 +68,7 @@ class Allocation:
             body["note"] = (
                 "the main checkout has uncommitted work; it is not in this worktree's base"
             )
+        body["ports"] = list(self.ports)
         return body
 
 
@@ -98,6 +100,7 @@ class WorktreeStatus:
     merge_in_progress: bool = False
     integrated: bool | None = None
     integrated_reason: str = ""
+    ports: tuple[int, ...] = ()  # leased to it ([worktrees] ports)
 
     @property
     def operation_in_progress(self) -> bool:
@@ -129,7 +132,7 @@ class WorktreeStatus:
             "retained": self.retained,
         }
         if self.missing:
-            return {**body, "missing": True, "clean": None, "integrated": None}
+            return {**body, "missing": True, "clean": None, "integrated": None, "ports": []}
         return {
             **body,
             "missing": False,
@@ -146,6 +149,7 @@ class WorktreeStatus:
             "merge_in_progress": self.merge_in_progress,
             "integrated": self.integrated,
             "integrated_reason": self.integrated_reason,
+            "ports": list(self.ports),
         }
 
 

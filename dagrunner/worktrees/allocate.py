@@ -27,6 +27,7 @@ from dagrunner.names import RULE, is_safe_name
 from dagrunner.records.worktree import Allocation, as_json
 from dagrunner.worktrees.ledger import Ledger, WorktreeRecord
 from dagrunner.worktrees.pool import take_from_pool
+from dagrunner.worktrees.ports import held_ports, lease, port_env, wanted, write_env
 
 POOL_DIR = ".pool"
 SETUP_TAIL_LINES = 20
@@ -178,6 +179,8 @@ def _allocate_locked(
                 exit_code=ExitCode.REFUSED,
                 hint=f"rename or delete that branch (git branch -m {branch} ...), or pick another worker",
             )
+        # leased under the ledger's lock, before anything is made: a refusal writes nothing
+        ports = lease(wanted(ctx.info.root, base_commit), held_ports(ctx.ledger.state()))
         path.parent.mkdir(parents=True, exist_ok=True)
         ctx.ledger.append("allocating", wt_id, path=str(path), branch=branch, base=base_commit)
         pooled = take_from_pool(ctx.info.root, ctx.pool, path, branch, base_commit, wt_id)
@@ -198,6 +201,7 @@ def _allocate_locked(
             )
         crash_point("allocating")  # the durability tests kill us here
         copied = _copy_included(ctx.info.root, path)
+        write_env(path, ports)
         at = ctx.ledger.append(
             "allocated",
             wt_id,
@@ -207,10 +211,12 @@ def _allocate_locked(
             session=session,
             pooled=pooled,
             copied=copied,
+            ports=list(ports),
         )
     if setup:
-        _run_setup(ctx, wt_id, path, branch, setup, setup_timeout, env)
+        _run_setup(ctx, wt_id, path, branch, setup, setup_timeout, {**env, **port_env(ports)})
     made = WorktreeRecord(wt_id, str(path), branch, base_commit, created=at, last_activity=at)
+    made = replace(made, ports=ports)
     return _describe(
         ctx, made, session=session, created=at, reused=False, pooled=pooled, copied=tuple(copied)
     )
@@ -291,6 +297,7 @@ def _describe(
         pooled=pooled,
         copied=copied,
         restored=restored,
+        ports=state.ports,
     )
 
 

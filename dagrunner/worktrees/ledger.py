@@ -37,6 +37,13 @@ EVENTS = {
 }
 
 
+def _ports(raw: object) -> tuple[int, ...]:
+    """The ports of an ``allocated`` line (anything else in it reads as none)."""
+    if not isinstance(raw, list):
+        return ()
+    return tuple(p for p in raw if isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536)
+
+
 def now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
@@ -90,6 +97,7 @@ class Ledger:
                     created=at,
                     last_activity=at,
                     session=text_of(event.get("session")),
+                    ports=_ports(event.get("ports")),
                 )
                 continue
             state = states.get(wt_id)
@@ -150,6 +158,7 @@ class WorktreeRecord:
     retained: str | None = None  # why a cleanup last kept it
     missing: bool = False  # its folder was found gone
     exports: tuple[ExportRecord, ...] = ()
+    ports: tuple[int, ...] = ()  # leased at allocation ([worktrees] ports)
 
     def export_of(self, envelope_id: str) -> ExportRecord | None:
         """The latest recorded export of ``envelope_id`` from this worktree."""

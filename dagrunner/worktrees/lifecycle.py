@@ -97,6 +97,7 @@ def _status(ctx: Context, wt_id: str, state: WorktreeRecord, target: str) -> Wor
         target=target,
         retained=state.retained,
         missing=True,
+        ports=state.ports,
     )
     if not path.is_dir():
         if not state.missing:
@@ -143,6 +144,7 @@ def _status(ctx: Context, wt_id: str, state: WorktreeRecord, target: str) -> Wor
         merge_in_progress=merge,
         integrated=landed,
         integrated_reason=why,
+        ports=state.ports,
     )
 
 
