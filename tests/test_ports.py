@@ -16,6 +16,7 @@ from conftest import CLI, commit_release_manifest
 from dagrunner.errors import DagrunnerError
 from dagrunner.worktrees import allocate as wt
 from dagrunner.worktrees import lifecycle
+from dagrunner.worktrees.disk import checkout_size, measure
 
 GATES = '[gates.ok]\nrun = "true"\n'
 
@@ -86,3 +87,57 @@ def test_a_bad_port_range_is_a_manifest_error_and_allocates_nothing(project: Pat
     with pytest.raises(DagrunnerError) as raised:
         wt.allocate(mission="m", worker="x", repo=project)
     assert raised.value.code == "manifest-value" and "worktrees.port_range" in str(raised.value.key)
+
+
+def test_list_gives_each_worktrees_disk_and_a_budget_refuses_writing_nothing(
+    project: Path,
+) -> None:
+    """A worktree with a 3 MiB file of its own and a hard link to another's: the link is in
+    its bytes, not its unique bytes.  With max_disk just above what the root holds, the next
+    allocation refuses (disk-budget, naming the landed worktree to clean) and makes nothing."""
+    import os
+
+    commit_release_manifest(project, GATES)
+    a = Path(wt.allocate(mission="m", worker="a", repo=project)["path"])
+    b = Path(wt.allocate(mission="m", worker="b", repo=project)["path"])
+    (a / "big.bin").write_bytes(os.urandom(3 << 20))
+    os.link(a / "big.bin", b / "linked.bin")
+    (b / "own.bin").write_bytes(os.urandom(1 << 20))
+    listing = orjson.loads(
+        subprocess.run(
+            [*CLI, "worktree", "list", "--json"], cwd=project, capture_output=True, check=True
+        ).stdout
+    )
+    disk = {w["id"]: w["disk"] for w in listing["worktrees"]}
+    assert disk["m/b"]["bytes"] - disk["m/b"]["unique_bytes"] >= 3 << 20  # the link is shared
+    assert disk["m/b"]["unique_bytes"] >= 1 << 20
+    assert disk["m/a"]["unique_bytes"] < 3 << 20 <= disk["m/a"]["bytes"]
+    total = listing["disk"]["total_bytes"]
+    assert total >= (4 << 20) and total < disk["m/a"]["bytes"] + disk["m/b"]["bytes"]
+    (a / "big.bin").unlink()  # m/a: clean again, and its work (none) is on main: landed
+    for name in ("linked.bin", "own.bin"):
+        (b / name).unlink()
+    b_state = subprocess.run(["git", "status", "--porcelain"], cwd=b, capture_output=True)
+    assert b_state.stdout == b""
+    git_in(b, "commit", "--allow-empty", "-qm", "m/b's own unlanded commit")
+    commit_release_manifest(project, f'[worktrees]\nmax_disk = "1G"\n{GATES}')
+    root = Path(listing["worktrees"][0]["path"]).parents[1]
+    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True)
+    needed = checkout_size(project, base.stdout.strip())
+    total = measure(root, {"m/a": a, "m/b": b}).total
+    tight = total + needed - 8192  # a new checkout would pass it, by a margin
+    commit_release_manifest(project, f'[worktrees]\nmax_disk = "{tight}"\n{GATES}')
+    with pytest.raises(DagrunnerError) as raised:
+        wt.allocate(mission="m", worker="c", repo=project)
+    assert raised.value.code == "disk-budget", raised.value.message
+    assert "cleaning m/a (landed" in raised.value.message and "m/b" not in raised.value.message
+    assert not (root / "m" / "c").exists()
+    assert "m/c" not in lifecycle.list_worktrees(repo=project).__repr__()
+    commit_release_manifest(project, f'[worktrees]\nmax_disk = "{tight + (1 << 20)}"\n{GATES}')
+    assert wt.allocate(mission="m", worker="c", repo=project)["id"] == "m/c"
+
+
+def git_in(path: Path, *args: str) -> None:
+    from conftest import git
+
+    git(path, *args)

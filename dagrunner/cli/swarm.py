@@ -74,8 +74,22 @@ def cmd_worktree(args: argparse.Namespace) -> int:
             setup_timeout=args.setup_timeout,
         )
     elif action == "list":
+        from dagrunner.worktrees.allocate import open_context
+        from dagrunner.worktrees.disk import measure
+
         statuses = lifecycle.list_statuses(repo=args.repo, target=args.target)
-        body = {"worktrees": [s.to_json() for s in statuses]}
+        disk = measure(
+            open_context(args.repo).root, {s.id: Path(s.path) for s in statuses if not s.missing}
+        )
+        body = {
+            "worktrees": [
+                {**s.to_json(), "disk": disk.worktrees[s.id].to_json()}
+                if s.id in disk.worktrees
+                else s.to_json()
+                for s in statuses
+            ],
+            "disk": disk.to_json(),
+        }
     elif action == "status":
         from dagrunner.integration.run import overlaps
 

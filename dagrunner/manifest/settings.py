@@ -13,6 +13,7 @@ from dagrunner.manifest.fields import (
     globs,
     port_count,
     port_range,
+    size,
     string,
     window,
     writable_paths,
@@ -79,12 +80,16 @@ class WorktreesSpec:
 
     ports: int = 0  # ports leased to each worktree
     port_range: tuple[int, int] = (20000, 29999)
+    max_disk: int | None = (
+        None  # bytes the cache root's worktrees may hold: allocation refuses past it
+    )
 
 
 def read_worktrees(table: Table) -> WorktreesSpec:
     spec = WorktreesSpec(
         ports=table.take("ports", port_count, 0),
         port_range=table.take("port_range", port_range, (20000, 29999)),
+        max_disk=table.take("max_disk", size, None),
     )
     table.finish()
     return spec

@@ -8,5 +8,6 @@
 - ``landed``: a worker's worktree after its envelope landed (cleaned only on proof).
 - ``overlaps``: which live work (worktrees, envelopes, the tip) would conflict, on content.
 - ``sync``: a worktree onto the target's tip, all of its work carried.
-- ``ports``: the ports leased to each worktree (``[worktrees] ports``).
+- ``ports``: the ports leased to each worktree (``[worktrees] ports``).  ``disk``: what
+  the worktrees hold on disk, and the budget an allocation keeps (``max_disk``).
 """

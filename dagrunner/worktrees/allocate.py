@@ -25,6 +25,7 @@ from dagrunner.git.command import git, is_dirty
 from dagrunner.git.repo import RepoInfo, checkout_branch, repo_info, worktree_root
 from dagrunner.names import RULE, is_safe_name
 from dagrunner.records.worktree import Allocation, as_json
+from dagrunner.worktrees.disk import check_budget
 from dagrunner.worktrees.ledger import Ledger, WorktreeRecord
 from dagrunner.worktrees.pool import take_from_pool
 from dagrunner.worktrees.ports import held_ports, lease, port_env, wanted, write_env
@@ -179,8 +180,12 @@ def _allocate_locked(
                 exit_code=ExitCode.REFUSED,
                 hint=f"rename or delete that branch (git branch -m {branch} ...), or pick another worker",
             )
-        # leased under the ledger's lock, before anything is made: a refusal writes nothing
-        ports = lease(wanted(ctx.info.root, base_commit), held_ports(ctx.ledger.state()))
+        # checked and leased under the ledger's lock, before anything is made: a refusal
+        # writes nothing
+        spec = wanted(ctx.info.root, base_commit)
+        if spec.max_disk is not None:
+            check_budget(ctx, spec.max_disk, base_commit)  # disk.py
+        ports = lease(spec, held_ports(ctx.ledger.state()))
         path.parent.mkdir(parents=True, exist_ok=True)
         ctx.ledger.append("allocating", wt_id, path=str(path), branch=branch, base=base_commit)
         pooled = take_from_pool(ctx.info.root, ctx.pool, path, branch, base_commit, wt_id)
