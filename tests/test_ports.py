@@ -21,6 +21,15 @@ from dagrunner.worktrees.disk import checkout_size, measure
 GATES = '[gates.ok]\nrun = "true"\n'
 
 
+def free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def with_ports(project: Path, ports: int, span: str) -> None:
     commit_release_manifest(
         project, f'[worktrees]\nports = {ports}\nport_range = "{span}"\n{GATES}'
@@ -55,29 +64,30 @@ def test_twenty_concurrent_allocations_lease_disjoint_ports(project: Path) -> No
 def test_a_busy_port_is_skipped_setup_sees_the_ports_and_cleanup_frees_them(
     project: Path,
 ) -> None:
-    with_ports(project, 1, "42100-42102")
+    low = next(p for p in range(42000, 43000, 3) if all(free(p + i) for i in range(3)))
+    with_ports(project, 1, f"{low}-{low + 2}")
     busy = socket.socket()
-    busy.bind(("127.0.0.1", 42100))
+    busy.bind(("127.0.0.1", low))
     busy.listen()
     try:
         probe = f"{sys.executable} -c \"import os; open('seen', 'w').write(os.environ['DAGRUNNER_PORTS'])\""
         first = wt.allocate(mission="m", worker="a", repo=project, setup=[probe])
-        assert first["ports"] == [42101]  # 42100 is listened on
-        assert (Path(first["path"]) / "seen").read_text() == "42101"
+        assert first["ports"] == [low + 1]  # low is listened on
+        assert (Path(first["path"]) / "seen").read_text() == str(low + 1)
         # .dagrunner/ stays out of git: the worktree has only the setup's file untracked
         status = subprocess.run(
             ["git", "status", "--porcelain"], cwd=first["path"], capture_output=True, text=True
         ).stdout
         assert status == "?? seen\n"
         second = wt.allocate(mission="m", worker="b", repo=project)
-        assert second["ports"] == [42102]
+        assert second["ports"] == [low + 2]
         with pytest.raises(DagrunnerError) as raised:
             wt.allocate(mission="m", worker="c", repo=project)
         assert raised.value.code == "ports-exhausted"
         assert not (Path(second["root"]) / "m" / "c").exists()  # nothing was made
         (Path(first["path"]) / "seen").unlink()
         lifecycle.cleanup("m/a", force=True, repo=project)
-        assert wt.allocate(mission="m", worker="c", repo=project)["ports"] == [42101]
+        assert wt.allocate(mission="m", worker="c", repo=project)["ports"] == [low + 1]
     finally:
         busy.close()
 
