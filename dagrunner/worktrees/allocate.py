@@ -184,7 +184,15 @@ def _allocate_locked(
         # writes nothing
         spec = wanted(ctx.info.root, base_commit)
         if spec.max_disk is not None:
-            check_budget(ctx, spec.max_disk, base_commit)  # disk.py
+            records, goal = ctx.ledger.state(), default_target(ctx)
+            check_budget(
+                ctx.root,
+                ctx.info.root,
+                records,
+                budget=spec.max_disk,
+                base=base_commit,
+                target=goal,
+            )
         ports = lease(spec, held_ports(ctx.ledger.state()))
         path.parent.mkdir(parents=True, exist_ok=True)
         ctx.ledger.append("allocating", wt_id, path=str(path), branch=branch, base=base_commit)

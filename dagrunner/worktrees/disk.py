@@ -9,16 +9,15 @@ shared without a per-file query.)  The root's total counts every inode under it 
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dagrunner.errors import DagrunnerError, ExitCode
-
-if TYPE_CHECKING:
-    from dagrunner.worktrees.allocate import Context
+from dagrunner.git.command import git
+from dagrunner.worktrees.ledger import WorktreeRecord
 
 
 @dataclass(frozen=True)
@@ -82,8 +81,6 @@ def measure(root: Path, worktrees: Mapping[str, Path]) -> DiskReport:
 
 def checkout_size(repo: Path, commit: str) -> int:
     """The bytes a checkout of ``commit`` holds (its blobs' sizes): a new worktree's share."""
-    from dagrunner.git.command import git
-
     listing = git(["ls-tree", "-r", "-l", "-z", commit], cwd=repo).stdout
     total = 0
     for entry in listing.split(b"\0"):
@@ -93,42 +90,58 @@ def checkout_size(repo: Path, commit: str) -> int:
     return total
 
 
-def over_budget(
+IDLE_DAYS = 7.0
+
+
+def spare(repo: Path, records: Mapping[str, WorktreeRecord], target: str) -> dict[str, str]:
+    """The worktrees whose cleanup loses nothing, and why: clean with their commits on the
+    target (landed), or clean, unclaimed and idle for a week."""
+    cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=IDLE_DAYS)
+    found: dict[str, str] = {}
+    for wt_id, record in sorted(records.items()):
+        path = Path(record.path)
+        if not path.is_dir():
+            continue
+        status = git(["status", "--porcelain", "--untracked-files=all"], cwd=path, check=False)
+        if status.returncode != 0 or status.stdout:
+            continue  # work in it, or not readable: never offered
+        head = git(["rev-parse", "HEAD"], cwd=path, check=False).text
+        on = git(
+            ["merge-base", "--is-ancestor", head, f"refs/heads/{target}"], cwd=repo, check=False
+        )
+        if head and on.returncode == 0:
+            found[wt_id] = "landed"
+        elif not record.session and dt.datetime.fromisoformat(record.last_activity) < cutoff:
+            found[wt_id] = f"idle since {record.last_activity[:10]}"
+    return found
+
+
+def check_budget(
     root: Path,
-    worktrees: Mapping[str, Path],
+    repo: Path,
+    records: Mapping[str, WorktreeRecord],
     *,
     budget: int,
-    needed: int,
-    spare: Mapping[str, str],
-) -> str | None:
-    """A sentence when ``needed`` more bytes would take the root past ``budget``: how far,
-    and which of ``spare`` (id -> why it could go: landed, idle) would make room; else None."""
-    report = measure(root, worktrees)
+    base: str,
+    target: str,
+) -> None:
+    """``disk-budget`` when a new worktree of ``base`` would take ``root`` past ``budget``."""
+    live = {i: Path(r.path) for i, r in records.items() if Path(r.path).is_dir()}
+    report = measure(root, live)
+    needed = checkout_size(repo, base)
     if report.total + needed <= budget:
-        return None
-    room = sorted(spare, key=lambda i: -report.worktrees.get(i, Usage(0, 0)).unique_bytes)
+        return
+    offered = spare(repo, records, target)
+    room = sorted(offered, key=lambda i: -report.worktrees[i].unique_bytes)
     named = ", ".join(
-        f"{i} ({spare[i]}, {report.worktrees[i].unique_bytes >> 20} MiB)" for i in room[:10]
+        f"{i} ({offered[i]}, {report.worktrees[i].unique_bytes >> 20} MiB)" for i in room[:10]
     )
-    return (
-        f"the worktrees hold {report.total >> 20} MiB and a new one needs about {needed >> 20} "
-        f"MiB, past max_disk ({budget >> 20} MiB)"
-        + (f"; cleaning {named} would make room" if named else "; nothing landed or idle to clean")
+    raise DagrunnerError(
+        "disk-budget",
+        f"the worktrees hold {report.total >> 20} MiB and a new one needs about "
+        f"{needed >> 20} MiB, past max_disk ({budget >> 20} MiB)"
+        + (f"; cleaning {named} would make room" if named else "; nothing landed or idle to clean"),
+        key="worktrees.max_disk",
+        exit_code=ExitCode.REFUSED,
+        hint="clean those up (worktree cleanup ID, or worktree prune), or raise max_disk",
     )
-
-
-def check_budget(ctx: Context, budget: int, base: str) -> None:
-    """``disk-budget`` when a new worktree of ``base`` would take the root past ``budget``."""
-    from dagrunner.worktrees.lifecycle import spare_worktrees  # it imports allocate
-
-    live = {i: Path(r.path) for i, r in ctx.ledger.state().items() if Path(r.path).is_dir()}
-    needed = checkout_size(ctx.info.root, base)
-    said = over_budget(ctx.root, live, budget=budget, needed=needed, spare=spare_worktrees(ctx))
-    if said:
-        raise DagrunnerError(
-            "disk-budget",
-            said,
-            key="worktrees.max_disk",
-            exit_code=ExitCode.REFUSED,
-            hint="clean those up (worktree cleanup ID, or worktree prune), or raise max_disk",
-        )

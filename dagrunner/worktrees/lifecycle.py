@@ -389,24 +389,3 @@ def prune(
             else:
                 retained.append({"id": wt_id, "reason": "a killed allocation's folder has changes"})
     return {"dry_run": dry_run, "removed": removed, "retained": retained}
-
-
-def spare_worktrees(ctx: Context, idle_days: float = 7.0) -> dict[str, str]:
-    """The worktrees whose cleanup loses nothing, and why: clean and landed, or clean,
-    unclaimed and idle for ``idle_days`` (their branch kept)."""
-    cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=idle_days)
-    goal = default_target(ctx)
-    found: dict[str, str] = {}
-    for wt_id, state in sorted(ctx.ledger.state().items()):
-        if not Path(state.path).is_dir():
-            continue
-        info = _status(ctx, wt_id, state, goal)
-        if info.clean and info.integrated:
-            found[wt_id] = "landed"
-        elif (
-            info.clean
-            and not state.session
-            and dt.datetime.fromisoformat(state.last_activity) < cutoff
-        ):
-            found[wt_id] = f"idle since {state.last_activity[:10]}"
-    return found
