@@ -182,18 +182,13 @@ def _allocate_locked(
             )
         # checked and leased under the ledger's lock, before anything is made: a refusal
         # writes nothing
-        spec = wanted(ctx.info.root, base_commit)
+        spec, records = wanted(ctx.info.root, base_commit), ctx.ledger.state()
         if spec.max_disk is not None:
-            records, goal = ctx.ledger.state(), default_target(ctx)
+            goal, info = default_target(ctx), ctx.info
             check_budget(
-                ctx.root,
-                ctx.info.root,
-                records,
-                budget=spec.max_disk,
-                base=base_commit,
-                target=goal,
+                ctx.root, info.root, records, budget=spec.max_disk, base=base_commit, target=goal
             )
-        ports = lease(spec, held_ports(ctx.ledger.state()))
+        ports = lease(spec, held_ports(records))
         path.parent.mkdir(parents=True, exist_ok=True)
         ctx.ledger.append("allocating", wt_id, path=str(path), branch=branch, base=base_commit)
         pooled = take_from_pool(ctx.info.root, ctx.pool, path, branch, base_commit, wt_id)
