@@ -85,8 +85,10 @@ def test_the_status_line_is_repainted_while_gates_run(repo: Path) -> None:
     assert code == 0, text
     seen = statuses(text)
     assert len(set(seen)) >= 4, seen  # repainted on its own, not only when a gate ends
-    assert any(s.startswith("[0/3] running: long 0s, short 0s") for s in seen), seen
-    assert any(re.match(r"\[0/3\] running: long [12]s, short [12]s", s) for s in seen), seen
+    # both gates shown running at once, their times counted up while they ran (whenever
+    # the second one started: the release check's own load can delay it by a second)
+    both = [m for s in seen if (m := re.match(r"\[0/3\] running: long (\d+)s, short (\d+)s", s))]
+    assert len({m.groups() for m in both}) >= 2, seen
     assert any("waiting 1" in s and "ETA" in s for s in seen), seen
     assert any(s.startswith("[1/3] running: long") for s in seen), seen
     finished = text.index("PASS    short")
