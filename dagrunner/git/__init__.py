@@ -2,6 +2,7 @@
 
 - ``command``: every git call (environment cleaned, formats and command-running keys pinned).
 - ``drivers``: the merge drivers and filters a repository's config defines, turned off.
+- ``merge``: commits made and merged as objects only (``commit-tree``, ``merge-tree``).
 - ``repo``: the repository, its common git dir, the worktree and cache roots.
 - ``statetree``: a worktree's full state as a tree, through a temporary index.
 - ``diff``: a binary diff read by its structure (which paths it touches, how).

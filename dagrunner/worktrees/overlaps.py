@@ -23,8 +23,9 @@ from typing import Any
 
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError
-from dagrunner.git.command import IDENTITY, git, split_z
+from dagrunner.git.command import git, split_z
 from dagrunner.git.link import pin_gitfile
+from dagrunner.git.merge import commit_tree, merge_commits
 from dagrunner.git.statetree import state_tree
 
 THREADS = 4  # worktree states computed at once (each is a few git processes)
@@ -92,12 +93,6 @@ class Overlaps:
         }
 
 
-def _commit(repo: Path, tree: str, parent: str, message: str) -> str:
-    return git(
-        ["commit-tree", "--no-gpg-sign", tree, "-p", parent, "-m", message], cwd=repo, env=IDENTITY
-    ).text
-
-
 def _touched(repo: Path, old: str, new: str) -> frozenset[str]:
     names = git(["diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", old, new], cwd=repo)
     return frozenset(split_z(names.stdout))
@@ -107,7 +102,9 @@ def worktree_side(repo: Path, common: Path, name: str, path: Path, base: str) ->
     """A live worktree's full state as a commit on its HEAD (blobs written, nothing else)."""
     pin_gitfile(common, path)  # a worker may have pointed its .git elsewhere
     head = git(["rev-parse", "--verify", "HEAD^{commit}"], cwd=path).text
-    commit = _commit(repo, state_tree(path), head, f"dagrunner overlaps: state of {name}")
+    commit = commit_tree(
+        repo, state_tree(path), head, f"dagrunner overlaps: state of {name}\n".encode()
+    )
     return Side(
         name=name, kind="worktree", commit=commit, base=base, touched=_touched(repo, base, commit)
     )
@@ -127,7 +124,7 @@ def envelope_side(repo: Path, envelope: Envelope) -> Side | str:
         if applied.returncode != 0:
             return f"{envelope.id}: its diff does not apply on its base ({applied.message})"
         tree = git(["write-tree"], cwd=repo, env=env).text
-    commit = _commit(repo, tree, envelope.base, f"dagrunner overlaps: {envelope.id}")
+    commit = commit_tree(repo, tree, envelope.base, f"dagrunner overlaps: {envelope.id}\n".encode())
     return Side(
         name=envelope.id,
         kind="envelope",
@@ -149,14 +146,10 @@ def shared(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
 
 def merge(common: Path, a: Side, b: Side) -> tuple[bool, tuple[str, ...]]:
     """Whether ``a`` and ``b`` merge cleanly on their content; the conflicting paths."""
-    with tempfile.TemporaryDirectory(prefix="dagrunner-merge-") as empty:
-        where = ["--git-dir", str(common), "--work-tree", empty]
-        how = ["--write-tree", "-z", "--name-only", "--no-messages"]
-        done = git([*where, "merge-tree", *how, a.commit, b.commit], cwd=Path(empty), check=False)
-    if done.returncode not in (0, 1):
-        return True, (f"(git merge-tree failed: {done.message})",)
-    fields = split_z(done.stdout)
-    return done.returncode == 1, tuple(sorted(set(fields[1:])))
+    merged = merge_commits(common, a.commit, b.commit)
+    if merged.failed:
+        return True, (f"(git merge-tree failed: {merged.failed})",)
+    return merged.tree is None, merged.conflicts
 
 
 def find_overlaps(

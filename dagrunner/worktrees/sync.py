@@ -15,7 +15,6 @@ read or written.
 from __future__ import annotations
 
 import datetime as dt
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git.command import IDENTITY, git, split_z
 from dagrunner.git.link import pin_gitfile
+from dagrunner.git.merge import commit_tree, merge_commits
 from dagrunner.git.repo import check_branch
 from dagrunner.git.statetree import state_tree
 from dagrunner.worktrees.allocate import default_target, open_context, recorded_state, split_id
@@ -57,13 +57,9 @@ class Synced:
 def _merge(common: Path, ours: str, theirs: str, what: str) -> str:
     """The tree of ``ours`` merged with ``theirs`` (their merge base from their history);
     ``sync-conflict`` naming the paths when it is not clean."""
-    with tempfile.TemporaryDirectory(prefix="dagrunner-sync-") as empty:
-        where = ["--git-dir", str(common), "--work-tree", empty]
-        how = ["--write-tree", "-z", "--name-only", "--no-messages"]
-        done = git([*where, "merge-tree", *how, ours, theirs], cwd=Path(empty), check=False)
-    fields = split_z(done.stdout)
-    if done.returncode == 1:
-        paths = sorted(set(fields[1:]))
+    merged = merge_commits(common, ours, theirs)
+    if merged.conflicts:
+        paths = list(merged.conflicts)
         raise DagrunnerError(
             "sync-conflict",
             f"{what} conflicts with the target's tip in {', '.join(paths[:20])}",
@@ -72,21 +68,14 @@ def _merge(common: Path, ours: str, theirs: str, what: str) -> str:
             hint="nothing was changed; resolve it in the worktree (or land the other work "
             "first), then sync again",
         )
-    if done.returncode != 0 or not fields:
+    if merged.tree is None:
         raise DagrunnerError(
             "git-failed",
-            f"git merge-tree failed: {done.message}",
+            f"git merge-tree failed: {merged.failed}",
             hint="see git's message; nothing was changed",
             exit_code=ExitCode.ENVIRONMENT,
         )
-    return fields[0]
-
-
-def _commit(repo: Path, tree: str, parent: str, message: bytes, env: dict[str, str]) -> str:
-    done = git(
-        ["commit-tree", "--no-gpg-sign", tree, "-p", parent], cwd=repo, input=message, env=env
-    )
-    return done.text
+    return merged.tree
 
 
 def _author(repo: Path, commit: str) -> tuple[dict[str, str], bytes]:
@@ -153,11 +142,13 @@ def sync(wt_id: str, *, repo: Path | None = None, target: str | None = None) -> 
         for commit, _parent in commits:
             env, message = _author(root, commit)
             tree = _merge(common, new, commit, f"commit {commit[:12]}")
-            new = _commit(root, tree, new, message, env)
+            new = commit_tree(root, tree, new, message, env)
         index_tree = git(["write-tree"], cwd=path).text
         full_tree = state_tree(path)
-        staged = _commit(root, index_tree, head, b"dagrunner sync: staged\n", dict(IDENTITY))
-        everything = _commit(root, full_tree, staged, b"dagrunner sync: worktree\n", dict(IDENTITY))
+        staged = commit_tree(root, index_tree, head, b"dagrunner sync: staged\n", dict(IDENTITY))
+        everything = commit_tree(
+            root, full_tree, staged, b"dagrunner sync: worktree\n", dict(IDENTITY)
+        )
         new_index = _merge(common, new, staged, "the staged work")
         new_files = _merge(common, new, everything, "the unstaged and untracked work")
         carried = _carried(path, head, index_tree, full_tree)
