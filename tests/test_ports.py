@@ -151,3 +151,19 @@ def git_in(path: Path, *args: str) -> None:
     from conftest import git
 
     git(path, *args)
+
+
+def test_a_dagrunner_symlink_in_the_base_is_never_written_through(
+    project: Path, tmp_path: Path
+) -> None:
+    from conftest import git
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (project / ".dagrunner").symlink_to(elsewhere)
+    git(project, "add", ".dagrunner")
+    with_ports(project, 1, "43100-43199")
+    with pytest.raises(DagrunnerError) as raised:
+        wt.allocate(mission="m", worker="s", repo=project)
+    assert raised.value.code == "path-occupied"
+    assert list(elsewhere.iterdir()) == []

@@ -86,6 +86,14 @@ def write_env(path: Path, ports: tuple[int, ...]) -> None:
     if not ports:
         return
     folder = path / ".dagrunner"
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise DagrunnerError(
+            "path-occupied",
+            f"{folder} is not a folder dagrunner can write its env file in",
+            where=str(folder),
+            exit_code=ExitCode.REFUSED,
+            hint="remove .dagrunner from the base commit (dagrunner writes it in each worktree)",
+        )
     with contextlib.suppress(FileExistsError):
         folder.mkdir()
     atomic_write(folder / ".gitignore", b"*\n")

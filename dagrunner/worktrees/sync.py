@@ -145,10 +145,8 @@ def sync(wt_id: str, *, repo: Path | None = None, target: str | None = None) -> 
             new = commit_tree(root, tree, new, message, env)
         index_tree = git(["write-tree"], cwd=path).text
         full_tree = state_tree(path)
-        staged = commit_tree(root, index_tree, head, b"dagrunner sync: staged\n", dict(IDENTITY))
-        everything = commit_tree(
-            root, full_tree, staged, b"dagrunner sync: worktree\n", dict(IDENTITY)
-        )
+        staged = commit_tree(root, index_tree, head, b"dagrunner sync: staged\n")
+        everything = commit_tree(root, full_tree, staged, b"dagrunner sync: worktree\n")
         new_index = _merge(common, new, staged, "the staged work")
         new_files = _merge(common, new, everything, "the unstaged and untracked work")
         carried = _carried(path, head, index_tree, full_tree)
