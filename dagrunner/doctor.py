@@ -138,7 +138,35 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         report.add("WARN", "disk", f"{free >> 20} MiB free under the root", "free some space")
     else:
         report.add("PASS", "disk", f"{free >> 30} GiB free under the root")
+    _check_seeds(report, root, env)
     return report
+
+
+def _check_seeds(report: Report, root: Path, env: Mapping[str, str]) -> None:
+    """How dependency seeds ([[worktrees.seed]]) reach worktrees on this machine."""
+    from dagrunner.worktrees.seeds import seeds_dir
+    from dagrunner.worktrees.share import choose
+
+    try:
+        how = choose(seeds_dir(root), env)
+    except DagrunnerError as exc:
+        report.add("FAIL", "seeds", exc.message, exc.hint)
+        return
+    report.facts["seed_share"] = how
+    says = {
+        "reflink": "reflinked (copy-on-write clones: shared until written)",
+        "overlay": "an overlay mount per worktree (the stored seed read-only beneath)",
+        "copy": "a plain copy per worktree (no reflinks, no overlay mounts here)",
+    }
+    report.add(
+        "PASS" if how != "copy" else "NOTE",
+        "seeds",
+        f"seeds reach worktrees by {says[how]}",
+        ""
+        if how != "copy"
+        else "a filesystem with reflinks (btrfs, XFS) or root for overlay "
+        "mounts shares seeds' disk between worktrees",
+    )
 
 
 def check_cluster(report: Report, spec: str) -> None:

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from dagrunner.cli.main import run_cli
+from dagrunner.worktrees import share
 
 PY = sys.executable
 CLI = [sys.executable, "-m", "dagrunner"]  # the command line, as a user runs it
@@ -36,6 +37,7 @@ def isolated_home(
         if name.startswith("GIT_"):
             monkeypatch.delenv(name)
     yield home
+    share.release(home, home)  # a test's seeds' overlay mounts, so its folder can go
     assert real_cache.exists() == before, "a test wrote to the real ~/.cache/dagrunner"
 
 

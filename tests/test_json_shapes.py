@@ -10,11 +10,11 @@ from conftest import commit_release_manifest, run_json
 
 ALLOCATE_KEYS = [
     "id", "path", "branch", "base", "root", "session", "created", "reused", "pooled", "copied",
-    "main_checkout_dirty", "ports",
+    "main_checkout_dirty", "ports", "seeds",
 ]  # fmt: skip
 REALLOCATE_KEYS = [
     "id", "path", "branch", "base", "root", "session", "created", "reused", "main_checkout_dirty",
-    "ports",
+    "ports", "seeds",
 ]  # fmt: skip
 STATUS_KEYS = [
     "id", "path", "branch", "base", "session", "created", "last_activity", "target", "retained",

@@ -72,8 +72,10 @@ def test_doctor_reports_each_check(project: Path, capsys: pytest.CaptureFixture[
         "network": "PASS" if body["network_isolation"] else "NOTE",
         "root": "PASS",
         "disk": "PASS",
+        "seeds": "NOTE" if body["seed_share"] == "copy" else "PASS",
     } | ({"cgroup-join": "NOTE"} if body["containment"]["cgroup_kill"] and slow_joins() else {})
     assert body["worktree_root"].startswith(os.environ["DAGRUNNER_WORKTREE_ROOT"])
+    assert body["seed_share"] in ("reflink", "overlay", "copy")
 
 
 def test_root_inside_repo_is_refused_and_nothing_written(

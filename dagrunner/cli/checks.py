@@ -14,6 +14,7 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -33,6 +34,9 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.run import RunStatus
 from dagrunner.report.ci import commands_off, publish
+
+if TYPE_CHECKING:
+    from dagrunner.worktrees.seeds import Pruned
 from dagrunner.swarm.release import release_check
 from dagrunner.units import format_duration
 
@@ -207,6 +211,9 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
             hint="e.g. dagrunner cache prune --max-size 2G (or --executor dask://... for workers)",
         )
     body = Store().prune(limit, dry_run=args.dry_run)
+    seeds = _prune_seeds(limit, dry_run=args.dry_run)
+    if seeds is not None:
+        body["seeds"] = seeds.to_json()
     if args.json:
         emit_json(body)
     else:
@@ -215,7 +222,24 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
             f"{verb} {len(body['removed'])} entries; {body['entries_left']} left, "
             f"{body['size_after']} bytes"
         )
+        if seeds is not None:
+            print(
+                f"seeds: {verb} {len(seeds.removed)}, {seeds.in_use_kept} in use kept; "
+                f"{seeds.size_after} bytes"
+            )
     return ExitCode.OK
+
+
+def _prune_seeds(limit: int, *, dry_run: bool) -> Pruned | None:
+    """This repository's dependency seeds bounded by ``limit`` too (None outside a repository)."""
+    from dagrunner.worktrees.allocate import open_context
+    from dagrunner.worktrees.seeds import prune
+
+    try:
+        ctx = open_context(None)
+    except DagrunnerError:
+        return None
+    return prune(ctx.root, limit, dry_run=dry_run)
 
 
 def _prune_workers(args: argparse.Namespace, limit: int | None) -> int:

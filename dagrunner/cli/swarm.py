@@ -110,7 +110,11 @@ def cmd_worktree(args: argparse.Namespace) -> int:
         body = lifecycle.cleanup(args.id, force=args.force, repo=args.repo, target=args.target)
     elif action == "prune":
         body = lifecycle.prune(
-            idle_days=args.idle, dry_run=args.dry_run, repo=args.repo, target=args.target
+            idle_days=args.idle,
+            dry_run=args.dry_run,
+            repo=args.repo,
+            target=args.target,
+            to_budget=args.to_budget,
         )
     elif action == "export":
         body = exporting.export(args.id, output=args.output, repo=args.repo)

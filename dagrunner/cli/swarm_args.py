@@ -76,6 +76,11 @@ def add_worktree(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "--idle", type=float, metavar="DAYS", help="also clean unclaimed worktrees idle this long"
     )
     pn.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    pn.add_argument(
+        "--to-budget",
+        action="store_true",
+        help="then clean landed or idle worktrees, oldest first, until under max_disk",
+    )
     wt.set_defaults(handler="cmd_worktree")
     for parser_ in wt_sub.choices.values():
         parser_.set_defaults(handler="cmd_worktree")

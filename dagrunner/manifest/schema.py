@@ -20,6 +20,7 @@ from typing import Any
 from dagrunner.diagnostics import Problems
 from dagrunner.manifest import fields as f
 from dagrunner.manifest.load import SCHEMA_VERSION, read_tables
+from dagrunner.manifest.settings import MAX_SEEDS, seeds
 from dagrunner.units import MAX_WINDOW
 
 SCHEMA_ID = "https://dagrunner.invalid/manifest.schema.json"
@@ -62,6 +63,26 @@ FRAGMENTS: dict[Callable[[Any], Any], dict[str, Any]] = {
     f.env_values: {"type": "object", "additionalProperties": {"type": "string"}},
     f.durations: {"type": "object", "additionalProperties": _DURATION},
     f.boolean: {"type": "boolean"},
+    seeds: {
+        "type": "array",
+        "description": "[[worktrees.seed]]: a git-ignored folder built once per key, in each worktree",
+        "maxItems": MAX_SEEDS,
+        "items": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "a folder inside the worktree"},
+                "key": {**_STRINGS, "minItems": 1, "description": "globs of the lockfiles"},
+                "build": {
+                    "description": "an argv array, or a string run by sh -c",
+                    "anyOf": [{"type": "string", "minLength": 1}, {**_STRINGS, "minItems": 1}],
+                },
+                "timeout": _DURATION,
+                "tools": {**_STRINGS, "description": "commands whose output keys the seed"},
+            },
+            "required": ["path", "key", "build"],
+            "additionalProperties": False,
+        },
+    },
     f.split_spec: {
         "type": "object",
         "description": "shards share out these files, balanced by recorded durations",

@@ -3,18 +3,27 @@
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
+from typing import Any
 
 from dagrunner.manifest.fields import (
     Table,
+    TypeMismatch,
     auto,
+    command,
     count,
     duration,
     globs,
+    inside_repository,
+    is_empty,
     port_count,
     port_range,
+    show,
     size,
     string,
+    string_list,
+    timeout,
     window,
     writable_paths,
 )
@@ -74,6 +83,70 @@ def read_integrate_settings(table: Table) -> IntegrateSpec:
     )
 
 
+SEED_KEYS = ("path", "key", "build", "timeout", "tools")
+SEED_TIMEOUT = 600.0
+MAX_SEEDS = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeedSpec:
+    """One ``[[worktrees.seed]]``: a git-ignored folder built once per key, in every worktree."""
+
+    path: str  # relative to the worktree, normalised ("." and ".." refused)
+    key: tuple[str, ...]  # globs of the files whose bytes at the base key the seed
+    build: tuple[str, ...] | str  # argv, or text run by sh -c, in a clean checkout of the base
+    timeout: float = SEED_TIMEOUT
+    tools: tuple[str, ...] = ()  # commands whose output keys the seed too (python --version)
+
+
+def seed_path(raw: Any) -> str:
+    text = inside_repository(string(raw), "a seed's path")
+    path = posixpath.normpath(text)
+    parts = path.split("/")
+    if path in (".", "") or "\n" in path:
+        raise ValueError(f"{show(text)} is not a folder inside the worktree")
+    if parts[0] in (".git", ".dagrunner") or ".git" in parts:
+        raise ValueError(f"{show(text)} is dagrunner's or git's own; a seed cannot live there")
+    return path
+
+
+def seeds(raw: Any) -> tuple[SeedSpec, ...]:
+    """``[[worktrees.seed]]`` tables: each a path, the key globs and a build command."""
+    if not isinstance(raw, list) or not all(isinstance(item, dict) for item in raw):
+        raise TypeMismatch('an array of tables: [[worktrees.seed]] path = ".venv" ...')
+    if len(raw) > MAX_SEEDS:
+        raise ValueError(f"{len(raw)} seeds is too many; at most {MAX_SEEDS}")
+    found: list[SeedSpec] = []
+    for n, item in enumerate(raw, 1):
+        unknown = sorted(set(item) - set(SEED_KEYS))
+        if unknown:
+            raise ValueError(f"seed {n}: unknown key {unknown[0]!r}; a seed takes {SEED_KEYS}")
+        missing = [name for name in ("path", "key", "build") if name not in item]
+        if missing:
+            raise ValueError(f"seed {n}: {missing[0]} is missing (a seed needs path, key, build)")
+        build = command(item["build"])
+        if is_empty(build):
+            raise ValueError(f"seed {n}: build is empty")
+        spec = SeedSpec(
+            path=seed_path(item["path"]),
+            key=globs(item["key"]),
+            build=build,
+            timeout=timeout(item["timeout"]) if "timeout" in item else SEED_TIMEOUT,
+            tools=string_list(item.get("tools", [])),
+        )
+        if not spec.key:
+            raise ValueError(f"seed {n}: key is empty; name the lockfiles that key the seed")
+        for other in found:
+            if (
+                other.path == spec.path
+                or f"{spec.path}/".startswith(f"{other.path}/")
+                or (f"{other.path}/".startswith(f"{spec.path}/"))
+            ):
+                raise ValueError(f"seed {n}: {show(spec.path)} overlaps seed {show(other.path)}")
+        found.append(spec)
+    return tuple(found)
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorktreesSpec:
     """``[worktrees]``: what each worker's worktree gets (read from its base commit)."""
@@ -83,6 +156,7 @@ class WorktreesSpec:
     max_disk: int | None = (
         None  # bytes the cache root's worktrees may hold: allocation refuses past it
     )
+    seeds: tuple[SeedSpec, ...] = ()  # [[worktrees.seed]]: dependency folders built once per key
 
 
 def read_worktrees(table: Table) -> WorktreesSpec:
@@ -90,6 +164,7 @@ def read_worktrees(table: Table) -> WorktreesSpec:
         ports=table.take("ports", port_count, 0),
         port_range=table.take("port_range", port_range, (20000, 29999)),
         max_disk=table.take("max_disk", size, None),
+        seeds=table.take("seed", seeds, ()),
     )
     table.finish()
     return spec

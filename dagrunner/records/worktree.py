@@ -31,6 +31,19 @@ def as_json(typed: Callable[P, R]) -> Callable[P, dict[str, Any]]:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SeedUse:
+    """A seed in a worktree: its folder, its key in the store, and how it got there."""
+
+    path: str
+    key: str
+    how: str  # reflink, overlay or copy (worktrees/share.py)
+    built: bool = False  # this allocation built it (the store had no seed of that key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "key": self.key, "how": self.how, "built": self.built}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Allocation:
     """A worker's worktree, as ``allocate`` made, restored or found it."""
 
@@ -47,6 +60,7 @@ class Allocation:
     restored: bool = False  # its folder had vanished; it was made again from its branch
     main_checkout_dirty: bool | None = None  # None: a bare repository
     ports: tuple[int, ...] = ()  # leased to it ([worktrees] ports)
+    seeds: tuple[SeedUse, ...] = ()  # its dependency seeds ([[worktrees.seed]])
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -69,6 +83,7 @@ class Allocation:
                 "the main checkout has uncommitted work; it is not in this worktree's base"
             )
         body["ports"] = list(self.ports)
+        body["seeds"] = [seed.to_json() for seed in self.seeds]
         return body
 
 

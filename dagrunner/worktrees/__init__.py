@@ -10,4 +10,8 @@
 - ``sync``: a worktree onto the target's tip, all of its work carried.
 - ``ports``: the ports leased to each worktree (``[worktrees] ports``).  ``disk``: what
   the worktrees hold on disk, and the budget an allocation keeps (``max_disk``).
+- ``base``: the manifest at an allocation's base commit (``[worktrees]``).
+- ``prepare``: what a new worktree gets: ``.worktreeinclude`` files, seeds, ``--setup``.
+- ``seeds``: dependency folders (``[[worktrees.seed]]``) built once per key, stored, pruned;
+  ``share``: how a worktree gets its own copy of one (reflink, overlay mount, copy).
 """

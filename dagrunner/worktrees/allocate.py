@@ -11,7 +11,6 @@ are in ``lifecycle.py``.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,15 +22,24 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.files import crash_point
 from dagrunner.git.command import git, is_dirty
 from dagrunner.git.repo import RepoInfo, checkout_branch, repo_info, worktree_root
+from dagrunner.manifest.settings import WorktreesSpec
 from dagrunner.names import RULE, is_safe_name
-from dagrunner.records.worktree import Allocation, as_json
+from dagrunner.records.worktree import Allocation, SeedUse, as_json
+from dagrunner.worktrees import seeds, share
+from dagrunner.worktrees.base import base_manifest
 from dagrunner.worktrees.disk import check_budget
 from dagrunner.worktrees.ledger import Ledger, WorktreeRecord
 from dagrunner.worktrees.pool import take_from_pool
-from dagrunner.worktrees.ports import held_ports, lease, port_env, wanted, write_env
+from dagrunner.worktrees.ports import held_ports, lease, port_env, write_env
+from dagrunner.worktrees.prepare import (
+    copy_included,
+    provision_seeds,
+    release_seeds,
+    remount_seeds,
+    run_setup,
+)
 
 POOL_DIR = ".pool"
-SETUP_TAIL_LINES = 20
 
 
 @dataclass(frozen=True)
@@ -109,13 +117,26 @@ def allocate_worktree(
             hint="pass a branch, tag or commit id",
         )
     base_commit = probe.text
+    manifest = base_manifest(ctx.info.root, base_commit)
+    # Seeds are built (once per key, each under its own lock) before the ledger is locked.
+    built = seeds.ensure(ctx.root, ctx.info.root, base_commit, manifest, env) if manifest else []
+    wants = Wants(manifest.worktrees if manifest else WorktreesSpec(), built, env)
     # Reading the main checkout's status walks it; do that while the worktree is made.
     with ThreadPoolExecutor(max_workers=1) as pool:
         dirty = pool.submit(_main_dirty, ctx)
         result = _allocate_locked(
-            ctx, wt_id, mission, worker, base_commit, session, setup, setup_timeout, env
+            ctx, wt_id, mission, worker, base_commit, session, setup, setup_timeout, wants
         )
         return replace(result, main_checkout_dirty=dirty.result())
+
+
+@dataclass(frozen=True)
+class Wants:
+    """What the base's manifest asks of a new worktree, its seeds built."""
+
+    spec: WorktreesSpec
+    built: list[tuple[seeds.Seed, bool]]
+    env: Mapping[str, str]
 
 
 allocate = as_json(allocate_worktree)  # the JSON shape (docs/worktrees.md)
@@ -130,7 +151,7 @@ def _allocate_locked(
     session: str | None,
     setup: Sequence[str],
     setup_timeout: float,
-    env: Mapping[str, str],
+    wants: Wants,
 ) -> Allocation:
     branch = f"dagrunner/{mission}/{worker}"
     path = ctx.root / mission / worker
@@ -148,6 +169,7 @@ def _allocate_locked(
                 )
             if session and not owner:
                 ctx.ledger.append("claimed", wt_id, session=session)
+            remount_seeds(ctx.root, wt_id, Path(existing.path), existing.seeds)
             return _describe(
                 ctx, existing, session=owner or session, created=existing.created, reused=True
             )
@@ -182,7 +204,7 @@ def _allocate_locked(
             )
         # checked and leased under the ledger's lock, before anything is made: a refusal
         # writes nothing
-        spec, records = wanted(ctx.info.root, base_commit), ctx.ledger.state()
+        spec, records = wants.spec, ctx.ledger.state()
         if spec.max_disk is not None:
             goal, info = default_target(ctx), ctx.info
             check_budget(
@@ -208,7 +230,8 @@ def _allocate_locked(
                 cwd=ctx.info.root,
             )
         crash_point("allocating")  # the durability tests kill us here
-        copied = _copy_included(ctx.info.root, path)
+        planted = _plant(ctx, wt_id, path, branch, wants)
+        copied = copy_included(ctx.info.root, path, [seed.path for seed in planted])
         write_env(path, ports)
         at = ctx.ledger.append(
             "allocated",
@@ -220,14 +243,34 @@ def _allocate_locked(
             pooled=pooled,
             copied=copied,
             ports=list(ports),
+            seeds=[seed.to_json() for seed in planted],
         )
     if setup:
-        _run_setup(ctx, wt_id, path, branch, setup, setup_timeout, {**env, **port_env(ports)})
+
+        def undo(command: str) -> None:
+            with ctx.ledger.exclusive():
+                remove_worktree(ctx, path, branch, delete_branch=True)
+                ctx.ledger.append("cleaned", wt_id, reason=f"setup failed: {command}")
+
+        run_setup(path, setup, setup_timeout, {**wants.env, **port_env(ports)}, undo)
     made = WorktreeRecord(wt_id, str(path), branch, base_commit, created=at, last_activity=at)
-    made = replace(made, ports=ports)
+    made = replace(made, ports=ports, seeds=planted)
     return _describe(
         ctx, made, session=session, created=at, reused=False, pooled=pooled, copied=tuple(copied)
     )
+
+
+def _plant(ctx: Context, wt_id: str, path: Path, branch: str, wants: Wants) -> tuple[SeedUse, ...]:
+    """The seeds in the new worktree; when one cannot be, the worktree goes (nothing kept)."""
+    if not wants.built:
+        return ()
+    try:
+        how = share.choose(seeds.seeds_dir(ctx.root), wants.env)
+        return provision_seeds(ctx.root, wt_id, path, wants.built, how)
+    except (DagrunnerError, OSError):
+        remove_worktree(ctx, path, branch, delete_branch=True)
+        ctx.ledger.append("pruned", wt_id, reason="its seeds could not be provisioned")
+        raise
 
 
 def undo_unfinished(ctx: Context, path: Path, branch: str, base: str) -> bool:
@@ -238,6 +281,7 @@ def undo_unfinished(ctx: Context, path: Path, branch: str, base: str) -> bool:
     if path.is_dir() and f"worktree {path}".encode() in listed.split(b"\0"):
         if is_dirty(path, untracked=True):
             return False
+        release_seeds(ctx.root, path)
         git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
         git(["worktree", "remove", "--force", "--force", str(path)], cwd=ctx.info.root)
     tip = git(
@@ -258,7 +302,7 @@ def _restore(
         ["worktree", "add", "--lock", "--reason", f"dagrunner: {wt_id}", str(path), branch],
         cwd=ctx.info.root,
     )
-    copied = _copy_included(ctx.info.root, path)
+    copied = copy_included(ctx.info.root, path)
     owner = existing.session or session
     at = ctx.ledger.append(
         "allocated",
@@ -306,75 +350,12 @@ def _describe(
         copied=copied,
         restored=restored,
         ports=state.ports,
+        seeds=state.seeds,
     )
 
 
-def _copy_included(main: Path, path: Path) -> list[str]:
-    """Copy files that ``.worktreeinclude`` (gitignore syntax) names, never over a tracked file."""
-    spec_file = main / ".worktreeinclude"
-    if not spec_file.is_file():
-        return []
-    import pathspec  # 0.02 s of imports (asyncio among them) that only this file needs
-
-    spec = pathspec.GitIgnoreSpec.from_lines(spec_file.read_text().splitlines())
-    candidates = git(["ls-files", "--others", "-z"], cwd=main).stdout.split(b"\0")
-    tracked = set(git(["ls-files", "-z"], cwd=path).stdout.split(b"\0"))
-    copied = []
-    for raw in candidates:
-        if not raw or raw in tracked:
-            continue
-        rel = raw.decode("utf-8", "surrogateescape")
-        if not spec.match_file(rel):
-            continue
-        source, dest = main / rel, path / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_symlink():
-            dest.symlink_to(os.readlink(source))
-        else:
-            shutil.copy2(source, dest)
-        copied.append(rel)
-    return copied
-
-
-def _run_setup(
-    ctx: Context,
-    wt_id: str,
-    path: Path,
-    branch: str,
-    setup: Sequence[str],
-    timeout: float,
-    env: Mapping[str, str],
-) -> None:
-    from dagrunner.process.command import Finished, run_command, without_git  # trio: only for setup
-
-    for command in setup:
-        try:
-            argv = shlex.split(command)
-        except ValueError as exc:
-            argv, finished = (
-                [],
-                Finished(exit_code=None, timed_out=False, error=str(exc), output=b""),
-            )
-        if argv:
-            finished = run_command(argv, cwd=path, env=without_git(env), timeout=timeout)
-        if finished.ok:
-            continue
-        output = finished.output.decode("utf-8", "replace")
-        why = f"timed out after {timeout:g}s" if finished.timed_out else finished.why
-        with ctx.ledger.exclusive():
-            remove_worktree(ctx, path, branch, delete_branch=True)
-            ctx.ledger.append("cleaned", wt_id, reason=f"setup failed: {command}")
-        tail = output.strip().splitlines()[-SETUP_TAIL_LINES:]
-        raise DagrunnerError(
-            "setup-failed",
-            f"setup step {command!r} failed ({why}); the worktree was removed",
-            exit_code=ExitCode.FAILED,
-            details={"step": command, "output_tail": tail},
-            hint="last output lines: " + (" | ".join(tail[-5:]) or "(none)"),
-        )
-
-
 def remove_worktree(ctx: Context, path: Path, branch: str, *, delete_branch: bool) -> None:
+    release_seeds(ctx.root, path)
     git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
     git(["worktree", "remove", "--force", "--force", str(path)], cwd=ctx.info.root, check=False)
     if path.exists():

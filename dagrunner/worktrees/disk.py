@@ -1,6 +1,7 @@
 """What the worktrees under the cache root hold on disk, and the budget an allocation keeps.
 
-Sizes are allocated blocks (``st_blocks``), each inode counted once.  A worktree's
+Sizes are allocated blocks (``st_blocks``), each inode counted once, on the walked
+folder's own filesystem (an overlay seed's files are its store's and its layer's).  A worktree's
 ``unique_bytes`` are those of the files no other place holds: a file hard-linked from
 elsewhere (another worktree, the pool, a store) is in its ``bytes`` but not its
 ``unique_bytes``.  (Reflinked extents look unique: the filesystem does not say they are
@@ -39,14 +40,26 @@ class DiskReport:
 
 
 def _files(top: Path) -> list[os.stat_result]:
+    """Every entry under ``top`` on its filesystem: a mount inside (an overlay seed) is not
+    walked, its files being another place's (the seed's store, the worktree's layer)."""
     found: list[os.stat_result] = []
+    try:
+        device = os.lstat(top).st_dev
+    except OSError:
+        return found
     for folder, dirs, names in os.walk(top):
+        kept = []
         for name in (*names, *dirs):
             try:
                 st = os.lstat(os.path.join(folder, name))
             except OSError:
                 continue  # gone while we looked
+            if st.st_dev != device:
+                continue
             found.append(st)
+            if name in dirs:
+                kept.append(name)
+        dirs[:] = [d for d in dirs if d in kept]
     return found
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,9 @@ from typing import Any
 import orjson
 
 from dagrunner.files import append_line, locked, read_lines, text_of
+from dagrunner.records.worktree import SeedUse
+
+SEED_KEY = re.compile(r"[0-9a-f]{32}")
 
 EVENTS = {
     "allocating",  # an allocation begun: what to undo if it never reaches "allocated"
@@ -42,6 +46,26 @@ def _ports(raw: object) -> tuple[int, ...]:
     if not isinstance(raw, list):
         return ()
     return tuple(p for p in raw if isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536)
+
+
+def _seeds(raw: object) -> tuple[SeedUse, ...]:
+    """The seeds of an ``allocated`` line: only well-formed ones (a forged line names a key,
+    and a key is only ever a folder of the store)."""
+    if not isinstance(raw, list):
+        return ()
+    found = []
+    for item in raw:
+        if not isinstance(item, dict):
+            continue
+        path, key, how = item.get("path"), item.get("key"), item.get("how")
+        if (
+            isinstance(path, str)
+            and isinstance(key, str)
+            and SEED_KEY.fullmatch(key)
+            and how in ("reflink", "overlay", "copy")
+        ):
+            found.append(SeedUse(path=path, key=key, how=str(how)))
+    return tuple(found)
 
 
 def now() -> str:
@@ -98,6 +122,7 @@ class Ledger:
                     last_activity=at,
                     session=text_of(event.get("session")),
                     ports=_ports(event.get("ports")),
+                    seeds=_seeds(event.get("seeds")),
                 )
                 continue
             state = states.get(wt_id)
@@ -159,6 +184,7 @@ class WorktreeRecord:
     missing: bool = False  # its folder was found gone
     exports: tuple[ExportRecord, ...] = ()
     ports: tuple[int, ...] = ()  # leased at allocation ([worktrees] ports)
+    seeds: tuple[SeedUse, ...] = ()  # provisioned at allocation ([[worktrees.seed]])
 
     def export_of(self, envelope_id: str) -> ExportRecord | None:
         """The latest recorded export of ``envelope_id`` from this worktree."""

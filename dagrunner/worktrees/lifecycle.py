@@ -323,11 +323,14 @@ def prune(
     repo: Path | None = None,
     target: str | None = None,
     env: Mapping[str, str] | None = None,
+    to_budget: bool = False,
 ) -> dict[str, Any]:
     """Drop records of vanished worktrees; remove integrated ones and clean unclaimed idle ones.
 
     Everything else is listed as retained, with the reason.  An idle worktree
-    that is clean but unlanded loses its directory, never its branch.
+    that is clean but unlanded loses its directory, never its branch.  ``to_budget``: then
+    clean unclaimed, clean ones (landed, or idle a week) oldest first while the root holds
+    more than the target's ``[worktrees] max_disk``.
     """
     env = os.environ if env is None else env
     ctx = open_context(repo, env)
@@ -388,4 +391,46 @@ def prune(
                     ctx.ledger.append("pruned", wt_id)
             else:
                 retained.append({"id": wt_id, "reason": "a killed allocation's folder has changes"})
+        if to_budget:
+            removed += _to_budget(ctx, goal, env, dry_run=dry_run)
     return {"dry_run": dry_run, "removed": removed, "retained": retained}
+
+
+def _to_budget(
+    ctx: Context, goal: str, env: Mapping[str, str], *, dry_run: bool
+) -> list[dict[str, Any]]:
+    from dagrunner.worktrees.base import base_manifest
+    from dagrunner.worktrees.disk import measure, spare
+
+    manifest = base_manifest(ctx.info.root, f"refs/heads/{goal}")
+    budget = manifest.worktrees.max_disk if manifest else None
+    if budget is None:
+        raise DagrunnerError(
+            "no-disk-budget",
+            f"the manifest on {goal} sets no [worktrees] max_disk to prune to",
+            key="worktrees.max_disk",
+            hint='set max_disk = "50G" in [worktrees], or prune without --to-budget',
+        )
+    records = ctx.ledger.state()
+    live = {i: Path(r.path) for i, r in records.items() if Path(r.path).is_dir()}
+    report = measure(ctx.root, live)
+    total, removed = report.total, []
+    offered = spare(ctx.info.root, records, goal)
+    for wt_id in sorted(offered, key=lambda i: records[i].last_activity):
+        if total <= budget:
+            break
+        if records[wt_id].session and offered[wt_id] != "landed":
+            continue
+        total -= report.worktrees[wt_id].unique_bytes
+        removed.append({"id": wt_id, "action": "remove", "reason": f"to budget: {offered[wt_id]}"})
+        if not dry_run:
+            cleanup_recorded(
+                ctx,
+                wt_id,
+                records[wt_id],
+                force=False,
+                target=goal,
+                env=env,
+                keep_unlanded_branch=offered[wt_id] != "landed",
+            )
+    return removed

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dagrunner.git.command import git
+from dagrunner.worktrees.prepare import release_seeds
 
 DEFAULT_POOL_SIZE = 4
 
@@ -59,7 +60,10 @@ def pool_room(pool: Path, env: Mapping[str, str]) -> bool:
 
 
 def to_pool(repo: Path, pool: Path, path: Path, branch: str, *, delete_branch: bool) -> None:
+    """Into the pool, clean; its seeds go (the next worktree gets its own, from the store:
+    never what a worker did to its copy)."""
     head = git(["rev-parse", "HEAD"], cwd=path).text
+    release_seeds(pool.parent, path)
     reset_clean(path, head)
     if delete_branch:
         git(["branch", "-D", branch], cwd=repo, check=False)

@@ -13,31 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.files import atomic_write
-from dagrunner.git.command import git
-from dagrunner.manifest.load import STARTER_MANIFEST, load_manifest
 from dagrunner.manifest.settings import WorktreesSpec
-
-MANIFEST = Path("manifests/release.toml")
-
-
-def wanted(repo: Path, base: str) -> WorktreesSpec:
-    """``[worktrees]`` of the manifest at ``base`` (nothing when it has none)."""
-    for rel in (MANIFEST, STARTER_MANIFEST):
-        shown = git(["show", f"{base}:{rel.as_posix()}"], cwd=repo, check=False)
-        if shown.returncode == 0:
-            if b"worktrees" not in shown.stdout:  # most manifests: no parse on this path
-                return WorktreesSpec()
-            with tempfile.TemporaryDirectory(prefix="dagrunner-manifest-") as tmp:
-                path = Path(tmp) / rel.name
-                path.write_bytes(shown.stdout)
-                return load_manifest(path).worktrees
-    return WorktreesSpec()
 
 
 def _free(port: int) -> bool:

@@ -1,0 +1,318 @@
+"""Dependency seeds: ``[[worktrees.seed]]`` folders built once per key, in every worktree.
+
+A seed's key is the bytes of its key files at the allocation's base (their blob ids), its
+path and build command, its ``tools``' fingerprints and the platform.  It is built once per
+key -- under a lock, so concurrent allocations of one key build it once -- in a clean
+checkout of the base, through the door every non-gate command takes (``process.command``:
+contained, a hermetic environment from the manifest's ``[env]``, its own HOME, a timeout
+that ends its tree), and stored as ``<root>/.seeds/<key>/tree``.  The build, its key files
+and its ``[env]`` come from the base's manifest (trusted), never from a worker.
+
+What a build writes holds the checkout's absolute path (a venv's ``pyvenv.cfg``, its
+scripts' ``#!`` lines, an editable install's ``.pth``): the text files that hold it are
+listed when the seed is stored and rewritten in each worktree's copy to that worktree's
+path, so what runs there is that worktree's own code.  ``share`` says how the copy is made.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.files import atomic_write, locked
+from dagrunner.git.command import git
+from dagrunner.manifest.globs import glob_regex
+from dagrunner.manifest.load import EnvSpec, Manifest
+from dagrunner.manifest.settings import SeedSpec
+from dagrunner.records.worktree import SeedUse
+from dagrunner.worktrees import share
+from dagrunner.worktrees.ledger import SEED_KEY
+
+SEEDS_DIR = ".seeds"
+FORMAT = 1
+TAIL_LINES = 20
+SCAN_LIMIT = 64 * 1024 * 1024  # files larger than this are never rewritten (nor read)
+
+
+@dataclass(frozen=True)
+class Seed:
+    """A built seed in the store."""
+
+    spec: SeedSpec
+    key: str
+    tree: Path
+    built_in: str  # the absolute path of the checkout it was built in
+    relocate: tuple[str, ...]  # its text files (relative to tree) that hold ``built_in``
+
+
+def seeds_dir(root: Path) -> Path:
+    return root / SEEDS_DIR
+
+
+def layer_of(root: Path, wt_id: str, n: int) -> Path:
+    """The folder of a worktree's own layer of its ``n``-th seed (overlay)."""
+    return seeds_dir(root) / "layers" / wt_id.replace("/", "+") / str(n)
+
+
+def key_of(repo: Path, base: str, spec: SeedSpec, fingerprints: Sequence[str]) -> str:
+    """The seed's key: its key files' blob ids at ``base``, its build, tools and platform."""
+    patterns = [glob_regex(p) for p in spec.key]
+    listing = git(["ls-tree", "-r", "-z", "--full-tree", base], cwd=repo).stdout
+    files = []
+    for entry in listing.split(b"\0"):
+        meta, tab, name = entry.partition(b"\t")
+        path = name.decode("utf-8", "surrogateescape")
+        if tab and any(p.fullmatch(path) for p in patterns):
+            files.append([path, meta.split()[2].decode()])
+    parts = {
+        "format": FORMAT,
+        "path": spec.path,
+        "build": spec.build,
+        "files": sorted(files),
+        "tools": list(fingerprints),
+        "platform": [sys.platform, platform.machine(), *platform.libc_ver()],
+    }
+    return hashlib.sha256(orjson.dumps(parts)).hexdigest()[:32]
+
+
+def _fingerprints(spec: SeedSpec, env: Mapping[str, str], cwd: Path) -> list[str]:
+    from dagrunner.process.command import tool_fingerprint  # trio: only where seeds are
+
+    return [tool_fingerprint(command, env, cwd)[0] for command in spec.tools]
+
+
+def build_env(manifest: Manifest, caller: Mapping[str, str], epoch: int) -> dict[str, str]:
+    from dagrunner.process.sandbox import gate_environment
+
+    return gate_environment(
+        common=manifest.env, gate=EnvSpec(), caller=caller, source_date_epoch=epoch
+    )
+
+
+def ensure(
+    root: Path, repo: Path, base: str, manifest: Manifest, caller: Mapping[str, str]
+) -> list[tuple[Seed, bool]]:
+    """Every seed of ``manifest`` for ``base``, built where the store lacks it; with whether
+    this call built it.  ``seed-build-failed`` (1), ``seed-not-ignored`` (2)."""
+    store = seeds_dir(root)
+    store.mkdir(parents=True, exist_ok=True)
+    epoch = int(git(["show", "-s", "--format=%ct", base], cwd=repo).text or 0)
+    env = build_env(manifest, caller, epoch)
+    found = []
+    for spec in manifest.worktrees.seeds:
+        key = key_of(repo, base, spec, _fingerprints(spec, env, store))
+        with locked(store / f"{key}.lock"):
+            seed = load(store, key, spec)
+            built = seed is None
+            if seed is None:
+                seed = _build(store, repo, base, spec, key, env)
+        (store / key / "used").touch()
+        found.append((seed, built))
+    return found
+
+
+def load(store: Path, key: str, spec: SeedSpec) -> Seed | None:
+    """The stored seed of ``key`` (None when not built, or stored by another format)."""
+    try:
+        meta = orjson.loads((store / key / "seed.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return None
+    relocate = tuple(r for r in meta.get("relocate", ()) if isinstance(r, str))
+    return Seed(spec, key, store / key / "tree", str(meta.get("built_in", "")), relocate)
+
+
+def check_ignored(checkout: Path, spec: SeedSpec) -> None:
+    """``seed-not-ignored`` unless git ignores the seed's folder in ``checkout`` (a clean
+    checkout of the base): a folder git sees would be committed by the first ``git add -A``."""
+    tracked = git(["ls-files", "--", spec.path], cwd=checkout).text
+    ignored = git(["check-ignore", "-q", f"{spec.path}/"], cwd=checkout, check=False)
+    if tracked or ignored.returncode != 0:
+        raise DagrunnerError(
+            "seed-not-ignored",
+            f"the seed {spec.path!r} is "
+            + ("tracked at the base" if tracked else "not ignored by git at the base"),
+            key="worktrees.seed.path",
+            hint=f"add /{spec.path}/ to .gitignore (a seed is a git-ignored folder)",
+        )
+
+
+def remove_checkout(repo: Path, path: Path) -> None:
+    git(["worktree", "remove", "--force", "--force", str(path)], cwd=repo, check=False)
+    if path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+    git(["worktree", "prune"], cwd=repo, check=False)
+
+
+def _build(
+    store: Path, repo: Path, base: str, spec: SeedSpec, key: str, env: Mapping[str, str]
+) -> Seed:
+    from dagrunner.process.command import run_command
+
+    checkout = store / ".build" / f"{key[:12]}-{uuid.uuid4().hex[:8]}"
+    checkout.parent.mkdir(parents=True, exist_ok=True)
+    git(["worktree", "add", "-q", "--detach", str(checkout), base], cwd=repo)
+    try:
+        check_ignored(checkout, spec)
+        argv = ["sh", "-c", spec.build] if isinstance(spec.build, str) else list(spec.build)
+        done = run_command(argv, cwd=checkout, env=env, timeout=spec.timeout, own_home=True)
+        made = checkout / spec.path
+        why = done.why
+        if not why and (made.is_symlink() or not made.is_dir()):
+            why = f"it ended well but made no folder {spec.path}"
+        if why:
+            log = store / f"{key}.log"
+            atomic_write(log, done.output)
+            tail = done.output.decode("utf-8", "replace").strip().splitlines()[-TAIL_LINES:]
+            raise DagrunnerError(
+                "seed-build-failed",
+                f"building the seed {spec.path!r} failed ({why}); nothing was allocated",
+                where=str(log),
+                exit_code=ExitCode.FAILED,
+                details={"seed": spec.path, "output_tail": tail},
+                hint="last output lines: " + (" | ".join(tail[-5:]) or "(none)"),
+            )
+        relocate = _holding(made, str(checkout).encode())
+        staged = store / f".{key}.{uuid.uuid4().hex[:8]}"
+        staged.mkdir()
+        made.rename(staged / "tree")
+        meta = {"format": FORMAT, "built_in": str(checkout), "relocate": relocate}
+        meta |= {"path": spec.path, "base": base, "built": _now()}
+        atomic_write(staged / "seed.json", orjson.dumps(meta))
+        staged.rename(store / key)
+    finally:
+        remove_checkout(repo, checkout)
+    return Seed(spec, key, store / key / "tree", str(checkout), tuple(relocate))
+
+
+def _holding(tree: Path, needle: bytes) -> list[str]:
+    """The text files (and links) under ``tree`` that hold ``needle``."""
+    found = []
+    for folder, _dirs, names in os.walk(tree):
+        for name in names:
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, tree)
+            if os.path.islink(path):
+                if needle in os.fsencode(os.readlink(path)):
+                    found.append(rel)
+                continue
+            try:
+                if os.path.getsize(path) > SCAN_LIMIT:
+                    continue
+                data = Path(path).read_bytes()
+            except OSError:
+                continue
+            if needle in data and b"\0" not in data:
+                found.append(rel)
+    return sorted(found)
+
+
+def provision(seed: Seed, worktree: Path, how: str, layer: Path) -> SeedUse:
+    """``seed`` in ``worktree`` (its folder must not exist), its paths made the worktree's."""
+    dest = safe_dest(worktree, seed.spec.path)
+    if dest.exists() or dest.is_symlink():
+        raise _occupied(dest)
+    share.place(seed.tree, dest, how, layer)
+    old, new = seed.built_in.encode(), str(worktree).encode()
+    for rel in seed.relocate:
+        target = dest / rel
+        if target.is_symlink():
+            link = os.fsencode(os.readlink(target)).replace(old, new)
+            target.unlink()
+            os.symlink(link, target)
+        elif target.is_file():
+            mode = target.stat().st_mode
+            atomic_write(target, target.read_bytes().replace(old, new), durable=False)
+            os.chmod(target, mode & 0o7777)
+    return SeedUse(path=seed.spec.path, key=seed.key, how=how)
+
+
+def safe_dest(worktree: Path, rel: str) -> Path:
+    """``worktree/rel`` with every folder above it real (made where missing): a link the
+    worktree holds never takes a seed elsewhere."""
+    here = worktree
+    for part in rel.split("/")[:-1]:
+        here = here / part
+        if here.is_symlink() or (here.exists() and not here.is_dir()):
+            raise _occupied(here)
+        here.mkdir(exist_ok=True)
+    return worktree / rel
+
+
+def _occupied(path: Path) -> DagrunnerError:
+    return DagrunnerError(
+        "path-occupied",
+        f"{path} is in the way of a seed (a file, a link, or a folder already there)",
+        where=str(path),
+        exit_code=ExitCode.REFUSED,
+        hint="a seed's folder must be missing from the base and its parents real folders",
+    )
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What ``prune`` removed from the store, what it kept because a worktree stands on it."""
+
+    removed: tuple[str, ...]
+    in_use_kept: int
+    size_after: int
+
+    def to_json(self) -> dict[str, object]:
+        body = {"removed": list(self.removed), "in_use_kept": self.in_use_kept}
+        return {**body, "size_after": self.size_after}
+
+
+def prune(root: Path, max_size: int, *, dry_run: bool = False) -> Pruned:
+    """Stored seeds least recently used first, until they hold at most ``max_size`` bytes;
+    a seed an overlay mount stands on is never removed."""
+    store = seeds_dir(root)
+    keys = [p for p in store.iterdir() if SEED_KEY.fullmatch(p.name)] if store.is_dir() else []
+    sizes = {p: _size(p) for p in keys}
+    busy = share.lower_in_use({p / "tree" for p in keys})
+    total = sum(sizes.values())
+    removed, kept = [], 0
+    for path in sorted(keys, key=_last_used):
+        if total <= max_size:
+            break
+        if path / "tree" in busy:
+            kept += 1
+            continue
+        removed.append(path.name)
+        total -= sizes[path]
+        if not dry_run:
+            shutil.rmtree(path, ignore_errors=True)
+    return Pruned(tuple(removed), kept, total)
+
+
+def _last_used(path: Path) -> float:
+    try:
+        return (path / "used").stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _size(top: Path) -> int:
+    total = 0
+    for folder, _dirs, names in os.walk(top):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
