@@ -167,3 +167,51 @@ def test_a_dagrunner_symlink_in_the_base_is_never_written_through(
         wt.allocate(mission="m", worker="s", repo=project)
     assert raised.value.code == "path-occupied"
     assert list(elsewhere.iterdir()) == []
+
+
+def test_prune_to_budget_cleans_idle_clean_worktrees_oldest_first_and_never_work(
+    project: Path,
+) -> None:
+    for worker in ("old", "dirty", "recent"):
+        path = Path(wt.allocate(mission="m", worker=worker, repo=project)["path"])
+        (path / f"{worker}.txt").write_text("work\n")
+        subprocess.run(["git", "add", "-A"], cwd=path, check=True)
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", worker],
+            cwd=path,
+            check=True,
+        )
+    dirty = wt.open_context(project).root / "m" / "dirty"
+    (dirty / "unsaved.txt").write_text("not committed\n")
+    ledger = wt.open_context(project).ledger.path
+    lines = [orjson.loads(line) for line in ledger.read_bytes().splitlines()]
+    for line in lines:  # m/old and m/dirty were last touched ten days ago
+        if line["id"] in ("m/old", "m/dirty"):
+            line["at"] = "2026-01-01T00:00:00.000+00:00"
+    ledger.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    # the budget the target's manifest sets now: far below what the three hold
+    commit_release_manifest(project, f'[worktrees]\nmax_disk = "1"\n{GATES}')
+    plain = lifecycle.prune(repo=project)
+    assert plain["removed"] == []  # nothing landed, and no --idle
+    body = lifecycle.prune(repo=project, to_budget=True)
+    assert [(r["id"], r["reason"]) for r in body["removed"]] == [
+        ("m/old", "to budget: idle since 2026-01-01")
+    ]
+    assert sorted(wt.open_context(project).ledger.state()) == ["m/dirty", "m/recent"]
+    assert (dirty / "unsaved.txt").exists()
+    # its commit is kept on its branch: cleaning it to make room lost nothing
+    branch = subprocess.run(
+        ["git", "log", "-1", "--format=%s", "dagrunner/m/old"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert branch.stdout.strip() == "old"
+
+
+def test_prune_to_budget_without_a_budget_is_a_coded_error(project: Path) -> None:
+    commit_release_manifest(project, GATES)
+    with pytest.raises(DagrunnerError) as caught:
+        lifecycle.prune(repo=project, to_budget=True)
+    assert caught.value.code == "no-disk-budget"
