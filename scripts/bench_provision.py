@@ -125,8 +125,8 @@ def main() -> None:
             f"{ratio:7.3f}x"
         )
         print(
-            f"(roots: seeded {seeded['disk'] >> 20} MiB for {args.worktrees}, plain "
-            f"{plain['disk'] >> 20} MiB for {args.plain}; the seeded root holds the store)"
+            f"(roots: seeded {seeded['disk'] / 2**20:.0f} MiB for {args.worktrees}, plain "
+            f"{plain['disk'] / 2**20:.0f} MiB for {args.plain}; the seeded root holds the store)"
         )
         share.release(work, work)  # the overlay mounts, so the folder can go
 

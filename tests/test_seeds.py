@@ -273,3 +273,23 @@ def test_a_bad_seed_path_is_a_coded_manifest_error(repo: Path, path: str, says: 
     assert done.returncode == 2
     assert "manifest-value" in done.stderr and "worktrees.seed" in done.stderr
     assert says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_forged_ledger_line_mounts_no_seed_outside_its_worktree(
+    venv_project: Path, tmp_path: Path
+) -> None:
+    cheap(venv_project)
+    first = wt.allocate(mission="m", worker="a", repo=venv_project)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    ledger = wt.open_context(venv_project).ledger
+    line = next(e for e in ledger.events() if e["event"] == "allocated")
+    forged = {
+        **line,
+        "seeds": [{**first["seeds"][0], "path": os.path.relpath(victim, first["path"])}],
+    }
+    with ledger.path.open("ab") as handle:  # what a worker could write into the common git dir
+        handle.write(orjson.dumps(forged) + b"\n")
+    again = wt.allocate(mission="m", worker="a", repo=venv_project)
+    assert again["reused"] is True and again["seeds"] == []
+    assert not os.path.ismount(victim) and list(victim.iterdir()) == []

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from dagrunner.files import append_line, locked, read_lines, text_of
+from dagrunner.manifest.settings import seed_path
 from dagrunner.records.worktree import SeedUse
 
 SEED_KEY = re.compile(r"[0-9a-f]{32}")
@@ -49,8 +50,8 @@ def _ports(raw: object) -> tuple[int, ...]:
 
 
 def _seeds(raw: object) -> tuple[SeedUse, ...]:
-    """The seeds of an ``allocated`` line: only well-formed ones (a forged line names a key,
-    and a key is only ever a folder of the store)."""
+    """The seeds of an ``allocated`` line: only well-formed ones (a forged line names at
+    most a key, only ever a folder of the store, and a path inside its worktree)."""
     if not isinstance(raw, list):
         return ()
     found = []
@@ -64,7 +65,10 @@ def _seeds(raw: object) -> tuple[SeedUse, ...]:
             and SEED_KEY.fullmatch(key)
             and how in ("reflink", "overlay", "copy")
         ):
-            found.append(SeedUse(path=path, key=key, how=str(how)))
+            try:
+                found.append(SeedUse(path=seed_path(path), key=key, how=str(how)))
+            except ValueError:
+                continue
     return tuple(found)
 
 
