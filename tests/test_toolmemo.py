@@ -91,6 +91,27 @@ def test_commands_whose_output_depends_on_more_are_never_remembered(command: str
     assert command_identity(command, env, Path.cwd()) is None
 
 
+def test_a_modules_version_query_is_remembered_unless_the_folder_shadows_it(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    query = "python -m pytest --version"
+    assert command_identity(query, env, tmp_path) is not None
+    assert command_identity("python -m pytest tests", env, tmp_path) is None  # it runs tests
+    (tmp_path / "pytest.py").write_text("print('a local pytest')\n")
+    assert command_identity(query, env, tmp_path) is None  # python would run this one
+    body = (
+        f'[env]\nset = {{ PATH = "{env["PATH"]}" }}\n\n'
+        f'[gates.a]\nrun = ["true"]\ninputs = ["README"]\ntools = ["{query}"]\n'
+    )
+    code, _, _ = check(capsys, repo, body)
+    assert code == 0
+    assert len(list((cache_root() / "tools").glob("*.json"))) == 1  # remembered: runs no pytest
+    code, _, second = check(capsys, repo, body)
+    assert code == 0 and gate_results(second)["a"]["status"] == "cached"
+    assert gate_results(second)["a"]["cache"]["tools"][query].startswith("pytest ")
+
+
 def test_a_python_path_in_the_gate_environment_is_never_remembered(tmp_path: Path) -> None:
     python_tool(tmp_path / "bin", "mytool", tmp_path / "count", "1")
     env = {"PATH": str(tmp_path / "bin")}

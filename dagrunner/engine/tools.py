@@ -6,8 +6,11 @@ command are remembered instead, because what their output depends on can be
 read without running them:
 
 - a version query: the executable and options only (``ruff --version``,
-  ``python -V``);
+  ``python -V``), or a Python module and options only (``python -m pytest --version``);
 - a Python package listing: ``python -m pip freeze|list`` with options only.
+
+A ``-m`` form is remembered only when the working folder holds no file or folder of the
+module's top-level name: Python would run that one first.
 
 The identity is the executable the command resolves to on the gate's PATH
 (path, size, mtime, inode; a pyenv shim is followed to the version it selects,
@@ -85,6 +88,8 @@ def command_identity(command: str, env: Mapping[str, str], cwd: Path) -> str | N
     interpreter = _interpreter(exe, env, cwd, parts)
     if interpreter is None:
         return None
+    if argv[1:2] == ["-m"] and _shadowed(argv[2], cwd):
+        return None
     if PYTHON.fullmatch(Path(interpreter).name):
         packages = _site_identity(interpreter)
         if packages is None:
@@ -95,15 +100,32 @@ def command_identity(command: str, env: Mapping[str, str], cwd: Path) -> str | N
     return hashlib.sha256(orjson.dumps(parts)).hexdigest()
 
 
+MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def _remembered_shape(argv: list[str]) -> bool:
     args = argv[1:]
     if all(a.startswith("-") and a != "-c" for a in args):
         return bool(args)  # a version query
+    options = args[2:]
+    if (
+        args[:1] == ["-m"]
+        and options
+        and MODULE.fullmatch(args[1])
+        and all(a.startswith("-") and a != "-c" for a in options)
+    ):
+        return True  # a module's version query: python -m pytest --version
     return (
         args[:2] == ["-m", "pip"]
         and args[2:3] in (["freeze"], ["list"])
         and all(a.startswith("-") for a in args[3:])
     )
+
+
+def _shadowed(module: str, cwd: Path) -> bool:
+    """Whether ``python -m module`` run in ``cwd`` may find it there first."""
+    top = module.split(".")[0]
+    return (cwd / f"{top}.py").exists() or (cwd / top).exists()
 
 
 def _stat(path: str) -> list[Any]:
