@@ -379,8 +379,11 @@ class DaskExecutor:
             raise
         except Exception as exc:  # KilledWorker, a worker's own error ...
             kind = type(exc).__name__
-            code = "worker-lost" if kind == "KilledWorker" else "dask-error"
-            return remote.failed(f"{code}: {kind}: {str(exc)[:300]}")
+            # A connection closed under the result's gather (CommClosedError is an OSError):
+            # the worker that held it went away, as a KilledWorker's did.
+            gone = kind == "KilledWorker" or isinstance(exc, OSError)
+            code = f"worker-lost: worker {place}:" if gone else "dask-error:"
+            return remote.failed(f"{code} {kind}: {str(exc)[:300]}", place if gone else "")
 
     def _abandon(self, key: str, future: Any) -> None:
         """End the attempt where it runs: the cancel event (kept set, so a worker that is
