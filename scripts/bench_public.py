@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from dagrunner.engine.shards import expand
@@ -63,7 +64,7 @@ def makefile(manifest_path: Path, project: Path) -> tuple[str, list[str]]:
     return "\n".join(head + lines), targets
 
 
-def _shards_of(need: str, gates: dict[str, object]) -> list[str]:
+def _shards_of(need: str, gates: Mapping[str, object]) -> list[str]:
     if need in gates:
         return [need]
     return sorted(g for g in gates if g.startswith(f"{need}-") and g[len(need) + 1 :].isdigit())
