@@ -377,11 +377,9 @@ class DaskExecutor:
                 if not waited.cancelled_caught:  # it ended there: nothing to leave set
                     self._keep.discard(key)
             raise
-        except Exception as exc:  # KilledWorker, a worker's own error ...
+        except Exception as exc:  # KilledWorker, a connection closed under the gather ...
             kind = type(exc).__name__
-            # A connection closed under the result's gather (CommClosedError is an OSError):
-            # the worker that held it went away, as a KilledWorker's did.
-            gone = kind == "KilledWorker" or isinstance(exc, OSError)
+            gone = kind == "KilledWorker" or isinstance(exc, OSError)  # CommClosedError too
             code = f"worker-lost: worker {place}:" if gone else "dask-error:"
             return remote.failed(f"{code} {kind}: {str(exc)[:300]}", place if gone else "")
 
