@@ -384,8 +384,8 @@ class DaskExecutor:
             return remote.failed(f"{code} {kind}: {str(exc)[:300]}", place if gone else "")
 
     def _abandon(self, key: str, future: Any) -> None:
-        """End the attempt where it runs: the cancel event (kept set, so a worker that is
-        unreachable now ends the gate's tree when it comes back) and the task itself."""
+        """End the attempt where it runs: the task, and its cancel event, kept set (a worker
+        unreachable now ends the gate's tree when back)."""
         from distributed import Event
 
         self._keep.add(key)
@@ -426,8 +426,7 @@ class DaskExecutor:
 
 def _not_all_exit(record: logging.LogRecord) -> bool:
     """Drop asyncio's "never retrieved" traceback of the client's ``AllExit`` (a lost scheduler)."""
-    exc = record.exc_info[1] if record.exc_info else None
-    return type(exc).__name__ != "AllExit"
+    return type(record.exc_info[1] if record.exc_info else None).__name__ != "AllExit"
 
 
 def _wait(future: Any) -> remote.Returned | None:
