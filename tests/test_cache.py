@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import CLI, check, git, run_json, write_manifest
+from conftest import CLI, PY, check, git, run_json, write_manifest
 
 MANIFEST = """
     cache_salt = "{salt}"
@@ -372,3 +372,37 @@ def test_explain_shows_the_tool_lines_that_differ_and_a_revert_is_a_hit(
     (repo / "README").write_text("hello\n")  # revert: the first entry matches again
     _, body = run_json(capsys, "cache", "explain", "g", str(path), "--repo", str(repo))
     assert body["hit"] is True and body["changes"][0].startswith("hit: ")
+
+
+def test_a_junit_report_written_into_the_tree_keys_no_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each run writes the report again (its times differ): were it an input of the ``**``
+    gates, none of them would ever hit."""
+    (repo / "stamp.py").write_text(
+        "import pathlib, time\n"
+        "pathlib.Path('out').mkdir(exist_ok=True)\n"
+        "pathlib.Path('out/junit.xml').write_text(\n"
+        '    f\'<testsuite tests="1" time="{time.time()}"><testcase name="t"/></testsuite>\'\n'
+        ")\n"
+    )
+    git(repo, "add", "stamp.py")
+    git(repo, "commit", "-qm", "stamp")
+    body = f"""
+[gates.tests]
+run = ["{PY}", "stamp.py"]
+junit = "out/junit.xml"
+inputs = ["**"]
+
+[gates.docs]
+run = ["true"]
+inputs = ["**"]
+"""
+    code, _, _ = check(capsys, repo, body)
+    assert code == 0 and (repo / "out" / "junit.xml").exists()
+    code, summary, _ = check(capsys, repo, body)
+    assert code == 0
+    assert {g["id"]: g["status"] for g in summary["gates"]} == {"tests": "cached", "docs": "cached"}
+    (repo / "README").write_text("changed\n")  # a real input still counts
+    code, summary, _ = check(capsys, repo, body)
+    assert {g["id"]: g["status"] for g in summary["gates"]} == {"tests": "passed", "docs": "passed"}

@@ -112,6 +112,30 @@ def test_a_modules_version_query_is_remembered_unless_the_folder_shadows_it(
     assert gate_results(second)["a"]["cache"]["tools"][query].startswith("pytest ")
 
 
+def test_a_virtualenvs_tool_is_remembered_until_its_packages_change(tmp_path: Path) -> None:
+    import subprocess
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    tool = venv / "bin" / "vtool"
+    tool.write_text(f"#!{venv / 'bin' / 'python'}\nprint('vtool 1')\n")
+    tool.chmod(0o755)
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin"}
+    first = command_identity("vtool --version", env, tmp_path)
+    assert first is not None and first == command_identity("vtool --version", env, tmp_path)
+    assert command_identity("python -m vtool --version", env, tmp_path) is not None
+    (site,) = (venv / "lib").glob("python*/site-packages")
+    (site / "newdist-1.0.dist-info").mkdir()  # a package installed into the venv
+    assert command_identity("vtool --version", env, tmp_path) not in (None, first)
+    cfg = venv / "pyvenv.cfg"
+    cfg.write_text(
+        cfg.read_text().replace(
+            "include-system-site-packages = false", "include-system-site-packages = true"
+        )
+    )
+    assert command_identity("vtool --version", env, tmp_path) is None  # sees the system's too
+
+
 def test_a_python_path_in_the_gate_environment_is_never_remembered(tmp_path: Path) -> None:
     python_tool(tmp_path / "bin", "mytool", tmp_path / "count", "1")
     env = {"PATH": str(tmp_path / "bin")}

@@ -10,6 +10,7 @@ proves them.
 from __future__ import annotations
 
 import hashlib
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,7 @@ def compute_keys(
     result: dict[str, KeyParts | str] = {}
     tools: dict[tuple[str, str], tuple[str, str]] = {}
     above = integration_map(graph)
+    outputs = declared_outputs(graph)
     for node in topological_order(graph):
         gate = spec(graph, node)
         if gate.kind != "gate":
@@ -155,6 +157,7 @@ def compute_keys(
         files, unmatched = (
             ({TREE: tree}, []) if whole and tree else input_files(snapshot, gate.inputs)
         )
+        files = {path: ident for path, ident in files.items() if path not in outputs}
         needs: dict[str, str] = {}
         for need in gate.needs:
             parts = result[need]
@@ -176,6 +179,17 @@ def compute_keys(
 
 
 TREE = "(the whole tree)"  # the one "input" of a gate keyed by its tree
+
+
+def declared_outputs(graph: Graph) -> set[str]:
+    """The files gates declare they write (their ``junit``), repository-relative: no gate's
+    key holds them, since each run writes them again (a ``**`` gate would never hit)."""
+    found = set()
+    for node in graph.nodes:
+        gate = spec(graph, node)
+        if gate.junit:
+            found.add(posixpath.normpath(posixpath.join(gate.cwd or ".", gate.junit)))
+    return found
 
 
 def _whole(parts: KeyParts | str) -> bool:

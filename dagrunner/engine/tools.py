@@ -16,10 +16,11 @@ The identity is the executable the command resolves to on the gate's PATH
 (path, size, mtime, inode; a pyenv shim is followed to the version it selects,
 from ``PYENV_VERSION``, a ``.python-version`` file or pyenv's global version
 file), the interpreter named by a script's ``#!`` line, and -- when that is a
-Python of this environment -- the distributions installed in its
-site-packages (their metadata directories, with ``mtime``).  The command runs
+Python of this environment, or of a virtualenv that does not see the system's packages --
+the distributions installed in its site-packages (their metadata directories, with
+``mtime``).  The command runs
 again whenever any part differs.  Anything else -- a file argument, ``sh -c``,
-a shell-script tool, another Python than this environment's, a PYTHONPATH --
+a shell-script tool, another Python (not a virtualenv's), a PYTHONPATH --
 runs every time.  Entries are signed with the cache store's key, so a gate that
 writes into the cache cannot plant one.
 """
@@ -212,17 +213,32 @@ def _interpreter(exe: str, env: Mapping[str, str], cwd: Path, parts: list[Any]) 
 
 
 def _site_identity(interpreter: str) -> list[Any] | None:
-    """The installed distributions of this environment's Python (None: another Python)."""
-    if Path(interpreter).parent != Path(sys.executable).parent:
+    """The installed distributions of ``interpreter``'s environment: this one's, or a
+    virtualenv's that does not see the system's packages (None: another Python)."""
+    if Path(interpreter).parent == Path(sys.executable).parent:
+        folders = sorted({*site.getsitepackages(), site.getusersitepackages()})
+        return [_listing(folder) for folder in folders]
+    venv = Path(interpreter).parent.parent
+    try:
+        config = (venv / "pyvenv.cfg").read_text()
+    except OSError:
         return None
-    found: list[Any] = []
-    for folder in sorted({*site.getsitepackages(), site.getusersitepackages()}):
-        try:
-            with os.scandir(folder) as entries:
-                listed = sorted(
-                    [e.name, e.stat().st_mtime_ns] for e in entries if e.name.endswith(METADATA)
-                )
-            found.append([folder, os.stat(folder).st_mtime_ns, *listed])
-        except OSError:
-            found.append([folder, None])
-    return found
+    settings = dict(
+        (k.strip().lower(), v.strip())
+        for k, _, v in (line.partition("=") for line in config.splitlines())
+    )
+    if settings.get("include-system-site-packages", "false").lower() != "false":
+        return None  # it sees the system's packages too: not known from here
+    folders = sorted(str(p) for p in venv.glob("lib*/python*/site-packages"))
+    return [config, *(_listing(folder) for folder in folders)] if folders else None
+
+
+def _listing(folder: str) -> list[Any]:
+    try:
+        with os.scandir(folder) as entries:
+            listed = sorted(
+                [e.name, e.stat().st_mtime_ns] for e in entries if e.name.endswith(METADATA)
+            )
+        return [folder, os.stat(folder).st_mtime_ns, *listed]
+    except OSError:
+        return [folder, None]
