@@ -195,3 +195,22 @@ def test_a_balanced_split_is_kept_while_times_wobble_and_redone_when_it_is_not()
     again = plan_shards(gate, files, 2, skewed, where="m", last=last)
     assert [s.files for s in again] != [s.files for s in first]
     assert any(s.files == ("t/test_a.py",) for s in again)  # a alone: LPT's best
+
+
+def test_a_shards_expected_time_counts_what_it_takes_beyond_its_tests(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shard's start-up (imports, collection: here a conftest that takes a second) is in
+    no test case's time; planned on its files' times alone, a shard loses its turn to a
+    shorter gate (docs/benchmarks.md, the public project)."""
+    write_tests(repo, SECONDS)
+    (repo / "tests" / "conftest.py").write_text("import time\n\ntime.sleep(1.0)\n")
+    code, _, run_dir = check(capsys, repo, MANIFEST, "--no-cache")
+    assert code == 0
+    took = {g: r["duration"] for g, r in gate_results(run_dir).items() if g.startswith("tests-")}
+    _, plan, _ = check(capsys, repo, MANIFEST, "--dry-run", "--no-cache")
+    expected = {g: v["expected"] for g, v in plan["gates"].items() if g.startswith("tests-")}
+    for gate, files in {g: v["files"] for g, v in plan["gates"].items() if g in expected}.items():
+        tests = sum(SECONDS[Path(f).stem.removeprefix("test_")] for f in files)
+        assert expected[gate] >= tests + 0.9, (expected, took)  # the second is counted
+    assert max(expected.values()) <= 1.5 * max(took.values())

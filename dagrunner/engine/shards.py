@@ -53,11 +53,14 @@ def expand(
     cpu: float,
     cases: Mapping[str, float],
     before: Mapping[str, Mapping[str, int]] | None = None,
+    durations: Mapping[str, float] | None = None,
 ) -> tuple[Manifest, dict[str, list[Shard]]]:
     """The manifest with every split gate replaced by its shards, and the shards per gate.
     ``cpu``: the governor's capacity (``auto``); ``cases``: seconds per JUnit file or
     classname, from the history; ``before``: each gate's last assignment (file -> shard),
-    kept while it stays balanced.  A manifest without ``split`` comes back as it is."""
+    kept while it stays balanced; ``durations``: each gate's last seconds (a shard's expected
+    time is its files' plus what a shard took beyond its files' tests last time: start-up,
+    collection).  A manifest without ``split`` comes back as it is."""
     split = {g.id: g for g in manifest.gates.values() if g.split is not None}
     if not split:
         return manifest, {}
@@ -69,7 +72,9 @@ def expand(
             gates[gate.id] = gate
             continue
         last = (before or {}).get(gate.id, {})
-        shards[gate.id] = plan_shards(gate, files, cpu, cases, where=str(manifest.path), last=last)
+        planned = plan_shards(gate, files, cpu, cases, where=str(manifest.path), last=last)
+        extra = overhead(gate.id, last, cases, durations or {})
+        shards[gate.id] = [replace(s, expected=round(s.expected + extra, 3)) for s in planned]
         for shard in shards[gate.id]:
             made = _shard_gate(gate, shard, len(shards[gate.id]))
             if made.id in manifest.gates:
@@ -83,6 +88,22 @@ def expand(
             gates[made.id] = made
     gates = {g.id: replace(g, needs=_needs(g.needs, shards)) for g in gates.values()}
     return replace(manifest, gates=gates), shards
+
+
+def overhead(
+    gate: str, last: Mapping[str, int], cases: Mapping[str, float], durations: Mapping[str, float]
+) -> float:
+    """The median of what each shard of ``gate`` took last time beyond its files' recorded
+    test times (0 without that record)."""
+    files: dict[int, list[str]] = {}
+    for path, number in last.items():
+        files.setdefault(number, []).append(path)
+    beyond = []
+    for number, members in files.items():
+        took = durations.get(shard_id(gate, number))
+        if took is not None:
+            beyond.append(max(0.0, took - sum(file_seconds(members, cases).values())))
+    return sorted(beyond)[len(beyond) // 2] if beyond else 0.0
 
 
 def only(names: Sequence[str], manifest: Manifest) -> tuple[str, ...]:

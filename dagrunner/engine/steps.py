@@ -68,7 +68,8 @@ def split_gates(repo: Path, manifest: Manifest, options: RunOptions) -> Manifest
     cpu = resolve_capacity(manifest.governor, jobs=options.jobs).cpu
     history = history_path(repo, manifest.name, options.history_root)
     before = read_splits(history)
-    return shards.expand(manifest, repo, cpu, read_history(history, "cases"), before)[0]
+    cases, durations = read_history(history, "cases"), read_history(history)
+    return shards.expand(manifest, repo, cpu, cases, before, durations)[0]
 
 
 def plan_step(
