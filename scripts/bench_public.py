@@ -13,7 +13,7 @@ project's virtualenv's ``bin``).
 
 Printed, medians of ``--pairs`` interleaved runs: cold (``--no-cache``) against ``make
 -j2``, a fully cached run, and where a fully cached run's time goes (cProfile's cumulative
-top, in process).
+top, in process).  ``PYTHONDONTWRITEBYTECODE`` is unset for both sides.
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ def main() -> None:
     args = parser.parse_args()
     env = dict(os.environ)
     env.pop("CI", None)
+    # a user's machine keeps bytecode: with this set, every Python on both sides compiles
+    # its modules again on each run (this machine's shell sets it)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if args.path:
         env["PATH"] = f"{args.path.resolve()}:{env['PATH']}"
         env["VIRTUAL_ENV"] = str(args.path.resolve().parent)
