@@ -82,13 +82,18 @@ def run_in(path: Path, *argv: str) -> str:
     return done.stdout.strip()
 
 
-def test_a_venv_seed_is_built_once_and_runs_each_worktrees_own_code(venv_project: Path) -> None:
+@pytest.mark.parametrize("how", ["", "copy"])  # what this machine picks, and a plain copy
+def test_a_venv_seed_is_built_once_and_runs_each_worktrees_own_code(
+    venv_project: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if how:
+        monkeypatch.setenv("DAGRUNNER_SEED_SHARE", how)
     first = wt.allocate(mission="m", worker="a", repo=venv_project)
     second = wt.allocate(mission="m", worker="b", repo=venv_project)
     assert [s["built"] for s in first["seeds"]] == [True]
     assert [s["built"] for s in second["seeds"]] == [False]
     assert first["seeds"][0]["key"] == second["seeds"][0]["key"]
-    assert first["seeds"][0]["how"] in share.HOW
+    assert first["seeds"][0]["how"] == how if how else first["seeds"][0]["how"] in share.HOW
     a, b = Path(first["path"]), Path(second["path"])
     (a / "src" / "proj" / "__init__.py").write_text('WHO = "a"\n')
     probe = "import proj, tinydep, sys; print(proj.WHO, proj.__file__, tinydep.VALUE, sys.prefix)"

@@ -63,6 +63,11 @@ def _files(top: Path) -> list[os.stat_result]:
     return found
 
 
+def size_of(top: Path) -> int:
+    """The bytes allocated under ``top`` (each entry once, on its own filesystem)."""
+    return sum(st.st_blocks * 512 for st in _files(top))
+
+
 def measure(root: Path, worktrees: Mapping[str, Path]) -> DiskReport:
     """The usage of each worktree (id -> folder) and the root's total."""
     owners: dict[tuple[int, int], set[str]] = {}

@@ -37,6 +37,7 @@ from dagrunner.manifest.load import EnvSpec, Manifest
 from dagrunner.manifest.settings import SeedSpec
 from dagrunner.records.worktree import SeedUse
 from dagrunner.worktrees import share
+from dagrunner.worktrees.disk import size_of
 from dagrunner.worktrees.ledger import SEED_KEY
 
 SEEDS_DIR = ".seeds"
@@ -283,7 +284,7 @@ def prune(root: Path, max_size: int, *, dry_run: bool = False) -> Pruned:
     a seed an overlay mount stands on is never removed."""
     store = seeds_dir(root)
     keys = [p for p in store.iterdir() if SEED_KEY.fullmatch(p.name)] if store.is_dir() else []
-    sizes = {p: _size(p) for p in keys}
+    sizes = {p: size_of(p) for p in keys}
     busy = share.lower_in_use({p / "tree" for p in keys})
     total = sum(sizes.values())
     removed, kept = [], 0
@@ -305,14 +306,3 @@ def _last_used(path: Path) -> float:
         return (path / "used").stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _size(top: Path) -> int:
-    total = 0
-    for folder, _dirs, names in os.walk(top):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
-            except OSError:
-                continue
-    return total
