@@ -106,6 +106,8 @@ def ensure(
 ) -> list[tuple[Seed, bool]]:
     """Every seed of ``manifest`` for ``base``, built where the store lacks it; with whether
     this call built it.  ``seed-build-failed`` (1), ``seed-not-ignored`` (2)."""
+    if not manifest.worktrees.seeds:
+        return []  # the process door (trio) is imported only where seeds are
     store = seeds_dir(root)
     store.mkdir(parents=True, exist_ok=True)
     epoch = int(git(["show", "-s", "--format=%ct", base], cwd=repo).text or 0)
