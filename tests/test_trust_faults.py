@@ -203,3 +203,18 @@ def test_ref_that_cannot_be_written_is_not_mistaken_for_a_moving_target(tmp_path
     assert result.land_blocked is not None
     assert result.land_blocked.code == "target-ref-unwritable"
     assert not result.target_moving
+
+
+def test_a_shared_lock_another_targets_git_holds_a_moment_is_not_stale(tmp_path: Path) -> None:
+    """Two integrators of two targets share ``packed-refs.lock`` and ``HEAD.lock``: the other
+    one's git, working in its own worktree, holds one for milliseconds.  Seen then, it once
+    stopped this integrator with ``stale-git-lock`` (exit 3) under load."""
+    import threading
+
+    repo = make_project(tmp_path)
+    submit(repo_info(repo), [envelope(repo, "w1")])
+    lock = repo / ".git" / "packed-refs.lock"
+    lock.write_text("")
+    threading.Timer(0.3, lock.unlink).start()  # its holder finishes
+    result = integrate(repo=repo)
+    assert result.ok and result.envelopes[0].state == "landed"

@@ -93,9 +93,9 @@ def test_two_integrators_of_two_targets_never_share_an_item(project: Path, tmp_p
         cwd=project,
         stdout=subprocess.PIPE,
     )
-    main.communicate(timeout=300)
+    main_out, _ = main.communicate(timeout=300)
     rel_out, _ = rel.communicate(timeout=300)
-    assert main.returncode == 0 and rel.returncode == 0
+    assert main.returncode == 0 and rel.returncode == 0, (main_out, rel_out)
     assert orjson.loads(rel_out)["envelopes"] == []
     entries = Queue.of(repo_info(project)).entries()
     assert {e.state for e in entries.values()} == {"landed"}

@@ -3,8 +3,8 @@
 A git command that is killed leaves ``*.lock`` files behind (``refs/heads/X.lock``,
 ``index.lock``), and every later command that needs them fails.  Before the
 integrator spends a gate run, it looks for the locks landing will need.  A
-lock counts as held while any git process works in the repository; otherwise
-it is stale.  A stale lock in the integrator's own worktree is removed (the
+lock counts as held while any git process works in the repository, or when it goes away
+within a second (a git working elsewhere held it); otherwise it is stale.  A stale lock in the integrator's own worktree is removed (the
 integrator lock says nobody else uses it); any other one stops the run with
 ``stale-git-lock`` naming the file and the command that clears it.
 """
@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import time
 from pathlib import Path
 
 import psutil
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git.command import git
+
+LIVE_GRACE = 1.0  # seconds a found lock may take to go away before it counts as stale
 
 
 def git_dir(worktree: Path) -> Path:
@@ -53,11 +56,20 @@ def check_locks(
         for name in ("index.lock", "HEAD.lock")
     ]
     found = [p for p in dict.fromkeys([*others, *ours]) if p.exists()]
-    if not found:
-        return []
     places = [common_dir, *own_worktrees] + ([checkout] if checkout is not None else [])
-    if _git_running_in(places):
-        return []  # a live git command holds them; landing will wait or fail on its own
+    deadline = time.monotonic() + LIVE_GRACE
+    while True:
+        if not found:
+            return []
+        if _git_running_in(places):
+            return []  # a live git command holds them; landing will wait or fail on its own
+        if time.monotonic() >= deadline:
+            break
+        # A git that works elsewhere (another target's integrator, in its own worktree)
+        # holds a shared lock -- packed-refs, HEAD -- for milliseconds: one that goes away
+        # was live.  Only a lock that stays is stale.
+        time.sleep(0.1)
+        found = [p for p in found if p.exists()]
     cleared = []
     for path in found:
         if path in ours:
