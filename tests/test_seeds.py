@@ -8,9 +8,11 @@ import base64
 import hashlib
 import io
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -298,3 +300,57 @@ def test_a_forged_ledger_line_mounts_no_seed_outside_its_worktree(
     again = wt.allocate(mission="m", worker="a", repo=venv_project)
     assert again["reused"] is True and again["seeds"] == []
     assert not os.path.ismount(victim) and list(victim.iterdir()) == []
+
+
+@pytest.fixture
+def xfs(tmp_path: Path) -> Iterator[Path]:
+    """A loop-mounted XFS (reflinks), where this machine lets root make one."""
+    mkfs = shutil.which("mkfs.xfs")
+    if mkfs is None or os.geteuid() != 0:
+        pytest.skip("a loop-mounted XFS needs mkfs.xfs (xfsprogs) and root")
+    image = tmp_path / "xfs.img"
+    with image.open("wb") as handle:
+        handle.truncate(320 << 20)  # sparse; XFS wants 300 MiB at least
+    subprocess.run([mkfs, "-q", "-f", str(image)], check=True, capture_output=True)
+    point = tmp_path / "xfs"
+    point.mkdir()
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(point)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"no loop mount here: {mounted.stderr.decode().strip()}")
+    try:
+        yield point
+    finally:
+        share.release(point, point)
+        subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+
+
+def test_on_a_reflink_filesystem_seeds_share_their_blocks_until_written(
+    venv_project: Path, xfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DAGRUNNER_WORKTREE_ROOT", str(xfs / "worktrees"))
+    monkeypatch.setenv("DAGRUNNER_SEED_SHARE", "reflink")
+    cheap(
+        venv_project,
+        CHEAP_SEED.replace(
+            "cp requirements.txt deps/",
+            "cp requirements.txt deps/ && head -c 20000000 /dev/urandom > deps/blob.bin",
+        ),
+    )
+    first = wt.allocate(mission="m", worker="a", repo=venv_project)
+    assert first["seeds"][0]["how"] == "reflink"
+
+    def used() -> int:
+        st = os.statvfs(xfs)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    before = used()
+    second = wt.allocate(mission="m", worker="b", repo=venv_project)
+    grown = used() - before
+    assert grown < 5_000_000, grown  # a copy would take 20 MB: the extents are shared
+    mine, theirs = Path(first["path"]) / "deps", Path(second["path"]) / "deps"
+    original = (theirs / "blob.bin").read_bytes()[:4]
+    with (mine / "blob.bin").open("r+b") as handle:
+        handle.write(b"EVIL")
+    tree = seeds.seeds_dir(Path(first["root"])) / first["seeds"][0]["key"] / "tree"
+    assert (theirs / "blob.bin").read_bytes()[:4] == original
+    assert (tree / "blob.bin").read_bytes()[:4] == original
