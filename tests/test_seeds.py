@@ -54,7 +54,7 @@ pass = ["PATH"]
 [[worktrees.seed]]
 path = ".venv"
 key = ["requirements.txt", "pyproject.toml", "vendor/*.whl"]
-build = "{PY} -m venv .venv && .venv/bin/pip install -q --no-index --find-links vendor -r requirements.txt && .venv/bin/python setup.py -q develop --no-deps"
+build = "{PY} -m venv --system-site-packages .venv && .venv/bin/pip install -q --no-index --find-links vendor -r requirements.txt && .venv/bin/python setup.py -q develop --no-deps"
 timeout = "5m"
 
 [gates.ok]
@@ -72,6 +72,11 @@ def venv_project(repo: Path) -> Path:
     (repo / "src" / "proj").mkdir(parents=True)
     (repo / "src" / "proj" / "__init__.py").write_text('WHO = "base"\n')
     (repo / "requirements.txt").write_text("tinydep==1.0\n")
+    (repo / "checks").mkdir()  # the project's own test: its code is the worktree's
+    (repo / "checks" / "test_own.py").write_text(
+        "import os\n\nimport proj\n\n\ndef test_own_code() -> None:\n"
+        "    assert proj.__file__ == os.path.join(os.getcwd(), 'src', 'proj', '__init__.py')\n"
+    )
     (repo / "vendor").mkdir()
     (repo / "vendor" / "tinydep-1.0-py3-none-any.whl").write_bytes(tiny_wheel())
     commit_release_manifest(repo, VENV_SEED)
@@ -107,6 +112,18 @@ def test_a_venv_seed_is_built_once_and_runs_each_worktrees_own_code(
             "tiny",
             str(path / ".venv"),
         ]
+        # pytest (the system's: the venv sees it) runs this worktree's own code
+        tested = run_in(
+            path,
+            str(path / ".venv/bin/python"),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "checks",
+        )
+        assert "1 passed" in tested
         # a script's #! line names this worktree's interpreter, not the build's checkout
         pip = run_in(path, str(path / ".venv" / "bin" / "pip"), "--version")
         assert f"from {path}/.venv/" in pip
