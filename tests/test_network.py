@@ -7,6 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 from conftest import check, gate_results
 
@@ -59,6 +60,8 @@ def test_two_isolated_gates_bind_one_port_and_reach_no_host_loopback_server(
     one, two = (results[g] for g in ("one", "two"))
     assert one["started"] < two["finished"] and two["started"] < one["finished"]  # at once
     assert "unreachable" in (run_dir / "logs" / "reach.log").read_text()
+    machine = orjson.loads((run_dir / "run.json").read_bytes())["machine"]
+    assert machine["containment"]["network_isolation"] is True
     host.setblocking(False)
     with pytest.raises(BlockingIOError):  # no connection ever came in
         host.accept()
@@ -81,6 +84,9 @@ def test_a_host_gate_still_reaches_the_host(repo: Path, capsys: pytest.CaptureFi
     )
     assert code == 1 and "reached the host" in (run_dir / "logs" / "reach.log").read_text()
     host.close()
+    # no gate asked for a network of its own: not probed (its processes cost every run 40 ms)
+    machine = orjson.loads((run_dir / "run.json").read_bytes())["machine"]
+    assert machine["containment"]["network_isolation"] is None
 
 
 def test_a_bad_network_value_is_a_manifest_error(

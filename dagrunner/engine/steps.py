@@ -266,7 +266,7 @@ def record_step(
             "cpus": os.cpu_count(),
             "memory_total": memory.total,
             "dagrunner": VERSION,
-            "containment": {**detect().to_json(), "network_isolation": network_isolation()},
+            "containment": {**detect().to_json(), "network_isolation": _isolation(plan)},
         },
         governor={
             "capacity": plan.capacity.to_json(),
@@ -326,6 +326,17 @@ def _point_latest(run_dir: Path) -> None:
         temp.unlink(missing_ok=True)
         temp.symlink_to(run_dir.name)
         temp.replace(latest)
+
+
+def _isolation(plan: Plan) -> bool | None:
+    """Whether gates may get a network of their own; None (not probed: 40 ms of processes)
+    when no gate of the run asks for one."""
+    nodes = plan.graph.nodes
+    return (
+        network_isolation()
+        if any(spec(plan.graph, n).network == "isolated" for n in nodes)
+        else None
+    )
 
 
 def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
