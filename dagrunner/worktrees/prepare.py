@@ -52,8 +52,8 @@ def provision_seeds(
     uses = []
     for n, (seed, fresh) in enumerate(built):
         seeds.check_ignored(path, seed.spec)
-        use = seeds.provision(seed, path, how, seeds.layer_of(root, wt_id, n))
-        uses.append(SeedUse(path=use.path, key=use.key, how=use.how, built=fresh))
+        layer = seeds.layer_of(root, wt_id, n)
+        uses.append(seeds.provision(seed, path, how, layer, built=fresh))
     return tuple(uses)
 
 

@@ -222,7 +222,7 @@ def _holding(tree: Path, needle: bytes) -> list[str]:
     return sorted(found)
 
 
-def provision(seed: Seed, worktree: Path, how: str, layer: Path) -> SeedUse:
+def provision(seed: Seed, worktree: Path, how: str, layer: Path, *, built: bool) -> SeedUse:
     """``seed`` in ``worktree`` (its folder must not exist), its paths made the worktree's."""
     dest = safe_dest(worktree, seed.spec.path)
     if dest.exists() or dest.is_symlink():
@@ -239,7 +239,7 @@ def provision(seed: Seed, worktree: Path, how: str, layer: Path) -> SeedUse:
             mode = target.stat().st_mode
             atomic_write(target, target.read_bytes().replace(old, new), durable=False)
             os.chmod(target, mode & 0o7777)
-    return SeedUse(path=seed.spec.path, key=seed.key, how=how)
+    return SeedUse(path=seed.spec.path, key=seed.key, how=how, built=built)
 
 
 def safe_dest(worktree: Path, rel: str) -> Path:

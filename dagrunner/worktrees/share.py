@@ -17,7 +17,6 @@ seed and every other worktree.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import functools
@@ -165,16 +164,24 @@ def _unmount(point: Path) -> None:
         subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
 
 
+def _mountinfo() -> str:
+    """The kernel's table of the mounts this process sees ('' where it cannot be read)."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as info:
+            return info.read().decode("utf-8", "surrogateescape")
+    except OSError:
+        return ""
+
+
 def _overlays() -> Iterator[tuple[Path, str]]:
     """(mount point, upperdir) of every overlay mount this process sees."""
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo", "rb") as info:
-        for line in info.read().decode("utf-8", "surrogateescape").splitlines():
-            left, sep, right = line.partition(" - ")
-            fields, tail = left.split(), right.split()
-            if not sep or len(fields) < 5 or len(tail) < 3 or tail[0] != "overlay":
-                continue
-            options = dict(o.partition("=")[::2] for o in tail[2].split(","))
-            yield Path(_unescape(fields[4])), options.get("upperdir", "")
+    for line in _mountinfo().splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 3 or tail[0] != "overlay":
+            continue
+        options = dict(o.partition("=")[::2] for o in tail[2].split(","))
+        yield Path(_unescape(fields[4])), options.get("upperdir", "")
 
 
 def _unescape(text: str) -> str:
@@ -187,8 +194,7 @@ def _unescape(text: str) -> str:
 def lower_in_use(trees: set[Path]) -> set[Path]:
     """Which of ``trees`` (stored seeds) a live overlay mount has as its lower layer."""
     found: set[Path] = set()
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo", "rb") as info:
-        text = info.read().decode("utf-8", "surrogateescape")
+    text = _mountinfo()
     for tree in trees:
         if f"lowerdir={tree}," in text or f"lowerdir={tree}:" in text:
             found.add(tree)
