@@ -220,6 +220,40 @@ def test_peak_memory_measured_and_flagged(repo: Path, capsys: pytest.CaptureFixt
     assert "well past the declared" in hog["reason"]
 
 
+DEEP = """import subprocess, sys, time
+depth = int(sys.argv[1])
+if depth < 2:  # the gate, then its child: each starts the next level and waits
+    sys.exit(subprocess.run([sys.executable, __file__, str(depth + 1)]).returncode)
+b = bytearray(120 << 20)
+t = time.process_time() + 0.4
+while time.process_time() < t:
+    pass
+time.sleep(0.3)
+"""
+
+
+def test_a_grandchilds_memory_and_cpu_count_for_the_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tree is found where the gate has a cgroup of its own (from the cgroup, not a
+    /proc scan) as where it has none: a process two levels down is measured."""
+    (repo / "deep.py").write_text(DEEP)
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        f"""
+        [governor]
+        sample_interval = "50ms"
+        [gates.deep]
+        run = ["{PY}", "deep.py", "0"]
+    """,
+    )
+    assert code == 0, gate_results(run_dir)["deep"]
+    deep = gate_results(run_dir)["deep"]
+    assert deep["peak_rss"] > 100 << 20
+    assert deep["attempts"][0]["cpu_seconds"] >= 0.3
+
+
 def test_escaped_orphan_of_a_passed_gate_is_ended(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
