@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=1.0)
     parser.add_argument("--chain", type=int, default=20)
     parser.add_argument("--files", type=int, default=20000)
-    parser.add_argument("--repeat", type=int, default=3, help="runs of the chain, each way")
+    parser.add_argument("--repeat", type=int, default=5, help="runs of the chain, each way")
     parser.add_argument("--only-dispatch", action="store_true", help="skip the DAG and shipping")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="dagrunner-bench-dist-"))
@@ -173,9 +173,11 @@ def main() -> None:
                 sleep_dag(repo, address, args)
             # The run's own wall over a chain: each gate's dispatch, start and end in turn
             # (the interpreter, imports and connecting are the whole command's, once).
-            dask_runs = [release_check(repo, chain(args.chain), "--executor", address)
-                         for _ in range(args.repeat)]  # fmt: skip
-            local_runs = [release_check(repo, chain(args.chain)) for _ in range(args.repeat)]
+            # pair by pair (dask, then local), so a noisy moment weighs on both sides
+            dask_runs, local_runs = [], []
+            for _ in range(args.repeat):
+                dask_runs.append(release_check(repo, chain(args.chain), "--executor", address))
+                local_runs.append(release_check(repo, chain(args.chain)))
             dask_chain = sorted(run for _, run in dask_runs)[args.repeat // 2]
             local_chain = sorted(run for _, run in local_runs)[args.repeat // 2]
             print(f"dispatch: chain of {args.chain} trivial gates, the run's own wall "

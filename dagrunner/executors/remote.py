@@ -8,10 +8,15 @@ arguments, and what it keeps lives under its own remote root (``DAGRUNNER_REMOTE
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import os
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,8 +29,11 @@ from dagrunner.process.sandbox import AttemptResult, GateJob, run_job
 from dagrunner.records.run import TestRun
 from dagrunner.report.testresults import read_junit
 
-CANCEL_WAIT = 1.0  # the cancel event is long-polled: at most this long per look
+CANCEL_WAIT = (
+    2.0  # seconds between looks at the scheduler's cancel event (set for an unreachable worker)
+)
 NEED_SOURCE = "need-source"  # the worker has no checkout of the source yet: nothing ran
+SLOT_THREADS = 256  # attempts at once on one worker (its declared cpu bounds them first)
 MARKS_KEPT = 86400.0  # seconds an attempt's "ran here" mark is kept (Dask re-runs come sooner)
 
 
@@ -107,30 +115,78 @@ def prune_here(
     )
 
 
-def run_remote(job: GateJob, rel_cwd: str, commit: str, key: str) -> Returned:
-    """Executed on a Dask worker: at most once per attempt, in a checkout of the run's source.
+class Cancel:
+    """How a cancel reaches one running attempt, from any thread: set before the attempt
+    starts, it never starts; set while it runs, its trio loop is told at once."""
 
-    At most once: the task is pinned to one worker's address, so Dask can run it again only
-    at that address, after the worker there died -- on this machine, with this remote root.
-    A mark made there (``O_EXCL``) before the gate starts is what the second run finds; the
-    one scheduler round trip is ``started``, which tells the submitter the gate may have begun
-    (a worker lost before it is placed again, one lost after it ends ``worker-lost``).
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._set = False
+        self._hook: Callable[[], None] | None = None
+
+    def set(self) -> None:
+        with self._lock:
+            self._set, hook = True, self._hook
+        if hook is not None:
+            hook()
+
+    def hook(self, hook: Callable[[], None] | None) -> bool:
+        """Call ``hook`` when set (None: no longer); False when it is set already."""
+        with self._lock:
+            self._hook = hook
+            return not self._set
+
+
+class Slots:
+    """The attempts of one run on one worker: a Dask actor (``executors/dask.py`` makes one
+    per worker).  The submitter calls it straight, one round trip an attempt; the scheduler's
+    task machinery (submission, placement, a result kept in memory there) is not on the way.
+
+    Each attempt runs on a thread of its own; ``cancel`` ends one at once."""
+
+    def __init__(self) -> None:
+        from distributed import get_worker
+
+        self.here = str(get_worker().address)
+        self._pool = ThreadPoolExecutor(SLOT_THREADS, thread_name_prefix="dagrunner-attempt")
+        self._cancels: dict[str, Cancel] = {}
+
+    async def run(self, job: GateJob, rel_cwd: str, commit: str, key: str) -> Returned:
+        cancel = self._cancels.setdefault(key, Cancel())
+        context = contextvars.copy_context()  # the worker, for the Dask event's client
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self._pool, context.run, run_remote, job, rel_cwd, commit, key, self.here, cancel
+            )
+        finally:
+            self._cancels.pop(key, None)
+
+    async def cancel(self, key: str) -> None:
+        self._cancels.setdefault(key, Cancel()).set()
+
+
+def run_remote(
+    job: GateJob, rel_cwd: str, commit: str, key: str, here: str, cancel: Cancel
+) -> Returned:
+    """Executed on a Dask worker (by its ``Slots``): at most once per attempt, in a checkout
+    of the run's source.
+
+    At most once: an actor's call is never run again by Dask, save when the worker at that
+    address died and its actor was made again there -- on this machine, with this remote
+    root.  A mark made there (``O_EXCL``) before the gate starts is what the second call finds.
 
     A worker without the checkout (one that joined after the source was shipped) answers
     ``need-source`` without starting anything; the submitter stashes it there and asks again."""
-    from distributed import Event, get_worker
-
-    here = str(get_worker().address)
     checkout = ship.ready(commit, remote_root())
     if checkout is None:
         return Returned(AttemptResult(exit_code=None, error=NEED_SOURCE, worker=here), b"")
     with ship.using(checkout, commit) as still_there:
         if not still_there:  # moved to another source between the look and the lock
             return Returned(AttemptResult(exit_code=None, error=NEED_SOURCE, worker=here), b"")
-        if not _mark(key):  # Dask ran this before, on the worker that died here: never twice
+        if not _mark(key):  # this ran before, on the worker that died here: never twice
             return failed(f"worker-lost: worker {here} died while running the gate", here)
-        Event(f"{key}-started").set()
-        return _attempt_in(job, checkout, rel_cwd, here, key)
+        return _attempt_in(job, checkout, rel_cwd, here, key, cancel)
 
 
 def _mark(key: str) -> bool:
@@ -151,10 +207,12 @@ def _mark(key: str) -> bool:
     return True
 
 
-def _attempt_in(job: GateJob, checkout: Path, rel_cwd: str, here: str, key: str) -> Returned:
-    """The attempt, run in ``rel_cwd`` of this worker's checkout: its result, log and JUnit."""
-    from distributed import Event
-
+def _attempt_in(
+    job: GateJob, checkout: Path, rel_cwd: str, here: str, key: str, cancel: Cancel
+) -> Returned:
+    """The attempt, run in ``rel_cwd`` of this worker's checkout: its result, log and JUnit.
+    It ends early when ``cancel`` is set (the submitter's call) or, looked at once a second
+    from the first, the scheduler's cancel event (set for a worker it could not reach)."""
     cwd = checkout / rel_cwd
     cwd.mkdir(parents=True, exist_ok=True)  # git keeps no empty folder
     with tempfile.TemporaryDirectory(prefix="dagrunner-remote-") as tmp:
@@ -167,22 +225,27 @@ def _attempt_in(job: GateJob, checkout: Path, rel_cwd: str, here: str, key: str)
             read_only=(str(ship.store_of(checkout)),),  # git in the checkout reads it
             hide=None,  # the submitter's cache store is not here
         )
-        cancel = Event(f"{key}-cancel")
 
         async def main() -> AttemptResult:
             result: AttemptResult | None = None
             async with trio.open_nursery() as nursery:
+                token, scope = trio.lowlevel.current_trio_token(), nursery.cancel_scope
+
+                def told() -> None:
+                    with contextlib.suppress(trio.RunFinishedError):
+                        token.run_sync_soon(scope.cancel)
 
                 async def watch() -> None:
-                    while not await trio.to_thread.run_sync(
-                        cancel.wait, CANCEL_WAIT, abandon_on_cancel=True
-                    ):
-                        pass
-                    nursery.cancel_scope.cancel()
+                    while True:
+                        await trio.sleep(CANCEL_WAIT)
+                        if await trio.to_thread.run_sync(_cancelled, key, abandon_on_cancel=True):
+                            scope.cancel()
 
-                nursery.start_soon(watch)
-                result = await run_job(local)
-                nursery.cancel_scope.cancel()
+                if cancel.hook(told):
+                    nursery.start_soon(watch)
+                    result = await run_job(local)
+                cancel.hook(None)
+                scope.cancel()
             return result or AttemptResult(exit_code=None, interrupted=True, error="cancelled")
 
         began_wall, began = time.time(), time.monotonic()
@@ -192,3 +255,14 @@ def _attempt_in(job: GateJob, checkout: Path, rel_cwd: str, here: str, key: str)
         # Read here, as a local run reads it (bounded; only if this attempt wrote it).
         tests: TestRun | None = read_junit(cwd / job.junit, since=began_wall) if job.junit else None
         return Returned(replace(result, worker=here, ran=ran, tests=tests), log)
+
+
+def _cancelled(key: str) -> bool:
+    """Whether the scheduler holds this attempt's cancel event set (False when it cannot be
+    asked: the next look asks again).  Looking creates nothing there."""
+    from distributed import Event
+
+    try:
+        return bool(Event(f"{key}-cancel").is_set())
+    except Exception:
+        return False

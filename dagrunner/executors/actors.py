@@ -1,0 +1,84 @@
+"""The ``remote.Slots`` actor of each Dask worker, made once per run (``executors/dask.py``
+calls them): an attempt is one call, straight to its worker."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from dagrunner.executors import remote
+
+WAIT_STEP = 1.0  # seconds between looks at whether the worker is still there
+
+
+class Actors:
+    """Each worker's ``Slots``: its future from when it is asked for, the actor once made."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+        self._made: dict[str, Any] = {}  # worker -> the future of its actor
+        self._actors: dict[str, Any] = {}  # worker -> the actor, once made
+
+    def make(self, place: str) -> Any:
+        """The future of ``place``'s actor, asked for now unless it was already."""
+        with self._lock:
+            if place not in self._made:
+                self._made[place] = self._client.submit(
+                    remote.Slots,
+                    actor=True,
+                    key=f"dagrunner-slots-{uuid.uuid4().hex[:12]}",
+                    pure=False,
+                    workers=[place],
+                    allow_other_workers=False,
+                )
+            return self._made[place]
+
+    def keep(self, places: set[str]) -> None:
+        """Forget the actors of workers not in ``places`` (they left)."""
+        with self._lock:
+            for gone in set(self._made) - places:
+                self._drop(gone)
+
+    def drop(self, place: str, made: Any = None) -> None:
+        """Forget ``place``'s actor (its calls fail): the next attempt there makes a new one.
+        With ``made``, only if that is still the one asked for."""
+        with self._lock:
+            if made is None or self._made.get(place) is made:
+                self._drop(place)
+
+    def _drop(self, place: str) -> None:
+        made = self._made.pop(place, None)
+        self._actors.pop(place, None)
+        if made is not None:
+            with contextlib.suppress(Exception):
+                made.release()
+
+    async def get(self, place: str, present: Callable[[], bool]) -> Any:
+        """``place``'s actor once it is made there; None when the worker left first (no
+        longer ``present``) or the actor could not be made."""
+        if place in self._actors:
+            return self._actors[place]
+        made = self.make(place)
+        while True:
+            try:
+                actor = await trio.to_thread.run_sync(
+                    made.result, WAIT_STEP, abandon_on_cancel=True
+                )
+            except TimeoutError:
+                if present():
+                    continue
+                break
+            except Exception:
+                break
+            with self._lock:
+                if self._made.get(place) is made:
+                    self._actors[place] = actor
+            return actor
+        self.drop(place, made)
+        return None
