@@ -544,3 +544,25 @@ def test_junit_cases_come_back_from_the_worker_as_from_a_local_run(
     assert seen["local"][1]["tests"] == 2 and seen["local"][1]["failures"] == 1
     assert seen[cluster.address] == seen["local"]
     assert unit["attempts"][0]["worker"] == cluster.hidden
+
+
+def test_the_source_is_shipped_ahead_of_the_first_gate(repo: Path, cluster: Cluster) -> None:
+    """``ahead`` (called once a run is planned) checks the source out on every worker
+    while the run computes its keys: the first gate does not wait for it."""
+    from dagrunner.executors import remote
+    from dagrunner.executors.dask import DaskExecutor
+
+    (repo / "ahead.txt").write_text(f"{time.time()}\n")  # a state no earlier test shipped
+    executor = DaskExecutor(cluster.address)
+    try:
+        executor.machines()
+        executor.ahead(repo)
+        deadline = time.monotonic() + 20
+        while (shipped := executor._shipped_already(str(repo))) is None:
+            assert time.monotonic() < deadline, "the source was not shipped ahead"
+            time.sleep(0.05)
+        held = executor._client.run(remote.held_here)
+        assert sorted(held) == sorted([cluster.small, cluster.hidden])
+        assert all(shipped[1] in commits for commits in held.values()), (shipped, held)
+    finally:
+        executor.close()

@@ -348,6 +348,7 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
     repo, manifest = load_step(options)
     with executor_for(options.executor) as executor:
         plan = plan_step(repo, manifest, options, executor.machines())
+        executor.ahead(plan.repo)
         return _run(plan, options, executor)
 
 
@@ -433,6 +434,7 @@ async def gate_run(
     plan = await trio.to_thread.run_sync(
         lambda: plan_step(repo, manifest, options, executor.machines())
     )
+    executor.ahead(plan.repo)
     prepared = await trio.to_thread.run_sync(_prepare, plan, options, executor)
     try:
         scheduled = await schedule_step(

@@ -50,6 +50,10 @@ class Executor(Protocol):
         """``checkout`` holds another tree now: nothing taken from it before is reused."""
         ...
 
+    def ahead(self, checkout: Path) -> None:
+        """Gates will run in ``checkout``: start readying it where they run (not waited for)."""
+        ...
+
     async def execute(self, job: GateJob) -> AttemptResult:
         """Run one attempt; cancellation must end the attempt's process tree."""
         ...

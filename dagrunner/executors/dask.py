@@ -82,6 +82,7 @@ class DaskExecutor:
         self._warnings: list[str] = []
         self._pruned = False
         self._janitor = ThreadPoolExecutor(1, thread_name_prefix="dagrunner-dask-prune")
+        self._ahead = ThreadPoolExecutor(1, thread_name_prefix="dagrunner-dask-ship")
         self._actors = Actors(self._client)
         self.placement = Placement()
 
@@ -265,6 +266,15 @@ class DaskExecutor:
         shipped = self._shipped.get(top) if top else None
         return None if shipped is None else (rel, shipped.commit)
 
+    def ahead(self, checkout: Path) -> None:
+        """Pack and ship ``checkout``'s source now, beside the run's keys and fingerprints,
+        so that its first gate does not wait for it (a failure is the first gate's again)."""
+        self._ahead.submit(self._ship_quietly, str(checkout))
+
+    def _ship_quietly(self, cwd: str) -> None:
+        with contextlib.suppress(DagrunnerError, OSError):
+            self._ship(cwd)
+
     def fresh(self, checkout: Path) -> None:
         """The source of ``checkout`` is packed again for its next gate (a pipeline slot)."""
         top = checkout.resolve()
@@ -404,6 +414,7 @@ class DaskExecutor:
             Event(f"{key}-cancel", client=self._client).clear()
 
     def close(self) -> None:
+        self._ahead.shutdown(wait=True)
         self._janitor.shutdown(wait=True)
         if self._client is not None:
             self._client.close()

@@ -27,6 +27,9 @@ class LocalExecutor:
     def fresh(self, checkout: Path) -> None:
         return None  # gates run in the checkout itself
 
+    def ahead(self, checkout: Path) -> None:
+        return None
+
     async def execute(self, job: GateJob) -> AttemptResult:
         return await run_job(job)
 
