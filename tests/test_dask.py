@@ -546,7 +546,9 @@ def test_junit_cases_come_back_from_the_worker_as_from_a_local_run(
     assert unit["attempts"][0]["worker"] == cluster.hidden
 
 
-def test_the_source_is_shipped_ahead_of_the_first_gate(repo: Path, cluster: Cluster) -> None:
+def test_the_source_is_shipped_ahead_of_the_first_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
     """``ahead`` (called once a run is planned) checks the source out on every worker
     while the run computes its keys: the first gate does not wait for it."""
     from dagrunner.executors import remote
@@ -566,3 +568,16 @@ def test_the_source_is_shipped_ahead_of_the_first_gate(repo: Path, cluster: Clus
         assert all(shipped[1] in commits for commits in held.values()), (shipped, held)
     finally:
         executor.close()
+    # The next run of this state sends nothing (every worker holds it), and runs there.
+    again = DaskExecutor(cluster.address)
+    try:
+        again.machines()
+        assert again._ship(str(repo)) == shipped
+        assert again._shipped[str(repo)].bundle == b""
+    finally:
+        again.close()
+    code, _, run_dir = check(
+        capsys, repo, '[gates.a]\nrun = "grep -q . ahead.txt"\ncpu = 4\n', "--executor",
+        cluster.address,
+    )  # fmt: skip
+    assert code == 0, (run_dir / "logs" / "a.log").read_text()

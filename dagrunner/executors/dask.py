@@ -252,9 +252,11 @@ class DaskExecutor:
                 common = set.intersection(
                     *(set(h) if isinstance(h, list) else set() for h in holds.values())
                 ) if holds else set()  # fmt: skip
-                base = ship.known_here(Path(top), sorted(common - {commit}))
-                packed = ship.bundle(Path(top), commit, base)
-                self._client.run(remote.stash_here, commit, packed, on_error="return")
+                packed = b""  # every worker has this state checked out already: none to send
+                if commit not in common:
+                    base = ship.known_here(Path(top), sorted(common))
+                    packed = ship.bundle(Path(top), commit, base)
+                    self._client.run(remote.stash_here, commit, packed, on_error="return")
                 self._shipped[top] = ship.Shipment(commit, packed)
             commit = self._shipped[top].commit
         return rel, commit

@@ -72,11 +72,14 @@ def bundle(checkout: Path, commit: str, exclude: Sequence[str] = ()) -> bytes:
 
 
 def known_here(checkout: Path, commits: Sequence[str]) -> list[str]:
-    """Those of ``commits`` that this repository has (an earlier run made them here)."""
+    """Those of ``commits`` that this repository has (an earlier run made them here): one
+    ``cat-file --batch-check`` for all of them."""
+    if not commits:
+        return []
+    asked = "".join(f"{c}^{{commit}}\n" for c in commits).encode()
+    answers = git(["cat-file", "--batch-check"], cwd=checkout, input=asked).text.splitlines()
     return [
-        c
-        for c in commits
-        if git(["cat-file", "-e", f"{c}^{{commit}}"], cwd=checkout, check=False).returncode == 0
+        c for c, answer in zip(commits, answers, strict=True) if not answer.endswith(" missing")
     ]
 
 
