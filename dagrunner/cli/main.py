@@ -261,6 +261,6 @@ def _crash(argv: Sequence[str], args: argparse.Namespace) -> int:
 def entry() -> None:
     # A command is a process that imports a great deal (networkx, trio, jinja2) and then
     # often does little: the collector, run again and again over the objects the imports
-    # make, cost a fully cached run 0.1 s of its 0.6 s. It is paused while they load.
+    # make, cost a fully cached run 0.1-0.2 s of its 0.6 s. It is paused while they load.
     gc.disable()
     raise SystemExit(run_cli(program=True))
