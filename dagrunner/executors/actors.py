@@ -3,10 +3,12 @@ calls them): an attempt is one call, straight to its worker."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import uuid
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from typing import Any
 
 import trio
@@ -82,3 +84,24 @@ class Actors:
             return actor
         self.drop(place, made)
         return None
+
+
+def answer(call: Any) -> remote.Returned | None:
+    """A call's answer, or None when it is not there within ``WAIT_STEP``."""
+    from distributed import TimeoutError as DaskTimeout
+
+    try:
+        done: remote.Returned = call.result(timeout=WAIT_STEP)
+    except (DaskTimeout, TimeoutError):
+        return None
+    except (asyncio.CancelledError, CancelledError) as exc:  # the scheduler dropped it (lost)
+        return remote.failed(f"worker-lost: the Dask scheduler dropped the call: {exc}"[:400])
+    return done
+
+
+def settle(call: Any) -> None:
+    """Wait for a cancelled call to end, whatever it ended with."""
+    try:
+        call.result()
+    except Exception:
+        return

@@ -28,14 +28,13 @@ if the worker is unreachable, when it is back.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import logging
 import threading
 import uuid
 from collections.abc import Mapping
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ import trio
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors import remote
 from dagrunner.executors import source as ship
-from dagrunner.executors.actors import WAIT_STEP, Actors
+from dagrunner.executors.actors import Actors, answer, settle
 from dagrunner.executors.base import Fingerprint, Machine
 from dagrunner.executors.placement import Placement, WorkerFacts, worker_size
 from dagrunner.git.command import git
@@ -373,7 +372,7 @@ class DaskExecutor:
         deadline = None if patience is None else trio.current_time() + patience
         try:
             while True:
-                done = await trio.to_thread.run_sync(_wait, call, abandon_on_cancel=True)
+                done = await trio.to_thread.run_sync(answer, call, abandon_on_cancel=True)
                 if done is not None:
                     return done
                 if lost := self._lost():
@@ -388,7 +387,7 @@ class DaskExecutor:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._abandon, key, slots)
                 with trio.move_on_after(job.grace + 5) as waited:
-                    await trio.to_thread.run_sync(_settle, call, abandon_on_cancel=True)
+                    await trio.to_thread.run_sync(settle, call, abandon_on_cancel=True)
                 if not waited.cancelled_caught:  # it ended there: nothing to leave set
                     await trio.to_thread.run_sync(self._forget, key)
             raise
@@ -429,24 +428,3 @@ class DaskExecutor:
 def _not_all_exit(record: logging.LogRecord) -> bool:
     """Drop asyncio's "never retrieved" traceback of the client's ``AllExit`` (a lost scheduler)."""
     return type(record.exc_info[1] if record.exc_info else None).__name__ != "AllExit"
-
-
-def _wait(future: Any) -> remote.Returned | None:
-    """The attempt's result, or None when it is not done within a second."""
-    from distributed import TimeoutError as DaskTimeout
-
-    try:
-        done: remote.Returned = future.result(timeout=WAIT_STEP)
-    except (DaskTimeout, TimeoutError):
-        return None
-    except (asyncio.CancelledError, CancelledError) as exc:  # the scheduler dropped it (lost)
-        return remote.failed(f"worker-lost: the Dask scheduler dropped the task: {exc}"[:400])
-    return done
-
-
-def _settle(future: Any) -> None:
-    """Wait for a cancelled attempt's task to end, whatever it ended with."""
-    try:
-        future.result()
-    except Exception:
-        return
