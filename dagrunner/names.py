@@ -13,6 +13,7 @@ import re
 
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 RULE = "1-63 letters, digits, '_', '-' or '.', starting with a letter or digit, no '..'"
 
 
@@ -33,3 +34,8 @@ def is_safe_name(value: object) -> bool:
 def is_safe_id(value: object) -> bool:
     """An envelope id (``mission.worker.hash``: longer than a name, same alphabet)."""
     return _safe(value, _ID)
+
+
+def is_object_id(value: object) -> bool:
+    """A full git object id (SHA-1 or SHA-256) as git writes it: never an option or a range."""
+    return isinstance(value, str) and _OBJECT_ID.fullmatch(value) is not None

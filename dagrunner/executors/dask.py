@@ -47,6 +47,7 @@ from dagrunner.executors.actors import Actors, answer, settle
 from dagrunner.executors.base import Fingerprint, Machine
 from dagrunner.executors.placement import Placement, WorkerFacts, worker_size
 from dagrunner.git.command import git
+from dagrunner.names import is_object_id
 from dagrunner.process.sandbox import AttemptResult, GateJob
 from dagrunner.report.logtail import strip_ansi
 from dagrunner.version import VERSION
@@ -248,9 +249,9 @@ class DaskExecutor:
             if top not in self._shipped:
                 commit = ship.source_commit(Path(top))
                 holds = self._client.run(remote.held_here, on_error="return")
-                common = set.intersection(
+                common = {c for c in set.intersection(
                     *(set(h) if isinstance(h, list) else set() for h in holds.values())
-                ) if holds else set()  # fmt: skip
+                ) if is_object_id(c)} if holds else set()  # fmt: skip
                 packed = b""  # every worker has this state checked out already: none to send
                 if commit not in common:
                     base = ship.known_here(Path(top), sorted(common))
