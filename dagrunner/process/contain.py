@@ -193,7 +193,7 @@ def _probe(unshare: str, userns: bool, *, confine: bool) -> bool:
     view holds: a covered folder's secret hidden, a writable folder inside it written, and a
     folder outside every allowed place read-only."""
     with tempfile.TemporaryDirectory(prefix="dagrunner-probe-") as tmp:
-        root = Path(tmp)
+        root = Path(os.path.realpath(tmp))  # a View holds real paths (compared by name)
         for folder in ("cover/keep", "stage", "outside", "hidden"):
             (root / folder).mkdir(parents=True)
         (root / "cover" / "secret").write_text("")

@@ -109,7 +109,8 @@ PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")  # shared scratch places: each gate g
 class View:
     """A gate's filesystem: read-only everywhere but ``writable``; each cover (the invoking
     user's homes, /tmp, /var/tmp, /dev/shm) an empty private tmpfs holding only what is
-    ``writable`` or ``visible`` inside it, each at its own path; the cache store hidden."""
+    ``writable`` or ``visible`` inside it, each at its own path; the cache store hidden.
+    Every path is real (no symlink on the way): ``for_gate`` makes them so."""
 
     writable: tuple[Path, ...]
     stage: Path  # an empty folder of the attempt's, where the covers are built
