@@ -22,7 +22,7 @@ Workers share nothing with the submitter but the network (docs/distributed.md):
   Dask shows as the gate's wait, not its duration.  Its JUnit file is read there.
 
 Cancelling an attempt (Ctrl-C, --fail-fast, a deadline) calls the worker's ``Slots`` and sets
-a Dask ``Event`` it looks at each second: the attempt ends its process tree there at once, or,
+a Dask ``Event`` it looks at every 2 s: the attempt ends its process tree there at once, or,
 if the worker is unreachable, when it is back.
 """
 
@@ -75,7 +75,6 @@ class DaskExecutor:
                 )
             self.timeout = value
         self._client: Any = self._connect()
-        self._declared: frozenset[str] = frozenset()  # resources every worker declares
         self._ship_lock = threading.Lock()
         self._shipped: dict[str, ship.Shipment] = {}  # checkout -> its source, packed
         self._tops: dict[str, tuple[str, str]] = {}  # a gate's cwd -> (its checkout, path in it)
@@ -121,11 +120,7 @@ class DaskExecutor:
             ]
         found_versions = self._client.run(remote.facts_here, on_error="return") if workers else {}
         found = []
-        declared: set[str] | None = None
         for address, info in sorted(workers.items()):
-            resources = info.get("resources") or {}
-            names = {k for k in ("cpu", "memory") if k in resources}
-            declared = names if declared is None else declared & names
             facts = found_versions.get(address)
             if isinstance(facts, tuple) and len(facts) == 2:
                 (theirs, have_git), problem = facts, ""
@@ -141,7 +136,6 @@ class DaskExecutor:
                     address, *worker_size(info), dagrunner=theirs, git=have_git, problem=problem
                 )
             )
-        self._declared = frozenset(declared or ())
         return found
 
     def machines(self) -> list[Machine]:

@@ -29,9 +29,7 @@ from dagrunner.process.sandbox import AttemptResult, GateJob, run_job
 from dagrunner.records.run import TestRun
 from dagrunner.report.testresults import read_junit
 
-CANCEL_WAIT = (
-    2.0  # seconds between looks at the scheduler's cancel event (set for an unreachable worker)
-)
+CANCEL_WAIT = 2.0  # seconds between looks at the scheduler's cancel event of an attempt
 NEED_SOURCE = "need-source"  # the worker has no checkout of the source yet: nothing ran
 SLOT_THREADS = 256  # attempts at once on one worker (its declared cpu bounds them first)
 MARKS_KEPT = 86400.0  # seconds an attempt's "ran here" mark is kept (Dask re-runs come sooner)
@@ -211,8 +209,9 @@ def _attempt_in(
     job: GateJob, checkout: Path, rel_cwd: str, here: str, key: str, cancel: Cancel
 ) -> Returned:
     """The attempt, run in ``rel_cwd`` of this worker's checkout: its result, log and JUnit.
-    It ends early when ``cancel`` is set (the submitter's call) or, looked at once a second
-    from the first, the scheduler's cancel event (set for a worker it could not reach)."""
+    It ends early when ``cancel`` is set (the submitter's call) or, looked at every
+    ``CANCEL_WAIT`` seconds, the scheduler's cancel event (set while the submitter could not
+    reach this worker)."""
     cwd = checkout / rel_cwd
     cwd.mkdir(parents=True, exist_ok=True)  # git keeps no empty folder
     with tempfile.TemporaryDirectory(prefix="dagrunner-remote-") as tmp:
