@@ -200,4 +200,5 @@ def _within(child: Path, parent: Path) -> bool:
     """Whether ``child`` is ``parent`` or below it, by name: every path a ``View`` holds is
     real already (``_real``), so no symlink is read again (a gate's view took 10 ms of
     ``realpath`` calls when this resolved them)."""
-    return child == parent or parent in child.parents
+    inner, outer = str(child), str(parent)
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
