@@ -132,3 +132,18 @@ def test_a_cheap_check_starts_first_whatever_its_absolute_size() -> None:
     makespan = max(r.finished or 0 for r in results.values())
     without = run(dict.fromkeys(seconds, ()), {**seconds, "lint": 0.0})
     assert makespan <= max(r.finished or 0 for r in without.values()) + 2.0  # at most its own
+
+
+def test_cheap_checks_share_one_lane_while_long_work_is_ready() -> None:
+    """The public project's cold run: lint and format (0.25 s each) took both slots first,
+    and both test shards started 0.25 s late.  Cheap checks go first on one slot, one after
+    the other; the other slot starts the long work at once."""
+    seconds = {"lint": 0.25, "format": 0.25, "t1": 7.0, "t2": 6.5, "docs": 5.5}
+    results = run(dict.fromkeys(seconds, ()), seconds)
+    checks = sorted([results["lint"], results["format"]], key=lambda r: r.started or 0)
+    assert [c.started for c in checks] == [0, pytest.approx(0.25)]  # one after the other
+    assert checks[0].lane == checks[1].lane
+    assert results["t1"].started == 0  # not behind a cheap check
+    # With nothing long ready, cheap checks still run side by side.
+    alone = run({"lint": (), "format": ()}, {"lint": 0.25, "format": 0.25})
+    assert alone["format"].started == 0

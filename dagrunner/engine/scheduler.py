@@ -77,19 +77,30 @@ Listener = Callable[[str, GateResult], None]  # ("start" | "end", result so far)
 CHEAP_SHARE = 0.05  # a gate nothing waits for, under this share of the critical path ...
 
 
+def cheap_checks(
+    graph: Graph, expected: Mapping[str, float], priority: Mapping[str, float]
+) -> set[str]:
+    """The gates nothing waits for whose expected duration (the history's, else the
+    manifest's estimate) is under ``CHEAP_SHARE`` of the critical path."""
+    cheap = max(priority.values(), default=0.0) * CHEAP_SHARE
+    return {
+        node
+        for node in graph.nodes
+        if (took := expected.get(node)) is not None
+        and took <= cheap
+        and graph.out_degree(node) == 0
+    }
+
+
 def short_first(
     graph: Graph, expected: Mapping[str, float], priority: dict[str, float]
 ) -> dict[str, float]:
-    """Priorities where a cheap check nothing waits for (lint beside test shards) goes first,
-    whatever its absolute size: it fails fastest, and it can lengthen the makespan by at
-    most its own duration, which is at most ``CHEAP_SHARE`` of the critical path.  The
-    expected duration is the history's, else the manifest's estimate."""
+    """Priorities where a cheap check (lint beside test shards) goes first, whatever its
+    absolute size: it fails fastest, and it can lengthen the makespan by at most its own
+    duration, which is at most ``CHEAP_SHARE`` of the critical path."""
     longest = max(priority.values(), default=0.0)
-    cheap = longest * CHEAP_SHARE
-    for node in graph.nodes:
-        took = expected.get(node)
-        if took is not None and took <= cheap and graph.out_degree(node) == 0:
-            priority[node] = longest + took
+    for node in cheap_checks(graph, expected, priority):
+        priority[node] = longest + expected[node]
     return priority
 
 
@@ -114,7 +125,9 @@ class Scheduler:
         self.lookup = lookup
         self.settled = settled
         self.expected = dict(expected)
-        self.priority = short_first(graph, self.expected, bottom_levels(graph, expected))
+        levels = bottom_levels(graph, expected)
+        self._cheap = cheap_checks(graph, self.expected, levels)
+        self.priority = short_first(graph, self.expected, levels)
         self.fail_fast = fail_fast
         self.sample_interval = sample_interval
         self.backfill_limit = backfill_limit
@@ -192,6 +205,8 @@ class Scheduler:
                 return
             gate = spec(self.graph, node)
             fits = self.governor.fits(gate.cpu, gate.memory)
+            if node in self._cheap and self._cheap_lane_taken():
+                continue  # cheap checks go first on one slot, one after the other
             if top_blocked is None:
                 if fits:
                     self._start(nursery, node)
@@ -210,6 +225,15 @@ class Scheduler:
                 extra_cpu -= gate.cpu  # uses only what the top gate will leave free
                 extra_mem -= gate.memory
                 self._start(nursery, node)
+
+    def _cheap_lane_taken(self) -> bool:
+        """A cheap check runs, and a gate that is not one is ready and fits now: the other
+        slots are the long work's (two checks of 0.2 s on two slots delay every lane)."""
+        return any(n in self._cheap for n in self._running) and any(
+            n not in self._cheap
+            and self.governor.fits(spec(self.graph, n).cpu, spec(self.graph, n).memory)
+            for _, n in self._order
+        )
 
     def _reservation(self, node: str) -> tuple[float, float, float]:
         """When ``node`` will fit if running gates end as expected, and what it leaves free then."""
