@@ -581,3 +581,29 @@ def test_the_source_is_shipped_ahead_of_the_first_gate(
         cluster.address,
     )  # fmt: skip
     assert code == 0, (run_dir / "logs" / "a.log").read_text()
+
+
+def test_a_worker_keeps_no_threads_of_finished_runs(
+    repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
+    """Every run makes its actor on each worker; the threads its attempts ran on serve the
+    next run (one pool per worker process), so a long-lived worker does not gather idle
+    threads run after run."""
+    from dagrunner.executors.dask import DaskExecutor
+
+    def attempt_threads() -> int:  # local: sent by value, run on the worker
+        import threading
+
+        return sum(t.name.startswith("dagrunner-attempt") for t in threading.enumerate())
+
+    manifest = '[gates.a]\nrun = "true"\ncpu = 4\n[gates.b]\nrun = "true"\ncpu = 4\n'
+    counts = []
+    for _ in range(3):
+        code, _, _ = check(capsys, repo, manifest, "--executor", cluster.address)
+        assert code == 0
+        executor = DaskExecutor(cluster.address)
+        try:
+            counts.append(executor._client.run(attempt_threads, workers=[cluster.hidden]))
+        finally:
+            executor.close()
+    assert counts[2] == counts[0], counts

@@ -32,6 +32,9 @@ from dagrunner.report.testresults import read_junit
 CANCEL_WAIT = 2.0  # seconds between looks at the scheduler's cancel event of an attempt
 NEED_SOURCE = "need-source"  # the worker has no checkout of the source yet: nothing ran
 SLOT_THREADS = 256  # attempts at once on one worker (its declared cpu bounds them first)
+# The threads attempts run on, in a worker process: made as attempts need them, kept for the
+# next run's (at most SLOT_THREADS at once).
+_POOL = ThreadPoolExecutor(SLOT_THREADS, thread_name_prefix="dagrunner-attempt")
 MARKS_KEPT = 86400.0  # seconds an attempt's "ran here" mark is kept (Dask re-runs come sooner)
 
 
@@ -140,13 +143,14 @@ class Slots:
     per worker).  The submitter calls it straight, one round trip an attempt; the scheduler's
     task machinery (submission, placement, a result kept in memory there) is not on the way.
 
-    Each attempt runs on a thread of its own; ``cancel`` ends one at once."""
+    Each attempt runs on a thread of its own, from one pool for every run this worker
+    process serves (a pool per actor would leave its idle threads behind after each run);
+    ``cancel`` ends one at once."""
 
     def __init__(self) -> None:
         from distributed import get_worker
 
         self.here = str(get_worker().address)
-        self._pool = ThreadPoolExecutor(SLOT_THREADS, thread_name_prefix="dagrunner-attempt")
         self._cancels: dict[str, Cancel] = {}
 
     async def run(self, job: GateJob, rel_cwd: str, commit: str, key: str) -> Returned:
@@ -155,7 +159,7 @@ class Slots:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(
-                self._pool, context.run, run_remote, job, rel_cwd, commit, key, self.here, cancel
+                _POOL, context.run, run_remote, job, rel_cwd, commit, key, self.here, cancel
             )
         finally:
             self._cancels.pop(key, None)
