@@ -6,6 +6,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import CLI, PY, check, gate_results, git, running, write_manifest
@@ -201,20 +202,22 @@ def test_missing_program_fails_with_a_reason(
     assert "could not start 'no-such-program-xyz'" in reason
 
 
+def measured(capsys: pytest.CaptureFixture[str], repo: Path, gate: str, body: str) -> Any:
+    """The record of one passing gate, its tree sampled every 50 ms."""
+    manifest = f'[governor]\nsample_interval = "50ms"\n[gates.{gate}]\n{body}\n'
+    code, _, run_dir = check(capsys, repo, manifest)
+    assert code == 0, gate_results(run_dir)[gate]
+    return gate_results(run_dir)[gate]
+
+
 def test_peak_memory_measured_and_flagged(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, run_dir = check(
+    hog = measured(
         capsys,
         repo,
-        f"""
-        [governor]
-        sample_interval = "50ms"
-        [gates.hog]
-        run = ["{PY}", "-c", "import time; b = bytearray(200 * 1024 * 1024); time.sleep(1.0)"]
-        memory = "32M"
-    """,
+        "hog",
+        f'run = ["{PY}", "-c", "import time; b = bytearray(200 * 1024 * 1024); time.sleep(1.0)"]'
+        '\nmemory = "32M"',
     )
-    assert code == 0
-    hog = gate_results(run_dir)["hog"]
     assert hog["peak_rss"] > 150 * 1024 * 1024
     assert hog["memory_exceeded"] is True
     assert "well past the declared" in hog["reason"]
@@ -235,21 +238,10 @@ time.sleep(0.3)
 def test_a_grandchilds_memory_and_cpu_count_for_the_gate(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The tree is found where the gate has a cgroup of its own (from the cgroup, not a
-    /proc scan) as where it has none: a process two levels down is measured."""
+    """A process two levels down is measured: found from the gate's own cgroup where it
+    has one (no /proc scan), else by the scan."""
     (repo / "deep.py").write_text(DEEP)
-    code, _, run_dir = check(
-        capsys,
-        repo,
-        f"""
-        [governor]
-        sample_interval = "50ms"
-        [gates.deep]
-        run = ["{PY}", "deep.py", "0"]
-    """,
-    )
-    assert code == 0, gate_results(run_dir)["deep"]
-    deep = gate_results(run_dir)["deep"]
+    deep = measured(capsys, repo, "deep", f'run = ["{PY}", "deep.py", "0"]')
     assert deep["peak_rss"] > 100 << 20
     assert deep["attempts"][0]["cpu_seconds"] >= 0.3
 
