@@ -546,6 +546,19 @@ def test_junit_cases_come_back_from_the_worker_as_from_a_local_run(
     assert unit["attempts"][0]["worker"] == cluster.hidden
 
 
+def test_one_state_packs_to_one_commit_whenever_it_is_packed(repo: Path) -> None:
+    """A state packed a second later is the same commit (a worker that holds it from an
+    earlier run is sent nothing); a changed state is another."""
+    from dagrunner.executors import source
+
+    (repo / "dirty.txt").write_text("uncommitted\n")
+    first = source.source_commit(repo)
+    time.sleep(1.1)  # past a commit date's one-second grain
+    assert source.source_commit(repo) == first
+    (repo / "dirty.txt").write_text("changed\n")
+    assert source.source_commit(repo) != first
+
+
 def test_the_source_is_shipped_ahead_of_the_first_gate(
     repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
 ) -> None:

@@ -48,13 +48,19 @@ class Shipment:
     bundle: bytes  # a git bundle holding it under ``REF`` (maybe less what workers hold)
 
 
+# A fixed date: one state is one commit, whenever it is packed, so that a worker that
+# holds it from an earlier run is sent nothing (with the clock's date, only runs within
+# the same second would find it).
+FIXED_DATE = {"GIT_AUTHOR_DATE": "@0 +0000", "GIT_COMMITTER_DATE": "@0 +0000"}
+
+
 def source_commit(checkout: Path) -> str:
-    """The full state of ``checkout`` as a parentless commit."""
+    """The full state of ``checkout`` as a parentless commit, the same for the same state."""
     tree = state_tree(checkout)
     return git(
         ["commit-tree", "--no-gpg-sign", tree, "-m", "dagrunner: the run's source"],
         cwd=checkout,
-        env=IDENTITY,
+        env={**IDENTITY, **FIXED_DATE},
     ).text
 
 
