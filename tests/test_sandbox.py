@@ -266,6 +266,29 @@ def test_escaped_orphan_of_a_passed_gate_is_ended(
     assert "leftover" in reason or said_by_sweep, (reason, body["warnings"])
 
 
+def test_without_namespaces_an_escaped_orphan_is_swept(repo: Path) -> None:
+    """Where a gate has no PID namespace (DAGRUNNER_CONTAINMENT=session: a machine without
+    one), an orphan that left the gate's group re-parents to the runner and its sweep ends
+    it; with a namespace nothing can re-parent, and no sweep scans /proc."""
+    import json
+
+    path = write_manifest(repo, '[gates.a]\nrun = "setsid sleep 300.0317 > /dev/null 2>&1 &"\n')
+    done = subprocess.run(
+        [*CLI, "release-check", str(path), "--json", "--no-cache"],
+        cwd=repo,
+        env={**os.environ, "DAGRUNNER_CONTAINMENT": "session"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not running("300.0317")
+    body = json.loads(done.stdout)
+    reason = gate_results(repo / "reports" / "latest")["a"]["reason"]
+    said_by_sweep = any("left running by a finished gate" in w for w in body["warnings"])
+    assert "leftover" in reason or said_by_sweep, (reason, body["warnings"])
+
+
 def test_nested_runner_leaves_its_own_childrens_inherited_token_alone(
     repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

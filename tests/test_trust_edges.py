@@ -23,7 +23,7 @@ from dagrunner.git.repo import repo_info
 from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
 from dagrunner.manifest.load import load_manifest
-from dagrunner.process.contain import namespaced
+from dagrunner.process.contain import bubblewrapped, namespaced
 from dagrunner.process.view import View
 from dagrunner.worktrees import allocate as wt
 from dagrunner.worktrees import export as exporting
@@ -132,10 +132,16 @@ def open_place() -> Iterator[Path]:
     shutil.rmtree(place, ignore_errors=True)
 
 
-def test_an_ordinary_user_gets_the_namespaces_and_the_allow_list(open_place: Path) -> None:
+@pytest.mark.parametrize("way", ["unshare", "bubblewrap"])
+def test_an_ordinary_user_gets_the_namespaces_and_the_allow_list(
+    open_place: Path, way: str
+) -> None:
     """The init and its view run as uid 65534 through a user namespace, as a CI runner's
     ordinary user would: a gate writes its tree, not the folder beside it, and sees nothing
-    of the covered folder but what it may."""
+    of the covered folder but what it may (the view applied either way)."""
+    bwrap = shutil.which("bwrap") or ""
+    if way == "bubblewrap" and not bwrap:
+        pytest.skip("bubblewrap is not installed")
     python = sys.executable  # an ordinary user runs dagrunner with a Python of their own
     if os.geteuid() != 0:
         user: list[str] = []  # already an ordinary user
@@ -156,16 +162,23 @@ def test_an_ordinary_user_gets_the_namespaces_and_the_allow_list(open_place: Pat
         'touch "$1/tree/mine" && ! touch "$2/not-mine" 2>/dev/null && [ ! -e "$1/secret" ] '
         '&& [ "$(id -u)" = 0 ]'  # root only inside its own user namespace
     )
-    argv = namespaced(
-        ["/bin/sh", "-c", gate, "gate", str(place / "cover"), str(place / "beside")],
-        ops="\n".join(view.operations()),
-        left=place / "cover" / "tree" / ".left",
-        cwd=place / "cover" / "tree",
-        userns=True,
-        python=python,
-    )
+    command = ["/bin/sh", "-c", gate, "gate", str(place / "cover"), str(place / "beside")]
+    left, tree = place / "cover" / "tree" / ".left", place / "cover" / "tree"
+    if way == "bubblewrap":
+        options = view.bwrap_options()
+        argv = bubblewrapped(
+            command, options=options, left=left, cwd=tree, bwrap=bwrap, userns=True
+        )
+    else:
+        argv = namespaced(
+            command, ops="\n".join(view.operations()), left=left, cwd=tree, userns=True,
+            python=python,
+        )  # fmt: skip
     done = subprocess.run([*user, *argv], capture_output=True, check=False)
-    if b"Operation not permitted" in done.stderr and b"unshare" in done.stderr:
+    refused = (b"unshare" in done.stderr or b"bwrap" in done.stderr) and (
+        b"Operation not permitted" in done.stderr or b"No permissions" in done.stderr
+    )
+    if refused:
         pytest.skip("this kernel gives ordinary users no user namespaces")
     assert done.returncode == 0, done.stderr.decode()
     made = place / "cover" / "tree" / "mine"

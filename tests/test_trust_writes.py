@@ -4,6 +4,7 @@ gate would, on real repositories and processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -39,9 +40,14 @@ ls -A "{home}" > ./home-listing 2>&1 || true
 """
 
 
+# Where bubblewrap is installed it applies the view; the mount(2) path stays the fallback.
+WAYS = ["bubblewrap", "unshare"] if detect().bwrap else ["unshare"]
+
+
 @confined
+@pytest.mark.parametrize("way", WAYS)
 def test_a_gate_writes_only_its_tree_home_tmpdir_and_what_the_manifest_names(
-    repo: Path, tmp_path: Path
+    repo: Path, tmp_path: Path, way: str
 ) -> None:
     home = Path(os.environ["HOME"])  # the invoking user's home (the test's own)
     (home / "secret.txt").write_text("the user's secret\n")
@@ -52,8 +58,11 @@ def test_a_gate_writes_only_its_tree_home_tmpdir_and_what_the_manifest_names(
     manifest = repo / "probe.toml"
     python = sys.prefix
     manifest.write_text(TRIES.format(home=home, outside=outside, shared=shared, python=python))
-    done = run_cli(repo, "release-check", str(manifest), "--no-cache")
+    forced = {"DAGRUNNER_CONTAINMENT": way} if way == "unshare" else {}
+    done = run_cli(repo, "release-check", str(manifest), "--no-cache", "--json", env=forced)
     assert done.returncode == 0, done.stderr
+    containment = json.loads(done.stdout)["machine"]["containment"]
+    assert containment["views_by"] == ("mount" if way == "unshare" else "bubblewrap")
     said = dict(line.split(":", 1) for line in (repo / "said").read_text().split("\n") if line)
     assert said == {
         "home": "no",  # the invoking user's home: not even visible

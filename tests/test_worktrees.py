@@ -73,7 +73,9 @@ def test_doctor_reports_each_check(project: Path, capsys: pytest.CaptureFixture[
         "root": "PASS",
         "disk": "PASS",
         "seeds": "NOTE" if body["seed_share"] == "copy" else "PASS",
-    } | ({"cgroup-join": "NOTE"} if body["containment"]["cgroup_kill"] and slow_joins() else {})
+    } | ({"cgroup-join": "NOTE"} if body["containment"]["cgroup_kill"] and slow_joins() else {}) | (
+        {"bubblewrap": "NOTE"} if body["containment"]["views_by"] == "mount" else {}
+    )
     assert body["worktree_root"].startswith(os.environ["DAGRUNNER_WORKTREE_ROOT"])
     assert body["seed_share"] in ("reflink", "overlay", "copy")
 

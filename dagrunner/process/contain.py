@@ -82,6 +82,7 @@ class Containment:
     userns: bool = False  # the namespaces come with a user namespace (not root)
     unshare: str = "unshare"  # resolved once by detect(), not per gate
     setpriv: str = "setpriv"
+    bwrap: str = ""  # bubblewrap, where it holds the view: it applies it (``bubblewrapped``)
     cgroup_kill: Path | None  # a cgroup v2 directory under which each gate gets its own
     pids: Path | None  # where a per-gate cgroup can carry pids.max (v2 or v1)
     memory: Path | None  # where a per-gate cgroup can carry a memory limit (v2 or v1)
@@ -98,6 +99,7 @@ class Containment:
             "read_only_views": self.views,
             "write_allow_list": self.views,
             "user_namespace": self.userns,
+            "views_by": ("bubblewrap" if self.bwrap else "mount") if self.views else "",
             "parent_death_signal": self.pdeathsig,
             "cgroup_kill": self.cgroup_kill is not None,
             "pids_limit": self.pids is not None,
@@ -108,7 +110,7 @@ class Containment:
         found = [
             "PID namespace (kill-all, private /proc, cache hidden)" if self.pidns else "",
             "writes only to its tree, HOME, TMPDIR and what the manifest names; the "
-            "invoking user's home hidden"
+            f"invoking user's home hidden ({'bubblewrap' if self.bwrap else 'mount'})"
             if self.views
             else "",
             "user namespace (not root)" if self.userns else "",
@@ -124,15 +126,19 @@ class Containment:
 @functools.cache
 def detect() -> Containment:
     """What containment this machine allows; probed once per process."""
-    if os.environ.get("DAGRUNNER_CONTAINMENT") == "session":  # tests and debugging
+    forced = os.environ.get("DAGRUNNER_CONTAINMENT", "")  # tests and debugging
+    if forced == "session":
         return Containment(pidns=False, pdeathsig=False, cgroup_kill=None, pids=None, memory=None)
     setpriv, unshare = shutil.which("setpriv"), shutil.which("unshare")
+    bwrap = "" if forced == "unshare" else shutil.which("bwrap") or ""
     pidns = views = False
     userns = os.geteuid() != 0
     if unshare:
         pidns = _probe(unshare, userns, confine=False)
-        # the allow-list apart: a machine whose mounts fail keeps its PID namespace
-        views = pidns and _probe(unshare, userns, confine=True)
+        # the allow-list apart: a machine whose mounts fail keeps its PID namespace;
+        # bubblewrap first (where it holds the view, the mount(2) path is not needed)
+        bwrap = bwrap if pidns and bwrap and _probe(unshare, userns, bwrap=bwrap) else ""
+        views = pidns and (bool(bwrap) or _probe(unshare, userns, confine=True))
     own, mounts = cgroups.own_cgroups(), cgroups.mounts()
     cgroup_kill = pids = memory = None
     if "" in own and "" in mounts:
@@ -158,6 +164,7 @@ def detect() -> Containment:
         pdeathsig=setpriv is not None,
         unshare=unshare or "unshare",
         setpriv=setpriv or "setpriv",
+        bwrap=bwrap,
         cgroup_kill=cgroup_kill,
         pids=pids,
         memory=memory,
@@ -172,45 +179,51 @@ def network_isolation() -> bool:
     if not found.pidns:
         return False
     with tempfile.TemporaryDirectory(prefix="dagrunner-probe-") as tmp:
-        argv = namespaced(
-            ["true"],
-            ops="loopback",
-            left=Path(tmp) / "left",
-            cwd=Path(tmp),
-            unshare=found.unshare,
-            userns=found.userns,
-            net=True,
-        )
-        try:
-            done = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-    return done.returncode == 0
+        left, cwd = Path(tmp) / "left", Path(tmp)
+        ways = [
+            namespaced(["true"], ops="loopback", left=left, cwd=cwd, unshare=found.unshare,
+                       userns=found.userns, net=True),
+        ]  # fmt: skip
+        if found.bwrap:  # an isolated gate with a view goes through bubblewrap: both must work
+            options = View(writable=(cwd,), stage=cwd).bwrap_options()
+            ways.append(bubblewrapped(["true"], options=options, left=left,
+                                      cwd=cwd, bwrap=found.bwrap, userns=found.userns, net=True))  # fmt: skip
+        for argv in ways:
+            try:
+                done = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=10)  # fmt: skip
+            except (OSError, subprocess.TimeoutExpired):
+                return False
+            if done.returncode != 0:
+                return False
+    return True
 
 
-def _probe(unshare: str, userns: bool, *, confine: bool) -> bool:
+def _probe(unshare: str, userns: bool, *, confine: bool = True, bwrap: str = "") -> bool:
     """Whether the init runs a command in a new namespace; with ``confine``, whether the
     view holds: a covered folder's secret hidden, a writable folder inside it written, and a
-    folder outside every allowed place read-only."""
+    folder outside every allowed place read-only (applied by ``bwrap`` when given)."""
     with tempfile.TemporaryDirectory(prefix="dagrunner-probe-") as tmp:
         root = Path(os.path.realpath(tmp))  # a View holds real paths (compared by name)
         for folder in ("cover/keep", "stage", "outside", "hidden"):
             (root / folder).mkdir(parents=True)
         (root / "cover" / "secret").write_text("")
-        ops = ""
+        view = View(
+            writable=(root / "cover" / "keep",),
+            stage=root / "stage",
+            covers=(root / "cover",),
+            hide=root / "hidden",
+        )
+        ops = "\n".join(view.operations()) if confine else ""
         check = ["true"]
         if confine:
-            view = View(
-                writable=(root / "cover" / "keep",),
-                stage=root / "stage",
-                covers=(root / "cover",),
-                hide=root / "hidden",
-            )
-            ops = "\n".join(view.operations())
             test = '[ ! -e "$1/secret" ] && touch "$1/keep/ok" && ! touch "$2/x" 2>/dev/null'
             check = ["/bin/sh", "-c", test, "probe", f"{tmp}/cover", f"{tmp}/outside"]
         left = Path(f"{tmp}/cover/keep/left" if confine else f"{tmp}/left")
-        argv = namespaced(check, ops=ops, left=left, cwd=root, unshare=unshare, userns=userns)
+        if bwrap and confine:
+            options = view.bwrap_options()
+            argv = bubblewrapped(check, options=options, left=left, cwd=root, bwrap=bwrap, userns=userns)  # fmt: skip
+        else:
+            argv = namespaced(check, ops=ops, left=left, cwd=root, unshare=unshare, userns=userns)
         try:
             probe = subprocess.run(
                 argv,
@@ -246,6 +259,31 @@ def namespaced(
     init += [*map(str, groups), "--"]
     spaces = ["--pid", "--fork", "--kill-child", "--mount-proc", *(["--net"] if net else [])]
     return [unshare, *user, *spaces, "--", *init, *argv]
+
+
+def bubblewrapped(
+    argv: Sequence[str],
+    *,
+    options: Sequence[str],
+    left: Path,
+    cwd: Path,
+    bwrap: str,
+    userns: bool = False,
+    groups: Sequence[Path] = (),
+    net: bool = False,
+) -> list[str]:
+    """``argv`` run by the init as PID 1 of bubblewrap's PID and mount namespaces, which
+    apply the view's ``options`` (``View.bwrap_options``) before it starts; ``groups`` are
+    joined first, from outside (the view makes cgroupfs read-only).  The same init and the
+    same view as ``namespaced``, in two processes instead of four (no Python starts)."""
+    # Not root: a user namespace, mapped to root inside as ``namespaced`` maps it.
+    user = ["--unshare-user", "--uid", "0", "--gid", "0"] if userns else []
+    init = ["/bin/sh", "-c", _INIT, "init", str(left), "", str(cwd), "", "", "--"]
+    spaces = ["--die-with-parent", "--unshare-pid", "--as-pid-1", *user]
+    command = [bwrap, *spaces, *(["--unshare-net"] if net else []), *options, "--", *init]
+    if groups:
+        command = ["/bin/sh", "-c", _JOIN, "join", *map(str, groups), "--", *command]
+    return [*command, *argv]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,7 +380,18 @@ def jail(
                     (group / name).write_text(value)
             groups.append(group)
     command = list(argv)
-    if found.pidns:
+    if confined and view is not None and found.bwrap:
+        command = bubblewrapped(
+            command,
+            options=view.bwrap_options(),
+            left=left,
+            cwd=cwd,
+            bwrap=found.bwrap,
+            userns=found.userns,
+            groups=groups,
+            net=isolated,
+        )
+    elif found.pidns:
         # The init joins the cgroups itself ("0" moves the writer): one process fewer per gate.
         if view is not None and confined:
             ops = view.operations()

@@ -149,7 +149,8 @@ async def run_job(job: GateJob) -> AttemptResult:
     home = Path(job.sandbox_dir)
     tmp = home / ".tmp"
     token = uuid.uuid4().hex
-    ISSUED.add(token)
+    if not detect().pidns:
+        ISSUED.add(token)  # a PID namespace leaves no orphan (tree.sweep_orphans)
     env = dict(job.env)
     if not job.keep_home:
         env.update(HOME=str(home), TMPDIR=str(tmp), TMP=str(tmp), TEMP=str(tmp))

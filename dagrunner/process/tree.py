@@ -26,9 +26,11 @@ _PR_SET_CHILD_SUBREAPER = 36
 _subreaper_done = False
 # token -> gate id of every gate whose tree is running in this process; see sweep_orphans().
 RUNNING: dict[str, str] = {}
-# Every token this process gave a gate.  A runner that is itself inside a gate (nested
-# runs, the project's own tests) inherits that gate's token: its own children carry it,
-# and they are not orphans of ours.
+# Every token this process gave a gate that can leave orphans: one outside a PID namespace
+# (where the namespace's end takes everything in it, nothing is left to sweep, and no
+# sweep scans /proc).  A runner that is itself inside a gate (nested runs, the project's
+# own tests) inherits that gate's token: its own children carry it, and they are not
+# orphans of ours.
 ISSUED: set[str] = set()
 
 
@@ -225,7 +227,7 @@ def sweep_orphans(grace: float = 1.0) -> list[tuple[int, str]]:
     Catches a descendant that escaped its gate's process group (setsid) and
     outlived the gate's own check.  Cheap when there are none.
     """
-    if not _subreaper_done:
+    if not _subreaper_done or not ISSUED:
         return []
     me = psutil.Process()
     strays: list[tuple[psutil.Process, str]] = []

@@ -4,7 +4,8 @@ Read-only everywhere but the gate's tree, its own HOME and TMPDIR and what the t
 manifest names writable; the invoking user's homes covered by an empty read-only tmpfs,
 ``/tmp``, ``/var/tmp`` and ``/dev/shm`` by private writable ones; the cache store hidden.
 ``View.operations`` turns that into the mount operations the gate's PID 1 performs
-(``contain._INIT``), one a line, before it starts the gate.
+(``contain._INIT``), one a line, before it starts the gate; ``View.bwrap_options`` into
+bubblewrap's options, where bubblewrap is installed (a fifth of the cost per gate).
 """
 
 from __future__ import annotations
@@ -183,6 +184,34 @@ class View:
         ops += [f"under {c}" for c in self.covers]
         ops.append("readonly")
         return ops
+
+    def bwrap_options(self) -> list[str]:
+        """The same view as bubblewrap options (``contain.bubblewrapped``), applied in
+        order: every mount read-only (recursively), the kernel's ``/dev`` and a ``/proc`` of
+        the gate's own PID namespace, each cover an empty tmpfs, what is writable or shown
+        bound at its own path (the shallower first, so a place shown inside a writable one
+        stays read-only), the store hidden, then the covered homes read-only (not what is
+        bound inside them: the remount is not recursive)."""
+        opts = ["--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
+        for cover in sorted(self.covers, key=lambda c: len(c.parts)):
+            opts += ["--tmpfs", str(cover)]
+        for path in sorted({*self.writable, *self.visible}, key=lambda p: len(p.parts)):
+            opts += ["--bind" if path in self.writable else "--ro-bind", str(path), str(path)]
+        shown = [*self.writable, *self.visible]
+        # a store not made yet has nothing to hide (and no mount point in a read-only place);
+        # one under a cover and under nothing shown is out of sight already
+        if (
+            self.hide is not None
+            and self.hide.is_dir()
+            and (
+                not any(_within(self.hide, c) for c in self.covers)
+                or any(_within(self.hide, p) for p in shown)
+            )
+        ):
+            hidden = str(self.hide)
+            opts += ["--perms", "0000", "--size", "4096", "--tmpfs", hidden, "--remount-ro", hidden]
+        opts += [x for c in self.covers if str(c) not in PRIVATE for x in ("--remount-ro", str(c))]
+        return opts
 
 
 def _real(paths: Sequence[Path]) -> list[Path]:
