@@ -125,8 +125,11 @@ def test_retries_beyond_a_handful_are_a_manifest_error(repo: Path) -> None:
 
 @pytest.fixture
 def open_place() -> Iterator[Path]:
-    """A folder an ordinary user can reach (pytest's own is its user's alone)."""
-    place = Path(tempfile.mkdtemp(prefix="dagrunner-ordinary-"))
+    """A folder an ordinary user can reach (pytest's own is its user's alone, and so is a
+    gate's TMPDIR when the suite runs as a gate)."""
+    place = Path(
+        tempfile.mkdtemp(prefix="dagrunner-ordinary-", dir="/tmp")
+    )  # not TMPDIR: a gate's is its own
     place.chmod(0o777)
     yield place
     shutil.rmtree(place, ignore_errors=True)
