@@ -98,6 +98,7 @@ class DaskExecutor:
         # A lost scheduler is said once, in the run's warnings and its attempts' reasons --
         # not as the client's own traceback on stderr.
         logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
+        logging.getLogger("distributed.batched").setLevel(logging.WARNING)  # its INFO has one
         logging.getLogger("asyncio").addFilter(_not_all_exit)  # the client's own, on loss
         try:
             return Client(self.address, timeout=self.timeout)
