@@ -289,3 +289,53 @@ def test_each_run_start_bounds_the_workers_stores(repo: Path, tmp_path: Path) ->
                 break
             time.sleep(0.2)
     assert len(listed) == 3, listed  # one ref: "<sha> commit refs/trees/<sha>"
+
+
+def test_attempts_go_straight_to_the_worker_and_through_the_scheduler_when_they_must(
+    repo: Path, tmp_path: Path
+) -> None:
+    """With the scheduler frozen (SIGSTOP), an attempt still runs and answers: the call goes
+    from the submitter to the worker and back.  A worker that does not answer from here puts
+    the calls back through the scheduler, with a warning, and attempts still run."""
+    import trio
+
+    from dagrunner.executors.base import Machine
+    from dagrunner.executors.dask import DaskExecutor
+    from dagrunner.process.sandbox import GateJob
+
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def attempt(executor: DaskExecutor, name: str) -> int | None:
+        job = GateJob(
+            gate=name, argv=("true",), cwd=str(repo), env={"PATH": os.environ["PATH"]},
+            sandbox_dir=str(work / name), log_path=str(work / f"{name}.log"),
+            log_limit=1 << 16, timeout=30.0,
+        )  # fmt: skip
+
+        async def run() -> int | None:
+            with trio.fail_after(20):
+                return (await executor.execute(job)).exit_code
+
+        return trio.run(run)
+
+    with cluster(tmp_path / "c", 1) as made:
+        executor = DaskExecutor(made.address)
+        try:
+            [worker] = [m.name for m in executor.machines()]
+            assert executor._actors.direct
+            assert attempt(executor, "warm") == 0  # the source shipped, the actor made
+            made.scheduler.send_signal(signal.SIGSTOP)
+            try:
+                assert attempt(executor, "frozen") == 0
+            finally:
+                made.scheduler.send_signal(signal.SIGCONT)
+            assert executor.warnings == []
+
+            executor._route([Machine(worker, 1, 0), Machine("tcp://127.0.0.1:1", 1, 0)])
+            [warning] = executor.warnings  # nothing listens there
+            assert "tcp://127.0.0.1:1 does not answer this machine straight" in warning
+            assert not executor._actors.direct
+            assert attempt(executor, "proxied") == 0
+        finally:
+            executor.close()

@@ -1,5 +1,12 @@
 """The ``remote.Slots`` actor of each Dask worker, made once per run (``executors/dask.py``
-calls them): an attempt is one call, straight to its worker."""
+calls them): an attempt is one call, straight to its worker.
+
+Straight, when it can be: Dask sends an actor's calls through the scheduler unless the
+client is told to reach workers itself (``direct_to_workers``).  ``Actors.route`` asks each
+worker for its identity from here, and calls go direct only while every worker answered
+(no hop through the scheduler, which shares the cores); one that cannot be reached from
+here (a worker behind the scheduler's network) puts every call back through it.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import trio
 from dagrunner.executors import remote
 
 WAIT_STEP = 1.0  # seconds between looks at whether the worker is still there
+REACH_WAIT = 2.0  # seconds a worker has to answer the submitter straight, at its first look
 
 
 class Actors:
@@ -26,6 +34,50 @@ class Actors:
         self._lock = threading.Lock()
         self._made: dict[str, Any] = {}  # worker -> the future of its actor
         self._actors: dict[str, Any] = {}  # worker -> the actor, once made
+        self._looked: set[str] = set()  # workers asked whether they answer from here
+        # None: decide (Dask's config did not say); False: through the scheduler, for good
+        import dask.config
+
+        config = dask.config.get("distributed.client.direct-to-workers", None)
+        self._direct: bool | None = None if config is None else bool(config)
+        client.direct_to_workers = bool(config)
+
+    @property
+    def direct(self) -> bool:
+        """Whether calls go straight to the workers (not through the scheduler)."""
+        return bool(self._client.direct_to_workers)
+
+    def route(self, places: list[str]) -> str:
+        """Look whether each of ``places`` not looked at yet answers from here, and send the
+        calls straight to the workers while all do; a warning when one does not ('' else).
+        Called before a worker is placed on, so that no call goes straight to one that
+        cannot be reached."""
+        new = sorted(set(places) - self._looked)
+        if not new or self._direct is False:
+            self._looked.update(new)
+            return ""
+        reached = self._client.sync(self._reach, new)
+        self._looked.update(new)
+        cut_off = [p for p in new if p not in reached]
+        if not cut_off:
+            self._direct = self._client.direct_to_workers = True
+            return ""
+        self._direct = self._client.direct_to_workers = False
+        return (
+            f"worker {cut_off[0]} does not answer this machine straight (within {REACH_WAIT:g}s)"
+            + (f", nor do {len(cut_off) - 1} more" if len(cut_off) > 1 else "")
+            + ": attempts go through the Dask scheduler for the rest of the run"
+        )
+
+    async def _reach(self, places: list[str]) -> set[str]:
+        async def one(place: str) -> str:
+            try:
+                await asyncio.wait_for(self._client.rpc(place).identity(), REACH_WAIT)
+            except Exception:
+                return ""
+            return place
+
+        return set(await asyncio.gather(*map(one, places))) - {""}
 
     def make(self, place: str) -> Any:
         """The future of ``place``'s actor, asked for now unless it was already."""

@@ -11,8 +11,9 @@ Workers share nothing with the submitter but the network (docs/distributed.md):
   (``--resources "cpu=N,memory=BYTES"``; else its threads and memory limit); the governor
   admits no more than their sum, ``placement`` pins each attempt to one worker with room.
 - **One round trip an attempt.**  Each worker holds one ``remote.Slots`` actor for the run;
-  an attempt is a call to it, straight to the worker (the scheduler's task machinery is
-  not on the way: 1-2 ms a call against 10-15 ms a task here).
+  an attempt is a call to it, straight to the worker when every worker answers the
+  submitter (``Actors.route``; else through the scheduler): the scheduler's task machinery
+  is not on the way (1-2 ms a call against 10-15 ms a task here).
 - **Faults are failures, and end.**  An attempt runs at most once (``remote.run_remote``);
   its worker leaving ends it ``worker-lost``, and none left is none: a gate no worker
   could take waits ``[executor] wait_for_workers`` and ends ``dask-no-capacity``.  The
@@ -54,6 +55,7 @@ from dagrunner.version import VERSION
 
 PLACE_POLL = 0.05
 STASH_TRIES = 3
+ABANDON_WAIT = 5.0  # seconds the scheduler has to take an attempt's cancel event
 GONE = "worker-gone"  # the worker left before the attempt was sent there: place it again
 
 
@@ -160,6 +162,7 @@ class DaskExecutor:
                 "(see dagrunner doctor --executor ...)",
             )
         machines = [Machine(w.address, w.cpu, w.memory) for w in workers]
+        self._route(machines)
         self.placement.update(machines)
         for machine in machines:  # made now, beside the plan: the first gates do not wait
             self._actors.make(machine.name)
@@ -186,9 +189,15 @@ class DaskExecutor:
             machines = []
         else:
             machines = [Machine(w.address, w.cpu, w.memory) for w in self.workers(versions=False)]
+            self._route(machines)
         self.placement.update(machines)
         self._actors.keep({m.name for m in machines})
         return machines
+
+    def _route(self, machines: list[Machine]) -> None:
+        """Calls go straight to the workers while each answers from here (``Actors.route``)."""
+        if warning := self._actors.route([m.name for m in machines]):
+            self._warnings.append(warning)
 
     def _lost(self) -> str:
         """Why the scheduler is lost to this run ('' while it is not): the client gave up
@@ -374,18 +383,19 @@ class DaskExecutor:
                 if lost := self._lost():
                     return remote.failed(f"worker-lost: {lost} while the gate ran on {place}")
                 if place not in self.placement.machines:  # it left (or died and came back)
-                    await trio.to_thread.run_sync(self._abandon, key, slots)
+                    await self._abandoning(key, slots)
                     return remote.failed(f"worker-lost: worker {place} left during the gate", place)
                 if deadline is not None and trio.current_time() > deadline:
-                    await trio.to_thread.run_sync(self._abandon, key, slots)
+                    await self._abandoning(key, slots)
                     return remote.unreachable(place, patience or 0.0)
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self._abandon, key, slots)
+                await self._abandoning(key, slots)
                 with trio.move_on_after(job.grace + 5) as waited:
                     await trio.to_thread.run_sync(settle, call, abandon_on_cancel=True)
                 if not waited.cancelled_caught:  # it ended there: nothing to leave set
-                    await trio.to_thread.run_sync(self._forget, key)
+                    with trio.move_on_after(ABANDON_WAIT):
+                        await trio.to_thread.run_sync(self._forget, key, abandon_on_cancel=True)
             raise
         except Exception as exc:  # the worker's connection closed under the call ...
             self._actors.drop(place)
@@ -393,6 +403,11 @@ class DaskExecutor:
             gone = isinstance(exc, OSError)  # CommClosedError, "Unable to contact Actor's worker"
             code = f"worker-lost: worker {place}:" if gone else "dask-error:"
             return remote.failed(f"{code} {kind}: {str(exc)[:300]}", place if gone else "")
+
+    async def _abandoning(self, key: str, slots: Any) -> None:
+        """``_abandon``, given up after ``ABANDON_WAIT``: a frozen scheduler holds no one."""
+        with trio.move_on_after(ABANDON_WAIT):
+            await trio.to_thread.run_sync(self._abandon, key, slots, abandon_on_cancel=True)
 
     def _abandon(self, key: str, slots: Any) -> None:
         """End the attempt where it runs: a call to its actor, and its cancel event left set
