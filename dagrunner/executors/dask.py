@@ -44,7 +44,7 @@ import trio
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors import remote
 from dagrunner.executors import source as ship
-from dagrunner.executors.actors import Actors, answer, settle
+from dagrunner.executors.actors import WAIT_STEP, Actors, Answer, settle
 from dagrunner.executors.base import Fingerprint, Machine
 from dagrunner.executors.placement import Placement, WorkerFacts, worker_size
 from dagrunner.git.command import git
@@ -376,8 +376,9 @@ class DaskExecutor:
         patience = None if job.timeout is None else job.timeout + job.grace + job.margin
         deadline = None if patience is None else trio.current_time() + patience
         try:
+            waiting = Answer(call, self._client.loop.asyncio_loop)
             while True:
-                done = await trio.to_thread.run_sync(answer, call, abandon_on_cancel=True)
+                done = await waiting.within(WAIT_STEP)
                 if done is not None:
                     return done
                 if lost := self._lost():
