@@ -211,7 +211,7 @@ def entries(cache: Path) -> list[Path]:
     return sorted((cache / "entries").glob("*/*.json"))
 
 
-@pytest.mark.parametrize("damage", ["tamper", "truncate", "log"])
+@pytest.mark.parametrize("damage", ["tamper", "truncate", "empty", "log"])
 def test_damaged_entry_is_a_miss_with_a_warning(
     capsys: pytest.CaptureFixture[str], project: dict[str, Path], isolated_home: Path, damage: str
 ) -> None:
@@ -224,6 +224,8 @@ def test_damaged_entry_is_a_miss_with_a_warning(
             entry.write_bytes(orjson.dumps(body))
         elif damage == "truncate":
             entry.write_bytes(entry.read_bytes()[:40])
+        elif damage == "empty":  # what a power loss can leave: entries are not fsynced
+            entry.write_bytes(b"")
         else:
             entry.with_suffix(".log").write_bytes(b"forged log\n")
     code, body, ran = run(capsys, project)
