@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import contextvars
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -218,7 +219,8 @@ def _attempt_in(
     reach this worker)."""
     cwd = checkout / rel_cwd
     cwd.mkdir(parents=True, exist_ok=True)  # git keeps no empty folder
-    with tempfile.TemporaryDirectory(prefix="dagrunner-remote-") as tmp:
+    tmp = tempfile.mkdtemp(prefix="dagrunner-remote-")
+    try:
         local = replace(
             job,
             cwd=str(cwd),
@@ -258,6 +260,8 @@ def _attempt_in(
         # Read here, as a local run reads it (bounded; only if this attempt wrote it).
         tests: TestRun | None = read_junit(cwd / job.junit, since=began_wall) if job.junit else None
         return Returned(replace(result, worker=here, ran=ran, tests=tests), log)
+    finally:  # beside the answer's way back, as a local run removes its gates' HOMEs at its end
+        _POOL.submit(shutil.rmtree, tmp, ignore_errors=True)
 
 
 def _cancelled(key: str) -> bool:
