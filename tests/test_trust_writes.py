@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -96,6 +97,47 @@ def test_a_gate_whose_write_is_refused_fails_and_its_log_says_why(
     assert "Read-only file system" in log
     assert "[sandbox] writable" in log  # what to do about it
     assert not elsewhere.exists()
+
+
+@pytest.mark.skipif(not detect().bwrap, reason="needs bubblewrap")
+def test_when_bubblewrap_cannot_set_up_the_view_the_log_does_not_blame_the_gate(
+    repo: Path, tmp_path: Path
+) -> None:
+    """bubblewrap's own failure (here a store to hide that went away after the view was
+    planned, so bwrap cannot make its mount point in the read-only root) is a line starting
+    'bwrap: ' that tells of a read-only file system -- the gate never wrote anything.  Such
+    a line gets the set-up note, not "a write outside the gate's own places was refused"."""
+    from dagrunner.process.contain import jail
+    from dagrunner.process.sandbox import BWRAP_NOTE, EROFS_NOTE
+    from dagrunner.process.view import View
+
+    # outside the covers (homes, /tmp, ...): the root there is a read-only bind
+    places = [Path(p) for p in ("/var/cache", "/var/lib", "/srv", "/opt")]
+    place = next((p for p in places if p.is_dir() and os.access(p, os.W_OK)), None)
+    if place is None:
+        pytest.skip("needs a writable folder outside the view's covers (CI runs as root)")
+    store = place / f"dagrunner-test-store-{os.getpid()}"
+    store.mkdir()
+    try:
+        home = tmp_path / "home"
+        view = View.for_gate(writable=[repo], home=home, visible=[], hide=store)
+        box = jail(["true"], token="t", work=tmp_path, hide=store, cwd=repo, memory=None,
+                   max_pids=None, view=view)  # fmt: skip
+    finally:
+        store.rmdir()
+    home.mkdir()
+    view.stage.mkdir()
+    done = subprocess.run(box.argv, cwd=repo, capture_output=True, check=False)
+    said = done.stderr.decode().strip()
+    assert box.bwrap and done.returncode != 0
+    assert said.startswith("bwrap: ") and "Read-only file system" in said, said
+
+    manifest = repo / "setup.toml"  # the same line, as the gate's log would carry it
+    argv = ["sh", "-c", 'echo "$0" >&2; exit 1', said]
+    manifest.write_text(f"[gates.w]\nrun = {json.dumps(argv)}\n")
+    assert run_cli(repo, "release-check", str(manifest), "--no-cache").returncode == 1
+    log = (repo / "reports" / "latest" / "logs" / "w.log").read_text()
+    assert BWRAP_NOTE in log and EROFS_NOTE not in log
 
 
 PAYLOAD = """[core]

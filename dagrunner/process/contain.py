@@ -294,6 +294,7 @@ class Jail:
     cgroups: tuple[Path, ...]
     left_file: Path
     pidns: bool
+    bwrap: bool = False  # bubblewrap applies the view: a line of its own starts 'bwrap: '
 
     def leftovers(self) -> int:
         """Processes the init found still running when the gate exited (then ended)."""
@@ -413,7 +414,8 @@ def jail(
         command = ["/bin/sh", "-c", _JOIN, "join", *map(str, groups), "--", *command]
     if found.pdeathsig:
         command = [found.setpriv, "--pdeathsig", "KILL", *command]
-    return Jail(argv=command, cgroups=tuple(groups), left_file=left, pidns=found.pidns)
+    bwrap = confined and bool(found.bwrap)
+    return Jail(argv=command, cgroups=tuple(groups), left_file=left, pidns=found.pidns, bwrap=bwrap)
 
 
 def _memory_files(base: Path | None, limit: int) -> dict[str, str]:

@@ -263,6 +263,10 @@ EROFS_NOTE = (
     "only its tree, HOME, TMPDIR and what the manifest names ([sandbox] writable, or the "
     "gate's writable)"
 )
+BWRAP_NOTE = (
+    "bubblewrap could not set up the gate's view (its 'bwrap:' message is above): a path the "
+    "view binds or hides may be missing or unmountable; the gate itself may not have started"
+)
 
 
 async def _run(
@@ -303,7 +307,8 @@ async def _run(
         RUNNING.pop(token, None)
         raise
     watch = TreeWatch(root_pid=process.pid, token=token, jail=box)
-    refused: list[bool] = []  # set by _pump when the gate's output tells of EROFS
+    # _pump's look at each line that tells of EROFS: True when bubblewrap's own said it
+    refused: list[bool] = []
     timed_out = finished = False
     leftover = 0
     survivors: list[int] = []
@@ -311,7 +316,8 @@ async def _run(
     try:
         async with trio.open_nursery() as nursery:
             drained = trio.Event()
-            nursery.start_soon(_pump, stdout, log, drained, refused if view else None)
+            seen = (refused, box.bwrap) if view else None
+            nursery.start_soon(_pump, stdout, log, drained, seen)
             nursery.start_soon(_monitor, watch, job.sample_interval)
             with trio.move_on_after(job.timeout if job.timeout else float("inf")) as scope:
                 await process.wait()
@@ -347,7 +353,7 @@ async def _run(
     if survivors:
         log.note(f"processes {survivors} survived SIGKILL")
     if refused and process.returncode != 0:
-        log.note(EROFS_NOTE)
+        log.note(BWRAP_NOTE if all(refused) else EROFS_NOTE)
     return AttemptResult(
         exit_code=None if timed_out else process.returncode,
         timed_out=timed_out,
@@ -365,14 +371,22 @@ async def _pump(
     stream: trio.abc.ReceiveStream,
     log: BoundedLog,
     drained: trio.Event,
-    refused: list[bool] | None = None,
+    seen: tuple[list[bool], bool] | None = None,
 ) -> None:
+    """Copy the gate's output into its log; with ``seen`` (what it collects, and whether
+    bubblewrap started the gate), note each line that tells of a refused write, and whether
+    it was bubblewrap's own (a view it could not set up, not a write of the gate's)."""
     try:
         with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
             while chunk := await stream.receive_some(65536):
                 log.write(chunk)
-                if refused is not None and not refused and b"Read-only file system" in chunk:
-                    refused.append(True)
+                if seen is not None and len(seen[0]) < 64 and b"Read-only file system" in chunk:
+                    refused, bwrap = seen
+                    refused += [
+                        bwrap and line.startswith(b"bwrap: ")
+                        for line in chunk.splitlines()
+                        if b"Read-only file system" in line
+                    ]
     finally:
         drained.set()
 
