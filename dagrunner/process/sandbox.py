@@ -307,8 +307,7 @@ async def _run(
         RUNNING.pop(token, None)
         raise
     watch = TreeWatch(root_pid=process.pid, token=token, jail=box)
-    # _pump's look at each line that tells of EROFS: True when bubblewrap's own said it
-    refused: list[bool] = []
+    refused: list[bool] = []  # _pump's, per line telling of EROFS: was it bubblewrap's own?
     timed_out = finished = False
     leftover = 0
     survivors: list[int] = []
@@ -316,8 +315,7 @@ async def _run(
     try:
         async with trio.open_nursery() as nursery:
             drained = trio.Event()
-            seen = (refused, box.bwrap) if view else None
-            nursery.start_soon(_pump, stdout, log, drained, seen)
+            nursery.start_soon(_pump, stdout, log, drained, refused if view else None)
             nursery.start_soon(_monitor, watch, job.sample_interval)
             with trio.move_on_after(job.timeout if job.timeout else float("inf")) as scope:
                 await process.wait()
@@ -353,7 +351,7 @@ async def _run(
     if survivors:
         log.note(f"processes {survivors} survived SIGKILL")
     if refused and process.returncode != 0:
-        log.note(BWRAP_NOTE if all(refused) else EROFS_NOTE)
+        log.note(BWRAP_NOTE if box.bwrap and all(refused) else EROFS_NOTE)
     return AttemptResult(
         exit_code=None if timed_out else process.returncode,
         timed_out=timed_out,
@@ -371,19 +369,18 @@ async def _pump(
     stream: trio.abc.ReceiveStream,
     log: BoundedLog,
     drained: trio.Event,
-    seen: tuple[list[bool], bool] | None = None,
+    refused: list[bool] | None = None,
 ) -> None:
-    """Copy the gate's output into its log; with ``seen`` (what it collects, and whether
-    bubblewrap started the gate), note each line that tells of a refused write, and whether
-    it was bubblewrap's own (a view it could not set up, not a write of the gate's)."""
+    """Copy the gate's output into its log; with ``refused``, add to it, for each line that
+    tells of a refused write, whether it is a ``bwrap:`` line (a view bubblewrap could not
+    set up, not a write of the gate's)."""
     try:
         with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
             while chunk := await stream.receive_some(65536):
                 log.write(chunk)
-                if seen is not None and len(seen[0]) < 64 and b"Read-only file system" in chunk:
-                    refused, bwrap = seen
+                if refused is not None and len(refused) < 64 and b"Read-only file system" in chunk:
                     refused += [
-                        bwrap and line.startswith(b"bwrap: ")
+                        line.startswith(b"bwrap: ")
                         for line in chunk.splitlines()
                         if b"Read-only file system" in line
                     ]
