@@ -562,8 +562,8 @@ def test_one_state_packs_to_one_commit_whenever_it_is_packed(repo: Path) -> None
 def test_the_source_is_shipped_ahead_of_the_first_gate(
     repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
 ) -> None:
-    """``ahead`` (called once a run is planned) checks the source out on every worker
-    while the run computes its keys: the first gate does not wait for it."""
+    """``ahead`` (called once a run knows its workers) checks the source out on every
+    worker while the run plans and computes its keys: the first gate does not wait for it."""
     from dagrunner.executors import remote
     from dagrunner.executors.dask import DaskExecutor
 
@@ -620,3 +620,35 @@ def test_a_worker_keeps_no_threads_of_finished_runs(
         finally:
             executor.close()
     assert counts[2] == counts[0], counts
+
+
+def test_old_attempt_marks_go_beside_the_attempts_not_on_each_ones_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker keeps a mark per attempt for a day (at most once, across its own restart).
+    Old marks go at the first attempt and then at most every ``MARKS_SWEEP`` seconds, not
+    in a scan of a day's marks every few attempts; a mark still says "ran here"."""
+    from dagrunner.executors import remote
+
+    monkeypatch.setenv("DAGRUNNER_REMOTE_DIR", str(tmp_path / "remote"))
+    marks = tmp_path / "remote" / "attempts"
+    marks.mkdir(parents=True)
+    day_old = time.time() - remote.MARKS_KEPT - 60
+    for n in range(300):
+        (marks / f"dagrunner-old-{n}").touch()
+        os.utime(marks / f"dagrunner-old-{n}", (day_old, day_old))
+    (marks / "dagrunner-recent").touch()
+    assert remote._mark("dagrunner-g-1")  # the first attempt here: the sweep starts beside it
+    deadline = time.monotonic() + 10
+    while any(marks.glob("dagrunner-old-*")):
+        assert time.monotonic() < deadline, "old marks were not swept"
+        time.sleep(0.02)
+    assert {p.name for p in marks.iterdir()} == {"dagrunner-recent", "dagrunner-g-1"}
+    (marks / "dagrunner-old-again").touch()
+    os.utime(marks / "dagrunner-old-again", (day_old, day_old))
+    for n in range(2, 40):  # within MARKS_SWEEP of the last look: no scan on their way
+        assert remote._mark(f"dagrunner-g-{n}")
+    time.sleep(0.3)
+    assert (marks / "dagrunner-old-again").exists()
+    assert not remote._mark("dagrunner-g-7")  # ran here already: never twice
+    assert remote.sweep_marks(marks) == 1 and not (marks / "dagrunner-old-again").exists()

@@ -347,9 +347,9 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
     disable_dumping()  # gates (and anything else of our user) cannot read our /proc
     repo, manifest = load_step(options)
     with executor_for(options.executor) as executor:
-        plan = plan_step(repo, manifest, options, executor.machines())
-        executor.ahead(plan.repo)
-        return _run(plan, options, executor)
+        machines = executor.machines()
+        executor.ahead(repo)  # beside the plan and the keys: the first gate need not wait
+        return _run(plan_step(repo, manifest, options, machines), options, executor)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -431,10 +431,9 @@ async def gate_run(
     trees at once this way.  Blocking steps (git, fingerprints, the report) run in threads."""
     disable_dumping()
     repo, manifest = await trio.to_thread.run_sync(load_step, options)
-    plan = await trio.to_thread.run_sync(
-        lambda: plan_step(repo, manifest, options, executor.machines())
-    )
-    executor.ahead(plan.repo)
+    machines = await trio.to_thread.run_sync(executor.machines)
+    executor.ahead(repo)
+    plan = await trio.to_thread.run_sync(plan_step, repo, manifest, options, machines)
     prepared = await trio.to_thread.run_sync(_prepare, plan, options, executor)
     try:
         scheduled = await schedule_step(

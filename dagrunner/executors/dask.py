@@ -273,8 +273,9 @@ class DaskExecutor:
         return None if shipped is None else (rel, shipped.commit)
 
     def ahead(self, checkout: Path) -> None:
-        """Pack and ship ``checkout``'s source now, beside the run's keys and fingerprints,
-        so that its first gate does not wait for it (a failure is the first gate's again)."""
+        """Pack and ship ``checkout``'s source now, beside the run's plan, keys and tool
+        fingerprints, so that its first gate does not wait for it (a failure is the first
+        gate's again)."""
         self._ahead.submit(self._ship_quietly, str(checkout))
 
     def _ship_quietly(self, cwd: str) -> None:

@@ -37,6 +37,9 @@ SLOT_THREADS = 256  # attempts at once on one worker (its declared cpu bounds th
 # next run's (at most SLOT_THREADS at once).
 _POOL = ThreadPoolExecutor(SLOT_THREADS, thread_name_prefix="dagrunner-attempt")
 MARKS_KEPT = 86400.0  # seconds an attempt's "ran here" mark is kept (Dask re-runs come sooner)
+MARKS_SWEEP = 600.0  # seconds between looks for old marks, in one worker process
+_SWEPT: dict[Path, float] = {}  # marks folder -> when this process last looked there
+_SWEPT_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -193,21 +196,35 @@ def run_remote(
 
 
 def _mark(key: str) -> bool:
-    """Mark ``key`` as run on this machine; False when it already was."""
+    """Mark ``key`` as run on this machine; False when it already was.  Marks older than
+    ``MARKS_KEPT`` go, looked for at most every ``MARKS_SWEEP`` seconds, beside the attempt:
+    a scan of a day's marks on every attempt's way would grow with the worker's work."""
     marks = remote_root() / "attempts"
     marks.mkdir(parents=True, exist_ok=True)
     try:
         os.close(os.open(marks / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
         return False
-    if not key.endswith("0"):  # about one attempt in sixteen drops the old marks
-        return True
-    now = time.time()
-    for old in marks.iterdir():
-        with contextlib.suppress(OSError):
-            if now - old.stat().st_mtime > MARKS_KEPT:
-                old.unlink()
+    now = time.monotonic()
+    with _SWEPT_LOCK:
+        due = now - _SWEPT.get(marks, -MARKS_SWEEP) >= MARKS_SWEEP
+        if due:
+            _SWEPT[marks] = now
+    if due:
+        _POOL.submit(sweep_marks, marks)
     return True
+
+
+def sweep_marks(marks: Path) -> int:
+    """Remove the marks in ``marks`` older than ``MARKS_KEPT``; how many went."""
+    now, gone = time.time(), 0
+    with contextlib.suppress(OSError), os.scandir(marks) as entries:
+        for old in entries:
+            with contextlib.suppress(OSError):
+                if now - old.stat(follow_symlinks=False).st_mtime > MARKS_KEPT:
+                    os.unlink(old.path)
+                    gone += 1
+    return gone
 
 
 def _attempt_in(
