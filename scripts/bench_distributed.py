@@ -188,6 +188,9 @@ def main() -> None:
                 local_runs.append(release_check(repo, chain(args.chain)))
             dask_chain = sorted(run for _, run in dask_runs)[args.repeat // 2]
             local_chain = sorted(run for _, run in local_runs)[args.repeat // 2]
+            # each dask run against the local run right after it: the load drifts less
+            # within a pair than across the whole bench
+            paired = sorted(d / lo for (_, d), (_, lo) in zip(dask_runs, local_runs, strict=True))
             print(f"dispatch: chain of {args.chain} trivial gates, the run's own wall "
                   f"(median of {args.repeat})")  # fmt: skip
             print(f"  dask {dask_chain / args.chain * 1000:6.1f} ms/gate, local "
@@ -195,6 +198,8 @@ def main() -> None:
                   f"ratio {dask_chain / local_chain:.2f} (target <= 1.5); Dask's own "
                   f"{(dask_chain - local_chain) / args.chain * 1000:.1f} ms/gate (the local "
                   "figure, the ratio's divisor, moves with the machine's load)")  # fmt: skip
+            print(f"  pair by pair: median ratio {paired[args.repeat // 2]:.2f} "
+                  f"({paired[0]:.2f}-{paired[-1]:.2f})")  # fmt: skip
         if args.only_dispatch:
             return
         big = base / "big"
