@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -39,6 +41,15 @@ def isolated_home(
     yield home
     share.release(home, home)  # a test's seeds' overlay mounts, so its folder can go
     assert real_cache.exists() == before, "a test wrote to the real ~/.cache/dagrunner"
+
+
+@functools.cache
+def can_mount() -> bool:
+    """Whether this process may make mounts: root with its capabilities -- not a root gate,
+    which keeps only a few (docs/security.md, "Root"), nor an ordinary user."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
 
 
 def git(repo: Path, *args: str) -> str:

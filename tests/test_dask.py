@@ -24,6 +24,7 @@ import pytest
 from clusters import start_scheduler, wait_for_workers
 from conftest import (
     CLI,
+    can_mount,
     check,
     commit_release_manifest,
     gate_results,
@@ -51,7 +52,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    if shutil.which("unshare") is None or os.geteuid() != 0:
+    if not can_mount():
         pytest.skip("the hidden worker needs unshare as root (CI runs as root)")
     base = tmp_path_factory.getbasetemp()  # every test's repository lives under it
     outside = Path(tempfile.mkdtemp(prefix="dagrunner-dask-", dir="/var/tmp"))

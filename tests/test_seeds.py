@@ -17,7 +17,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import CLI, commit_release_manifest, git
+from conftest import CLI, can_mount, commit_release_manifest, git
 
 from dagrunner.errors import DagrunnerError
 from dagrunner.worktrees import allocate as wt
@@ -323,7 +323,7 @@ def test_a_forged_ledger_line_mounts_no_seed_outside_its_worktree(
 def xfs(tmp_path: Path) -> Iterator[Path]:
     """A loop-mounted XFS (reflinks), where this machine lets root make one."""
     mkfs = shutil.which("mkfs.xfs")
-    if mkfs is None or os.geteuid() != 0:
+    if mkfs is None or not can_mount():
         pytest.skip("a loop-mounted XFS needs mkfs.xfs (xfsprogs) and root")
     image = tmp_path / "xfs.img"
     with image.open("wb") as handle:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import git, run_json
+from conftest import can_mount, git, run_json
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.queue import Queue
@@ -19,7 +19,7 @@ from dagrunner.integration.submit import submit
 from dagrunner.worktrees import allocate as wt
 from dagrunner.worktrees import export as exporting
 
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+root_only = pytest.mark.skipif(not can_mount(), reason="mounting a small tmpfs needs root")
 
 
 def make_project(root: Path) -> Path:

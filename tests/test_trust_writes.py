@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,59 @@ def test_a_gate_whose_write_is_refused_fails_and_its_log_says_why(
     assert not elsewhere.exists()
 
 
+ESCAPE = """
+[gates.escape]
+run = '''
+grep ^CapEff /proc/self/status > ./caps
+mount -o remount,rw,bind / 2>/dev/null
+mount -o remount,rw,bind "{outside}" 2>/dev/null
+umount -l "{store}" 2>/dev/null
+for place in "{outside}" "{store}"; do
+  if echo planted > "$place/planted" 2>/dev/null; then echo "$place:ok"; else echo "$place:no"; fi
+done > ./said
+'''
+"""
+
+
+def _outside_the_covers() -> Path | None:
+    """A writable folder the gate's view shows read-only (not a home, not /tmp)."""
+    places = [Path(p) for p in ("/var/cache", "/var/lib", "/srv", "/opt")]
+    return next((p for p in places if p.is_dir() and os.access(p, os.W_OK)), None)
+
+
+@confined
+@pytest.mark.parametrize("way", WAYS)
+def test_a_gate_cannot_remount_its_view_or_uncover_the_store(
+    repo: Path, tmp_path: Path, way: str
+) -> None:
+    """A gate that runs as root (CI, a container) keeps only the capabilities a build needs
+    for its own files: it cannot remount the read-only view writable or unmount the cover
+    of the cache store, and with them write outside its own places.  Without a user
+    namespace of its own, bubblewrap keeps root's capabilities for the gate unless told
+    otherwise; the mount(2) path's gate is root of its namespaces either way."""
+    place = _outside_the_covers()
+    if place is None:
+        pytest.skip("needs a writable folder outside the view's covers (CI runs as root)")
+    outside = Path(tempfile.mkdtemp(prefix="dagrunner-test-outside-", dir=place))
+    store = Path(tempfile.mkdtemp(prefix="dagrunner-test-store-", dir=place))
+    try:
+        manifest = repo / "escape.toml"
+        manifest.write_text(ESCAPE.format(outside=outside, store=store))
+        forced = {"DAGRUNNER_CONTAINMENT": way} if way == "unshare" else {}
+        forced["DAGRUNNER_CACHE_DIR"] = str(store)
+        done = run_cli(repo, "release-check", str(manifest), "--no-cache", env=forced)
+        assert done.returncode == 0, done.stdout + done.stderr
+        said = dict(line.rsplit(":", 1) for line in (repo / "said").read_text().split("\n") if line)
+        assert said == {str(outside): "no", str(store): "no"}, said
+        assert not (outside / "planted").exists() and not (store / "planted").exists()
+        held = int((repo / "caps").read_text().split()[1], 16)
+        kept = 0x5FB  # chown dac_override fowner fsetid kill setgid setuid setpcap net_bind_service
+        assert held & ~kept == 0, f"{held:#x}"  # no sys_admin, dac_read_search, mknod, ...
+    finally:
+        shutil.rmtree(outside)
+        shutil.rmtree(store)
+
+
 @pytest.mark.skipif(not detect().bwrap, reason="needs bubblewrap")
 def test_when_bubblewrap_cannot_set_up_the_view_the_log_does_not_blame_the_gate(
     repo: Path, tmp_path: Path
@@ -111,9 +166,7 @@ def test_when_bubblewrap_cannot_set_up_the_view_the_log_does_not_blame_the_gate(
     from dagrunner.process.sandbox import BWRAP_NOTE, EROFS_NOTE
     from dagrunner.process.view import View
 
-    # outside the covers (homes, /tmp, ...): the root there is a read-only bind
-    places = [Path(p) for p in ("/var/cache", "/var/lib", "/srv", "/opt")]
-    place = next((p for p in places if p.is_dir() and os.access(p, os.W_OK)), None)
+    place = _outside_the_covers()  # the root there is a read-only bind
     if place is None:
         pytest.skip("needs a writable folder outside the view's covers (CI runs as root)")
     store = place / f"dagrunner-test-store-{os.getpid()}"

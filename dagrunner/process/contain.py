@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from dagrunner.files import is_inside
-from dagrunner.process import cgroups
+from dagrunner.process import capabilities, cgroups
 from dagrunner.process.view import APPLY_VIEW, View
 
 # PID 1 of the gate's namespace: join the cgroups, shape the gate's view of the filesystem
@@ -382,9 +382,10 @@ def jail(
             groups.append(group)
     command = list(argv)
     if confined and view is not None and found.bwrap:
+        root = [] if found.userns else capabilities.bwrap_options()  # else bwrap drops all
         command = bubblewrapped(
             command,
-            options=view.bwrap_options(),
+            options=[*view.bwrap_options(), *root],
             left=left,
             cwd=cwd,
             bwrap=found.bwrap,
@@ -400,6 +401,8 @@ def jail(
             ops = [f"hide {hide}"]
         else:
             ops = []
+        if found.pdeathsig:  # root of its namespaces: only the capabilities it keeps
+            command = capabilities.limited(found.setpriv, command)
         command = namespaced(
             command,
             ops="\n".join([*ops, *(["loopback"] if isolated else [])]),
