@@ -15,12 +15,11 @@ Three layers, each used where this machine allows it (``detect()``, shown by
   ``pids.max`` (fork bombs) and ``memory.max`` (``[governor] enforce = true``)
   where those controllers are delegated -- from cgroup v2, or else from the
   v1 ``pids``/``memory`` hierarchies.
-- **parent-death signal** (``setpriv --pdeathsig KILL``): if the runner is
-  killed, the namespace goes with it.  Gates are spawned from one thread that
-  lives as long as the process, since the signal follows the parent *thread*.
+- **parent-death signal** (``setpriv --pdeathsig KILL``): if the runner is killed, the
+  namespace goes with it (the signal follows the parent *thread*: one spawns every gate).
 
-Where none of these is available, the process-group and token sweep of
-``proctree.py`` remains the fallback (mode ``session``).
+A gate root of its namespaces keeps few capabilities (``capabilities.py``).  Where none
+of these is available, ``tree.py``'s process-group and token sweep is the fallback.
 """
 
 from __future__ import annotations
@@ -113,7 +112,9 @@ class Containment:
             f"invoking user's home hidden ({'bubblewrap' if self.bwrap else 'mount'})"
             if self.views
             else "",
-            "user namespace (not root)" if self.userns else "",
+            ("user namespace (not root)" if self.userns else "few capabilities as root")
+            if self.pidns
+            else "",
             "cgroup v2 (cgroup.kill)" if self.cgroup_kill else "",
             "pids limit" if self.pids else "",
             "memory limit" if self.memory else "",
