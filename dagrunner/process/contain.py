@@ -106,15 +106,14 @@ class Containment:
         }
 
     def describe(self) -> str:
+        root = "few capabilities as root" if self.pdeathsig or self.bwrap else ""
         found = [
             "PID namespace (kill-all, private /proc, cache hidden)" if self.pidns else "",
             "writes only to its tree, HOME, TMPDIR and what the manifest names; the "
             f"invoking user's home hidden ({'bubblewrap' if self.bwrap else 'mount'})"
             if self.views
             else "",
-            ("user namespace (not root)" if self.userns else "few capabilities as root")
-            if self.pidns
-            else "",
+            ("user namespace (not root)" if self.userns else root) if self.pidns else "",
             "cgroup v2 (cgroup.kill)" if self.cgroup_kill else "",
             "pids limit" if self.pids else "",
             "memory limit" if self.memory else "",
