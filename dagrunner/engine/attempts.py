@@ -26,7 +26,7 @@ from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.executors.local import LocalExecutor
 from dagrunner.git.command import git
-from dagrunner.manifest.load import GateSpec
+from dagrunner.manifest.load import GateSpec, Manifest
 from dagrunner.process.logs import redact_file
 from dagrunner.process.sandbox import AttemptResult, GateJob
 from dagrunner.records.run import Attempt, Status, TestRun
@@ -34,6 +34,29 @@ from dagrunner.report.testresults import read_junit
 from dagrunner.units import format_duration
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
+
+
+def tree_environment(env: dict[str, str], tree: Path, manifest: Manifest) -> dict[str, str]:
+    """``env`` with the tree's own environment first: each seed of the manifest present in
+    ``tree`` that holds programs (a venv's ``bin``, ``node_modules/.bin``) ahead on PATH, and
+    ``VIRTUAL_ENV`` naming the tree's venv -- so ``python`` or ``pytest`` from PATH is the
+    tree's, never the caller's (whose editable install would import another checkout's code).
+    Cache keys are computed without it: the seed is the tree's, keyed by its key files."""
+    found, venv = [], ""
+    for seed in manifest.worktrees.seeds:
+        folder = tree / seed.path
+        for bin_dir in (folder / "bin", folder / ".bin"):
+            if bin_dir.is_dir() and not bin_dir.is_symlink():
+                found.append(str(bin_dir))
+        if not venv and (folder / "pyvenv.cfg").is_file():
+            venv = str(folder)
+    if not found and not venv:
+        return env
+    env = dict(env)
+    env["PATH"] = ":".join([*found, env.get("PATH", "")]).rstrip(":")
+    if venv:
+        env["VIRTUAL_ENV"] = venv
+    return env
 
 
 class GateRunner:
@@ -67,7 +90,7 @@ class GateRunner:
             gate=gate.id,
             argv=argv,
             cwd=os.path.normpath(root / gate.cwd),
-            env=self.plan.envs[gate.id],
+            env=tree_environment(self.plan.envs[gate.id], root, self.plan.manifest),
             sandbox_dir=str(self.sandbox_root / f"{gate.id}.{attempt}"),
             log_path=str(self.run_dir / "logs" / f"{gate.id}.try{attempt}.log"),
             log_limit=gate.log_limit,
@@ -80,6 +103,7 @@ class GateRunner:
             hide=str(self.cache.store.root),
             tree=str(root),
             read_only=tuple(map(str, self.plan.read_only)),
+            conceal=tuple(map(str, self.plan.conceal)),
             writable=(*self.writable, *gate.writable),
             cpu=gate.cpu,
             memory=gate.memory,

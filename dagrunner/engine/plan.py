@@ -43,6 +43,10 @@ class RunOptions:
     # Folders the gates may read but not write, except the repository they run in (the
     # integrator: the user's checkout, the common git dir, the other worktrees).
     read_only: tuple[Path, ...] = ()
+    # Folders the gates must not see at all (the integrator: the user's checkout, whose
+    # editable installs would otherwise run its code instead of the tree's); what
+    # ``read_only`` names inside one stays visible, read-only.
+    conceal: tuple[Path, ...] = ()
     # The trusted commit (the target's head) when the tree under test is an envelope's:
     # its verdicts are then reused by input key only where the reuse rule allows
     # (``cachestep._tree_scoped``, docs/security.md).
@@ -73,6 +77,7 @@ class Plan:
     git: dict[str, Any] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)  # value -> name, redacted from logs
     read_only: tuple[Path, ...] = ()  # RunOptions.read_only
+    conceal: tuple[Path, ...] = ()  # RunOptions.conceal
 
 
 class NodeKinds(Protocol):

@@ -111,6 +111,7 @@ def plan_step(
         git=git_info,
         secrets=secret_values(caller, envs),
         read_only=options.read_only,
+        conceal=options.conceal,
     )
 
 

@@ -34,7 +34,6 @@ from dagrunner.engine.governor import Governor, resolve_capacity
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
-from dagrunner.git.repo import remove_worktrees
 from dagrunner.integration import proofs
 from dagrunner.integration.items import Finished, GateRun, Intake, Item, Stage, auto_window
 from dagrunner.integration.queue import URGENT
@@ -110,8 +109,9 @@ class Pipeline:
                         await self.twin_behind(item)  # being confirmed: room for a twin?
                 nursery.cancel_scope.cancel()
         self.intake.requeue(self.items, self.tally)
+        self.tally.warnings.extend(self.trees.warnings)
         # Slots an earlier, wider run made and this one did not use: nothing is kept there.
-        await trio.to_thread.run_sync(remove_worktrees, self.it.repo, self.trees.unused())
+        await trio.to_thread.run_sync(self.trees.remove_unused)
         if self.error is not None:
             raise self.error
 

@@ -49,6 +49,7 @@ from dagrunner.records.integration import (
 from dagrunner.worktrees.allocate import Context, default_target
 from dagrunner.worktrees.landed import clean_after_landing
 from dagrunner.worktrees.ledger import Ledger
+from dagrunner.worktrees.prepare import release_seeds
 
 HUNK_LIMIT = 16 * 1024
 
@@ -118,10 +119,11 @@ class Integrator:
         # Held by whatever moves refs or worktree registrations (landing, a new integration
         # worktree, a landed worker's cleanup) while the pipeline runs them in threads.
         self.git_lock = threading.Lock()
-        # What an envelope's gates may read but never write: the user's checkout, the
-        # common git dir (refs, objects, the queue, the ledger) and every worktree under
-        # the root -- all but the integration worktree under test (``contain.jail``).
-        self.guarded: tuple[Path, ...] = (ctx.info.root, ctx.info.common_dir, ctx.root)
+        # What an envelope's gates may read but never write: the common git dir (refs,
+        # objects, the queue, the ledger) and every worktree under the root -- all but the
+        # integration worktree under test (``contain.jail``).  The user's checkout they do
+        # not see at all (``Trees.gate``: concealed), where the machine can hide it.
+        self.guarded: tuple[Path, ...] = (ctx.info.common_dir, ctx.root)
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -168,6 +170,7 @@ class Integrator:
         repository git registered for that worktree, whatever a gate wrote in its ``.git``."""
         path = path or self.wt
         self.admins[path] = pin_gitfile(self.ctx.info.common_dir, path, self.admins.get(path))
+        release_seeds(self.ctx.root, path)  # a tree's seeds are its own: placed anew to gate it
         git(["reset", "-q", "--hard", commit], cwd=path)
         git(["clean", "-q", "-ffdx"], cwd=path)
 

@@ -13,12 +13,16 @@ from dagrunner.engine.governor import Governor
 from dagrunner.engine.plan import RunOptions
 from dagrunner.engine.scheduler import Flights
 from dagrunner.engine.steps import gate_run
+from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
+from dagrunner.git.repo import cache_root, remove_worktrees
 from dagrunner.integration import proofs
 from dagrunner.integration.items import GateRun, Item
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.integration import Details, EnvelopeState
 from dagrunner.records.run import RunRecord
+from dagrunner.worktrees import seeds, share
+from dagrunner.worktrees.prepare import provision_seeds, release_seeds
 
 if TYPE_CHECKING:
     from dagrunner.integration.needs import IntegratorLike as Integrator
@@ -35,6 +39,8 @@ class Trees:
         self.made = 1
         self.flights = Flights()  # cache keys one tree's run computes for the others
         self.signing_key = proofs.signing_key(manifest, it.env, it.repo)
+        self.manifest = manifest  # the target's, at the run's start: its seeds
+        self.warnings: list[str] = []  # trees gated without a seed, and why
 
     async def take(self, head: str) -> Path:
         """A free integration worktree (made on ``head`` when none is free).  Slots are taken
@@ -54,6 +60,13 @@ class Trees:
     def unused(self) -> list[Path]:
         """Slots an earlier, wider run made and this one did not use."""
         return [p for p in self.it.slots()[1:] if p.name.isdigit() and int(p.name) >= self.made]
+
+    def remove_unused(self) -> None:
+        """The unused slots go, their seeds first (an overlay mount holds a folder)."""
+        unused = self.unused()
+        for slot in unused:
+            release_seeds(self.it.ctx.root, slot)
+        remove_worktrees(self.it.repo, unused)
 
     async def build(
         self, item: Item, head: str, *, final: bool, journal: bool = True
@@ -108,6 +121,11 @@ class Trees:
                 await trio.to_thread.run_sync(self.it.reset, run.commit, slot)
             self.executor.fresh(slot)
             trusted = await trio.to_thread.run_sync(self.it.head)
+            said = await trio.to_thread.run_sync(
+                seed_tree, self.it, self.manifest, run.commit, slot, trusted
+            )
+            if said and said not in self.warnings:
+                self.warnings.append(said)
             record, _ = await gate_run(
                 RunOptions(
                     repo=slot,
@@ -117,6 +135,7 @@ class Trees:
                     executor=self.it.executor,
                     only=run.only,
                     read_only=self.it.guarded,
+                    conceal=(self.it.repo,),
                     trusted=trusted,
                     ahead=run.base,
                     flights=self.flights,
@@ -140,3 +159,21 @@ class Trees:
             executor=self.executor.name,
             key=self.signing_key,
         )
+
+
+def seed_tree(it: Integrator, manifest: Manifest, commit: str, tree: Path, trusted: str) -> str:
+    """The target manifest's seeds in ``tree`` (exactly ``commit``, reset since its last
+    gate run: ``Integrator.reset`` releases them), each this tree's own copy with this tree's
+    paths, as a worker's worktree gets them (``seeds.for_tree``: a seed whose key files the
+    tree changed is built from the tree and serves nothing else).  '' or why a seed is
+    missing: its gates then run without it and fail where they need it."""
+    if not manifest.worktrees.seeds:
+        return ""
+    root = it.ctx.root
+    try:
+        built = seeds.for_tree(root, it.repo, commit, trusted, manifest, it.env, hide=cache_root())
+        how = share.choose(seeds.seeds_dir(root), it.env)
+        provision_seeds(root, tree.relative_to(root).as_posix(), tree, built, how)
+    except DagrunnerError as exc:
+        return f"the tree at {commit[:12]} was gated without its seeds: {exc.code}: {exc.message}"
+    return ""

@@ -56,6 +56,7 @@ class GateJob:
     # ``read_only`` folders even inside the invoking user's home, which is hidden.
     tree: str = ""  # the tree under test ("" : cwd)
     read_only: tuple[str, ...] = ()
+    conceal: tuple[str, ...] = ()  # folders hidden outright (an empty tmpfs over each)
     writable: tuple[str, ...] = ()
     keep_home: bool = False  # non-gate commands (proc.py) may keep the caller's HOME/TMPDIR
     network: str = "host"  # "isolated": a network namespace of its own, only loopback up
@@ -241,6 +242,7 @@ def _view(job: GateJob, env: Mapping[str, str], hide: Path | None) -> View:
         visible=[Path(p) for p in job.read_only],
         hide=hide,
         tools=tools,
+        conceal=[Path(p) for p in job.conceal],
     )
 
 

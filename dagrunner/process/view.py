@@ -128,26 +128,35 @@ class View:
         visible: Sequence[Path],
         hide: Path | None,
         tools: Sequence[Path] = (),
+        conceal: Sequence[Path] = (),
     ) -> View:
         """The view of one gate whose own ``home`` (TMPDIR inside) is made just before it
         starts, beside its stage; ``tools`` are folders on its PATH: under a cover, the
         cover's top folder holding each stays visible, read-only (``~/.pyenv``,
-        ``~/.cargo``, ``/tmp/venv``)."""
+        ``~/.cargo``, ``/tmp/venv``).  Each of ``conceal`` is covered too (an empty
+        read-only tmpfs: what a gate must not see at all, the user's checkout when the tree
+        under test is another), unless the tree is inside it."""
         home = Path(os.path.realpath(home.parent)) / home.name
         stage = home.with_name(home.name + ".view")
         rw = [home, *_real(writable)]  # HOME first: the init's count file goes there
         shown = _real(visible)
         covers: list[Path] = []
-        for cover in _real([*homes(), *map(Path, PRIVATE)]):
+        for cover in _real([*homes(), *map(Path, PRIVATE), *conceal]):
             if any(_within(cover, p) for p in rw):
                 continue  # the tree itself is (in) this home: all of it is writable anyway
             if any(_within(cover, c) for c in covers):
                 continue
             covers = [c for c in covers if not _within(c, cover)] + [cover]
-        for tool in _real(tools):  # the top folder holding each under a cover stays visible
-            for cover in covers:
-                if tool != cover and _within(tool, cover):
-                    shown.append(cover / tool.relative_to(cover).parts[0])
+        # the top folder holding each tool under a cover (or under a concealed folder inside
+        # one: the caller's venv in a hidden checkout, never the whole checkout) stays visible
+        bounds = [*covers, *_real(conceal)]
+        for tool in _real(tools):
+            inner = [b for b in bounds if tool != b and _within(tool, b)]
+            if not inner or any(_within(tool, p) for p in (*rw, *shown)):
+                continue  # not covered, or in sight already (the tree's own venv)
+            bound = max(inner, key=lambda b: len(b.parts))
+            if any(_within(bound, c) for c in covers):
+                shown.append(bound / tool.relative_to(bound).parts[0])
         return cls(
             writable=tuple(rw),
             stage=stage,

@@ -115,7 +115,9 @@ class Swarm:
     def integrate(self, node: str) -> tuple[Status, str]:
         from dagrunner.integration.run import Integrator, integrator_lock
         from dagrunner.integration.submit import submit
+        from dagrunner.integration.trees import seed_tree
         from dagrunner.worktrees import allocate as wt
+        from dagrunner.worktrees.base import base_manifest
 
         gate = spec(self.graph, node)
         ctx = wt.open_context(self.repo, self.env)
@@ -147,6 +149,11 @@ class Swarm:
             else:
                 state.applied.append((envelope, commit))
                 integrator.queue.record(envelope_id, EnvelopeState.GATING, Details(run=self.run_id))
+        if state.applied and (seeding := base_manifest(ctx.info.root, head)) is not None:
+            # the gates that judge the integrated tree use its own dependencies (issue 35)
+            said = seed_tree(integrator, seeding, state.applied[-1][1], integrator.wt, head)
+            if said:
+                integrator.result.warnings.append(said)
         return Status.PASSED, (
             f"applied {len(state.applied)} envelope(s) on {target} at {head[:12]}; "
             f"{conflicts} conflict(s), {len(ids) - len(state.applied) - conflicts} rejected"

@@ -108,21 +108,71 @@ def ensure(
     this call built it.  ``seed-build-failed`` (1), ``seed-not-ignored`` (2)."""
     if not manifest.worktrees.seeds:
         return []  # the process door (trio) is imported only where seeds are
-    store = seeds_dir(root)
-    store.mkdir(parents=True, exist_ok=True)
-    epoch = int(git(["show", "-s", "--format=%ct", base], cwd=repo).text or 0)
-    env = build_env(manifest, caller, epoch)
+    store, env = _store_and_env(root, repo, base, manifest, caller)
     found = []
     for spec in manifest.worktrees.seeds:
         key = key_of(repo, base, spec, _fingerprints(spec, env, store))
-        with locked(store / f"{key}.lock"):
-            seed = load(store, key, spec)
-            built = seed is None
-            if seed is None:
-                seed = _build(store, repo, base, spec, key, env)
-        (store / key / "used").touch()
-        found.append((seed, built))
+        found.append(_ensure_one(store, repo, base, spec, key, env))
     return found
+
+
+def for_tree(
+    root: Path,
+    repo: Path,
+    commit: str,
+    trusted: str,
+    manifest: Manifest,
+    caller: Mapping[str, str],
+    *,
+    hide: Path | None = None,
+) -> list[tuple[Seed, bool]]:
+    """Every seed of ``manifest`` (the target's: trusted) for ``commit``, a tree under test
+    that is not trusted yet (an integrated one).  A seed whose key files are those of
+    ``trusted`` (the target's head) is the trusted one, built from ``trusted``; one whose key
+    files the tree changed is built from that tree, contained (``hide``: the cache store),
+    and stored under a key of that commit alone, so no allocation ever gets it: what the
+    tree's build scripts did stays with the tree (docs/worktrees.md, "Seeds and trust")."""
+    if not manifest.worktrees.seeds:
+        return []
+    store, env = _store_and_env(root, repo, trusted, manifest, caller)
+    found = []
+    for spec in manifest.worktrees.seeds:
+        prints = _fingerprints(spec, env, store)
+        key = key_of(repo, commit, spec, prints)
+        if key == key_of(repo, trusted, spec, prints):
+            found.append(_ensure_one(store, repo, trusted, spec, key, env))
+            continue
+        scoped = hashlib.sha256(f"{key} scoped to {commit}".encode()).hexdigest()[:32]
+        found.append(_ensure_one(store, repo, commit, spec, scoped, env, hide=hide))
+    return found
+
+
+def _store_and_env(
+    root: Path, repo: Path, base: str, manifest: Manifest, caller: Mapping[str, str]
+) -> tuple[Path, dict[str, str]]:
+    store = seeds_dir(root)
+    store.mkdir(parents=True, exist_ok=True)
+    epoch = int(git(["show", "-s", "--format=%ct", base], cwd=repo).text or 0)
+    return store, build_env(manifest, caller, epoch)
+
+
+def _ensure_one(
+    store: Path,
+    repo: Path,
+    base: str,
+    spec: SeedSpec,
+    key: str,
+    env: Mapping[str, str],
+    *,
+    hide: Path | None = None,
+) -> tuple[Seed, bool]:
+    with locked(store / f"{key}.lock"):
+        seed = load(store, key, spec)
+        built = seed is None
+        if seed is None:
+            seed = _build(store, repo, base, spec, key, env, hide=hide)
+    (store / key / "used").touch()
+    return seed, built
 
 
 def load(store: Path, key: str, spec: SeedSpec) -> Seed | None:
@@ -160,7 +210,14 @@ def remove_checkout(repo: Path, path: Path) -> None:
 
 
 def _build(
-    store: Path, repo: Path, base: str, spec: SeedSpec, key: str, env: Mapping[str, str]
+    store: Path,
+    repo: Path,
+    base: str,
+    spec: SeedSpec,
+    key: str,
+    env: Mapping[str, str],
+    *,
+    hide: Path | None = None,
 ) -> Seed:
     from dagrunner.process.command import run_command
 
@@ -170,7 +227,9 @@ def _build(
     try:
         check_ignored(checkout, spec)
         argv = ["sh", "-c", spec.build] if isinstance(spec.build, str) else list(spec.build)
-        done = run_command(argv, cwd=checkout, env=env, timeout=spec.timeout, own_home=True)
+        done = run_command(
+            argv, cwd=checkout, env=env, timeout=spec.timeout, own_home=True, hide=hide
+        )
         made = checkout / spec.path
         why = done.why
         if not why and (made.is_symlink() or not made.is_dir()):
