@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from dagrunner.cli.main import run_cli
+from dagrunner.report.rundir import default_runs
 from dagrunner.worktrees import share
 
 PY = sys.executable
@@ -147,7 +148,7 @@ def check(
     """Run ``release-check`` on ``manifest`` text in ``repo``: exit code, JSON summary, run dir."""
     path = write_manifest(repo, manifest)
     code, body = run_json(capsys, "release-check", str(path), "--repo", str(repo), "--quiet", *args)
-    run_dir = Path(body["run_dir"]) if "run_dir" in body else repo / "reports"
+    run_dir = Path(body["run_dir"]) if "run_dir" in body else default_runs(repo)
     return code, body, run_dir
 
 

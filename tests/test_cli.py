@@ -12,6 +12,7 @@ import pytest
 from conftest import CLI, check, commit_release_manifest, run_json, write_manifest
 
 from dagrunner.cli.main import run_cli
+from dagrunner.report.rundir import default_runs
 
 DIAMOND = """
     [gates.a]
@@ -69,14 +70,33 @@ def test_release_check_json_summary(repo: Path, capsys: pytest.CaptureFixture[st
         assert (run_dir / "logs" / f"{name}.log").exists()
 
 
-def test_default_report_dir_is_under_repo_reports(
+WALKER = """
+[gates.walk]
+run = "! find . -path ./.git -prune -o -type f -print | grep -E 'run[.]json|index[.]html|[.]log$|junit'"
+"""
+
+
+def test_a_gate_that_walks_the_tree_never_meets_dagrunners_output_run_after_run(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """codespell, prettier --check . and the like walk the tree without reading nested
+    .gitignore files: the run's own log, an earlier run's pages must not be there."""
+    for _ in range(2):
+        code, body, _ = check(capsys, repo, WALKER, "--no-cache")
+        assert code == 0, body
+
+
+def test_default_report_dir_is_out_of_the_tree_and_report_dir_keeps_one_in_it(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _code, _body, run_dir = check(capsys, repo, DIAMOND)
-    assert run_dir.parent == repo / "reports"
-    assert (repo / "reports" / "latest").resolve() == run_dir.resolve()
+    runs = repo / ".git" / "dagrunner" / "reports"
+    assert run_dir.parent == runs and not (repo / "reports").exists()
+    assert (runs / "latest").resolve() == run_dir.resolve()
     _, _, second = check(capsys, repo, DIAMOND)
-    assert (repo / "reports" / "latest" / "run.json").resolve() == (second / "run.json").resolve()
+    assert (runs / "latest" / "run.json").resolve() == (second / "run.json").resolve()
+    _, _, kept = check(capsys, repo, '[report]\ndir = "reports"\n' + DIAMOND)
+    assert kept.parent == repo / "reports" and (repo / "reports" / "latest").is_symlink()
 
 
 def test_report_dir_refuses_foreign_files(
@@ -164,8 +184,9 @@ def test_reports_and_the_cache_never_show_in_git_status(tmp_path: Path) -> None:
     status = subprocess.run(
         ["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, check=True
     ).stdout
-    assert "reports" not in status, status
-    assert (repo / "reports" / "CACHEDIR.TAG").read_bytes().startswith(b"Signature: 8a477f59")
+    assert status.split() == ["??", "README", "??", "m.toml"], status
+    runs = default_runs(repo)
+    assert (runs / "CACHEDIR.TAG").read_bytes().startswith(b"Signature: 8a477f59")
     cache = Path(os.environ["DAGRUNNER_CACHE_DIR"])
     assert (cache / "CACHEDIR.TAG").exists() and (cache / ".gitignore").exists()
 
@@ -254,7 +275,7 @@ def test_dry_run_says_what_would_run_and_what_is_cached_and_runs_nothing(
     assert code == 0 and body["dry_run"] is True
     assert {g: i["action"] for g, i in body["gates"].items()} == {"a": "run", "b": "run"}
     assert body["order"] == ["a", "b"] and body["critical_path"]["gates"] == ["a", "b"]
-    assert not (repo / "ran-a").exists() and not (repo / "reports").exists()
+    assert not (repo / "ran-a").exists() and not default_runs(repo).exists()
     assert run_cli(["release-check", str(path), "--repo", str(repo), "--quiet"]) == 0
     capsys.readouterr()
     (repo / "ran-a").unlink()

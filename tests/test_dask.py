@@ -36,6 +36,7 @@ from conftest import (
 
 import dagrunner
 from dagrunner.cli.main import run_cli
+from dagrunner.report.rundir import default_runs
 from dagrunner.version import VERSION
 
 pytestmark = pytest.mark.slow
@@ -177,7 +178,7 @@ def test_a_gate_bigger_than_every_worker_is_named_at_plan_time(
     )
     assert code == 2 and body["error"]["code"] == "gate-never-fits"
     assert cluster.hidden in body["error"]["message"]
-    assert not (repo / "reports").exists()
+    assert not default_runs(repo).exists()
 
 
 def test_a_gate_that_kills_its_worker_is_worker_lost_once_per_attempt(
@@ -495,7 +496,7 @@ def test_a_worker_with_another_dagrunner_is_refused_before_any_gate(
         shutil.rmtree(outside, ignore_errors=True)
     assert code == 3 and body["error"]["code"] == "dask-worker-unfit"
     assert f"{VERSION}.other there" in body["error"]["message"]
-    assert not (repo / "reports").exists() and not (repo / "ran").exists()
+    assert not default_runs(repo).exists() and not (repo / "ran").exists()
 
 
 def test_unreachable_scheduler_is_an_environment_error(
@@ -506,7 +507,7 @@ def test_unreachable_scheduler_is_an_environment_error(
     )
     assert code == 3
     assert body["error"]["code"] == "dask-unreachable"
-    assert not (repo / "reports").exists()
+    assert not default_runs(repo).exists()
 
 
 def test_junit_cases_come_back_from_the_worker_as_from_a_local_run(

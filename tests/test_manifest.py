@@ -11,6 +11,7 @@ from conftest import run_json, write_manifest
 from dagrunner.cli.main import run_cli
 from dagrunner.errors import DagrunnerError
 from dagrunner.manifest.load import load_manifest
+from dagrunner.report.rundir import default_runs
 
 # Each case: manifest text, expected code, a fragment the key path must contain.
 # Every gate would leave a marker file if it ran, so "nothing run" is checked too.
@@ -110,7 +111,7 @@ def test_manifest_mistake_json(case: str, repo: Path, capsys: pytest.CaptureFixt
     assert key in error.get("key", "")
     assert error["hint"]
     assert not (repo / "ran").exists(), "a gate ran although the manifest was bad"
-    assert not (repo / "reports").exists(), "a bad manifest still wrote a report"
+    assert not default_runs(repo).exists(), "a bad manifest still wrote a report"
 
 
 def test_text_error_has_no_traceback(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ import pytest
 from conftest import check, gate_results
 
 from dagrunner.process.contain import network_isolation
+from dagrunner.report.rundir import default_runs
 
 needs_netns = pytest.mark.skipif(
     not network_isolation(), reason="this machine gives gates no network namespace"
@@ -117,4 +118,4 @@ def test_where_gates_get_no_namespace_an_isolated_gate_is_a_coded_error_never_ho
     )
     assert done.returncode == 3, done.stdout
     assert '"network-isolation-unavailable"' in done.stdout
-    assert not (repo / "reports" / "latest").exists()  # nothing ran
+    assert not (default_runs(repo) / "latest").exists()  # nothing ran

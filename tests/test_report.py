@@ -19,6 +19,7 @@ import pytest
 from conftest import check, run_json
 
 from dagrunner.cli.main import run_cli
+from dagrunner.report.rundir import default_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXED = """
@@ -373,7 +374,7 @@ def test_a_gates_own_junit_file_names_its_failed_tests(
     assert "t::test_two: AssertionError: two is not one" in out
     assert "tests: 3 run, 1 failed, 1 skipped" in out
     assert "tests: old.xml is older than this run: not its results" in out
-    run_dir = sorted((repo / "reports").glob("2*"))[-1]
+    run_dir = sorted(default_runs(repo).glob("2*"))[-1]
     unit = orjson.loads((run_dir / "gates" / "unit.json").read_bytes())
     assert (unit["tests"]["tests"], unit["tests"]["failures"], unit["tests"]["skipped"]) == (
         3,

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from conftest import CLI, PY, check, gate_results, git, running, write_manifest
 
+from dagrunner.report.rundir import default_runs
+
 ENV_DUMP = f'run = ["{PY}", "-c", "import os, json; print(json.dumps(dict(os.environ)))"]'
 
 
@@ -284,7 +286,7 @@ def test_without_namespaces_an_escaped_orphan_is_swept(repo: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert not running("300.0317")
     body = json.loads(done.stdout)
-    reason = gate_results(repo / "reports" / "latest")["a"]["reason"]
+    reason = gate_results(default_runs(repo) / "latest")["a"]["reason"]
     said_by_sweep = any("left running by a finished gate" in w for w in body["warnings"])
     assert "leftover" in reason or said_by_sweep, (reason, body["warnings"])
 

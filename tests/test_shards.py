@@ -13,6 +13,7 @@ from conftest import check, gate_results, git, run_json
 
 from dagrunner.engine.plan import RunOptions
 from dagrunner.engine.steps import load_step
+from dagrunner.report.rundir import default_runs
 
 SECONDS = {"a": 0.2, "b": 1.2, "c": 0.2, "d": 0.4, "e": 0.2, "f": 0.2}
 
@@ -127,7 +128,7 @@ def test_a_bad_split_is_a_coded_error_naming_the_key(
     exit_code, body = run_json(capsys, "release-check", str(repo / "m.toml"), "--repo", str(repo))
     assert exit_code == 2 and body["error"]["code"] == code, body
     assert "gates.t" in body["error"]["key"]
-    assert not (repo / "reports").exists()
+    assert not default_runs(repo).exists()
 
 
 def test_a_file_named_like_an_option_is_passed_as_a_path(

@@ -22,6 +22,7 @@ from dagrunner.integration.queue import Queue
 from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
 from dagrunner.process.contain import detect
+from dagrunner.report.rundir import default_runs
 
 confined = pytest.mark.skipif(
     not detect().views, reason="needs a mount namespace that allows the write allow-list"
@@ -95,7 +96,7 @@ def test_a_gate_whose_write_is_refused_fails_and_its_log_says_why(
     manifest.write_text(f"[gates.w]\nrun = \"echo x > '{elsewhere}'\"\n")
     done = run_cli(repo, "release-check", str(manifest), "--no-cache")
     assert done.returncode == 1
-    log = (repo / "reports" / "latest" / "logs" / "w.log").read_text()
+    log = (default_runs(repo) / "latest" / "logs" / "w.log").read_text()
     assert "Read-only file system" in log
     assert "[sandbox] writable" in log  # what to do about it
     assert not elsewhere.exists()
@@ -189,7 +190,7 @@ def test_when_bubblewrap_cannot_set_up_the_view_the_log_does_not_blame_the_gate(
     argv = ["sh", "-c", 'echo "$0" >&2; exit 1', said]
     manifest.write_text(f"[gates.w]\nrun = {json.dumps(argv)}\n")
     assert run_cli(repo, "release-check", str(manifest), "--no-cache").returncode == 1
-    log = (repo / "reports" / "latest" / "logs" / "w.log").read_text()
+    log = (default_runs(repo) / "latest" / "logs" / "w.log").read_text()
     assert BWRAP_NOTE in log and EROFS_NOTE not in log
 
 

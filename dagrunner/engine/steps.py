@@ -35,10 +35,8 @@ from dagrunner.engine.history import history_path, read_history, read_splits, re
 from dagrunner.engine.landed import read_proof
 from dagrunner.engine.plan import NodeKinds, PlainGates, Plan, RunOptions, check_network
 from dagrunner.engine.scheduler import Scheduler
-from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor, Machine
 from dagrunner.executors.factory import executor_for
-from dagrunner.files import mark_own_output
 from dagrunner.git.command import head_info
 from dagrunner.git.repo import resolve_repo
 from dagrunner.manifest.load import Manifest, default_manifest, load_manifest
@@ -46,7 +44,7 @@ from dagrunner.process.contain import detect, disable_dumping, network_isolation
 from dagrunner.process.sandbox import gate_environment, secret_values
 from dagrunner.process.tree import sweep_orphans
 from dagrunner.records.run import GateResult, GovernorSample, RunRecord, RunStatus
-from dagrunner.report.rundir import write_run_dir
+from dagrunner.report.rundir import prepare_run_dir, write_run_dir
 from dagrunner.version import VERSION
 
 # -- steps --------------------------------------------------------------------
@@ -295,40 +293,6 @@ def new_run_id() -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
 
 
-def prepare_run_dir(repo: Path, report_dir: Path | None, run_id: str) -> Path:
-    """The run directory, refusing to write into a non-empty one that is not a run's."""
-    run_dir = report_dir.resolve() if report_dir else repo / "reports" / run_id
-    if run_dir.exists() and any(run_dir.iterdir()) and not (run_dir / "run.json").exists():
-        raise DagrunnerError(
-            "report-dir-not-empty",
-            "the report directory holds files that are not a dagrunner run",
-            where=str(run_dir),
-            hint="pass an empty or new directory, or an earlier run's directory to replace it",
-        )
-    for sub in ("gates", "logs"):
-        folder = run_dir / sub
-        if folder.is_dir():
-            for old in folder.iterdir():
-                old.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if report_dir is None:
-        mark_own_output(run_dir.parent)
-        _point_latest(run_dir)
-    return run_dir
-
-
-def _point_latest(run_dir: Path) -> None:
-    """``reports/latest`` -> this run, so CI can publish a fixed path (replaced atomically)."""
-    latest = run_dir.parent / "latest"
-    if latest.exists() and not latest.is_symlink():
-        return  # a user's own file or folder of that name is left alone
-    temp = run_dir.parent / f".latest-{run_dir.name}"
-    with contextlib.suppress(OSError):
-        temp.unlink(missing_ok=True)
-        temp.symlink_to(run_dir.name)
-        temp.replace(latest)
-
-
 def _isolation(plan: Plan) -> bool | None:
     """Whether gates may get a network of their own; None (not probed: 40 ms of processes)
     when no gate of the run asks for one."""
@@ -366,7 +330,7 @@ class Prepared:
 
 def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
     run_id = new_run_id()
-    run_dir = prepare_run_dir(plan.repo, options.report_dir, run_id)
+    run_dir = prepare_run_dir(plan.repo, options.report_dir, run_id, plan.manifest.report.dir)
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     env = options.environ if options.environ is not None else os.environ
     cache = RunCache(

@@ -47,10 +47,12 @@ from dagrunner.manifest.settings import (
     INTEGRATE_SETTINGS,
     ExecutorSpec,
     IntegrateSpec,
+    ReportSpec,
     SandboxSpec,
     WorktreesSpec,
     read_executor,
     read_integrate_settings,
+    read_report,
     read_sandbox,
     read_worktrees,
 )
@@ -142,6 +144,7 @@ class Manifest:
     cache_salt: str = ""
     integrate: IntegrateSpec = field(default_factory=IntegrateSpec)
     sandbox: SandboxSpec = field(default_factory=SandboxSpec)
+    report: ReportSpec = field(default_factory=ReportSpec)
     executor: ExecutorSpec = field(default_factory=ExecutorSpec)
     worktrees: WorktreesSpec = field(default_factory=WorktreesSpec)
     gates: Mapping[str, GateSpec] = field(default_factory=dict)
@@ -361,6 +364,7 @@ def read_tables(top: Table, path: Path) -> Manifest:
     budget = _read_budget(top.table("budget"))
     env = _read_env(top.table("env"))
     sandbox = read_sandbox(top.table("sandbox"))
+    report = read_report(top.table("report"))
     executor = read_executor(top.table("executor"))
     worktrees = read_worktrees(top.table("worktrees"))
     defaults = _read_defaults(top.table("defaults"))
@@ -418,6 +422,7 @@ def read_tables(top: Table, path: Path) -> Manifest:
         cache_salt=cache_salt,
         integrate=integrate,
         sandbox=sandbox,
+        report=report,
         executor=executor,
         worktrees=worktrees,
         gates=gates,

@@ -36,6 +36,22 @@ class SandboxSpec:
     writable: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReportSpec:
+    """``[report]``: where ``release-check`` writes its runs.  "" (the default): outside the
+    tree under test, ``<git common dir>/dagrunner/reports`` -- a gate that walks the tree
+    never meets a log, ``run.json`` or page of dagrunner's; a folder named here (relative to
+    the repository) is the project's choice, made visible to such gates (docs/manifest.md)."""
+
+    dir: str = ""
+
+
+def read_report(table: Table) -> ReportSpec:
+    spec = ReportSpec(dir=table.take("dir", string, ""))
+    table.finish()
+    return spec
+
+
 def read_sandbox(table: Table) -> SandboxSpec:
     spec = SandboxSpec(writable=table.take("writable", writable_paths, ()))
     table.finish()

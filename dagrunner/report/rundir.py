@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import orjson
 
-from dagrunner.files import atomic_write
+from dagrunner.errors import DagrunnerError
+from dagrunner.files import atomic_write, mark_own_output
+from dagrunner.git.repo import repo_info
 from dagrunner.records.integration import IntegrationResult
 from dagrunner.records.run import RunRecord
 from dagrunner.records.summary import RunIntegration
@@ -49,3 +52,51 @@ def write_integration(result: IntegrationResult, reports: Path) -> None:
         record = read_run_dir(runs[-1])
         record.integration = RunIntegration(((None, result),))
         write_run_dir(record, runs[-1])
+
+
+def default_runs(repo: Path) -> Path:
+    """Where a repository's runs go by default: ``<git common dir>/dagrunner/reports``, out of
+    the tree under test (tools that walk a tree skip ``.git``); ``repo/reports`` outside git."""
+    try:
+        return repo_info(repo).state_dir / "reports"
+    except DagrunnerError:
+        return repo / "reports"
+
+
+def prepare_run_dir(repo: Path, report_dir: Path | None, run_id: str, runs_in: str = "") -> Path:
+    """The run directory: ``report_dir`` itself, else ``<runs>/<run_id>`` with ``runs`` the
+    manifest's ``[report] dir`` (``runs_in``, relative to ``repo``) or, by default, outside the
+    tree under test (``default_runs``).  A non-empty folder that is not a run's is refused."""
+    if report_dir:
+        run_dir = report_dir.resolve()
+    else:
+        run_dir = (repo / runs_in if runs_in else default_runs(repo)) / run_id
+    if run_dir.exists() and any(run_dir.iterdir()) and not (run_dir / "run.json").exists():
+        raise DagrunnerError(
+            "report-dir-not-empty",
+            "the report directory holds files that are not a dagrunner run",
+            where=str(run_dir),
+            hint="pass an empty or new directory, or an earlier run's directory to replace it",
+        )
+    for sub in ("gates", "logs"):
+        folder = run_dir / sub
+        if folder.is_dir():
+            for old in folder.iterdir():
+                old.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if report_dir is None:
+        mark_own_output(run_dir.parent)
+        _point_latest(run_dir)
+    return run_dir
+
+
+def _point_latest(run_dir: Path) -> None:
+    """``reports/latest`` -> this run, so CI can publish a fixed path (replaced atomically)."""
+    latest = run_dir.parent / "latest"
+    if latest.exists() and not latest.is_symlink():
+        return  # a user's own file or folder of that name is left alone
+    temp = run_dir.parent / f".latest-{run_dir.name}"
+    with contextlib.suppress(OSError):
+        temp.unlink(missing_ok=True)
+        temp.symlink_to(run_dir.name)
+        temp.replace(latest)
