@@ -5,6 +5,7 @@ cached the second time); nothing is ever overwritten; ``--dry-run`` writes nothi
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -55,10 +56,14 @@ def gates_of(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_a_python_projects_manifest_passes_release_check_and_is_cached_next_time(
-    repo: Path, capsys: pytest.CaptureFixture[str]
+    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     python_project(repo)
-    code, body = run_json(capsys, "init", "--repo", str(repo))
+    # the certificate and proxy variables pass by default, and redaction does not mind them
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt")
+    monkeypatch.setenv("no_proxy", "localhost,127.0.0.1")
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "dagrunner.toml"))
     assert code == 0 and body["written"] is True
     assert Path(body["path"]) == repo / "dagrunner.toml"
     gates = gates_of(body)
@@ -66,6 +71,10 @@ def test_a_python_projects_manifest_passes_release_check_and_is_cached_next_time
     assert gates["types"]["source"] == "pyproject.toml [tool.mypy]"
     assert gates["tests"]["inputs"] == ["**"]  # it may read anything: keyed by every file
     assert "**/*.py" in gates["lint"]["inputs"] and "pyproject.toml" in gates["lint"]["inputs"]
+    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "PIP_CERT"):
+        assert name in body["env_pass"]
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "no_proxy"):
+        assert name in body["env_pass"]
     assert gates["tests"]["tools"] == ["python -m pytest --version"]
     assert [s["id"] for s in body["skipped"]] == ["make-test"]  # pytest already runs the tests
     text = (repo / "dagrunner.toml").read_text()
@@ -105,7 +114,9 @@ def test_package_json_scripts_use_the_lockfiles_manager_and_dry_run_writes_nothi
     assert run_cli(["init", "--repo", str(repo), "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("# Written by `dagrunner init`") and "[gates.js-test]" in printed
-    assert "# `pnpm` is not on PATH here: install it, or drop this gate" in printed
+    # every gate needs pnpm: none is commented out (a manifest needs one), each says so
+    assert "# `pnpm` is not on PATH here: install it (corepack enable pnpm" in printed
+    assert "# [gates." not in printed
     assert not (repo / "dagrunner.toml").exists()
     (bare / "pnpm").write_text("#!/bin/sh\n")
     (bare / "pnpm").chmod(0o755)
@@ -132,7 +143,7 @@ def test_makefile_targets_that_look_like_checks_run_in_order(
         )
     )
     (repo / ".gitignore").write_text("reports/\nbuilt\n")
-    code, body = run_json(capsys, "init", "--repo", str(repo))
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "dagrunner.toml"))
     assert code == 0
     gates = gates_of(body)
     assert list(gates) == ["make-build", "make-test", "make-lint"]
@@ -187,7 +198,7 @@ def test_init_never_overwrites_and_says_when_it_finds_nothing(
     assert not (repo / "dagrunner.toml").exists()
     python_project(repo)
     (repo / "dagrunner.toml").write_text("# mine\n")
-    code, body = run_json(capsys, "init", "--repo", str(repo))
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "dagrunner.toml"))
     assert code == 2 and body["error"]["code"] == "init-exists"
     assert str(repo / "dagrunner.toml") in json.dumps(body["error"])
     assert (repo / "dagrunner.toml").read_text() == "# mine\n"
@@ -229,3 +240,310 @@ def test_integrate_reads_dagrunner_toml_from_the_target_when_there_is_no_release
     code, body = run_json(capsys, "integrate", "run", *base)
     outcome = {e["worker"]: e["state"] for e in body["envelopes"]}
     assert code == 1 and outcome == {"good": "landed", "bad": "gates-failed"}, body
+
+
+# -- real projects: what users saw ------------------------------------------------------------
+
+
+def dry(capsys: pytest.CaptureFixture[str], repo: Path) -> dict[str, Any]:
+    code, body = run_json(capsys, "init", "--repo", str(repo))
+    assert code == 0, body
+    assert body["written"] is False and not (repo / "dagrunner.toml").exists()
+    return body
+
+
+def test_tox4_native_toml_envs_are_read_from_pyproject_and_tox_toml(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repo / "pyproject.toml").write_text(
+        textwrap.dedent(
+            """\
+            [tool.mypy]
+            strict = true
+            [tool.tox]
+            env_list = ["typing", "docs", "release"]
+            [tool.tox.env.typing]
+            commands = [["mypy", "src"], ["pyright", "src"]]
+            [tool.tox.env.docs]
+            commands = [["sphinx-build", "-W", "docs", "build/docs"]]
+            [tool.tox.env.release]
+            commands = [["twine", "upload", "dist/*"]]
+            """
+        )
+    )
+    body = dry(capsys, repo)
+    gates, skipped = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
+    assert gates["tox-typing"]["run"] == ["tox", "-e", "typing"]
+    assert gates["tox-docs"]["run"] == ["tox", "-e", "docs"]
+    assert "tox-typing" in skipped["types"] and "2 commands" in skipped["types"]
+    assert "uploads" in skipped["tox-release"]
+    (repo / "pyproject.toml").unlink()
+    (repo / "tox.toml").write_text(
+        'env_list = ["docs"]\n[env.docs]\ncommands = [["sphinx-build", "-W", "docs", "out"]]\n'
+    )
+    assert gates_of(dry(capsys, repo))["tox-docs"]["source"] == "tox.toml env docs"
+
+
+def test_every_brace_group_of_a_tox_envlist_is_expanded(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repo / "tox.ini").write_text(
+        "[tox]\nenvlist = py{38,39}-django{32,40}, lint\n\n"
+        "[testenv]\ncommands = pytest {posargs}\n\n"
+        "[testenv:lint]\ncommands =\n    ruff check .\n    ruff format --check .\n"
+    )
+    body = dry(capsys, repo)
+    ids = [g["id"] for g in body["gates"]] + [s["id"] for s in body["skipped"]]
+    for env in ("py38-django32", "py38-django40", "py39-django32", "py39-django40", "lint"):
+        assert f"tox-{env}" in ids
+    assert not any("{" in i for i in ids)
+    assert gates_of(body)["tox-lint"]["run"] == ["tox", "-e", "lint"]
+
+
+NOXFILE = """
+import nox
+
+nox.options.sessions = ["lint", "tests", "typing", "release", "old"]
+
+
+@nox.session
+def lint(session):
+    session.install("pre-commit", "build", "twine")
+    session.run("pre-commit", "run", "--all-files")
+    session.run("python", "-m", "build")
+    session.run("twine", "check", "dist/*")
+
+
+@nox.session(python=["3.12"])
+def tests(session):
+    session.run("pytest", "--cov=pkg", "--cov-fail-under=90")
+
+
+@nox.session(default=False)
+def typing(session):
+    session.run("mypy")
+
+
+@nox.session
+def old(session):
+    session.run("pytest")
+
+
+@nox.session
+def unlisted(session):
+    session.run("pytest")
+
+
+@nox.session
+def release(session):
+    session.run("git", "tag", "v1")
+
+
+@session(name="update-deps")
+def update(session):
+    session.run("git", "clone", "https://example.invalid/x")
+
+
+@nox.session
+def docs_build(session):
+    session.run("git", "commit", "-am", "docs")
+"""
+
+
+def test_nox_sessions_that_are_tasks_or_not_default_are_skipped_and_real_ones_win(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    python_project(repo)
+    (repo / "noxfile.py").write_text(NOXFILE)
+    body = dry(capsys, repo)
+    gates, skipped = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
+    # the project's own lint (hooks, build, twine check) and coverage-gated tests win
+    assert gates["nox-lint"]["run"] == ["nox", "-s", "lint"] and "lint" not in gates
+    assert "nox-tests" in gates and "tests" not in gates
+    assert "nox-lint" in skipped["lint"] and "3 commands" in skipped["lint"]
+    assert "nox-tests" in skipped["tests"] and "coverage" in skipped["tests"]
+    assert "default=False" in skipped["nox-typing"]
+    assert "nox.options.sessions" in skipped["nox-unlisted"]
+    assert "git tag" in skipped["nox-release"]
+    assert "task" in skipped["nox-update-deps"]
+    assert "git commit" in skipped["nox-docs_build"]
+    assert skipped["nox-old"].startswith("tests is run by 'nox-tests'")
+
+
+def test_what_ci_runs_by_name_wins(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    python_project(repo)
+    (repo / "tox.ini").write_text(
+        "[tox]\nenvlist = py312\n\n[testenv:typing]\ncommands = mypy src\n"
+        "[testenv:lint]\ncommands = ruff check .\n"
+    )
+    (repo / "package.json").write_text(json.dumps({"scripts": {"test": "jest", "lint": "x"}}))
+    (repo / ".pre-commit-config.yaml").write_text("repos: []\n")
+    workflows = repo / ".github" / "workflows"
+    workflows.mkdir(parents=True)
+    (workflows / "ci.yml").write_text(
+        textwrap.dedent(
+            """\
+            jobs:
+              check:
+                runs-on: ubuntu-latest
+                steps:
+                  - uses: actions/checkout@v4
+                  - run: python -m tox -e typing
+                  - name: js
+                    run: |
+                      npm ci
+                      npm test
+                  - run: pre-commit run --all-files
+                  - run: nox -s ${{ matrix.session }}
+            """
+        )
+    )
+    body = dry(capsys, repo)
+    gates, skipped = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
+    assert "tox-typing" in gates and "types" not in gates  # not in envlist, but CI runs it
+    assert "CI runs it" in skipped["types"]
+    assert "not in env_list" in skipped["tox-lint"]
+    assert {"js-test", "pre-commit"} <= set(gates)
+
+
+def test_ruff_fix_true_is_checked_with_no_fix_and_ruff_format_where_used(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repo / "pyproject.toml").write_text("[tool.ruff]\nfix = true\n")
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: https://github.com/astral-sh/ruff-pre-commit\n  hooks:\n"
+        "  - id: ruff-format\n  - id: check-yaml\n"
+    )
+    gates = gates_of(dry(capsys, repo))
+    assert gates["lint"]["run"][:3] == ["ruff", "check", "--no-fix"]
+    assert gates["format"]["run"][:3] == ["ruff", "format", "--check"]
+    (repo / "pyproject.toml").write_text("[tool.black]\n")
+    (repo / "ruff.toml").write_text("fix = true\n")
+    gates = gates_of(dry(capsys, repo))
+    assert "--no-fix" in gates["lint"]["run"]
+    assert gates["format"]["run"][:2] == ["black", "--check"]  # black formats: no ruff format
+
+
+def test_junit_files_are_wired_and_never_tracked(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    python_project(repo)
+    (repo / "package.json").write_text(json.dumps({"scripts": {"test": "node --test"}}))
+    (repo / "add.test.mjs").write_text("import test from 'node:test';\ntest('adds', () => {});\n")
+    out = repo / "dagrunner.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0
+    gates = gates_of(body)
+    tests, node = gates["tests"], gates["js-test"]
+    assert f"--junitxml={tests['junit']}" in tests["run"]
+    assert node["run"][:2] == ["sh", "-c"] and "exec node --test" in node["run"][2]
+    assert f"--test-reporter=junit --test-reporter-destination={node['junit']}" in node["run"][2]
+    for path in (tests["junit"], node["junit"]):
+        assert git(repo, "check-ignore", path).strip() == path  # never committed
+        assert f'junit = "{path}"' in out.read_text()
+    if shutil.which("node") is None:
+        return
+    code, run = run_json(capsys, "release-check", "--repo", str(repo), "--quiet")
+    assert code == 0, run
+    counted = {g["id"]: (g.get("tests") or {}).get("tests") for g in run["gates"]}
+    assert counted["tests"] == 1 and counted["js-test"] == 1, counted
+
+
+def test_memory_estimate_and_inputs_follow_the_tool_and_its_config(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    python_project(repo)
+    gates = gates_of(dry(capsys, repo))
+    assert gates["lint"]["memory"] == "256M"
+    assert gates["types"]["memory"] == "2G" and gates["tests"]["memory"] == "1G"
+    assert gates["types"]["inputs"][:2] == ["src/**/*.py", "tests/**/*.py"]  # mypy's files
+    assert not any(i.endswith(".pyi") for g in gates.values() for i in g["inputs"])
+    (repo / "src" / "pkg" / "_c.pyi").write_text("def f() -> int: ...\n")
+    gates = gates_of(dry(capsys, repo))
+    assert "**/*.pyi" in gates["lint"]["inputs"] and "src/**/*.pyi" in gates["types"]["inputs"]
+
+
+def test_missing_programs_are_commented_out_and_pre_commit_overlaps_merged(
+    repo: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    python_project(repo)
+    (repo / "pyproject.toml").write_text(PYPROJECT + "\n[tool.codespell]\n")
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: x\n  hooks:\n  - id: ruff\n  - id: codespell\n  - id: check-yaml\n"
+    )
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for name, target in (("git", "git"), ("mypy", "mypy"), ("pre-commit", "true")):
+        (bare / name).symlink_to(shutil.which(target) or f"/usr/bin/{target}")
+    monkeypatch.setenv("PATH", str(bare))
+    body = dry(capsys, repo)
+    gates, skipped = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
+    # ruff and codespell come only through pre-commit here: no gates of their own
+    assert "lint" not in gates and "hook ruff" in skipped["lint"]
+    assert "spelling" not in gates and "hook codespell" in skipped["spelling"]
+    assert gates["pre-commit"]["env"] == {}
+    # with them on PATH, their gates stay and pre-commit skips their hooks
+    for name in ("ruff", "codespell"):
+        (bare / name).write_text("#!/bin/sh\n")
+        (bare / name).chmod(0o755)
+    body = dry(capsys, repo)
+    gates, skipped = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
+    assert gates["pre-commit"]["env"] == {"SKIP": "ruff,codespell"}
+    assert "SKIP=ruff" in skipped["pre-commit:ruff"] and "'lint'" in skipped["pre-commit:ruff"]
+    # a program missing from PATH: its gate is written commented out, with how to install it
+    (bare / "ruff").unlink()
+    (bare / "mypy").unlink()
+    (bare / "pre-commit").unlink()
+    out = tmp_path / "m.toml"
+    assert run_cli(["init", "--repo", str(repo), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "# `mypy` is not on PATH here: install it (python -m pip install mypy)" in text
+    assert "# [gates.types]\n# run = " in text and "\n[gates.tests]\n" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "code"),
+    [
+        ("pyproject.toml", "a = " + "[" * 50_000 + "]" * 50_000 + "\n", "init-config-too-deep"),
+        ("package.json", "[" * 100_000 + "]" * 100_000, "init-config-too-deep"),
+        ("noxfile.py", "x = 1" + " + 1" * 200_000, "init-config-too-deep"),
+        (
+            "package.json",
+            '{"scripts": {}, "x": "' + "a" * (5 << 20) + '"}',
+            "init-config-too-large",
+        ),
+    ],
+    ids=["deep-toml", "deep-json", "deep-python", "large-json"],
+)
+def test_hostile_files_get_coded_errors(
+    repo: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, code: str
+) -> None:
+    (repo / name).write_text(text)
+    exit_code, body = run_json(capsys, "init", "--repo", str(repo))
+    assert exit_code == 2 and body["error"]["code"] == code, body
+
+
+def test_a_fifo_is_refused_without_blocking_and_symlinks_out_are_not_followed(
+    repo: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    os.mkfifo(repo / "package.json")  # an open() without O_NONBLOCK would wait forever
+    code, body = run_json(capsys, "init", "--repo", str(repo))
+    assert code == 2 and body["error"]["code"] == "init-not-a-file", body
+    (repo / "package.json").unlink()
+    outside = tmp_path / "elsewhere.toml"
+    outside.write_text("[tool.ruff]\n[tool.mypy]\n")
+    (repo / "pyproject.toml").symlink_to(outside)
+    (repo / "Makefile").write_text("lint:\n\ttrue\n")
+    body = dry(capsys, repo)
+    assert [g["id"] for g in body["gates"]] == ["make-lint"]  # nothing read from outside
+    why = {s["id"]: s["why"] for s in body["skipped"]}["pyproject.toml"]
+    assert "outside the repository" in why and "not followed" in why
+
+
+def test_json_without_output_writes_nothing(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    python_project(repo)
+    code, body = run_json(capsys, "init", "--repo", str(repo))
+    assert code == 0 and body["written"] is False
+    assert not (repo / "dagrunner.toml").exists()
+    assert run_cli(["init", "--repo", str(repo), "-q"]) == 0  # without --json it writes
+    assert (repo / "dagrunner.toml").is_file()

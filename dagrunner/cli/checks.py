@@ -122,7 +122,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     from dagrunner.git.repo import resolve_repo
     from dagrunner.starter.write import init
 
-    started = init(resolve_repo(args.repo), args.output, dry_run=args.dry_run)
+    # --json without -o answers with the gates and writes nothing (README: init).
+    preview = args.dry_run or (args.json and args.output is None)
+    started = init(resolve_repo(args.repo), args.output, dry_run=preview)
     if args.json:
         emit_json(started.to_json())
     elif args.dry_run:
@@ -132,7 +134,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"wrote {started.path}: {len(started.found.checks)} gates ({gates})")
         if started.found.skipped:
             print(
-                f"left out (covered by another gate): {', '.join(s.id for s in started.found.skipped)}"
+                f"left out (why: at the end of the manifest): {', '.join(s.id for s in started.found.skipped)}"
             )
         if started.missing:
             print(

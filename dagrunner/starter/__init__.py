@@ -1,7 +1,15 @@
 """``dagrunner init``: a first manifest from the checks a project already configures.
 
-- ``detect``: the project's files read (never run, never imported) into ``Check`` records:
-  Python tool tables, tox, nox, pre-commit, package.json scripts, Makefile targets, Go, Rust.
+- ``checks``: the records passed on: ``Check``, ``Skipped``, ``Found``.
+- ``readers``: the project's files read as hostile input (regular files inside the
+  repository, bounded in size and depth).
+- ``python``: Python tool tables (ruff, black, isort, mypy, pyright, codespell, pytest).
+- ``sessions``: what a runner's session is (its concern, a task or a check, more than a tool).
+- ``toxenvs``: tox envs from ``tox.ini``, ``[tool.tox]`` and ``tox.toml``.
+- ``noxsessions``: nox sessions from ``noxfile.py``.
+- ``ci``: what GitHub workflows run by name.
+- ``ecosystems``: pre-commit, ``package.json`` scripts, ``Makefile`` targets, Go, Rust.
+- ``detect``: every source read, one check per concern, the rest skipped with why.
 - ``write``: the checks rendered as a commented manifest, validated, written only where no
   file is.
 """

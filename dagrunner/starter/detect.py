@@ -1,123 +1,158 @@
 """The checks a project already configures, read from its files.
 
-Nothing here runs or imports the project: ``pyproject.toml`` is read with ``tomllib``,
-``tox.ini`` with ``configparser``, ``noxfile.py`` with ``ast`` (its decorated sessions),
-``package.json`` as JSON, a ``Makefile`` by its target lines.  Each check has a *concern*
-(lint, format, types, tests, ...) per language; the first source that covers a concern
-wins, and a later one is listed as skipped with the reason (a ``Makefile`` ``test`` that
-wraps pytest is not run a second time).
+Nothing here runs or imports the project: its files are read through ``readers`` (regular
+files inside the repository, bounded), ``pyproject.toml`` with ``tomllib``, tox and nox by
+``toxenvs`` and ``noxsessions``, CI by ``ci``.  Each check has a *concern* (lint, format,
+types, tests, ...) per language, and one check per concern becomes a gate: what CI runs by
+name first, then a session of the project's that does more than one tool (several commands,
+a coverage gate), then a gate made from a tool table, then any other session.  Every check
+left out is listed as skipped with the reason.
 """
 
 from __future__ import annotations
 
-import ast
-import configparser
-import json
-import re
-import tomllib
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from dagrunner.git.command import git
+from dagrunner.starter.checks import Check, Found, Skipped
+from dagrunner.starter.ci import ci
+from dagrunner.starter.ecosystems import go, hooks, makefile, package_json, pre_commit, rust
+from dagrunner.starter.noxsessions import nox
+from dagrunner.starter.python import Uses, python
+from dagrunner.starter.readers import Project
+from dagrunner.starter.sessions import does_more, runnable
+from dagrunner.starter.toxenvs import tox
 
-WHOLE = ("**",)
-PY_INPUTS = ("**/*.py", "**/*.pyi")
-PY_CONFIG = ("pyproject.toml", "setup.cfg", "tox.ini", "ruff.toml", ".ruff.toml", "mypy.ini")
-JS_INPUTS = ("**/*.js", "**/*.jsx", "**/*.ts", "**/*.tsx", "**/*.mjs", "**/*.cjs", "**/*.json")
-CHECK_SCRIPTS = {  # package.json script / Makefile target -> its concern
-    "lint": "lint",
-    "eslint": "lint",
-    "typecheck": "types",
-    "type-check": "types",
-    "types": "types",
-    "tsc": "types",
-    "test": "tests",
-    "tests": "tests",
-    "check": "check",
-    "format:check": "format",
-    "fmt:check": "format",
-    "prettier:check": "format",
-    "format-check": "format",
-    "fmt-check": "format",
-    "vet": "vet",
-    "build": "build",
-}
-LOCKFILES = (
-    ("pnpm-lock.yaml", "pnpm"),
-    ("yarn.lock", "yarn"),
-    ("bun.lockb", "bun"),
-    ("bun.lock", "bun"),
-    ("package-lock.json", "npm"),
+# Certificates and proxies: a gate that installs or downloads anything behind a corporate
+# proxy or TLS inspection fails without them (they are passed, so never redacted from logs).
+NETWORK_ENV = (
+    *("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"),
+    *("NODE_EXTRA_CA_CERTS", "PIP_CERT", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"),
+    *("http_proxy", "https_proxy", "no_proxy"),
 )
-
-
-@dataclass(frozen=True)
-class Check:
-    """One gate-to-be: what it runs, where it came from, what it reads."""
-
-    id: str
-    concern: str  # "python:lint", "js:tests", ... (one check per concern)
-    run: tuple[str, ...]
-    source: str  # where it was found, for the manifest's comment
-    inputs: tuple[str, ...]  # WHOLE: any file it may read (any change runs it again)
-    tools: tuple[str, ...]
-    estimate: str
-    needs: tuple[str, ...] = ()
-    note: str = ""  # a line of advice in the comment
-
-
-@dataclass(frozen=True)
-class Skipped:
-    id: str
-    source: str
-    why: str
-
-
-@dataclass(frozen=True)
-class Found:
-    checks: tuple[Check, ...]
-    skipped: tuple[Skipped, ...]
-    languages: tuple[str, ...]
-    env_pass: tuple[str, ...] = field(default=("PATH",))
-    env_set: tuple[tuple[str, str], ...] = ()
+# A pre-commit hook id -> the program and concern of the tool gate that runs the same check.
+HOOK_TOOLS = {
+    "ruff": ("ruff", "lint"),
+    "ruff-check": ("ruff", "lint"),
+    "ruff-format": ("ruff", "format"),
+    "codespell": ("codespell", "spelling"),
+    "mypy": ("mypy", "types"),
+    "black": ("black", "format"),
+    "isort": ("isort", "imports"),
+    "flake8": ("flake8", "lint"),
+    "pyright": ("pyright", "types"),
+}
 
 
 def detect(root: Path) -> Found:
-    """Every check the project at ``root`` configures, in a stable order."""
-    pyproject = _toml(root / "pyproject.toml")
-    candidates: list[Check] = [
-        *_python(root, pyproject),
-        *_tox(root, pyproject),
-        *_nox(root),
-        *_pre_commit(root),
-        *_package_json(root),
-        *_makefile(root),
-        *_go(root),
-        *_rust(root),
+    """Every check the project at ``root`` configures, in a stable order.  Raises the
+    ``init-*`` errors of ``readers`` for a file that is no file, too large or too deep."""
+    project = Project(root)
+    pyproject = project.toml("pyproject.toml")
+    runs = ci(project)
+    listed = hooks(project)
+    tox_checks, tox_skipped = tox(project, pyproject, runs.tox)
+    nox_checks, nox_skipped = nox(project, runs.nox)
+    candidates = [
+        *python(project, pyproject, Uses(listed, runs.lines)),
+        *tox_checks,
+        *nox_checks,
+        *pre_commit(project),
+        *package_json(project),
+        *makefile(project),
+        *go(project),
+        *rust(project),
     ]
-    checks: list[Check] = []
-    skipped: list[Skipped] = []
-    covered: dict[str, Check] = {}
-    for check in candidates:
-        language, _, concern = check.concern.partition(":")
-        same = covered.get(check.concern) or (
-            next((c for k, c in covered.items() if k.endswith(f":{concern}")), None)
-            if language == "make"
-            else None
-        )
-        if same is not None:
-            skipped.append(Skipped(check.id, check.source, f"{concern} is run by {same.id!r}"))
-            continue
-        covered[check.concern] = check
-        checks.append(check)
+    checks, skipped = _one_per_concern(candidates, runs.gate_ids())
+    checks, overlaps = _pre_commit_overlap(checks, listed)
     ids = {c.id for c in checks}
     checks = [replace(c, needs=tuple(n for n in c.needs if n in ids)) for c in checks]
     languages = tuple(sorted({c.concern.partition(":")[0] for c in checks}))
     # Bytecode written beside the sources would change the tree the next gate is keyed by.
     env_set = (("PYTHONDONTWRITEBYTECODE", "1"),) if "python" in languages else ()
-    return Found(tuple(checks), tuple(skipped), languages, _env_pass(languages), env_set)
+    left_out = (*project.refused, *tox_skipped, *nox_skipped, *skipped, *overlaps)
+    return Found(tuple(checks), left_out, languages, _env_pass(languages), env_set)
+
+
+def _one_per_concern(
+    candidates: list[Check], by_ci: frozenset[str]
+) -> tuple[list[Check], list[Skipped]]:
+    """One check per concern (a ``make`` target's concern is any language's): the best
+    ranked, the first among equals."""
+
+    def rank(check: Check) -> tuple[int, str]:
+        if check.id in by_ci:
+            return 0, "CI runs it"
+        if check.runner and (more := does_more(check.commands)):
+            return 1, more
+        return (3, "") if check.runner else (2, "")
+
+    groups: dict[str, list[Check]] = {}
+    for check in candidates:
+        language, _, concern = check.concern.partition(":")
+        key = check.concern
+        if language == "make":
+            key = next((k for k in groups if k.endswith(f":{concern}")), key)
+        groups.setdefault(key, []).append(check)
+    best = {key: min(group, key=lambda c: rank(c)[0]) for key, group in groups.items()}
+    winners = {id(c) for c in best.values()}
+    checks: list[Check] = []
+    skipped: list[Skipped] = []
+    for key, group in groups.items():
+        chosen = best[key]
+        _, why = rank(chosen)
+        for check in group:
+            if id(check) in winners:
+                continue
+            because = f" ({why})" if why else ""
+            concern = key.partition(":")[2]
+            skipped.append(
+                Skipped(check.id, check.source, f"{concern} is run by {chosen.id!r}{because}")
+            )
+    seen: set[str] = set()
+    for check in candidates:
+        if id(check) in winners:
+            if check.id in seen:
+                skipped.append(Skipped(check.id, check.source, "another gate has this id"))
+                continue
+            seen.add(check.id)
+            checks.append(check)
+    return checks, skipped
+
+
+def _pre_commit_overlap(
+    checks: list[Check], listed: tuple[str, ...]
+) -> tuple[list[Check], list[Skipped]]:
+    """A tool both a gate and a pre-commit hook runs once: in its own gate (the pre-commit
+    gate gets ``SKIP=hook``), or, where only pre-commit brings the tool, in the hook."""
+    if not any(c.id == "pre-commit" for c in checks):
+        return checks, []
+    kept: list[Check] = []
+    notes: list[Skipped] = []
+    skip: list[str] = []
+    for check in checks:
+        same = (check.run[0], check.concern.partition(":")[2])
+        hook = next((h for h in listed if HOOK_TOOLS.get(h) == same), None)
+        if hook is None or check.runner:
+            kept.append(check)
+        elif not runnable(check.run[0]) and runnable("pre-commit"):
+            why = f"`{check.run[0]}` is not on PATH here: the pre-commit gate runs it (hook {hook})"
+            notes.append(Skipped(check.id, check.source, why))
+        else:
+            kept.append(check)
+            for each in (h for h in listed if HOOK_TOOLS.get(h) == same):
+                skip.append(each)
+                why = f"run by gate {check.id!r}; the pre-commit gate skips it (SKIP={each})"
+                notes.append(Skipped(f"pre-commit:{each}", ".pre-commit-config.yaml", why))
+    if not skip:
+        return kept, notes
+    if not set(listed) - set(skip):
+        why = "every hook it lists is run by its own gate"
+        notes.append(Skipped("pre-commit", ".pre-commit-config.yaml", why))
+        return [c for c in kept if c.id != "pre-commit"], notes
+    env = (("SKIP", ",".join(skip)),)
+    return [replace(c, env_set=env) if c.id == "pre-commit" else c for c in kept], notes
 
 
 def _env_pass(languages: Iterable[str]) -> tuple[str, ...]:
@@ -129,316 +164,4 @@ def _env_pass(languages: Iterable[str]) -> tuple[str, ...]:
     }
     for language in languages:
         names += extra.get(language, [])
-    return tuple(names)
-
-
-def _toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return {}
-
-
-def _ini(path: Path) -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        parser.read_string(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, configparser.Error):
-        return configparser.ConfigParser(interpolation=None)
-    return parser
-
-
-def _ignored(root: Path, name: str) -> bool:
-    """Whether git ignores ``name`` at the root: a tool's cache written there then leaves
-    the tree (and the cache keys of later gates) alone; else the tool is told not to."""
-    return git(["check-ignore", "-q", name], cwd=root, check=False).returncode == 0
-
-
-def _configs(root: Path) -> tuple[str, ...]:
-    return tuple(name for name in PY_CONFIG if (root / name).is_file())
-
-
-# -- Python ---------------------------------------------------------------------------------
-
-
-def _python(root: Path, pyproject: Mapping[str, Any]) -> list[Check]:
-    tool = pyproject.get("tool") or {}
-    setup_cfg = _ini(root / "setup.cfg")
-    configs = _configs(root)
-    inputs = (*PY_INPUTS, *configs)
-    found: list[Check] = []
-    run: tuple[str, ...]
-
-    def where(table: str, *files: str) -> str | None:
-        if table in tool:
-            return f"pyproject.toml [tool.{table}]"
-        return next((name for name in files if (root / name).is_file()), None)
-
-    if source := where("ruff", "ruff.toml", ".ruff.toml"):
-        quiet = () if _ignored(root, ".ruff_cache") else ("--no-cache",)
-        run = ("ruff", "check", *quiet, ".")
-        found.append(_py("lint", "ruff", run, source, inputs, "2s"))
-        ruff = tool.get("ruff") or _toml(root / "ruff.toml") or _toml(root / ".ruff.toml")
-        if "format" in ruff and "black" not in tool:
-            run = ("ruff", "format", "--check", *quiet, ".")
-            found.append(_py("format", "ruff", run, f"{source} format", inputs, "1s"))
-    elif (source := where("flake8", ".flake8")) or setup_cfg.has_section("flake8"):
-        found.append(_py("lint", "flake8", ("flake8",), source or "setup.cfg [flake8]", inputs))
-    if "black" in tool:
-        run = ("black", "--check", ".")
-        found.append(_py("format", "black", run, "pyproject.toml [tool.black]", inputs, "2s"))
-    if "isort" in tool:
-        run = ("isort", "--check-only", ".")
-        found.append(_py("imports", "isort", run, "pyproject.toml [tool.isort]", inputs, "2s"))
-    if (source := where("mypy", "mypy.ini")) or setup_cfg.has_section("mypy"):
-        mypy = tool.get("mypy") or {}
-        run = ("mypy",) if _ignored(root, ".mypy_cache") else ("mypy", "--cache-dir=/dev/null")
-        run += () if mypy.get("files") else tuple(_packages(root) or ["."])
-        check = _py("types", "mypy", run, source or "setup.cfg [mypy]", inputs, "30s")
-        found.append(check)
-    elif source := where("pyright", "pyrightconfig.json"):
-        found.append(_py("types", "pyright", ("pyright",), source, inputs, "30s"))
-    if "codespell" in tool:
-        found.append(
-            _py("spelling", "codespell", ("codespell",), "pyproject.toml [tool.codespell]", WHOLE)
-        )
-    if source := _pytest_source(root, tool, setup_cfg):
-        note = (
-            "coverage is configured ([tool.coverage]): add --cov to gate on it"
-            if "coverage" in tool
-            else ""
-        )
-        run = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider")
-        tests = _py("tests", "python -m pytest", run, source, WHOLE, "1m")
-        found.append(replace(tests, note=note))
-    return found
-
-
-def _py(
-    name: str,
-    tool: str,
-    run: tuple[str, ...],
-    source: str,
-    inputs: tuple[str, ...],
-    estimate: str = "5s",
-) -> Check:
-    fingerprint = f"{tool} --version"
-    return Check(name, f"python:{name}", run, source, inputs, (fingerprint,), estimate)
-
-
-def _pytest_source(
-    root: Path, tool: Mapping[str, Any], setup_cfg: configparser.ConfigParser
-) -> str | None:
-    if "pytest" in tool:
-        return "pyproject.toml [tool.pytest.ini_options]"
-    if (root / "pytest.ini").is_file():
-        return "pytest.ini"
-    if setup_cfg.has_section("tool:pytest"):
-        return "setup.cfg [tool:pytest]"
-    if _ini(root / "tox.ini").has_section("pytest"):
-        return "tox.ini [pytest]"
-    for folder in ("tests", "test"):
-        if any((root / folder).glob("**/test_*.py")):
-            return f"{folder}/ (test_*.py files)"
-    return None
-
-
-def _packages(root: Path) -> list[str]:
-    """The project's top-level packages (``src/`` layout included), for mypy."""
-    if (root / "src").is_dir():
-        return ["src"]
-    skip = {"tests", "test", "docs", "build", "dist", "scripts", "examples"}
-    return sorted(
-        p.name
-        for p in root.iterdir()
-        if p.is_dir() and (p / "__init__.py").is_file() and p.name not in skip
-    )
-
-
-# -- tox, nox, pre-commit -------------------------------------------------------------------
-
-_CONCERN_WORDS: tuple[tuple[str, str], ...] = (
-    *(("lint", "lint"), ("flake8", "lint"), ("ruff", "lint"), ("type", "types")),
-    *(("typing", "types"), ("mypy", "types"), ("doc", "docs"), ("format", "format")),
-    *(("fmt", "format"),),
-)
-
-
-def _concern(name: str) -> str:
-    if re.fullmatch(r"py(py)?3?\d*(-.*)?|tests?|unit", name):
-        return "tests"
-    return next((c for word, c in _CONCERN_WORDS if word in name), name)
-
-
-def _expand(envlist: str) -> list[str]:
-    """``py{310,311}-x, lint`` -> py310-x, py311-x, lint (one level of braces)."""
-    names: list[str] = []
-    for part in re.split(r"[,\s]+(?![^{]*\})", envlist.strip()):
-        match = re.search(r"\{([^}]*)\}", part)
-        if match:
-            names += [part[: match.start()] + v + part[match.end() :] for v in match[1].split(",")]
-        elif part:
-            names.append(part)
-    return names
-
-
-def _tox(root: Path, pyproject: Mapping[str, Any]) -> list[Check]:
-    ini = _ini(root / "tox.ini")
-    envlist = ini.get("tox", "envlist", fallback="") or ini.get("tox", "env_list", fallback="")
-    source = "tox.ini envlist"
-    if not envlist:
-        legacy = ((pyproject.get("tool") or {}).get("tox") or {}).get("legacy_tox_ini", "")
-        if legacy:
-            parsed = configparser.ConfigParser(interpolation=None)
-            parsed.read_string(legacy)
-            envlist, source = parsed.get("tox", "envlist", fallback=""), "[tool.tox] envlist"
-    found = []
-    for env in dict.fromkeys(_expand(envlist)):
-        found.append(
-            Check(
-                f"tox-{env}",
-                f"python:{_concern(env)}",
-                ("tox", "-e", env),
-                source,
-                WHOLE,
-                ("tox --version",),
-                "1m",
-            )
-        )
-    return found
-
-
-def _nox(root: Path) -> list[Check]:
-    try:
-        tree = ast.parse((root / "noxfile.py").read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-        return []
-    found = []
-    for node in tree.body:
-        if not isinstance(node, ast.FunctionDef):
-            continue
-        for decorator in node.decorator_list:
-            target = decorator.func if isinstance(decorator, ast.Call) else decorator
-            name = ast.unparse(target)
-            if name in ("nox.session", "session"):
-                found.append(
-                    Check(
-                        f"nox-{node.name}",
-                        f"python:{_concern(node.name)}",
-                        ("nox", "-s", node.name),
-                        "noxfile.py",
-                        WHOLE,
-                        ("nox --version",),
-                        "1m",
-                    )
-                )
-    return found
-
-
-def _pre_commit(root: Path) -> list[Check]:
-    path = root / ".pre-commit-config.yaml"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return []
-    hooks = list(dict.fromkeys(re.findall(r"^\s*-?\s*id:\s*([\w.-]+)", text, re.MULTILINE)))
-    note = "pre-commit installs its hook environments on first use (that needs the network)"
-    return [
-        Check(
-            "pre-commit",
-            "any:hooks",
-            ("pre-commit", "run", "--all-files", "--show-diff-on-failure"),
-            f".pre-commit-config.yaml (hooks: {', '.join(hooks[:12]) or 'none listed'})",
-            WHOLE,
-            ("pre-commit --version",),
-            "30s",
-            note=note,
-        )
-    ]
-
-
-# -- JavaScript, make, Go, Rust -------------------------------------------------------------
-
-
-def _package_json(root: Path) -> list[Check]:
-    try:
-        scripts = json.loads((root / "package.json").read_text(encoding="utf-8")).get("scripts")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return []
-    if not isinstance(scripts, dict):
-        return []
-    manager = next((pm for lock, pm in LOCKFILES if (root / lock).is_file()), "npm")
-    found = []
-    for script in scripts:
-        concern = CHECK_SCRIPTS.get(str(script))
-        if concern is None:
-            continue
-        found.append(
-            Check(
-                f"js-{script.replace(':', '-')}",
-                f"js:{concern}",
-                (manager, "run", script),
-                f"package.json scripts.{script} ({manager}: {_lock_for(manager)})",
-                (*JS_INPUTS, "package.json") if concern in ("lint", "format") else WHOLE,
-                ("node --version", f"{manager} --version"),
-                "30s",
-                needs=("js-build",) if concern == "tests" else (),
-            )
-        )
-    return found
-
-
-def _lock_for(manager: str) -> str:
-    return next((lock for lock, pm in LOCKFILES if pm == manager), "no lockfile")
-
-
-def _makefile(root: Path) -> list[Check]:
-    path = next((root / n for n in ("Makefile", "makefile", "GNUmakefile") if (root / n).is_file()), None)  # fmt: skip
-    if path is None:
-        return []
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    targets = dict.fromkeys(re.findall(r"^([A-Za-z0-9][\w.-]*)\s*:(?!=)", text, re.MULTILINE))
-    found = []
-    for target in targets:
-        concern = CHECK_SCRIPTS.get(target)
-        if concern is None:
-            continue
-        found.append(
-            Check(
-                f"make-{target}",
-                f"make:{concern}",
-                ("make", target),
-                f"{path.name} target {target}",
-                WHOLE,
-                ("make --version",),
-                "30s",
-                needs=("make-build",) if concern == "tests" else (),
-            )
-        )
-    return found
-
-
-def _go(root: Path) -> list[Check]:
-    if not (root / "go.mod").is_file():
-        return []
-    inputs = ("**/*.go", "go.mod", "go.sum")
-    tools = ("go version",)
-    return [
-        Check("go-vet", "go:vet", ("go", "vet", "./..."), "go.mod", inputs, tools, "20s"),
-        Check("go-test", "go:tests", ("go", "test", "./..."), "go.mod", WHOLE, tools, "1m"),
-    ]
-
-
-def _rust(root: Path) -> list[Check]:
-    if not (root / "Cargo.toml").is_file():
-        return []
-    tools = ("cargo --version", "rustc --version")
-    clippy = ("cargo", "clippy", "--all-targets", "--", "-D", "warnings")
-    inputs = ("**/*.rs", "**/Cargo.toml", "Cargo.lock")
-    return [
-        Check("clippy", "rust:lint", clippy, "Cargo.toml", inputs, tools, "1m"),
-        Check("cargo-test", "rust:tests", ("cargo", "test"), "Cargo.toml", WHOLE, tools, "1m"),
-    ]
+    return (*names, *NETWORK_ENV)

@@ -4,16 +4,32 @@ itself, and written only where no file is (``dagrunner init``)."""
 from __future__ import annotations
 
 import json
-import shutil
+import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from dagrunner.errors import DagrunnerError
 from dagrunner.files import atomic_write
 from dagrunner.manifest.load import STARTER_MANIFEST, load_manifest
-from dagrunner.starter.detect import WHOLE, Check, Found, detect
+from dagrunner.starter.checks import WHOLE, Check, Found
+from dagrunner.starter.detect import detect
+from dagrunner.starter.sessions import runnable
+
+PIP = "python -m pip install {0}"
+INSTALL = {  # a program -> how to get it (else: the project's own docs)
+    **{p: PIP.format(p) for p in ("ruff", "mypy", "black", "isort", "flake8", "codespell")},
+    **{p: PIP.format(p) for p in ("tox", "nox", "pre-commit", "pyright")},
+    "pnpm": "corepack enable pnpm (or npm install -g pnpm)",
+    "yarn": "corepack enable yarn (or npm install -g yarn)",
+    "bun": "see https://bun.sh",
+    "npm": "install Node.js (https://nodejs.org)",
+    "node": "install Node.js (https://nodejs.org)",
+    "go": "see https://go.dev/dl",
+    "cargo": "rustup (https://rustup.rs)",
+    "make": "your system's package manager (apt-get install make)",
+}
 
 
 @dataclass(frozen=True)
@@ -40,20 +56,27 @@ class Started:
                     "tools": list(c.tools),
                     "needs": list(c.needs),
                     "estimate": c.estimate,
+                    "memory": c.memory,
+                    "junit": c.junit or None,
+                    "env": dict(c.env_set),
+                    "commented_out": c.needs_program in self.missing
+                    and _commented(self.found, self.missing),
                 }
                 for c in self.found.checks
             ],
             "skipped": [{"id": s.id, "source": s.source, "why": s.why} for s in self.found.skipped],
             "missing_tools": list(self.missing),
+            "env_pass": list(self.found.env_pass),
         }
 
 
 def init(root: Path, out: Path | None = None, *, dry_run: bool = False) -> Started:
     """Detect the checks of the project at ``root`` and write them to ``out`` (default
     ``dagrunner.toml`` at ``root``); ``dry_run`` writes nothing.  Raises ``init-exists``
-    rather than overwrite a file, ``init-nothing-found`` when no check is configured."""
+    rather than overwrite a file, ``init-nothing-found`` when no check is configured, and
+    the ``init-*`` errors of ``readers`` for a hostile file."""
     path = out if out is not None else root / STARTER_MANIFEST
-    if path.exists() or path.is_symlink():
+    if not dry_run and (path.exists() or path.is_symlink()):
         raise DagrunnerError(
             "init-exists",
             "a file is already there; dagrunner init never overwrites one",
@@ -65,11 +88,14 @@ def init(root: Path, out: Path | None = None, *, dry_run: bool = False) -> Start
         raise DagrunnerError(
             "init-nothing-found",
             f"no check configured in {root}: looked for pyproject.toml tool tables (ruff, "
-            "black, isort, mypy, pyright, pytest, codespell), tox.ini, noxfile.py, "
-            ".pre-commit-config.yaml, package.json scripts, Makefile targets, go.mod, Cargo.toml",
+            "black, isort, mypy, pyright, pytest, codespell), tox.ini / tox.toml / [tool.tox], "
+            "noxfile.py, .pre-commit-config.yaml, package.json scripts, Makefile targets, "
+            "go.mod, Cargo.toml",
             hint="write a manifest by hand (docs/manifest.md), or configure a tool first",
         )
-    missing = tuple(dict.fromkeys(c.run[0] for c in found.checks if not _runnable(c.run[0])))
+    missing = tuple(
+        dict.fromkeys(c.needs_program for c in found.checks if not runnable(c.needs_program))
+    )
     text = render(found, missing)
     _validate(text)
     if not dry_run:
@@ -77,12 +103,14 @@ def init(root: Path, out: Path | None = None, *, dry_run: bool = False) -> Start
     return Started(path, text, not dry_run, found, missing)
 
 
-def _runnable(program: str) -> bool:
-    return program == "python" or shutil.which(program) is not None
+def _commented(found: Found, missing: tuple[str, ...]) -> bool:
+    """Whether gates of missing programs are commented out: yes, unless none would be left."""
+    return any(c.needs_program not in missing for c in found.checks)
 
 
 def render(found: Found, missing: tuple[str, ...] = ()) -> str:
-    """The manifest's text: a header, ``[env]``, ``[defaults]``, one table per check."""
+    """The manifest's text: a header, ``[env]``, ``[defaults]``, one table per check (those
+    whose program this machine lacks commented out, unless no gate would be left)."""
     lines = [
         "# Written by `dagrunner init` from the checks this project already configures.",
         "# Edit freely: docs/manifest.md has every key.  Run it: dagrunner release-check",
@@ -91,48 +119,81 @@ def render(found: Found, missing: tuple[str, ...] = ()) -> str:
         "",
         "[env]  # gates see only these variables of yours (and their own HOME and TMPDIR)",
         f"pass = {_array(found.env_pass)}",
-        *(
-            [f"set = {{ {', '.join(f'{k} = {json.dumps(v)}' for k, v in found.env_set)} }}"]
-            if found.env_set
-            else []
-        ),
+        *([f"set = {_table(found.env_set)}"] if found.env_set else []),
         "",
         "[defaults]",
         'timeout = "15m"',
         "",
     ]
+    off = (
+        {c.id for c in found.checks if c.needs_program in missing}
+        if _commented(found, missing)
+        else set()
+    )
     for check in found.checks:
-        lines += _gate(check, check.run[0] in missing)
+        if check.id not in off:
+            check = replace(check, needs=tuple(n for n in check.needs if n not in off))
+        lines += _gate(check, missing=check.needs_program in missing, off=check.id in off)
     if found.skipped:
-        lines.append("# Also found, and left out because another gate covers the same check:")
+        lines.append("# Also found, and left out:")
         lines += [f"#   {s.id} ({s.source}): {s.why}" for s in found.skipped]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _gate(check: Check, missing: bool) -> list[str]:
+def _gate(check: Check, *, missing: bool, off: bool) -> list[str]:
     lines = [f"# from {check.source}"]
-    if missing:
-        lines.append(f"# `{check.run[0]}` is not on PATH here: install it, or drop this gate")
+    program = check.needs_program
+    install = INSTALL.get(program, "see the project's docs")
+    if off:
+        lines.append(f"# `{program}` is not on PATH here: install it ({install}), then uncomment")
+    elif missing:
+        lines.append(
+            f"# `{program}` is not on PATH here: install it ({install}), or drop this gate"
+        )
     if check.note:
         lines.append(f"# {check.note}")
-    if check.inputs == WHOLE:
+    if check.inputs == WHOLE and not off:
         lines.append("# it may read any file: any change in the tree runs it again")
-    lines += [f"[gates.{check.id}]", f"run = {_array(check.run)}"]
-    lines.append(f"inputs = {_array(check.inputs)}")
-    lines.append(f"tools = {_array(check.tools)}")
-    lines.append(f'estimate = "{check.estimate}"')
+    table = [f"[gates.{_key(check.id)}]", f"run = {_array(check.run)}"]
+    table.append(f"inputs = {_array(check.inputs)}")
+    table.append(f"tools = {_array(check.tools)}")
+    table.append(f'estimate = "{check.estimate}"')
+    table.append(f'memory = "{check.memory}"')
+    if check.junit:
+        table.append(f"junit = {json.dumps(check.junit)}")
+    if check.env_set:
+        table.append(f"env = {{ set = {_table(check.env_set)} }}")
     if check.needs:
-        lines.append(f"needs = {_array(check.needs)}")
-    return [*lines, ""]
+        table.append(f"needs = {_array(check.needs)}")
+    return [*lines, *(f"# {line}" if off else line for line in table), ""]
+
+
+def _key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
 
 
 def _array(items: tuple[str, ...]) -> str:
     return "[" + ", ".join(json.dumps(item) for item in items) + "]"
 
 
+def _table(pairs: tuple[tuple[str, str], ...]) -> str:
+    return "{ " + ", ".join(f"{_key(k)} = {json.dumps(v)}" for k, v in pairs) + " }"
+
+
 def _validate(text: str) -> None:
-    """What we write must load: the manifest loader is the judge (a failure is our bug)."""
+    """What we write must load: the manifest loader is the judge (a failure is our bug, and
+    is said so, without the name of a temporary file that is gone)."""
     with tempfile.TemporaryDirectory(prefix="dagrunner-init-") as tmp:
         probe = Path(tmp) / STARTER_MANIFEST
         probe.write_text(text)
-        load_manifest(probe)
+        try:
+            load_manifest(probe)
+        except DagrunnerError as error:
+            raise DagrunnerError(
+                "init-invalid",
+                f"the manifest dagrunner init made does not load ({error.code}: "
+                f"{error.message.replace(str(probe), STARTER_MANIFEST.name)})",
+                key=error.key,
+                hint="a bug in dagrunner init: report it with the project's tox, nox and CI "
+                "files, and write the manifest by hand (docs/manifest.md)",
+            ) from None

@@ -1,0 +1,51 @@
+"""The records ``init`` passes from the readers to the writer: a check found, a check left
+out (and why), and everything found in one project."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WHOLE = ("**",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """One gate-to-be: what it runs, where it came from, what it reads."""
+
+    id: str
+    concern: str  # "python:lint", "js:tests", ... (one check per concern)
+    run: tuple[str, ...]
+    source: str  # where it was found, for the manifest's comment
+    inputs: tuple[str, ...] = WHOLE  # WHOLE: any file it may read (any change runs it again)
+    tools: tuple[str, ...] = ()
+    estimate: str = "30s"
+    memory: str = "256M"
+    needs: tuple[str, ...] = ()
+    note: str = ""  # a line of advice in the comment
+    junit: str = ""  # the JUnit file it writes (relative to the root), if wired
+    env_set: tuple[tuple[str, str], ...] = ()  # the gate's own `env.set`
+    # What a runner's session (tox env, nox session, make target) runs, one command a tuple:
+    # a session that does more than one tool gate is the project's own check and wins.
+    commands: tuple[tuple[str, ...], ...] = ()
+    runner: bool = False  # a tox env, nox session, script or target (not a tool table)
+    program: str = ""  # what must be on PATH, when ``run`` starts with a shell
+
+    @property
+    def needs_program(self) -> str:
+        return self.program or self.run[0]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    id: str
+    source: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Found:
+    checks: tuple[Check, ...]
+    skipped: tuple[Skipped, ...]
+    languages: tuple[str, ...]
+    env_pass: tuple[str, ...] = field(default=("PATH",))
+    env_set: tuple[tuple[str, str], ...] = ()

@@ -1,0 +1,141 @@
+"""What CI runs, read from ``.github/workflows/*.yml``: the truth where present.
+
+PyYAML is no dependency of dagrunner (only of its tests), so the ``run:`` values are read
+by lines: a plain ``run: cmd``, or a ``|`` / ``>`` block (the lines indented deeper than the
+key).  Only the commands that name a runner's session count -- ``tox -e X``, ``nox -s X``,
+``npm run X`` / ``npm test``, ``pre-commit run``, ``make X`` -- and a ``${{ ... }}``
+expression (a matrix value) names nothing that can be known here.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from dagrunner.starter.readers import Project
+
+MAX_FILES = 64
+
+
+@dataclass(frozen=True)
+class Ci:
+    """The sessions CI runs by name, and its ``run:`` lines."""
+
+    tox: frozenset[str] = frozenset()
+    nox: frozenset[str] = frozenset()
+    scripts: frozenset[str] = frozenset()  # package.json scripts
+    make: frozenset[str] = frozenset()
+    pre_commit: bool = False
+    lines: tuple[str, ...] = ()
+
+    def gate_ids(self) -> frozenset[str]:
+        """The ids of the gates ``detect`` makes for what CI runs."""
+        return frozenset(
+            {f"tox-{n}" for n in self.tox}
+            | {f"nox-{n}" for n in self.nox}
+            | {f"js-{n.replace(':', '-')}" for n in self.scripts}
+            | {f"make-{n}" for n in self.make}
+            | ({"pre-commit"} if self.pre_commit else set())
+        )
+
+
+def ci(project: Project) -> Ci:
+    """The sessions the project's GitHub workflows run."""
+    workflows = [
+        p for p in project.files("*.yml", "*.yaml") if re.fullmatch(r"\.github/workflows/[^/]+", p)
+    ]
+    lines: list[str] = []
+    for name in sorted(workflows)[:MAX_FILES]:
+        lines += run_lines(project.text(name, errors="replace") or "")
+    found: dict[str, set[str]] = {"tox": set(), "nox": set(), "scripts": set(), "make": set()}
+    pre_commit = False
+    for line in lines:
+        for command in re.split(r"&&|\|\||;|\|", line):
+            try:
+                words = shlex.split(command)
+            except ValueError:
+                words = command.split()
+            pre_commit |= _named(words, found)
+    return Ci(
+        tox=frozenset(found["tox"]),
+        nox=frozenset(found["nox"]),
+        scripts=frozenset(found["scripts"]),
+        make=frozenset(found["make"]),
+        pre_commit=pre_commit,
+        lines=tuple(lines),
+    )
+
+
+def run_lines(text: str) -> list[str]:
+    """The commands of every ``run:`` key of a workflow, one line each."""
+    found: list[str] = []
+    block: int | None = None  # the key's indentation while reading a block
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if block is not None:
+            if not line.strip() or indent > block:
+                if line.strip() and not line.strip().startswith("#"):
+                    found.append(line.strip())
+                continue
+            block = None
+        match = re.match(r"^(\s*)(?:-\s+)?run:\s*(.*?)\s*$", line)
+        if match is None:
+            continue
+        value = match[2]
+        if re.fullmatch(r"[|>][-+]?\d*(\s+#.*)?", value):
+            block = len(match[1])
+        elif value and not value.startswith("#"):
+            found.append(value.strip("'\""))
+    return found
+
+
+def _named(words: list[str], found: dict[str, set[str]]) -> bool:
+    """Add the sessions ``words`` runs to ``found``; whether it is ``pre-commit run``."""
+    while words and re.fullmatch(r"\w+=.*", words[0]):  # VAR=value before the command
+        words = words[1:]
+    if words[:1] == ["uvx"]:
+        words = words[1:]
+    elif words[:1] in (["uv"], ["pipx"]) and words[1:2] == ["run"]:
+        words = words[2:]
+    if len(words) >= 3 and words[0].startswith("python") and words[1] == "-m":
+        words = words[2:]
+    if not words:
+        return False
+    program, rest = words[0], words[1:]
+    if program == "pre-commit":
+        return bool(rest) and rest[0] == "run"
+    if program == "tox":
+        found["tox"] |= _after(rest, ("-e", "--env"), split=",")
+    elif program == "nox":
+        found["nox"] |= _after(rest, ("-s", "--session", "--sessions"), split=None)
+    elif program in ("npm", "pnpm", "yarn", "bun"):
+        if rest[:1] in (["test"], ["t"]):
+            found["scripts"].add("test")
+        elif rest[:1] in (["run"], ["run-script"]) and len(rest) > 1:
+            found["scripts"].add(rest[1])
+        elif program != "npm" and rest and not rest[0].startswith("-"):
+            found["scripts"].add(rest[0])
+    elif program == "make":
+        found["make"] |= {w for w in rest if re.fullmatch(r"[A-Za-z0-9][\w.-]*", w)}
+    return False
+
+
+def _after(words: list[str], flags: tuple[str, ...], *, split: str | None) -> set[str]:
+    """The values of ``flags`` (``-e a,b``, ``-e=a``, ``-s a b``), expressions left out."""
+    values: list[str] = []
+    for i, word in enumerate(words):
+        flag, _, inline = word.partition("=")
+        if flag not in flags:
+            continue
+        if inline:
+            values.append(inline)
+        elif split is None:  # nox: every word up to the next option
+            for value in words[i + 1 :]:
+                if value.startswith("-"):
+                    break
+                values.append(value)
+        elif i + 1 < len(words):
+            values.append(words[i + 1])
+    names = [v for value in values for v in (value.split(split) if split else [value])]
+    return {n.strip() for n in names if n.strip() and "${{" not in n and "$" not in n}

@@ -1,0 +1,218 @@
+"""Checks outside Python's tool tables: pre-commit hooks, ``package.json`` scripts (with
+the package manager its lockfile names), ``Makefile`` targets, Go and Rust."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import replace
+
+from dagrunner.starter.checks import WHOLE, Check
+from dagrunner.starter.python import junit_file
+from dagrunner.starter.readers import Project
+
+JS_INPUTS = ("**/*.js", "**/*.jsx", "**/*.ts", "**/*.tsx", "**/*.mjs", "**/*.cjs", "**/*.json")
+CHECK_SCRIPTS = {  # package.json script / Makefile target -> its concern
+    "lint": "lint",
+    "eslint": "lint",
+    "typecheck": "types",
+    "type-check": "types",
+    "types": "types",
+    "tsc": "types",
+    "test": "tests",
+    "tests": "tests",
+    "check": "check",
+    "format:check": "format",
+    "fmt:check": "format",
+    "prettier:check": "format",
+    "format-check": "format",
+    "fmt-check": "format",
+    "vet": "vet",
+    "build": "build",
+    "docs": "docs",
+}
+LOCKFILES = (
+    ("pnpm-lock.yaml", "pnpm"),
+    ("yarn.lock", "yarn"),
+    ("bun.lockb", "bun"),
+    ("bun.lock", "bun"),
+    ("package-lock.json", "npm"),
+)
+MEMORY = {"tests": "1G", "types": "2G", "build": "1G"}  # a concern's memory (else 256M)
+
+
+def hooks(project: Project) -> tuple[str, ...]:
+    """The hook ids of ``.pre-commit-config.yaml``, in order."""
+    text = project.text(".pre-commit-config.yaml") or ""
+    return tuple(dict.fromkeys(re.findall(r"^\s*-?\s*id:\s*([\w.-]+)", text, re.MULTILINE)))
+
+
+def pre_commit(project: Project) -> list[Check]:
+    if not project.is_file(".pre-commit-config.yaml"):
+        return []
+    listed = hooks(project)
+    note = "pre-commit installs its hook environments on first use (that needs the network)"
+    return [
+        Check(
+            id="pre-commit",
+            concern="any:hooks",
+            run=("pre-commit", "run", "--all-files", "--show-diff-on-failure"),
+            source=f".pre-commit-config.yaml (hooks: {', '.join(listed[:12]) or 'none listed'})",
+            tools=("pre-commit --version",),
+            estimate="1m",
+            memory="1G",
+            note=note,
+            commands=tuple((h,) for h in listed),
+            runner=True,
+        )
+    ]
+
+
+def package_json(project: Project) -> list[Check]:
+    body = project.json("package.json")
+    scripts = body.get("scripts") if isinstance(body, dict) else None
+    if not isinstance(scripts, dict):
+        return []
+    manager = next((pm for lock, pm in LOCKFILES if project.is_file(lock)), "npm")
+    found = []
+    for script, text in scripts.items():
+        concern = CHECK_SCRIPTS.get(str(script))
+        if concern is None or not isinstance(text, str):
+            continue
+        gate = f"js-{script.replace(':', '-')}"
+        check = Check(
+            id=gate,
+            concern=f"js:{concern}",
+            run=(manager, "run", script),
+            source=f"package.json scripts.{script} ({manager}: {_lock_for(manager)})",
+            inputs=(*JS_INPUTS, "package.json") if concern in ("lint", "format") else WHOLE,
+            tools=("node --version", f"{manager} --version"),
+            memory=MEMORY.get(concern, "256M"),
+            needs=("js-build",) if concern == "tests" else (),
+            commands=(_words(text),),
+            runner=True,
+        )
+        found.append(_node_test(project, check, text))
+    return found
+
+
+def _node_test(project: Project, check: Check, script: str) -> Check:
+    """A script that is node's own test runner runs it directly, with a JUnit report beside
+    the spec output on stdout (appending to ``npm run`` would put options after files)."""
+    words = _words(script)
+    if words[:2] != ("node", "--test") or any(re.search(r"[;&|<>$`]", w) for w in words):
+        return check
+    path, note = junit_file(project, check.id)
+    reporters = (
+        *("--test-reporter=spec", "--test-reporter-destination=stdout"),
+        *("--test-reporter=junit", f"--test-reporter-destination={path}"),
+    )
+    # node does not make the report's folder (ENOENT), so a shell makes it first.
+    node = shlex.join(("node", "--test", *reporters, *words[2:]))
+    run = ("sh", "-c", f"mkdir -p {shlex.quote(path.rpartition('/')[0])} && exec {node}")
+    source = f"{check.source.partition(' (')[0]} (node --test, run directly for its JUnit file)"
+    return replace(check, run=run, source=source, junit=path, note=note, program="node")
+
+
+def _words(text: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(text))
+    except ValueError:
+        return tuple(text.split())
+
+
+def _lock_for(manager: str) -> str:
+    return next((lock for lock, pm in LOCKFILES if pm == manager), "no lockfile")
+
+
+def makefile(project: Project) -> list[Check]:
+    name = next((n for n in ("GNUmakefile", "makefile", "Makefile") if project.is_file(n)), None)
+    if name is None:
+        return []
+    text = project.text(name, errors="replace") or ""
+    recipes: dict[str, list[tuple[str, ...]]] = {}
+    current: list[tuple[str, ...]] | None = None
+    for line in text.splitlines():
+        if line.startswith("\t") and current is not None:
+            if line.strip():
+                current.append(_words(line.strip().lstrip("@-+")))
+            continue
+        rule = re.match(r"^([A-Za-z0-9][\w.-]*)\s*:(?!=)", line)
+        current = recipes.setdefault(rule[1], []) if rule else None
+    found = []
+    for target, commands in recipes.items():
+        concern = CHECK_SCRIPTS.get(target)
+        if concern is None:
+            continue
+        found.append(
+            Check(
+                id=f"make-{target}",
+                concern=f"make:{concern}",
+                run=("make", target),
+                source=f"{name} target {target}",
+                tools=("make --version",),
+                memory=MEMORY.get(concern, "256M"),
+                needs=("make-build",) if concern == "tests" else (),
+                commands=tuple(commands),
+                runner=True,
+            )
+        )
+    return found
+
+
+def go(project: Project) -> list[Check]:
+    if not project.is_file("go.mod"):
+        return []
+    inputs = ("**/*.go", "go.mod", "go.sum")
+    tools = ("go version",)
+    vet = ("go", "vet", "./...")
+    return [
+        Check(
+            id="go-vet",
+            concern="go:vet",
+            run=vet,
+            source="go.mod",
+            inputs=inputs,
+            tools=tools,
+            estimate="20s",
+            memory="1G",
+        ),
+        Check(
+            id="go-test",
+            concern="go:tests",
+            run=("go", "test", "./..."),
+            source="go.mod",
+            tools=tools,
+            estimate="1m",
+            memory="2G",
+        ),
+    ]
+
+
+def rust(project: Project) -> list[Check]:
+    if not project.is_file("Cargo.toml"):
+        return []
+    tools = ("cargo --version", "rustc --version")
+    clippy = ("cargo", "clippy", "--all-targets", "--", "-D", "warnings")
+    inputs = ("**/*.rs", "**/Cargo.toml", "Cargo.lock")
+    return [
+        Check(
+            id="clippy",
+            concern="rust:lint",
+            run=clippy,
+            source="Cargo.toml",
+            inputs=inputs,
+            tools=tools,
+            estimate="1m",
+            memory="2G",
+        ),
+        Check(
+            id="cargo-test",
+            concern="rust:tests",
+            run=("cargo", "test"),
+            source="Cargo.toml",
+            tools=tools,
+            estimate="1m",
+            memory="2G",
+        ),
+    ]

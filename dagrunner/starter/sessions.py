@@ -1,0 +1,125 @@
+"""What a runner's session (a tox env, a nox session, a script, a make target) is: which
+concern it checks, whether it is a check at all, and whether it does more than a tool gate.
+
+A session that tags, uploads, commits, clones, downloads or serves is a task, not a check:
+a release gate must never run it.  One that runs several commands (pre-commit hooks, a
+build, ``twine check``) or gates on coverage is the project's own check and is preferred
+over a gate synthesized from a tool table.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import zlib
+from collections.abc import Iterable
+
+from dagrunner.names import is_safe_id
+from dagrunner.starter.checks import Check
+
+# Words of a session name that say it is a task (a release step, a server, an update).
+TASK_WORDS = frozenset(
+    {"release", "publish", "upload", "deploy", "bump", "tag", "tags", "update", "upgrade"}
+    | {"download", "serve", "server", "live", "livehtml", "autobuild", "watch", "clean"}
+    | {"dev", "devenv", "develop", "prepare", "changelog", "version", "lock", "vendor"}
+)
+# What a task's commands do; the first match names why it is left out.
+TASK_COMMANDS: tuple[tuple[str, str], ...] = (
+    (r"\bgit\s+(tag|commit|push|clone|fetch|pull|checkout|reset)\b", "runs git {0}"),
+    (r"\btwine\s+upload\b", "uploads with twine"),
+    (r"\b(npm|pnpm|yarn|flit|poetry|hatch|uv|cargo)\s+publish\b", "publishes a package"),
+    (r"\bgh\s+release\b", "makes a GitHub release"),
+    (r"\b(curl|wget)\b", "downloads ({0})"),
+    (r"\bpip\s+download\b", "downloads packages"),
+    (r"\b(sphinx-autobuild|mkdocs\s+serve|http\.server)\b", "serves ({0}) and never ends"),
+    (r"\bpre-commit\s+autoupdate\b", "updates the hooks"),
+    (r"\b(bump2version|bumpversion|bump-my-version|towncrier\s+build)\b", "changes files ({0})"),
+)
+COVERAGE = re.compile(r"--cov\b|--cov=|\bcoverage\b|--fail-under|fail_under")
+# The first program of a command -> the concern it checks.
+PROGRAM_CONCERNS: tuple[tuple[str, str], ...] = (
+    (r"(py\.)?test|pytest|-m pytest|unittest|coverage run", "tests"),
+    (r"mypy|pyright|pytype|basedpyright|tsc", "types"),
+    (r"ruff format|black|prettier", "format"),
+    (r"ruff|flake8|pylint|pre-commit|eslint", "lint"),
+    (r"sphinx-build|mkdocs", "docs"),
+)
+NAME_CONCERNS: tuple[tuple[str, str], ...] = (
+    *(("lint", "lint"), ("flake8", "lint"), ("ruff", "lint"), ("type", "types")),
+    *(("typing", "types"), ("mypy", "types"), ("doc", "docs"), ("format", "format")),
+    *(("fmt", "format"),),
+)
+
+
+def concern(name: str, commands: Iterable[tuple[str, ...]] = ()) -> str:
+    """The concern of a session: from its name, else from the first program it runs."""
+    if re.fullmatch(r"py(py)?3?\.?\d*(-.*)?|tests?|unit(-?tests?)?", name):
+        return "tests"
+    if by_name := next((c for word, c in NAME_CONCERNS if word in name), None):
+        return by_name
+    for command in commands:
+        line = " ".join(command)
+        for pattern, found in PROGRAM_CONCERNS:
+            if re.match(rf"(python3?\s+-m\s+)?({pattern})\b", line):
+                return found
+    return name
+
+
+def task(name: str, commands: Iterable[tuple[str, ...]]) -> str:
+    """Why a session is a task rather than a check, or "" when it looks like a check."""
+    for command in commands:
+        line = " ".join(command)
+        for pattern, why in TASK_COMMANDS:
+            if match := re.search(pattern, line):
+                return f"it {why.format(match[1] if match.groups() else '')}: a task, not a check"
+    words = set(re.split(r"[-_:.]", name.lower()))
+    if word := next(iter(sorted(words & TASK_WORDS)), None):
+        return f"its name says it is a task ({word!r}), not a check"
+    return ""
+
+
+def does_more(commands: tuple[tuple[str, ...], ...]) -> str:
+    """What makes a session more than a single tool gate ("" when it is not)."""
+    if any(COVERAGE.search(" ".join(c)) for c in commands):
+        return "it gates on coverage"
+    if len(commands) > 1:
+        shown = ", ".join(" ".join(c[:3]) for c in commands[:4])
+        return f"it runs {len(commands)} commands ({shown})"
+    return ""
+
+
+def gate_id(prefix: str, name: str) -> str:
+    """A safe gate id for a session name (characters a gate id may not hold become -)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "session"
+    candidate = f"{prefix}-{cleaned}".replace("..", ".")
+    return candidate if is_safe_id(candidate) else f"{prefix}-{zlib.crc32(name.encode()):08x}"
+
+
+def runnable(program: str) -> bool:
+    """Whether this machine has ``program`` on its PATH (``python`` is the one running)."""
+    return program == "python" or shutil.which(program) is not None
+
+
+def session(
+    *,
+    prefix: str,
+    name: str,
+    run: tuple[str, ...],
+    source: str,
+    commands: tuple[tuple[str, ...], ...],
+    tools: tuple[str, ...],
+    estimate: str = "2m",
+    memory: str = "2G",
+) -> Check:
+    """A tox env's or nox session's check (it makes its own virtualenv: minutes, 2G)."""
+    return Check(
+        id=gate_id(prefix, name),
+        concern=f"python:{concern(name, commands)}",
+        run=run,
+        source=source,
+        tools=tools,
+        estimate=estimate,
+        memory=memory,
+        commands=commands,
+        runner=True,
+    )

@@ -1,0 +1,159 @@
+"""tox's envs, from every place tox 4 reads them: ``tox.ini``, ``[tool.tox]`` in
+``pyproject.toml`` (native TOML, or ``legacy_tox_ini``) and ``tox.toml``.
+
+Only the envs of ``env_list`` (what a bare ``tox`` runs) and those CI runs by name are
+candidates; every other env, and every env that is a task, is listed as skipped with why.
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dagrunner.starter.checks import Check, Skipped
+from dagrunner.starter.readers import Project, ini_text
+from dagrunner.starter.sessions import gate_id, session, task
+
+MAX_ENVS = 256  # a brace product larger than this is cut (and said so)
+
+
+@dataclass(frozen=True)
+class Envs:
+    source: str
+    env_list: tuple[str, ...]
+    commands: Mapping[str, tuple[tuple[str, ...], ...]]  # every env defined, and its commands
+
+
+def expand(envlist: str | Iterable[str]) -> list[str]:
+    """``py{38,39}-django{32,40}, lint`` -> py38-django32, py38-django40, py39-django32,
+    py39-django40, lint: every brace group, as tox does (a cartesian product; ``{10-12}``
+    is a range)."""
+    parts = (
+        re.split(r"[,\s]+(?![^{]*\})", envlist.strip())
+        if isinstance(envlist, str)
+        else [str(e) for e in envlist]
+    )
+    names: list[str] = []
+    for part in parts:
+        names += _product(part.strip())
+        if len(names) > MAX_ENVS:
+            return names[:MAX_ENVS]
+    return [n for n in dict.fromkeys(names) if n]
+
+
+def _product(part: str) -> list[str]:
+    match = re.search(r"\{([^{}]*)\}", part)
+    if match is None:
+        return [part] if part else []
+    values: list[str] = []
+    for value in match[1].split(","):
+        bounds = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", value)
+        if bounds and int(bounds[2]) - int(bounds[1]) < MAX_ENVS:
+            values += [str(n) for n in range(int(bounds[1]), int(bounds[2]) + 1)]
+        else:
+            values.append(value.strip())
+    found: list[str] = []
+    for value in values:
+        found += _product(part[: match.start()] + value + part[match.end() :])
+        if len(found) > MAX_ENVS:
+            break
+    return found
+
+
+def read(project: Project, pyproject: Mapping[str, Any]) -> Envs | None:
+    """The project's tox configuration, from the first file tox itself would read."""
+    if project.is_file("tox.ini"):
+        return _from_ini(project.ini("tox.ini"), "tox.ini")
+    table = (pyproject.get("tool") or {}).get("tox") or {}
+    if isinstance(table.get("legacy_tox_ini"), str):
+        return _from_ini(ini_text(table["legacy_tox_ini"]), "pyproject.toml [tool.tox]")
+    if table:
+        return _from_toml(table, "pyproject.toml [tool.tox]")
+    if project.is_file("tox.toml"):
+        return _from_toml(project.toml("tox.toml"), "tox.toml")
+    return None
+
+
+def _from_ini(ini: configparser.ConfigParser, source: str) -> Envs:
+    envlist = ini.get("tox", "envlist", fallback="") or ini.get("tox", "env_list", fallback="")
+    base = _ini_commands(ini.get("testenv", "commands", fallback=""))
+    commands = {}
+    for section in ini.sections():
+        if section.startswith("testenv:"):
+            text = ini.get(section, "commands", fallback=None)
+            for name in expand(section.removeprefix("testenv:")):
+                commands[name] = base if text is None else _ini_commands(text)
+    names = expand(envlist)
+    return Envs(source, tuple(names), {n: commands.get(n, base) for n in [*names, *commands]})
+
+
+def _ini_commands(text: str) -> tuple[tuple[str, ...], ...]:
+    found = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = re.sub(r"^\s*[\w.{},!-]+:\s+(?=\S)", "", line).strip()  # a factor condition
+        if line and not line.startswith("#"):
+            try:
+                words = shlex.split(line)
+            except ValueError:
+                words = line.split()
+            found.append(tuple(w for w in words if not w.startswith("{posargs")))
+    return tuple(c for c in found if c)
+
+
+def _from_toml(table: Mapping[str, Any], source: str) -> Envs:
+    names = expand(_strings(table.get("env_list")))
+    base_table = table.get("env_run_base")
+    base = _toml_commands(base_table.get("commands") if isinstance(base_table, dict) else None)
+    envs = table.get("env")
+    commands = {}
+    if isinstance(envs, dict):
+        for name, env in envs.items():
+            given = env.get("commands") if isinstance(env, dict) else None
+            commands[str(name)] = base if given is None else _toml_commands(given)
+    return Envs(source, tuple(names), {n: commands.get(n, base) for n in [*names, *commands]})
+
+
+def _strings(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _toml_commands(value: Any) -> tuple[tuple[str, ...], ...]:
+    if not isinstance(value, list):
+        return ()
+    found = []
+    for command in value:
+        words = _strings(command) if isinstance(command, list) else []
+        found.append(tuple(w for w in words if not w.startswith("{posargs")))
+    return tuple(c for c in found if c)
+
+
+def tox(
+    project: Project, pyproject: Mapping[str, Any], asked: frozenset[str]
+) -> tuple[list[Check], list[Skipped]]:
+    """The checks among the envs (``asked``: the envs CI runs by name), and the envs left
+    out with why."""
+    envs = read(project, pyproject)
+    if envs is None:
+        return [], []
+    found: list[Check] = []
+    skipped: list[Skipped] = []
+    for name, commands in envs.commands.items():
+        where = f"{envs.source} env {name}"
+        if why := task(name, commands):
+            skipped.append(Skipped(gate_id("tox", name), where, why))
+        elif name in envs.env_list or name in asked:
+            run = ("tox", "-e", name)
+            tools = ("tox --version",)
+            found.append(
+                session(
+                    prefix="tox", name=name, run=run, source=where, commands=commands, tools=tools
+                )
+            )
+        else:
+            why = "not in env_list: tox runs it only when asked by name, and CI does not"
+            skipped.append(Skipped(gate_id("tox", name), where, why))
+    return found, skipped
