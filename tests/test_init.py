@@ -274,6 +274,7 @@ def test_tox4_native_toml_envs_are_read_from_pyproject_and_tox_toml(
     body = dry(capsys, repo)
     gates, skipped = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
     assert gates["tox-typing"]["run"] == ["tox", "-e", "typing"]
+    assert gates["tox-typing"]["memory"] == "1G" and gates["tox-typing"]["estimate"] == "2m"
     assert gates["tox-docs"]["run"] == ["tox", "-e", "docs"]
     assert "tox-typing" in skipped["types"] and "2 commands" in skipped["types"]
     assert "uploads" in skipped["tox-release"]

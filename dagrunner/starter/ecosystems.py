@@ -184,7 +184,7 @@ def go(project: Project) -> list[Check]:
             source="go.mod",
             tools=tools,
             estimate="1m",
-            memory="2G",
+            memory="1G",
         ),
     ]
 

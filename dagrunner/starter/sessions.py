@@ -109,9 +109,9 @@ def session(
     commands: tuple[tuple[str, ...], ...],
     tools: tuple[str, ...],
     estimate: str = "2m",
-    memory: str = "2G",
+    memory: str = "1G",
 ) -> Check:
-    """A tox env's or nox session's check (it makes its own virtualenv: minutes, 2G)."""
+    """A tox env's or nox session's check (it makes its own virtualenv: minutes, 1G)."""
     return Check(
         id=gate_id(prefix, name),
         concern=f"python:{concern(name, commands)}",
