@@ -25,6 +25,7 @@ from dagrunner.engine.scheduler import Outcome
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.executors.local import LocalExecutor
+from dagrunner.git import guard
 from dagrunner.git.command import git
 from dagrunner.manifest.load import GateSpec, Manifest
 from dagrunner.process.logs import redact_file
@@ -83,6 +84,11 @@ class GateRunner:
         self.writable = plan.manifest.sandbox.writable
         if not plan.read_only:
             self.writable += _common_dir(plan.repo)
+        # Each tree's tracked state before its first gate (``git/guard``); one check at a time
+        self.snapshots: dict[Path, guard.TreeSnapshot | None] = {}
+        self.guarding = trio.Lock()
+        self.active: dict[Path, set[str]] = {}  # the guarded gates running in each tree
+        self.suspects: dict[str, str] = {}  # gate -> what changed while it ran
 
     def job(self, gate: GateSpec, attempt: int, root: Path) -> GateJob:
         argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
@@ -129,7 +135,19 @@ class GateRunner:
             return Outcome(
                 status=Status.FAILED, reason=f"{exc.code}: {exc.message}", command=command
             )
-        outcome = await self.attempts(gate, node, command, root)
+        guarded = gate.kind == "gate" and self.executor_of(gate).name == "local"
+        if guarded:
+            async with self.guarding:  # before any gate of this tree starts
+                if root not in self.snapshots:
+                    self.snapshots[root] = await trio.to_thread.run_sync(guard.snapshot, root)
+                self.active.setdefault(root, set()).add(node)
+        try:
+            outcome = await self.attempts(gate, node, command, root)
+        finally:
+            if guarded:
+                self.active[root].discard(node)
+        if guarded and (shot := self.snapshots[root]) is not None:
+            outcome = await self.unchanged(shot, node, outcome)
         if gate.kind == "worker" and outcome.status.ok:
             try:
                 note = await trio.to_thread.run_sync(self.nodes.export_worker, node)
@@ -139,6 +157,23 @@ class GateRunner:
                 )
             outcome = replace(outcome, reason="; ".join(filter(None, [note, outcome.reason])))
         return outcome
+
+    async def unchanged(self, shot: guard.TreeSnapshot, node: str, outcome: Outcome) -> Outcome:
+        """``outcome``, failed (``tree-modified``) when a tracked file of the gate's tree
+        changed while it ran: each is put back, the gate's version kept in the run folder.
+        Gates share a tree, so every gate running in it when a change is seen is failed with
+        the same proof: the one that wrote never passes (the files tell which it was)."""
+        async with self.guarding:
+            changed = await trio.to_thread.run_sync(guard.changes, shot)
+            if changed:
+                keep = self.run_dir / "changed" / node
+                left = await trio.to_thread.run_sync(guard.put_back, shot, changed, keep)
+                others = sorted(self.active.get(shot.tree, set()))
+                said = _modified(changed, keep, left, others)
+                for suspect in [node, *others]:
+                    self.suspects.setdefault(suspect, said)
+            said = self.suspects.pop(node, "")
+        return replace(outcome, status=Status.FAILED, reason=said) if said else outcome
 
     def executor_of(self, gate: GateSpec) -> Executor:
         """A worker node edits its worktree on this machine; gates go where the run sends them."""
@@ -183,6 +218,19 @@ class GateRunner:
             where = Path(os.path.normpath(root / gate.cwd)) / gate.junit
             tests = await trio.to_thread.run_sync(lambda: read_junit(where, since=began))
         return replace(outcome, tests=tests)
+
+
+def _modified(changed: list[str], keep: Path, left: list[str], others: list[str]) -> str:
+    shown = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if changed[10:] else "")
+    said = (
+        f"tree-modified: tracked files of the tree under test changed while the gate ran: {shown}"
+    )
+    if others:
+        said += f" (also running then: {', '.join(others)})"
+    said += f"; put back, the changed versions kept in {keep}"
+    if left:
+        said += f"; left as changed: {', '.join(left[:10])}"
+    return said
 
 
 def _attempt(

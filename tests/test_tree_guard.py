@@ -1,0 +1,100 @@
+"""A gate never passes by changing the tree it checks (issue 35): a fixing lint gate fails
+with ``tree-modified`` naming the files, each file is put back byte for byte (the user's
+own uncommitted edits included), the gate's version is kept, and ignored scratch is free."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import check, gate_results, git
+
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
+from dagrunner.worktrees import allocate as wt
+from dagrunner.worktrees import export as exporting
+
+FIXER = """
+[gates.lint]
+run = "sed -i 's/bad/good/' code.py clean.py && mkdir -p __pycache__ && echo x > __pycache__/c.pyc"
+needs = ["scratch"]
+
+[gates.scratch]
+run = "mkdir -p .pytest_cache && echo x > .pytest_cache/v && echo y > notes.tmp"
+"""
+
+
+@pytest.fixture
+def fixable(repo: Path) -> Path:
+    (repo / ".gitignore").write_text("reports/\n__pycache__/\n.pytest_cache/\n*.tmp\n")
+    (repo / "code.py").write_text("x = 'bad'\n")
+    (repo / "clean.py").write_text("y = 'bad'\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "code")
+    return repo
+
+
+def test_a_fixing_gate_fails_and_every_file_is_put_back_byte_for_byte(
+    fixable: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (fixable / "code.py").write_text("x = 'bad'  # the user's own edit, not committed\n")
+    before = {n: (fixable / n).read_bytes() for n in ("code.py", "clean.py")}
+    code, body, run_dir = check(capsys, fixable, FIXER)
+    assert code == 1, body
+    results = gate_results(run_dir)
+    assert results["scratch"]["status"] == "passed"  # ignored scratch is the gates' own
+    assert results["lint"]["status"] == "failed"
+    reason = results["lint"]["reason"]
+    assert reason.startswith("tree-modified:") and "clean.py, code.py" in reason, reason
+    assert {n: (fixable / n).read_bytes() for n in before} == before
+    kept = run_dir / "changed" / "lint"
+    assert (kept / "code.py").read_text() == "x = 'good'  # the user's own edit, not committed\n"
+    assert (kept / "clean.py").read_text() == "y = 'good'\n"
+    assert git(fixable, "status", "--porcelain") == " M code.py\n?? m.toml\n"
+
+
+def test_a_fixing_gate_in_the_queue_does_not_land_the_error_it_fixed(repo: Path) -> None:
+    (repo / ".gitignore").write_text("reports/\n")
+    (repo / "manifests").mkdir()
+    (repo / "manifests" / "release.toml").write_text(
+        '[gates.lint]\nrun = "sed -i s/BROKEN/fixed/ *.txt && ! grep -q BROKEN *.txt"\n'
+    )
+    (repo / "a.txt").write_text("fine\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "lint")
+    path = Path(wt.allocate(mission="m", worker="w", repo=repo)["path"])
+    (path / "a.txt").write_text("BROKEN\n")
+    out = path.parent / "w.json"
+    exporting.export("m/w", output=out, repo=repo)
+    submit(repo_info(repo), [out])
+    result = integrate(repo=repo, window=1)
+    assert [o.state for o in result.envelopes] == ["gates-failed"], result
+    assert git(repo, "show", "main:a.txt") == "fine\n"
+
+
+TWO_AT_ONCE = """
+[governor]
+cpu = 2
+
+[gates.writer]
+run = "sed -i 's/bad/good/' clean.py && touch a.tmp && while [ ! -e b.tmp ]; do sleep 0.02; done"
+timeout = "20s"
+
+[gates.bystander]
+run = "while [ ! -e a.tmp ]; do sleep 0.02; done; touch b.tmp"
+timeout = "20s"
+"""
+
+
+def test_the_gate_that_wrote_never_passes_even_when_another_one_sees_it_first(
+    fixable: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, body, run_dir = check(capsys, fixable, TWO_AT_ONCE, "--jobs", "2")
+    assert code == 1, body
+    results = gate_results(run_dir)
+    assert results["writer"]["status"] == "failed", results["writer"]
+    assert "clean.py" in results["writer"]["reason"]
+    assert results["bystander"]["reason"].startswith("tree-modified:")
+    assert "also running then: writer" in results["bystander"]["reason"]
+    assert (fixable / "clean.py").read_text() == "y = 'bad'\n"
