@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,10 @@ def test_every_brace_group_of_a_tox_envlist_is_expanded(
         assert f"tox-{env}" in ids
     assert not any("{" in i for i in ids)
     assert gates_of(body)["tox-lint"]["run"] == ["tox", "-e", "lint"]
+    # of a matrix, the env of the Python running here is the one kept
+    here = f"py3{sys.version_info.minor}"
+    (repo / "tox.ini").write_text(f"[tox]\nenvlist = py3{{9,{sys.version_info.minor}}}-x\n")
+    assert [g["id"] for g in dry(capsys, repo)["gates"]] == [f"tox-{here}-x"]
 
 
 NOXFILE = """

@@ -11,6 +11,8 @@ left out is listed as skipped with the reason.
 
 from __future__ import annotations
 
+import re
+import sys
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +33,8 @@ NETWORK_ENV = (
     *("NODE_EXTRA_CA_CERTS", "PIP_CERT", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"),
     *("http_proxy", "https_proxy", "no_proxy"),
 )
+# A matrix's env of the Python running init ("py312", "py3.12") is the one that can run here.
+THIS_PYTHON = re.compile(rf"(^|[-_])py3\.?{sys.version_info.minor}($|[-_])")
 # A pre-commit hook id -> the program and concern of the tool gate that runs the same check.
 HOOK_TOOLS = {
     "ruff": ("ruff", "lint"),
@@ -95,7 +99,11 @@ def _one_per_concern(
         if language == "make":
             key = next((k for k in groups if k.endswith(f":{concern}")), key)
         groups.setdefault(key, []).append(check)
-    best = {key: min(group, key=lambda c: rank(c)[0]) for key, group in groups.items()}
+
+    def order(check: Check) -> tuple[int, bool]:  # an env of this Python first among equals
+        return rank(check)[0], not (check.runner and THIS_PYTHON.search(check.id.partition("-")[2]))
+
+    best = {key: min(group, key=order) for key, group in groups.items()}
     winners = {id(c) for c in best.values()}
     checks: list[Check] = []
     skipped: list[Skipped] = []
