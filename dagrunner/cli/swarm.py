@@ -235,9 +235,12 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             target=args.target,
             allow_protected=args.allow_protected,
             priority=args.priority,
+            requeue=args.requeue,
         )
         for item in [] if args.json else queued:
             what = "already queued" if item.duplicate else "queued"
+            if item.again_of:
+                what = f"queued again (after {item.again_of})"
             print(
                 f"{what} at position {item.position} for {item.target}: {item.id} "
                 f"({item.state}; provenance: {item.provenance})"

@@ -96,6 +96,12 @@ def add_integrate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     sb.add_argument("--target", metavar="BRANCH", help="the branch they are for (default: HEAD's)")
     sb.add_argument("--allow-protected", action="store_true", help="may touch protected paths")
     sb.add_argument(
+        "--requeue",
+        action="store_true",
+        help="queue again an envelope whose item ended gates-failed or rejected (a new item; "
+        "the old one keeps its verdict)",
+    )
+    sb.add_argument(
         "--priority",
         type=priority,
         default=0,

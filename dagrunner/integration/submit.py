@@ -19,6 +19,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.files import atomic_write
 from dagrunner.git.repo import RepoInfo, check_branch, checkout_branch
 from dagrunner.integration.queue import PRIORITIES, URGENT, Queue, QueueEntry, same_repository
+from dagrunner.names import is_safe_id
 from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeState
 from dagrunner.worktrees.overlaps import Side, envelope_side, merge, shared
 
@@ -80,6 +81,7 @@ class Submitted:
     target: str
     provenance: str
     overlaps: tuple[Foreseen, ...] = ()  # queued ahead and conflicting with it
+    again_of: str = ""  # --requeue: the item whose verdict this one asks again
 
     def to_json(self) -> dict[str, Any]:
         return {  # new keys go last: orchestrators read this shape
@@ -92,6 +94,7 @@ class Submitted:
             "target": self.target,
             "provenance": self.provenance,
             "overlaps": [o.to_json() for o in self.overlaps],
+            "again_of": self.again_of or None,
         }
 
 
@@ -138,13 +141,16 @@ def submit(
     target: str | None = None,
     allow_protected: bool = False,
     priority: int = 0,
+    requeue: bool = False,
 ) -> list[Submitted]:
     """Put envelopes on the queue (durably) for ``target`` (default: the branch of the main
     checkout) and return each one's position.
 
     Every file is validated first; a bad one raises (exit 2) and nothing is queued.
     The same envelope (id, diff and tree) is not queued twice; another with its id is
-    queued as its own item (module doc).
+    queued as its own item (module doc).  ``requeue``: the same envelope whose item ended
+    ``gates-failed`` or ``rejected`` (an environmental failure, the manifest fixed since) is
+    queued again as a new item, ``<item>.rN``; the old one keeps its verdict.
     """
     goal = target or checkout_branch(info)
     check_branch(info, goal)
@@ -182,8 +188,11 @@ def submit(
         known = queue.entries()
         for path, envelope, raw in envelopes:
             order = list(known)
-            item = _item_id(queue, envelope, known)
+            item = _latest(_item_id(queue, envelope, known), known)
             proof = provenance(info, envelope)
+            again = ""
+            if requeue and item in known and known[item].state in AGAIN:
+                again, item = item, _next_try(item, known)
             if item in known:
                 results.append(
                     Submitted(
@@ -209,6 +218,8 @@ def submit(
                 origin["priority"] = "urgent" if priority == URGENT else priority
             if item != envelope.id:
                 origin["envelope"] = envelope.id
+            if again:
+                origin["again_of"] = again
             ahead = [
                 i for i, e in known.items() if e.state not in FINAL and e.target in (None, goal)
             ]
@@ -244,9 +255,37 @@ def submit(
                     target=goal,
                     provenance=proof,
                     overlaps=tuple(overlaps),
+                    again_of=again,
                 )
             )
     return results
+
+
+AGAIN = (EnvelopeState.GATES_FAILED, EnvelopeState.REJECTED)  # what --requeue queues again
+
+
+def _latest(item: str, known: dict[str, QueueEntry]) -> str:
+    """The newest try of ``item`` on the queue (``item``, ``item.r1``, ``item.r2`` ...)."""
+    n = 1
+    while f"{item}.r{n}" in known:
+        n += 1
+    return item if n == 1 else f"{item}.r{n - 1}"
+
+
+def _next_try(item: str, known: dict[str, QueueEntry]) -> str:
+    base, dot, number = item.rpartition(".r")
+    first = base if dot and number.isdigit() else item
+    n = int(number) + 1 if dot and number.isdigit() else 1
+    while f"{first}.r{n}" in known:
+        n += 1
+    again = f"{first}.r{n}"
+    if not is_safe_id(again):
+        raise DagrunnerError(
+            "envelope-id-taken",
+            f"{item} cannot be queued again under a safe id",
+            hint="export the worktree again (a new export has a new id)",
+        )
+    return again
 
 
 def submit_files(
