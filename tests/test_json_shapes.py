@@ -59,6 +59,7 @@ def test_status_export_and_integrate_json_keep_their_shapes(
 
 SUBMIT_KEYS = ["id", "file", "duplicate", "position", "state", "envelope", "target", "provenance"]
 SUBMIT_KEYS.append("overlaps")  # with the overlap events
+SUBMIT_KEYS.append("again_of")  # with --requeue
 OUTCOME_KEYS = {
     "landed": ["id", "mission", "worker", "state", "commit", "worktree", "provenance"],
     "conflict": ["id", "mission", "worker", "state", "conflicts", "hunks", "reason", "provenance"],
