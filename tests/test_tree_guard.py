@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import check, gate_results, git
 
+from dagrunner.cli.main import run_cli
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
 from dagrunner.worktrees import allocate as wt
 from dagrunner.worktrees import export as exporting
@@ -54,7 +54,9 @@ def test_a_fixing_gate_fails_and_every_file_is_put_back_byte_for_byte(
     assert git(fixable, "status", "--porcelain") == " M code.py\n?? m.toml\n"
 
 
-def test_a_fixing_gate_in_the_queue_does_not_land_the_error_it_fixed(repo: Path) -> None:
+def test_a_fixing_gate_in_the_queue_does_not_land_the_error_it_fixed(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (repo / ".gitignore").write_text("reports/\n")
     (repo / "manifests").mkdir()
     (repo / "manifests" / "release.toml").write_text(
@@ -68,9 +70,16 @@ def test_a_fixing_gate_in_the_queue_does_not_land_the_error_it_fixed(repo: Path)
     out = path.parent / "w.json"
     exporting.export("m/w", output=out, repo=repo)
     submit(repo_info(repo), [out])
-    result = integrate(repo=repo, window=1)
-    assert [o.state for o in result.envelopes] == ["gates-failed"], result
+    code = run_cli(["integrate", "run", "--repo", str(repo), "--window", "1"])
+    said = capsys.readouterr().out
+    assert code == 1 and "gates-failed" in said, said
     assert git(repo, "show", "main:a.txt") == "fine\n"
+    # the terminal says why under the envelope's line: the gate's reason and its log's tail
+    assert "--- lint (failed): tree-modified:" in said and "a.txt" in said, said
+    # the run's folder opens with a page of its own, linking each gate run's page
+    report = Path(said.split("report ")[-1].split()[0].rstrip(";"))
+    page = (report / "index.html").read_text()
+    assert "gates-failed" in page and 'href="gates-01/index.html"' in page, page
 
 
 TWO_AT_ONCE = """

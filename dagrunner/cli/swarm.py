@@ -309,6 +309,9 @@ def cmd_integrate(args: argparse.Namespace) -> int:
                 f"  (flaky: {', '.join(flaky)})" if flaky else ""
             )
             print(f"{outcome.state:<13} {outcome.id}  {extra}")
+            if said.report and said.failed_gates:
+                for line in _why_failed(Path(said.report)):
+                    print(f"  {line}" if line else "")
         confirmed = f", {result.confirm_runs} re-run to confirm" if result.confirm_runs else ""
         if result.gates_reused and result.cached_runs < result.gate_runs:
             confirmed += f", {result.gates_reused} gate(s) answered from verdicts already computed"
@@ -349,3 +352,19 @@ def _queue_status(repo: Path | None, target: str | None) -> QueueStatus:
         return {i: str(e.state) for i, e in queue.entries().items() if e.target in (None, goal)}
 
     return QueueStatus(read)
+
+
+WHY_LINES = 8  # of each failed gate's log, under a gates-failed envelope's line
+
+
+def _why_failed(run_dir: Path) -> list[str]:
+    """Why an envelope's gates failed, as ``release-check`` says it: each failed gate's
+    reason, its failed tests and its log's last lines ([] when the run left no record)."""
+    from dagrunner.cli.console import failure_tails
+    from dagrunner.report.rundir import read_run_dir
+
+    try:
+        record = read_run_dir(run_dir)
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return failure_tails(record, run_dir, tail_lines=WHY_LINES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from html import escape
 from pathlib import Path
 
 import orjson
@@ -52,6 +53,38 @@ def write_integration(result: IntegrationResult, reports: Path) -> None:
         record = read_run_dir(runs[-1])
         record.integration = RunIntegration(((None, result),))
         write_run_dir(record, runs[-1])
+    atomic_write(reports / "index.html", _integration_page(result, runs).encode(), durable=False)
+
+
+def _integration_page(result: IntegrationResult, runs: list[Path]) -> str:
+    """The integration run's own page: where each envelope ended, and each gate run's page
+    (the newest, which shows the whole pipeline, first)."""
+    rows = []
+    for outcome in result.envelopes:
+        said = outcome.details
+        detail = said.commit or ", ".join(said.conflicts or said.failed_gates or ()) or said.reason
+        page = ""
+        if said.report and (Path(said.report) / "index.html").is_file():
+            page = f' <a href="{escape(Path(said.report).name)}/index.html">gate run</a>'
+        rows.append(
+            f"<tr><td>{escape(outcome.id)}</td><td class='{escape(str(outcome.state))}'>"
+            f"{escape(str(outcome.state))}</td><td>{escape(detail or '')}{page}</td></tr>"
+        )
+    links = "".join(
+        f'<li><a href="{escape(r.name)}/index.html">{escape(r.name)}</a></li>'
+        for r in reversed(runs)
+    )
+    title = f"dagrunner integration onto {result.target}"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>
+<style>body{{font:14px system-ui,sans-serif;margin:2em}}td{{padding:2px 10px}}
+.landed{{color:#1a7f37}}.conflict,.gates-failed,.rejected{{color:#cf222e;font-weight:bold}}</style>
+</head><body><h1>{escape(title)}</h1>
+<p>{escape(result.start[:12])} &rarr; {escape(result.end[:12])}; {result.gate_runs} gate run(s)</p>
+<table><tr><th>envelope</th><th>state</th><th>detail</th></tr>{"".join(rows)}</table>
+<h2>Gate runs</h2><ul>{links or "<li>none: nothing was gated</li>"}</ul>
+</body></html>
+"""
 
 
 def default_runs(repo: Path) -> Path:
