@@ -66,6 +66,26 @@ def test_failing_run_report_shows_failures_first(
     assert "https://" not in html
 
 
+TAP = """
+[gates.tap]
+run = "for i in $(seq 1 300); do echo ok $i - passes; done; echo 'not ok 301 - adds two numbers'; echo '  expected: 5'; for i in $(seq 302 500); do echo ok $i - passes; done; echo '# fail 1'; exit 1"
+"""
+
+
+def test_what_failed_shows_the_failing_lines_and_the_summary_not_the_logs_head(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, run_dir = check(capsys, repo, TAP)
+    assert code == 1
+    html = html_of(run_dir)
+    failed = html[html.index('id="failures"') : html.index('id="dag"')]
+    assert "not ok 301 - adds two numbers" in failed and "expected: 5" in failed
+    assert "# fail 1" in failed  # the runner's summary, the log's last lines
+    assert "ok 1 - passes" not in failed and "ok 150 - passes" not in failed
+    # the whole log is still on the page, under the gate
+    assert "ok 150 - passes" in html[html.index('id="gates"') :]
+
+
 def test_passing_and_cached_runs(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     manifest = '[gates.a]\nrun = "echo hello"\ninputs = ["README"]\n[gates.b]\nrun = ["true"]\nneeds = ["a"]\n'
     code, _, first = check(capsys, repo, manifest)

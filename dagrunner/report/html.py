@@ -18,6 +18,7 @@ from dagrunner.files import atomic_write
 from dagrunner.git.repo import cache_root
 from dagrunner.records.run import REPORT_ORDER, GateResult, RunRecord, Status, failures_first
 from dagrunner.report.ansi import ansi_to_html
+from dagrunner.report.logtail import failure_excerpt
 from dagrunner.report.svg import dag_layout, pipeline_layout, timeline
 from dagrunner.units import format_duration, format_size
 from dagrunner.version import VERSION
@@ -67,10 +68,24 @@ def _log_view(run_dir: Path, gate: GateResult, limit: int) -> dict[str, Any]:
             else:
                 data = handle.read()
     except OSError:
-        return {"path": rel, "html": Markup(""), "size": 0, "exists": False, "elided": 0}
+        return {
+            "path": rel,
+            "html": Markup(""),
+            "excerpt": Markup(""),
+            "size": 0,
+            "exists": False,
+            "elided": 0,
+        }
     elided = gate.attempts[-1].log_elided if gate.attempts else 0
     text = data.decode("utf-8", "replace")
-    return {"path": rel, "html": ansi_to_html(text), "size": size, "exists": True, "elided": elided}
+    return {
+        "path": rel,
+        "html": ansi_to_html(text),
+        "excerpt": ansi_to_html(failure_excerpt(text)),
+        "size": size,
+        "exists": True,
+        "elided": elided,
+    }
 
 
 def _context(record: RunRecord, run_dir: Path) -> dict[str, Any]:

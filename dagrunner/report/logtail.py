@@ -6,6 +6,15 @@ import re
 from pathlib import Path
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+# Lines that say what failed, in the common runners' words (pytest, unittest, node's TAP,
+# jest/vitest, mocha, go, cargo, tsc, eslint, ruff, mypy): shown before the log's tail.
+FAILING = re.compile(
+    r"^(?:E |FAIL|FAILED|ERROR|not ok\b|Traceback|panic:|thread '.*' panicked|\s*[\u2717\u2716\u00d7]\s)"
+    r"|(?:\berror(?:\[\w+\])?:|\bError:|AssertionError|\bfailed\b|: error |\bFAIL\b)",
+    re.IGNORECASE,
+)
+EXCERPT_LINES = 40  # failing lines shown at most, with one line of context each side
+TAIL_LINES = 25  # the log's last lines (a runner's summary), always shown
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # C0, DEL and C1 (8-bit CSI, OSC)
 
 
@@ -27,3 +36,28 @@ def read_log(run_dir: Path, rel: str, *, limit: int | None = None) -> str:
 
 def strip_ansi(text: str) -> str:
     return _CONTROL.sub("", ANSI.sub("", text))
+
+
+def failure_excerpt(text: str) -> str:
+    """What a reader of a failed gate wants first: the lines that say what failed (with a line
+    of context each side), then the log's last lines (the runner's summary); the whole text
+    when it is short.  '' when the log has no line matching and is all tail."""
+    lines = text.splitlines()
+    if len(lines) <= TAIL_LINES + EXCERPT_LINES:
+        return text
+    body = len(lines) - TAIL_LINES
+    wanted: set[int] = set()
+    for n, line in enumerate(lines[:body]):
+        if FAILING.search(strip_ansi(line)) and not line.startswith("[dagrunner: "):
+            wanted.update(i for i in (n - 1, n, n + 1) if 0 <= i < body)
+            if len(wanted) >= EXCERPT_LINES * 3:
+                break
+    out: list[str] = []
+    last = -2
+    for n in sorted(wanted)[: EXCERPT_LINES * 3]:
+        if n != last + 1:
+            out.append("…")
+        out.append(lines[n])
+        last = n
+    out.append(f"… (the last {TAIL_LINES} lines of {len(lines)})")
+    return "\n".join(out + lines[body:])
