@@ -234,13 +234,26 @@ def test_a_failed_build_is_coded_with_its_output_and_allocates_nothing(
     assert [p.name for p in seeds.seeds_dir(root).iterdir() if len(p.name) == 32] == []
 
 
-def test_a_seed_git_does_not_ignore_is_refused_before_it_is_built(venv_project: Path) -> None:
+def test_a_seed_git_does_not_ignore_is_refused_and_allocates_nothing(venv_project: Path) -> None:
     (venv_project / ".gitignore").write_text("reports/\n")
     commit_release_manifest(venv_project, CHEAP_SEED)
     with pytest.raises(DagrunnerError) as caught:
         wt.allocate(mission="m", worker="a", repo=venv_project)
     assert caught.value.code == "seed-not-ignored"
     assert not (wt.open_context(venv_project).root / "m" / "a").exists()
+
+
+def test_a_seed_ignored_by_its_own_gitignore_is_accepted(venv_project: Path) -> None:
+    """``python -m venv`` and ``uv`` write ``.gitignore`` (``*``) into the venv they make: the
+    folder is ignored without a line in the project's own ``.gitignore``."""
+    (venv_project / ".gitignore").write_text("reports/\n")
+    commit_release_manifest(
+        venv_project,
+        CHEAP_SEED.replace("cp requirements.txt deps/", "echo '*' > deps/.gitignore"),
+    )
+    path = Path(wt.allocate(mission="m", worker="a", repo=venv_project)["path"])
+    assert (path / "deps" / "lib.txt").is_file()
+    assert run_in(path, "git", "status", "--porcelain", "--untracked-files=all") == ""
 
 
 def test_the_pool_hands_out_a_fresh_seed_and_cleanup_leaves_no_mount(venv_project: Path) -> None:

@@ -54,6 +54,7 @@ def provision_seeds(
         seeds.check_ignored(path, seed.spec)
         layer = seeds.layer_of(root, wt_id, n)
         uses.append(seeds.provision(seed, path, how, layer, built=fresh))
+        seeds.check_ignored(path, seed.spec)  # placed: ignored here too (its own .gitignore)
     return tuple(uses)
 
 

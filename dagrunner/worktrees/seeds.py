@@ -188,11 +188,18 @@ def load(store: Path, key: str, spec: SeedSpec) -> Seed | None:
 
 
 def check_ignored(checkout: Path, spec: SeedSpec) -> None:
-    """``seed-not-ignored`` unless git ignores the seed's folder in ``checkout`` (a clean
-    checkout of the base): a folder git sees would be committed by the first ``git add -A``."""
+    """``seed-not-ignored`` when git would see the seed's folder in ``checkout``: tracked at
+    the base, or (once built or placed) holding a file git does not ignore -- which the
+    first ``git add -A`` would commit.  A folder ignored by its own ``.gitignore`` (what
+    ``python -m venv`` and ``uv`` write: ``*``) is ignored."""
     tracked = git(["ls-files", "--", spec.path], cwd=checkout).text
-    ignored = git(["check-ignore", "-q", f"{spec.path}/"], cwd=checkout, check=False)
-    if tracked or ignored.returncode != 0:
+    seen = ""
+    if not tracked and (checkout / spec.path).is_dir():
+        seen = git(
+            ["ls-files", "--others", "--exclude-standard", "--", spec.path],
+            cwd=checkout,
+        ).text
+    if tracked or seen:
         raise DagrunnerError(
             "seed-not-ignored",
             f"the seed {spec.path!r} is "
@@ -234,6 +241,8 @@ def _build(
         why = done.why
         if not why and (made.is_symlink() or not made.is_dir()):
             why = f"it ended well but made no folder {spec.path}"
+        if not why:
+            check_ignored(checkout, spec)  # now with what the build wrote (its own .gitignore)
         if why:
             log = store / f"{key}.log"
             atomic_write(log, done.output)
