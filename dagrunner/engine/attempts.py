@@ -9,6 +9,7 @@ and a one-line reason.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import tempfile
@@ -27,6 +28,7 @@ from dagrunner.executors.base import Executor
 from dagrunner.executors.local import LocalExecutor
 from dagrunner.git import guard
 from dagrunner.git.command import git
+from dagrunner.git.repo import tool_cache_root
 from dagrunner.manifest.load import GateSpec, Manifest
 from dagrunner.process.logs import redact_file
 from dagrunner.process.sandbox import AttemptResult, GateJob
@@ -35,6 +37,26 @@ from dagrunner.report.testresults import read_junit
 from dagrunner.units import format_duration
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
+
+
+# The variables that point common tools' caches somewhere (each under the gate's folder),
+# set unless the manifest set them: pre-commit's hook environments, mypy, ruff, npm, and
+# everything that follows XDG (pip, uv, pyright, black, pre-commit's default).
+TOOL_CACHES = {
+    "XDG_CACHE_HOME": "",
+    "PRE_COMMIT_HOME": "pre-commit",
+    "MYPY_CACHE_DIR": "mypy",
+    "RUFF_CACHE_DIR": "ruff",
+    "npm_config_cache": "npm",
+}
+
+
+def with_tool_caches(env: dict[str, str], folder: Path) -> dict[str, str]:
+    """``env`` with each tool cache variable it lacks pointed under ``folder``."""
+    env = dict(env)
+    for name, sub in TOOL_CACHES.items():
+        env.setdefault(name, str(folder / sub) if sub else str(folder))
+    return env
 
 
 def tree_environment(env: dict[str, str], tree: Path, manifest: Manifest) -> dict[str, str]:
@@ -88,15 +110,22 @@ class GateRunner:
         self.snapshots: dict[Path, guard.TreeSnapshot | None] = {}
         self.guarding = trio.Lock()
         self.active: dict[Path, set[str]] = {}  # the guarded gates running in each tree
+        common = _common_dir(plan.repo)
+        self.repo_key = hashlib.sha256((common or (str(plan.repo),))[0].encode()).hexdigest()[:16]
         self.suspects: dict[str, str] = {}  # gate -> what changed while it ran
 
     def job(self, gate: GateSpec, attempt: int, root: Path) -> GateJob:
         argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
+        env = tree_environment(self.plan.envs[gate.id], root, self.plan.manifest)
+        caches: tuple[str, ...] = ()
+        if gate.kind == "gate" and self.executor_of(gate).name == "local":
+            folder = self.tool_caches(gate.id, root)
+            env, caches = with_tool_caches(env, folder), (str(folder),)
         return GateJob(
             gate=gate.id,
             argv=argv,
             cwd=os.path.normpath(root / gate.cwd),
-            env=tree_environment(self.plan.envs[gate.id], root, self.plan.manifest),
+            env=env,
             sandbox_dir=str(self.sandbox_root / f"{gate.id}.{attempt}"),
             log_path=str(self.run_dir / "logs" / f"{gate.id}.try{attempt}.log"),
             log_limit=gate.log_limit,
@@ -110,7 +139,7 @@ class GateRunner:
             tree=str(root),
             read_only=tuple(map(str, self.plan.read_only)),
             conceal=tuple(map(str, self.plan.conceal)),
-            writable=(*self.writable, *gate.writable),
+            writable=(*self.writable, *gate.writable, *caches),
             cpu=gate.cpu,
             memory=gate.memory,
             junit=gate.junit or "",
@@ -118,6 +147,14 @@ class GateRunner:
             wait_for_workers=self.plan.manifest.executor.wait_for_workers,
             margin=self.plan.manifest.executor.margin,
         )
+
+    def tool_caches(self, gate: str, root: Path) -> Path:
+        """The gate's own tool caches, kept between runs, per repository, gate and trust
+        tier: what a gate of an envelope's tree wrote is never read by a trusted run."""
+        tier = "trusted" if root == self.plan.repo and not self.plan.read_only else "untrusted"
+        folder = tool_cache_root() / self.repo_key / tier / gate
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
     async def __call__(self, node: str, t0: float) -> Outcome:
         gate = spec(self.plan.graph, node)

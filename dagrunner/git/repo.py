@@ -191,6 +191,14 @@ def cache_root() -> Path:
     return Path(xdg) / "dagrunner" / "cache"
 
 
+def tool_cache_root() -> Path:
+    """Where gates' own tool caches live between runs (``DAGRUNNER_TOOL_CACHE_DIR``, else
+    ``tools`` beside the gate cache): never inside a tree under test, never in the store
+    that gates cannot see."""
+    explicit = os.environ.get("DAGRUNNER_TOOL_CACHE_DIR")
+    return Path(explicit) if explicit else cache_root().parent / "tools"
+
+
 def remove_worktrees(repo: Path, paths: Sequence[Path]) -> None:
     """Unlock and remove worktrees dagrunner made and owns (integration slots), files and
     registration; one that cannot be removed is left as it is."""

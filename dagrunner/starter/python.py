@@ -74,8 +74,8 @@ def python(project: Project, pyproject: Mapping[str, Any], uses: Uses) -> list[C
     mypy_ini = project.ini("mypy.ini")
     if (source := where("mypy", "mypy.ini")) or setup_cfg.has_section("mypy"):
         files = _mypy_files(tool.get("mypy") or {}, mypy_ini, setup_cfg)
-        cache = () if project.ignored(".mypy_cache") else ("--cache-dir=/dev/null",)
-        run = ("mypy", *cache, *(() if files else (_packages(project) or ["."])))
+        # no --cache-dir: a gate's MYPY_CACHE_DIR is its own, kept between runs, out of the tree
+        run = ("mypy", *(() if files else (_packages(project) or ["."])))
         typed = _sources(files, stubs) + configs if files else inputs
         check = _py("types", "mypy", run, source or "setup.cfg [mypy]", typed, "30s", "2G")
         found.append(check)
