@@ -70,6 +70,24 @@ def test_release_check_json_summary(repo: Path, capsys: pytest.CaptureFixture[st
         assert (run_dir / "logs" / f"{name}.log").exists()
 
 
+def test_a_gate_whose_program_is_missing_stops_the_run_before_any_gate_starts(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = """
+[gates.first]
+run = "touch ran-first"
+
+[gates.lint]
+run = ["no-such-linter-here", "."]
+needs = ["first"]
+"""
+    code, body, _ = check(capsys, repo, manifest)
+    assert code == 3, body
+    assert body["error"]["code"] == "gate-program-missing"
+    assert "no-such-linter-here" in body["error"]["message"] and "lint" in body["error"]["message"]
+    assert not (repo / "ran-first").exists()
+
+
 WALKER = """
 [gates.walk]
 run = "! find . -path ./.git -prune -o -type f -print | grep -E 'run[.]json|index[.]html|[.]log$|junit'"

@@ -196,12 +196,12 @@ def test_missing_program_fails_with_a_reason(
         repo,
         """
         [gates.a]
-        run = ["no-such-program-xyz", "--flag"]
+        run = ["tools/no-such-program-xyz", "--flag"]
     """,
     )
-    assert code == 1
+    assert code == 1  # a program named by a path is looked for when it starts
     reason = gate_results(run_dir)["a"]["reason"]
-    assert "could not start 'no-such-program-xyz'" in reason
+    assert "could not start 'tools/no-such-program-xyz'" in reason
 
 
 def measured(capsys: pytest.CaptureFixture[str], repo: Path, gate: str, body: str) -> Any:

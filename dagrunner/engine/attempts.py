@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 import tempfile
 import time
 from dataclasses import replace
@@ -23,7 +24,7 @@ from dagrunner.engine.cachestep import RunCache
 from dagrunner.engine.graph import spec
 from dagrunner.engine.plan import NodeKinds, Plan
 from dagrunner.engine.scheduler import Outcome
-from dagrunner.errors import DagrunnerError
+from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors.base import Executor
 from dagrunner.executors.local import LocalExecutor
 from dagrunner.git import guard
@@ -80,6 +81,34 @@ def tree_environment(env: dict[str, str], tree: Path, manifest: Manifest) -> dic
     if venv:
         env["VIRTUAL_ENV"] = venv
     return env
+
+
+def check_programs(plan: Plan) -> None:
+    """Each gate whose ``run`` is an argv names a program this machine has (on its PATH,
+    the tree's seeds first), or the run does not start (``gate-program-missing``, exit 3):
+    not 95 s in, when the scheduler reaches it.  A program named by a path, or run by a
+    shell string, is found when it starts (an earlier gate may make it)."""
+    missing = []
+    for node in plan.graph.nodes:
+        gate = spec(plan.graph, node)
+        if gate.kind != "gate" or isinstance(gate.run, str) or "/" in gate.run[0]:
+            continue
+        env = tree_environment(plan.envs[node], plan.repo, plan.manifest)
+        if shutil.which(gate.run[0], path=env.get("PATH", "")) is None:
+            missing.append((node, gate.run[0]))
+    if missing:
+        node, program = missing[0]
+        more = f" (and {len(missing) - 1} more: {', '.join(p for _, p in missing[1:])})"
+        raise DagrunnerError(
+            "gate-program-missing",
+            f"gate {node!r} runs {program!r}, which is not on its PATH"
+            + (more if missing[1:] else ""),
+            where=str(plan.manifest.path),
+            key=f"gates.{node}.run",
+            hint=f"install {program} (or add the folder holding it to [env] pass PATH, or a "
+            "seed), or comment the gate out; nothing ran",
+            exit_code=ExitCode.ENVIRONMENT,
+        )
 
 
 class GateRunner:

@@ -25,7 +25,7 @@ import psutil
 import trio
 
 from dagrunner.engine import shards
-from dagrunner.engine.attempts import GateRunner
+from dagrunner.engine.attempts import GateRunner, check_programs
 from dagrunner.engine.cache import Store
 from dagrunner.engine.cachestep import RunCache
 from dagrunner.engine.evidence import check_budget, speed_evidence
@@ -314,7 +314,10 @@ def release_check(options: RunOptions) -> tuple[RunRecord, Path]:
     with executor_for(options.executor) as executor:
         machines = executor.machines()
         executor.ahead(repo)  # beside the plan and the keys: the first gate need not wait
-        return _run(plan_step(repo, manifest, options, machines), options, executor)
+        plan = plan_step(repo, manifest, options, machines)
+        if options.executor == "local":
+            check_programs(plan)
+        return _run(plan, options, executor)
 
 
 @dataclass(frozen=True, kw_only=True)
