@@ -33,3 +33,15 @@ def test_basic_backgrounds_truecolor_and_escaping() -> None:
         f'<span style="background:{BLUE}">&lt;b&gt;</span> <span style="color:#010203">x</span>'
     )
     assert "\x1b" not in str(ansi_to_html("\x1b]0;title\x07plain\x1b[2Kline"))
+
+
+def test_every_escape_a_terminal_acts_on_is_dropped_from_a_log_view() -> None:
+    """DCS, RIS, 8-bit CSI, OSC links and the APC/PM/SOS strings are active when someone
+    ``cat``s the report; only SGR colours survive, as styles."""
+    log = (
+        "a\x1bPqdcs\x1b\\b \x1bc \x9b31mred\x9b0m \x1b_apc\x1b\\ \x1b^pm\x1b\\ \x1bXsos\x1b\\ "
+        "\x90dcs\x9c \x1b]8;;http://x\x07link\x1b]8;;\x07 \x1b(B\x1b7 \x1b[31mok\x1b[0m\tend"
+    )
+    html = str(ansi_to_html(log))
+    assert html == 'ab  red     link  <span style="color:#ff7b72">ok</span>\tend'
+    assert not any(0x80 <= ord(c) <= 0x9F or (ord(c) < 0x20 and c != "\t") for c in html)

@@ -169,6 +169,18 @@ def test_dirty_main_checkout_is_reported_and_kept(project: Path) -> None:
     assert (Path(info["path"]) / "README").read_text() == "hello\n"
 
 
+def test_allocate_reads_the_users_checkout_without_taking_its_index_lock(project: Path) -> None:
+    """git status refreshes a stale index under .git/index.lock unless optional locks are
+    off: an allocate killed there left the lock, and the user's next git add failed."""
+    index = project / ".git" / "index"
+    stamp = index.stat().st_mtime_ns - 5_000_000_000
+    os.utime(project / "README", ns=(stamp + 10_000_000_000,) * 2)  # stat-dirty, same bytes
+    before = (index.read_bytes(), index.stat().st_mtime_ns)
+    info = alloc(project)
+    assert info["main_checkout_dirty"] is False
+    assert (index.read_bytes(), index.stat().st_mtime_ns) == before
+
+
 def test_worktreeinclude_never_overwrites_a_tracked_file(project: Path) -> None:
     (project / ".worktreeinclude").write_text(".env\nREADME\nlocal.cfg\n")
     (project / "local.cfg").write_text("untracked config\n")

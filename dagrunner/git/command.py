@@ -80,9 +80,13 @@ FORCED_CONFIG = {**PINNED_CONFIG, **UNOBEYED_CONFIG}
 
 def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The caller's environment without redirecting GIT_* variables, without the global
-    and system config files, with the pinned and unobeyed settings, plus ``extra``."""
+    and system config files, with the pinned and unobeyed settings, without optional locks,
+    plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in KEEP_GIT_ENV}
     env["GIT_TERMINAL_PROMPT"] = "0"
+    # No optional lock: reading a checkout (``status`` of the user's, at every allocate)
+    # never takes its index.lock, which a killed dagrunner would leave behind (issue 36).
+    env["GIT_OPTIONAL_LOCKS"] = "0"
     env["GIT_CONFIG_GLOBAL"] = os.devnull
     env["GIT_CONFIG_NOSYSTEM"] = "1"
     env["GIT_CONFIG_SYSTEM"] = os.devnull

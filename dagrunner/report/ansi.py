@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from markupsafe import Markup, escape
 
-from dagrunner.report.logtail import ANSI
+from dagrunner.report.logtail import strip_ansi
 
 _SGR = re.compile(r"\x1b\[([0-9;:]*)m")
 # The report's dark theme: black, red, green, yellow, blue, magenta, cyan, white.
@@ -122,7 +122,7 @@ def ansi_to_html(text: str) -> Markup:
     pos = 0
 
     def emit(chunk: str) -> None:
-        clean = str(escape(ANSI.sub("", chunk) if "\x1b" in chunk else chunk))
+        clean = str(escape(strip_ansi(chunk)))  # every other escape and control byte goes
         if not clean:
             return
         if style not in opening:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+# Every escape a terminal acts on, in its 7-bit and 8-bit forms: CSI (``ESC [``, 0x9b); the
+# string controls OSC, DCS, SOS, PM and APC up to their terminator (BEL or ST); and the
+# other two-byte escapes (RIS ``ESC c``, charsets ``ESC ( B``, ``ESC 7``).
+ANSI = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+    r"|(?:\x1b[P\]X^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[ -/]*[0-~]"
+)
 # Lines that say what failed, in the common runners' words (pytest, unittest, node's TAP,
 # jest/vitest, mocha, go, cargo, tsc, eslint, ruff, mypy): shown before the log's tail.
 FAILING = re.compile(
