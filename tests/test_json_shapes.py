@@ -48,6 +48,7 @@ def test_status_export_and_integrate_json_keep_their_shapes(
     assert list(status) == [*STATUS_KEYS, "conflicts_with"]  # with worktree overlaps
     _, listing = run_json(capsys, "worktree", "list", *base)
     assert [list(item) for item in listing["worktrees"]] == [[*STATUS_KEYS, "disk"]]
+    assert list(listing) == ["worktrees", "disk", "kept"] and listing["kept"] == []
     out = repo.parent / "env.json"
     _, exported = run_json(capsys, "worktree", "export", "m/w", "-o", str(out), *base)
     assert list(exported) == EXPORT_KEYS

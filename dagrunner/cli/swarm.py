@@ -89,6 +89,7 @@ def cmd_worktree(args: argparse.Namespace) -> int:
                 for s in statuses
             ],
             "disk": disk.to_json(),
+            "kept": lifecycle.kept_refs(args.repo),
         }
     elif action == "status":
         from dagrunner.integration.run import overlaps
@@ -131,6 +132,8 @@ def cmd_worktree(args: argparse.Namespace) -> int:
             )
         if not statuses:
             print("no worktrees are recorded for this repository (worktree allocate makes one)")
+        for kept in body["kept"]:
+            print(f"kept on {kept['ref']} ({kept['commit'][:12]}): {kept['restore']}")
     elif action == "prune":
         for item in body["removed"]:
             print(

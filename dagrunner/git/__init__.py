@@ -8,5 +8,6 @@
 - ``diff``: a binary diff read by its structure (which paths it touches, how).
 - ``link``: a linked worktree's ``.git`` file restored from git's registry.
 - ``locks``: stale git lock files, found before any gate run.
+- ``integrated``: whether a branch's work is on a target, by exactly the same bytes.
 - ``guard``: what a gate changed in the tracked files of its tree, and putting them back.
 """

@@ -20,7 +20,8 @@ import orjson
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.files import atomic_write
-from dagrunner.git.command import GitResult, git
+from dagrunner.git.command import git
+from dagrunner.git.integrated import integrated, unheld
 from dagrunner.git.link import pin_gitfile
 from dagrunner.git.statetree import backup_commit
 from dagrunner.records.worktree import WorktreeStatus
@@ -35,46 +36,6 @@ from dagrunner.worktrees.allocate import (
 )
 from dagrunner.worktrees.ledger import WorktreeRecord, now
 from dagrunner.worktrees.pool import pool_room, to_pool
-
-
-def integrated(path: Path, head: str, base: str, target: str) -> tuple[bool, str]:
-    """Whether ``head``'s work is on ``target``, and why (so a landed branch reads as landed)."""
-
-    def run(*args: str) -> GitResult:
-        return git(list(args), cwd=path, check=False)
-
-    if run("rev-parse", "--verify", "-q", f"{target}^{{commit}}").returncode != 0:
-        return False, f"target {target!r} does not exist"
-    if run("merge-base", "--is-ancestor", head, target).returncode == 0:
-        return True, "ancestor of the target"
-    if run("rev-parse", f"{head}^{{tree}}").text == run("rev-parse", f"{target}^{{tree}}").text:
-        return True, "same tree as the target"
-    cherry = run("cherry", target, head, base).text.splitlines()
-    if cherry and all(line.startswith("-") for line in cherry):
-        return True, "same patches already on the target (rebased)"
-    combined = _patch_id(
-        run("diff", "--no-ext-diff", "--no-textconv", "--binary", base, head).stdout, path
-    )
-    if combined:
-        log = run(
-            "log", "-p", "--no-ext-diff", "--no-textconv", "--format=commit %H", f"{base}..{target}"
-        ).stdout
-        for line in _patch_ids(log, path):
-            if line.split()[0] == combined:
-                return True, f"squashed onto the target as {line.split()[1][:12]}"
-    ahead = len([c for c in cherry if c.startswith("+")])
-    return False, f"{ahead} commit(s) not on the target"
-
-
-def _patch_ids(data: bytes, path: Path) -> list[str]:
-    if not data.strip():
-        return []
-    return git(["patch-id", "--stable"], cwd=path, input=data, check=False).text.splitlines()
-
-
-def _patch_id(diff: bytes, path: Path) -> str:
-    lines = _patch_ids(diff, path)
-    return lines[0].split()[0] if lines else ""
 
 
 def status(wt_id: str, *, repo: Path | None = None, target: str | None = None) -> dict[str, Any]:
@@ -153,6 +114,23 @@ def list_statuses(*, repo: Path | None = None, target: str | None = None) -> lis
     ctx = open_context(repo)
     goal = target or default_target(ctx)
     return [_status(ctx, wt_id, state, goal) for wt_id, state in sorted(ctx.ledger.state().items())]
+
+
+def kept_refs(repo: Path | None = None) -> list[dict[str, str]]:
+    """The work kept on refs of dagrunner's own when its worktree went: ``retained/``
+    (commits no other ref held when a landed branch was deleted) and ``backup/`` (a forced
+    cleanup's or a sync's full state); each with the command that restores it as a branch."""
+    ctx = open_context(repo)
+    spaces = ["refs/dagrunner/retained/", "refs/dagrunner/backup/"]
+    listed = git(
+        ["for-each-ref", "--format=%(refname) %(objectname)", *spaces], cwd=ctx.info.root
+    ).text.splitlines()
+    kept = []
+    for line in listed:
+        ref, _, commit = line.partition(" ")
+        name = "restored/" + ref.removeprefix("refs/dagrunner/").replace("/", "-")
+        kept.append({"ref": ref, "commit": commit, "restore": f"git branch {name} {ref}"})
+    return kept
 
 
 def list_worktrees(*, repo: Path | None = None, target: str | None = None) -> list[dict[str, Any]]:
@@ -290,8 +268,7 @@ def cleanup_recorded(
             hint="land or export its work first; --force saves its state on a backup ref, then removes it",
         )
     if problems:
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        ref = f"refs/dagrunner/backup/{wt_id}/{stamp}"
+        ref = f"refs/dagrunner/backup/{wt_id}/{_stamp()}"
         backup = {
             "ref": ref,
             "commit": backup_commit(
@@ -299,6 +276,12 @@ def cleanup_recorded(
             ),
         }
     delete_branch = landed or backup is not None
+    retained_ref = None
+    if delete_branch and backup is None and info.head and unheld(ctx.info.root, info.head, branch):
+        # "landed" by a patch of the same bytes, yet no other ref holds these commits: keep
+        # them on a ref of their own, listed by `worktree list`, before the branch goes
+        retained_ref = f"refs/dagrunner/retained/{wt_id}/{_stamp()}"
+        git(["update-ref", retained_ref, info.head], cwd=ctx.info.root)
     action = "removed"
     if info.clean and pool_room(ctx.pool, env):
         to_pool(ctx.info.root, ctx.pool, path, branch, delete_branch=delete_branch)
@@ -306,13 +289,21 @@ def cleanup_recorded(
     else:
         remove_worktree(ctx, path, branch, delete_branch=delete_branch)
     retention_file(path).unlink(missing_ok=True)
-    ctx.ledger.append("cleaned", wt_id, action=action, backup=backup, branch_deleted=delete_branch)
+    ctx.ledger.append(
+        "cleaned",
+        wt_id,
+        action=action,
+        backup=backup,
+        branch_deleted=delete_branch,
+        retained_ref=retained_ref,
+    )
     return {
         "id": wt_id,
         "action": action,
         "backup": backup,
         "branch_deleted": delete_branch,
         "integrated_reason": info.integrated_reason,
+        "retained_ref": retained_ref,
     }
 
 
@@ -353,7 +344,7 @@ def prune(
             info = _status(ctx, wt_id, state, goal)
             idle = cutoff is not None and dt.datetime.fromisoformat(state.last_activity) < cutoff
             reason = None
-            if state.session and not info.integrated:
+            if state.session:  # its worker may still be at it, landed or not
                 reason = f"claimed by session {state.session!r}"
             elif not info.clean:
                 reason = "uncommitted work"
@@ -419,7 +410,7 @@ def _to_budget(
     for wt_id in sorted(offered, key=lambda i: records[i].last_activity):
         if total <= budget:
             break
-        if records[wt_id].session and offered[wt_id] != "landed":
+        if records[wt_id].session:
             continue
         total -= report.worktrees[wt_id].unique_bytes
         removed.append({"id": wt_id, "action": "remove", "reason": f"to budget: {offered[wt_id]}"})
@@ -434,3 +425,7 @@ def _to_budget(
                 keep_unlanded_branch=offered[wt_id] != "landed",
             )
     return removed
+
+
+def _stamp() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
