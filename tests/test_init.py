@@ -412,6 +412,23 @@ def test_what_ci_runs_by_name_wins(repo: Path, capsys: pytest.CaptureFixture[str
     assert {"js-test", "pre-commit"} <= set(gates)
 
 
+def test_a_script_ci_runs_is_a_gate_whatever_its_name_and_npm_scripts_key_on_the_tree(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """jshttp/mime-types: CI runs ``npm run test-ci`` (not a name init knew) and ``npm run
+    lint`` (eslint with a markdown plugin and its own .eslintrc.yml: a lint key of only
+    *.js files let a lint-breaking README land from the cache)."""
+    scripts = {"lint": "eslint .", "test": "mocha", "test-ci": "nyc npm test"}
+    (repo / "package.json").write_text(json.dumps({"scripts": scripts}))
+    workflows = repo / ".github" / "workflows"
+    workflows.mkdir(parents=True)
+    (workflows / "ci.yml").write_text("jobs:\n  t:\n    steps:\n      - run: npm run test-ci\n")
+    body = dry(capsys, repo)
+    gates, skipped = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
+    assert "js-test-ci" in gates and "js-test" not in gates and "CI runs it" in skipped["js-test"]
+    assert gates["js-lint"]["inputs"] == ["**"]
+
+
 def test_ruff_fix_true_is_checked_with_no_fix_and_ruff_format_where_used(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -256,6 +256,26 @@ def test_a_seed_ignored_by_its_own_gitignore_is_accepted(venv_project: Path) -> 
     assert run_in(path, "git", "status", "--porcelain", "--untracked-files=all") == ""
 
 
+def test_a_seed_build_may_fill_and_read_the_caches_the_manifest_names_writable(
+    venv_project: Path, tmp_path: Path
+) -> None:
+    """An offline ``npm ci --offline`` or ``pip install --no-index`` needs its cache: the
+    build writes where ``[sandbox] writable`` says, as a gate does."""
+    cache = tmp_path / "package-cache"
+    cache.mkdir()
+    (cache / "pkg").write_text("a cached package\n")
+    build = f"mkdir deps && cp {cache}/pkg deps/ && echo used >> {cache}/log"
+    cheap(
+        venv_project,
+        CHEAP_SEED.replace(
+            "[[worktrees.seed]]", f'[sandbox]\nwritable = ["{cache}"]\n\n[[worktrees.seed]]'
+        ).replace(CHEAP_SEED.split("build = ")[1].split("\n")[0], repr(build).replace("'", '"')),
+    )
+    path = Path(wt.allocate(mission="m", worker="a", repo=venv_project)["path"])
+    assert (path / "deps" / "pkg").read_text() == "a cached package\n"
+    assert (cache / "log").read_text() == "used\n"
+
+
 def test_the_pool_hands_out_a_fresh_seed_and_cleanup_leaves_no_mount(venv_project: Path) -> None:
     cheap(venv_project)
     first = wt.allocate(mission="m", worker="a", repo=venv_project)

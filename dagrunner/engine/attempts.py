@@ -53,10 +53,12 @@ TOOL_CACHES = {
 
 
 def with_tool_caches(env: dict[str, str], folder: Path) -> dict[str, str]:
-    """``env`` with each tool cache variable it lacks pointed under ``folder``."""
+    """``env`` with each tool cache variable it lacks pointed under ``folder``, and npm's
+    update check off (a fresh HOME made npm ask the network on every gate run)."""
     env = dict(env)
     for name, sub in TOOL_CACHES.items():
         env.setdefault(name, str(folder / sub) if sub else str(folder))
+    env.setdefault("npm_config_update_notifier", "false")
     return env
 
 

@@ -63,7 +63,7 @@ def detect(root: Path) -> Found:
         *tox_checks,
         *nox_checks,
         *pre_commit(project),
-        *package_json(project),
+        *package_json(project, runs.scripts),
         *makefile(project),
         *go(project),
         *rust(project),

@@ -11,7 +11,6 @@ from dagrunner.starter.checks import WHOLE, Check
 from dagrunner.starter.python import junit_file
 from dagrunner.starter.readers import Project
 
-JS_INPUTS = ("**/*.js", "**/*.jsx", "**/*.ts", "**/*.tsx", "**/*.mjs", "**/*.cjs", "**/*.json")
 CHECK_SCRIPTS = {  # package.json script / Makefile target -> its concern
     "lint": "lint",
     "eslint": "lint",
@@ -68,7 +67,9 @@ def pre_commit(project: Project) -> list[Check]:
     ]
 
 
-def package_json(project: Project) -> list[Check]:
+def package_json(project: Project, by_ci: frozenset[str] = frozenset()) -> list[Check]:
+    """A gate for each script that is a check: by its name, or because CI runs it (its
+    concern then read from the name's start: ``test-ci`` tests, ``lint:md`` lint)."""
     body = project.json("package.json")
     scripts = body.get("scripts") if isinstance(body, dict) else None
     if not isinstance(scripts, dict):
@@ -77,6 +78,9 @@ def package_json(project: Project) -> list[Check]:
     found = []
     for script, text in scripts.items():
         concern = CHECK_SCRIPTS.get(str(script))
+        if concern is None and script in by_ci:
+            head = re.split(r"[-:_.]", str(script))[0]
+            concern = CHECK_SCRIPTS.get(head) or "check"
         if concern is None or not isinstance(text, str):
             continue
         gate = f"js-{script.replace(':', '-')}"
@@ -85,7 +89,9 @@ def package_json(project: Project) -> list[Check]:
             concern=f"js:{concern}",
             run=(manager, "run", script),
             source=f"package.json scripts.{script} ({manager}: {_lock_for(manager)})",
-            inputs=(*JS_INPUTS, "package.json") if concern in ("lint", "format") else WHOLE,
+            # a script's tools read what their own configs say (eslint plugins lint markdown,
+            # .eslintrc*, ignore files): only the whole tree keys it safely
+            inputs=WHOLE,
             tools=("node --version", f"{manager} --version"),
             memory=MEMORY.get(concern, "256M"),
             needs=("js-build",) if concern == "tests" else (),

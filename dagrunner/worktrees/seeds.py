@@ -109,10 +109,11 @@ def ensure(
     if not manifest.worktrees.seeds:
         return []  # the process door (trio) is imported only where seeds are
     store, env = _store_and_env(root, repo, base, manifest, caller)
+    writable = manifest.sandbox.writable  # an npm or pip cache the build may fill and read
     found = []
     for spec in manifest.worktrees.seeds:
         key = key_of(repo, base, spec, _fingerprints(spec, env, store))
-        found.append(_ensure_one(store, repo, base, spec, key, env))
+        found.append(_ensure_one(store, repo, base, spec, key, env, writable=writable))
     return found
 
 
@@ -135,15 +136,18 @@ def for_tree(
     if not manifest.worktrees.seeds:
         return []
     store, env = _store_and_env(root, repo, trusted, manifest, caller)
+    writable = manifest.sandbox.writable
     found = []
     for spec in manifest.worktrees.seeds:
         prints = _fingerprints(spec, env, store)
         key = key_of(repo, commit, spec, prints)
         if key == key_of(repo, trusted, spec, prints):
-            found.append(_ensure_one(store, repo, trusted, spec, key, env))
+            found.append(_ensure_one(store, repo, trusted, spec, key, env, writable=writable))
             continue
         scoped = hashlib.sha256(f"{key} scoped to {commit}".encode()).hexdigest()[:32]
-        found.append(_ensure_one(store, repo, commit, spec, scoped, env, hide=hide))
+        found.append(
+            _ensure_one(store, repo, commit, spec, scoped, env, hide=hide, writable=writable)
+        )
     return found
 
 
@@ -165,12 +169,13 @@ def _ensure_one(
     env: Mapping[str, str],
     *,
     hide: Path | None = None,
+    writable: tuple[str, ...] = (),
 ) -> tuple[Seed, bool]:
     with locked(store / f"{key}.lock"):
         seed = load(store, key, spec)
         built = seed is None
         if seed is None:
-            seed = _build(store, repo, base, spec, key, env, hide=hide)
+            seed = _build(store, repo, base, spec, key, env, hide=hide, writable=writable)
     (store / key / "used").touch()
     return seed, built
 
@@ -225,6 +230,7 @@ def _build(
     env: Mapping[str, str],
     *,
     hide: Path | None = None,
+    writable: tuple[str, ...] = (),
 ) -> Seed:
     from dagrunner.process.command import run_command
 
@@ -235,7 +241,13 @@ def _build(
         check_ignored(checkout, spec)
         argv = ["sh", "-c", spec.build] if isinstance(spec.build, str) else list(spec.build)
         done = run_command(
-            argv, cwd=checkout, env=env, timeout=spec.timeout, own_home=True, hide=hide
+            argv,
+            cwd=checkout,
+            env=env,
+            timeout=spec.timeout,
+            own_home=True,
+            hide=hide,
+            writable=writable,
         )
         made = checkout / spec.path
         why = done.why
