@@ -36,6 +36,10 @@ def isolated_home(
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
     monkeypatch.setenv("DAGRUNNER_CACHE_DIR", str(home / "dagrunner-cache"))
     monkeypatch.setenv("DAGRUNNER_WORKTREE_ROOT", str(home / "worktrees"))
+    # Beside the home, not in it: a gate's tool cache is bound writable into its view, and a
+    # test's home sits under /tmp, where that would make the home's path in the gate's own
+    # private /tmp (the probes of what a gate may write would see it there).
+    monkeypatch.setenv("DAGRUNNER_TOOL_CACHE_DIR", str(tmp_path_factory.mktemp("tools")))
     for name in list(os.environ):
         if name.startswith("GIT_"):
             monkeypatch.delenv(name)
