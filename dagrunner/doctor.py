@@ -7,6 +7,7 @@ check is a finding; ``doctor`` never raises for a failed one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -14,9 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from dagrunner.errors import DagrunnerError
+from dagrunner.files import atomic_write
 from dagrunner.git.command import git
 from dagrunner.git.repo import LOW_DISK, MIN_GIT, git_version, repo_info, worktree_root
+from dagrunner.process.prove import Proof, containment_key, proofs_file
 
 
 @dataclass
@@ -206,3 +211,21 @@ def check_cluster(report: Report, spec: str) -> None:
             f"{w.dagrunner or '-'}, git {w.git or '-'}" + (f" -- {w.problem}" if w.problem else ""),
             "install the same dagrunner and git there" if w.problem else "",
         )
+
+
+def prove_machine(env: Mapping[str, str] | None = None) -> Proof:
+    """Run the sandbox's escape suite as a real gate (``process/prove``) and keep its verdict
+    beside the caches, by containment, for ``run.json`` to say which suite held here."""
+    from dagrunner.process.contain import detect, network_isolation
+    from dagrunner.process.prove import prove
+
+    env = os.environ if env is None else env
+    found = detect()
+    proof = prove(env, isolation=network_isolation(), containment=containment_key(found))
+    path = proofs_file()
+    with contextlib.suppress(OSError, ValueError):
+        known = orjson.loads(path.read_bytes()) if path.is_file() else {}
+        known = known if isinstance(known, dict) else {}
+        summary = {k: v for k, v in proof.to_json().items() if k != "lines"}
+        atomic_write(path, orjson.dumps({**known, proof.containment: summary}))
+    return proof

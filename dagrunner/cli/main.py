@@ -133,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="local",
         help="also check a cluster: dask://HOST:PORT (its workers, resources and versions)",
     )
+    dr.add_argument(
+        "--prove",
+        action="store_true",
+        help="run the sandbox's escape suite as a real gate: each line held or LEAKED (exit 1)",
+    )
     dr.set_defaults(handler="cmd_doctor")
 
     add_worktree(sub, common)

@@ -21,20 +21,26 @@ if TYPE_CHECKING:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from dagrunner.doctor import check_cluster, doctor
+    from dagrunner.doctor import check_cluster, doctor, prove_machine
 
     report = doctor(args.repo)
     if args.executor != "local":
         check_cluster(report, args.executor)
+    proof = prove_machine() if args.prove else None
     if args.json:
-        emit_json(
-            {"ok": report.ok, "findings": [f.to_json() for f in report.findings], **report.facts}
-        )
+        body = {"ok": report.ok, "findings": [f.to_json() for f in report.findings]}
+        emit_json({**body, **report.facts, **({"proof": proof.to_json()} if proof else {})})
     else:
         for finding in report.findings:
             print(f"{finding.level:<5} {finding.check:<11} {finding.detail}")
             if finding.hint:
                 print(f"{'':<17} -> {finding.hint}")
+        if proof is not None:
+            print(f"escape suite {proof.suite} as a gate ({proof.containment}):")
+            for line in proof.lines:
+                print(f"  {'held' if line.held else 'LEAKED':<6} {line.line:<14} {line.detail}")
+    if proof is not None and not proof.held:
+        return ExitCode.FAILED
     return ExitCode.OK if report.ok else ExitCode.ENVIRONMENT
 
 

@@ -41,6 +41,7 @@ from dagrunner.git.command import head_info
 from dagrunner.git.repo import resolve_repo
 from dagrunner.manifest.load import Manifest, default_manifest, load_manifest
 from dagrunner.process.contain import detect, disable_dumping, network_isolation
+from dagrunner.process.prove import last_proof
 from dagrunner.process.sandbox import gate_environment, secret_values
 from dagrunner.process.tree import sweep_orphans
 from dagrunner.records.run import GateResult, GovernorSample, RunRecord, RunStatus
@@ -265,7 +266,11 @@ def record_step(
             "cpus": os.cpu_count(),
             "memory_total": memory.total,
             "dagrunner": VERSION,
-            "containment": {**detect().to_json(), "network_isolation": _isolation(plan)},
+            "containment": {
+                **detect().to_json(),
+                "network_isolation": _isolation(plan),
+                "proof": last_proof(detect()),  # doctor --prove's last verdict here
+            },
         },
         governor={
             "capacity": plan.capacity.to_json(),

@@ -8,4 +8,5 @@
 - ``tree``: a gate's process tree: sampled, swept, ended.
 - ``logs``: the bounded log and redaction.
 - ``command``: the door for non-gate commands (worker setup, tool fingerprints).
+- ``prove``: the sandbox's escape suite, run as a real gate (``doctor --prove``).
 """

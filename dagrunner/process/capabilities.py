@@ -44,6 +44,7 @@ def limited(setpriv: str, argv: list[str]) -> list[str]:
     bounding = ",".join(["-all", *(f"+{name}" for name in KEPT)])
     return [
         setpriv,
+        "--no-new-privs",  # a setuid program it runs gains nothing (bubblewrap sets it too)
         "--inh-caps=-all",
         "--ambient-caps=-all",
         f"--bounding-set={bounding}",

@@ -257,7 +257,9 @@ def namespaced(
     user = ["--user", "--map-root-user"] if userns else []
     init = ["/bin/sh", "-c", _INIT, "init", str(left), ops, str(cwd), python, APPLY_VIEW]
     init += [*map(str, groups), "--"]
-    spaces = ["--pid", "--fork", "--kill-child", "--mount-proc", *(["--net"] if net else [])]
+    # its own UTS, IPC and cgroup namespaces too: hostname, SysV IPC, its view of cgroups
+    spaces = ["--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--ipc", "--cgroup"]
+    spaces += ["--net"] if net else []
     return [unshare, *user, *spaces, "--", *init, *argv]
 
 
@@ -280,6 +282,7 @@ def bubblewrapped(
     user = ["--unshare-user", "--uid", "0", "--gid", "0"] if userns else []
     init = ["/bin/sh", "-c", _INIT, "init", str(left), "", str(cwd), "", "", "--"]
     spaces = ["--die-with-parent", "--unshare-pid", "--as-pid-1", *user]
+    spaces += ["--unshare-uts", "--unshare-ipc", "--unshare-cgroup-try"]
     command = [bwrap, *spaces, *(["--unshare-net"] if net else []), *options, "--", *init]
     if groups:
         command = ["/bin/sh", "-c", _JOIN, "join", *map(str, groups), "--", *command]

@@ -11,6 +11,7 @@ bubblewrap's options, where bubblewrap is installed (a fifth of the cost per gat
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +62,12 @@ for op in sys.argv[1].splitlines():
         mount(b"dagrunner-hidden", arg, b"tmpfs", RDONLY, b"size=4k,mode=000", "hide")
     elif verb == "mkdir":
         os.makedirs(arg, exist_ok=True)
+    elif verb == "file":
+        open(arg, "a").close()
+    elif verb == "link":
+        os.symlink(src, dst)
+    elif verb == "devpts":
+        mount(b"devpts", arg, b"devpts", 2 | 8, b"newinstance,ptmxmode=0666,mode=0620", "give")
     elif verb == "bind":
         mount(src.encode(), dst, None, BIND | REC, None, "show")
     elif verb == "move":
@@ -82,7 +89,7 @@ for op in sys.argv[1].splitlines():
         # every mount read-only but the kept ones, those under a cover (hidden there, or
         # placed by an operation of their own) and the kernel's
         for point, options in (mounts or table()).items():
-            if point in keep or point.split("/")[1] in ("proc", "dev", "sys"):
+            if point in keep or point.split("/")[1] in ("proc", "dev"):
                 continue
             if any(point == c or point.startswith(c + "/") for c in under):
                 continue
@@ -104,6 +111,27 @@ def homes() -> tuple[Path, ...]:
 
 
 PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")  # shared scratch places: each gate gets its own
+# What of the kernel a gate sees, as container runtimes give it (OCI/runc and Docker's
+# defaults): a /dev of its own with only these devices (no disk, no host terminal), the
+# kernel's knobs read-only (a root gate wrote core_pattern: a "|program" there runs as the
+# real root at the next crash), its secrets masked; /sys read-only with the rest.
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+KNOBS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+MASKED = (
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/timer_list",
+    "/proc/kallsyms",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+)
+MASKED_DIRS = ("/proc/acpi", "/proc/scsi")
+
+
+@functools.cache
+def _present(paths: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``paths`` this kernel has (a gate's /proc is of the same kernel)."""
+    return tuple(p for p in paths if os.path.exists(p))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +146,7 @@ class View:
     visible: tuple[Path, ...] = ()  # shown read-only even under a cover
     covers: tuple[Path, ...] = ()
     hide: Path | None = None
+    kernel: bool = True  # a /dev of its own, the kernel's knobs read-only (module doc)
 
     @classmethod
     def for_gate(
@@ -178,11 +207,19 @@ class View:
             else:
                 place = self.stage / str(under) / path.relative_to(self.covers[under])
                 ops += [f"mkdir {place}", f"bind {path}\t{place}"]
+        if self.kernel:  # before the covers: /dev/shm's goes on the gate's own /dev
+            ops += self._dev(self.stage / "dev")
         # a cover that holds the stage goes last: after it, the stage is out of sight
         order = sorted(range(len(self.covers)), key=lambda i: _within(self.stage, self.covers[i]))
         ops += [f"move {self.stage}/{k}\t{self.covers[k]}" for k in order]
         if self.hide is not None:
             ops.append(f"hide {self.hide}")
+        if self.kernel:
+            for knob in _present(KNOBS):
+                ops += [f"bind {knob}\t{knob}", f"ro {knob}"]
+            for secret in _present(MASKED):
+                ops += [f"bind /dev/null\t{secret}", f"ro {secret}"]
+            ops += [f"hide {folder}" for folder in _present(MASKED_DIRS)]
         # what is shown under a cover is read-only unless writable; a hidden home turns
         # read-only, the private scratch places stay writable
         for path in {*self.visible} - {*self.writable}:
@@ -194,6 +231,20 @@ class View:
         ops.append("readonly")
         return ops
 
+    @staticmethod
+    def _dev(dev: Path) -> list[str]:
+        """A /dev of the gate's own, built at ``dev`` then moved over /dev: the harmless
+        devices bound from the host's, a private devpts, the usual links."""
+        ops = [f"mkdir {dev}", f"tmpfs {dev}"]
+        for name in DEVICES:
+            if os.path.exists(f"/dev/{name}"):
+                ops += [f"file {dev}/{name}", f"bind /dev/{name}\t{dev}/{name}"]
+        ops += [f"mkdir {dev}/pts", f"devpts {dev}/pts", f"link pts/ptmx\t{dev}/ptmx"]
+        ops += [f"mkdir {dev}/shm", f"link /proc/self/fd\t{dev}/fd"]
+        for n, name in enumerate(("stdin", "stdout", "stderr")):
+            ops.append(f"link /proc/self/fd/{n}\t{dev}/{name}")
+        return [*ops, f"move {dev}\t/dev"]
+
     def bwrap_options(self) -> list[str]:
         """The same view as bubblewrap options (``contain.bubblewrapped``), applied in
         order: every mount read-only (recursively), the kernel's ``/dev`` and a ``/proc`` of
@@ -201,7 +252,18 @@ class View:
         bound at its own path (the shallower first, so a place shown inside a writable one
         stays read-only), the store hidden, then the covered homes read-only (not what is
         bound inside them: the remount is not recursive)."""
-        opts = ["--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
+        opts = ["--ro-bind", "/", "/"]
+        if self.kernel:  # bubblewrap's own minimal /dev; the knobs read-only, secrets masked
+            opts += ["--dev", "/dev", "--proc", "/proc"]
+            for knob in _present(KNOBS):
+                opts += ["--ro-bind", knob, knob]
+            for secret in _present(MASKED):
+                opts += ["--ro-bind", "/dev/null", secret]
+            for folder in _present(MASKED_DIRS):
+                opts += ["--perms", "0000", "--size", "4096", "--tmpfs", folder]
+                opts += ["--remount-ro", folder]
+        else:
+            opts += ["--dev-bind", "/dev", "/dev", "--proc", "/proc"]
         for cover in sorted(self.covers, key=lambda c: len(c.parts)):
             opts += ["--tmpfs", str(cover)]
         for path in sorted({*self.writable, *self.visible}, key=lambda p: len(p.parts)):
