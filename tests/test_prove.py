@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import CLI, can_mount
@@ -25,7 +26,7 @@ WAYS = ["bubblewrap", "unshare"] if detect().bwrap else ["unshare"]
 viewed = pytest.mark.skipif(not detect().views, reason="this machine gives gates no view")
 
 
-def prove(way: str) -> tuple[int, dict[str, dict[str, object]], dict[str, object]]:
+def prove(way: str) -> tuple[int, dict[str, dict[str, Any]], dict[str, Any]]:
     env = {**os.environ, "DAGRUNNER_CONTAINMENT": way} if way != "bubblewrap" else None
     done = subprocess.run(
         [*CLI, "doctor", "--prove", "--json"], capture_output=True, text=True, env=env
@@ -76,7 +77,7 @@ def test_an_ordinary_users_gate_writes_no_knob_and_opens_no_device(
         spec = {"outside": str(place), "key": "/nonexistent", "secret": "/nonexistent",
                 "runner": os.getpid(), "marker": "m", "block": "", "port": 1,
                 "expect": {"cache-key": "", "hidden-home": ""}}  # fmt: skip
-        (tree / "suite.py").write_text(SUITE)
+        shutil.copy(SUITE, tree / "suite.py")
         (tree / "spec.json").write_text(json.dumps(spec))
         for folder in [place, *place.rglob("*")]:
             folder.chmod(0o777)

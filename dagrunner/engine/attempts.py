@@ -211,11 +211,11 @@ class GateRunner:
                 self.active.setdefault(root, set()).add(node)
         try:
             outcome = await self.attempts(gate, node, command, root)
-        finally:
-            if guarded:
-                self.active[root].discard(node)
-        if guarded and (shot := self.snapshots[root]) is not None:
-            outcome = await self.unchanged(shot, node, outcome)
+        except BaseException:
+            self.active.get(root, set()).discard(node)
+            raise
+        if guarded:  # still "running" until its own check: a change seen first elsewhere names it
+            outcome = await self.unchanged(self.snapshots[root], root, node, outcome)
         if gate.kind == "worker" and outcome.status.ok:
             try:
                 note = await trio.to_thread.run_sync(self.nodes.export_worker, node)
@@ -226,17 +226,23 @@ class GateRunner:
             outcome = replace(outcome, reason="; ".join(filter(None, [note, outcome.reason])))
         return outcome
 
-    async def unchanged(self, shot: guard.TreeSnapshot, node: str, outcome: Outcome) -> Outcome:
+    async def unchanged(
+        self, shot: guard.TreeSnapshot | None, root: Path, node: str, outcome: Outcome
+    ) -> Outcome:
         """``outcome``, failed (``tree-modified``) when a tracked file of the gate's tree
         changed while it ran: each is put back, the gate's version kept in the run folder.
         Gates share a tree, so every gate running in it when a change is seen is failed with
         the same proof: the one that wrote never passes (the files tell which it was)."""
         async with self.guarding:
+            running = self.active.get(root, set())
+            running.discard(node)
+            if shot is None:
+                return outcome
             changed = await trio.to_thread.run_sync(guard.changes, shot)
             if changed:
                 keep = self.run_dir / "changed" / node
                 left = await trio.to_thread.run_sync(guard.put_back, shot, changed, keep)
-                others = sorted(self.active.get(shot.tree, set()))
+                others = sorted(running)
                 said = _modified(changed, keep, left, others)
                 for suspect in [node, *others]:
                     self.suspects.setdefault(suspect, said)

@@ -8,5 +8,6 @@
 - ``tree``: a gate's process tree: sampled, swept, ended.
 - ``logs``: the bounded log and redaction.
 - ``command``: the door for non-gate commands (worker setup, tool fingerprints).
-- ``prove``: the sandbox's escape suite, run as a real gate (``doctor --prove``).
+- ``prove``: the sandbox's escape suite, run as a real gate (``doctor --prove``);
+  ``escapes``: the suite itself, a script the gate runs (never imported).
 """

@@ -109,3 +109,10 @@ def v2_controllers(base: Path, wanted: Sequence[str]) -> set[str]:
                 (base / "cgroup.subtree_control").write_text(f"+{name}")
                 enabled.add(name)
     return enabled
+
+
+def memory_files(base: Path | None, limit: int) -> dict[str, str]:
+    """The files that set a per-gate cgroup's memory ``limit`` (v2 under ``base``, else v1)."""
+    if base is not None and (base / "cgroup.controllers").exists():
+        return {"memory.max": str(limit), "memory.swap.max": "0"}
+    return {"memory.limit_in_bytes": str(limit)}

@@ -372,7 +372,7 @@ def jail(
     for base, files in (
         (found.cgroup_kill, {}),
         (found.pids, {"pids.max": str(max_pids)} if max_pids else {}),
-        (found.memory, _memory_files(found.memory, memory) if memory else {}),
+        (found.memory, cgroups.memory_files(found.memory, memory) if memory else {}),
     ):
         if base is None or (base != found.cgroup_kill and not files) or base in groups:
             continue
@@ -422,12 +422,6 @@ def jail(
         command = [found.setpriv, "--pdeathsig", "KILL", *command]
     bwrap = confined and bool(found.bwrap)
     return Jail(argv=command, cgroups=tuple(groups), left_file=left, pidns=found.pidns, bwrap=bwrap)
-
-
-def _memory_files(base: Path | None, limit: int) -> dict[str, str]:
-    if base is not None and (base / "cgroup.controllers").exists():
-        return {"memory.max": str(limit), "memory.swap.max": "0"}
-    return {"memory.limit_in_bytes": str(limit)}
 
 
 # One thread spawns every gate and lives as long as the process: the parent-death

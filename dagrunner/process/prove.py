@@ -49,108 +49,8 @@ LINES = (
     "outlive-gate",
 )
 
-SUITE = r"""
-import ctypes, glob, json, os, socket, stat, subprocess, sys
-spec = json.load(open(sys.argv[1]))
-isolated = len(sys.argv) > 2
-libc = ctypes.CDLL(None, use_errno=True)
-out = []
-
-def say(line, leaked, detail):
-    out.append({"line": line, "held": not leaked, "detail": detail})
-
-def tried(action):
-    try:
-        action()
-        return ""
-    except OSError as exc:
-        return exc.strerror or str(exc)
-
-if isolated:
-    try:
-        socket.create_connection(("127.0.0.1", spec["port"]), timeout=3).close()
-        say("host-loopback", True, "connected to the host's loopback listener")
-    except OSError as exc:
-        say("host-loopback", False, f"refused: {exc.strerror or exc}")
-    print(json.dumps(out))
-    sys.exit(0)
-
-wrote = []
-for knob in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/hostname"):
-    try:
-        value = open(knob).read()
-    except OSError:
-        continue
-    def put(knob=knob, value=value):
-        with open(knob, "w") as f:
-            f.write(value)
-    if not tried(put):
-        wrote.append(knob)
-say("sysctl-write", bool(wrote), "wrote " + ", ".join(wrote) if wrote else "the knobs are read-only")
-
-opened = []
-devices = [e.path for e in os.scandir("/dev") if not e.is_symlink() and stat.S_ISBLK(e.stat().st_mode)]
-for path in [spec["block"]] * bool(spec["block"]) + devices:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        continue
-    os.close(fd)
-    opened.append(path)
-say("block-device", bool(opened), "opened " + ", ".join(sorted(set(opened))) if opened
-    else f"no block device opens ({len(devices)} in its /dev"
-    + (f"; {spec['block']} was attached on the host to try)" if spec["block"] else ")"))
-
-node = "dagrunner-prove-node"
-made = not tried(lambda: os.mknod(node, stat.S_IFBLK | 0o600, os.makedev(7, 0)))
-if made:
-    os.unlink(node)
-say("mknod", made, "made a block device node" if made else "refused")
-
-os.makedirs("dagrunner-prove-mnt", exist_ok=True)
-fresh = libc.mount(b"none", b"dagrunner-prove-mnt", b"tmpfs", 0, None) == 0
-remount = libc.mount(None, b"/", None, 32 | 4096, None) == 0  # MS_REMOUNT|MS_BIND, rw
-if fresh:
-    libc.umount2(b"dagrunner-prove-mnt", 2)
-say("mount", fresh or remount, "mounted a tmpfs" if fresh else "remounted / writable" if remount
-    else "refused")
-
-planted = os.path.join(spec["outside"], "planted")
-why = tried(lambda: open(planted, "w").write("x"))
-say("write-outside", False, f"refused: {why}" if why else "written (judged from outside)")
-
-for line, path in (("cache-key", spec["key"]), ("hidden-home", spec["secret"])):
-    try:
-        data = open(path, "rb").read()
-        say(line, data == spec["expect"][line].encode(), f"read {path}")
-    except OSError as exc:
-        say(line, False, f"not readable: {exc.strerror}")
-
-pid = spec["runner"]
-seen = False
-try:
-    seen = b"release-check" in open(f"/proc/{pid}/cmdline", "rb").read()
-except OSError:
-    pass
-signalled = seen and not tried(lambda: os.kill(pid, 0))
-# PTRACE_SEIZE: attaches without stopping the runner; detached when this process ends
-traced = seen and libc.ptrace(0x4206, pid, None, None) == 0
-say("signal-runner", signalled or traced, "the runner is out of sight" if not seen
-    else "could ptrace it" if traced else "could signal it" if signalled else "refused")
-
-left = []
-for procs in ["/sys/fs/cgroup/cgroup.procs", *glob.glob("/sys/fs/cgroup/*/cgroup.procs")]:
-    if os.path.exists(procs) and not tried(lambda: open(procs, "w").write(str(os.getpid()))):
-        left.append(procs)
-say("leave-cgroup", bool(left), "moved itself to " + ", ".join(sorted(set(left))) if left
-    else "the cgroup tree is read-only")
-
-subprocess.Popen([sys.executable, "-I", "-S", "-c", "import time; time.sleep(60)",
-                  spec["marker"]], start_new_session=True, stdin=subprocess.DEVNULL,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-say("outlive-gate", False, "left a session leader behind (judged from outside)")
-print(json.dumps(out))
-"""
+# The suite itself: a standard-library script, run by path (never imported here).
+SUITE = Path(__file__).with_name("escapes.py")
 
 
 @dataclass(frozen=True)
@@ -320,7 +220,7 @@ def _run(place: Path, env: Mapping[str, str], isolation: bool) -> subprocess.Com
     repo = place / "repo"
     repo.mkdir()
     python = sys.executable
-    (repo / "suite.py").write_text(SUITE)
+    shutil.copy(SUITE, repo / "suite.py")
     (repo / "m.toml").write_text(
         MANIFEST.format(python=python, isolated=ISOLATED.format(python=python) if isolation else "")
     )
@@ -386,11 +286,11 @@ def _judge(
         if name in found:
             lines.append(found[name])
         elif name == "host-loopback" and not isolation:
-            said = "no network namespace for gates here: an isolated gate does not start"
-            lines.append(ProveLine(name, True, said))
+            why = "no network namespace for gates here: an isolated gate does not start"
+            lines.append(ProveLine(name, True, why))
         else:
-            why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no answer"]
-            lines.append(ProveLine(name, False, f"not tried: the suite did not run ({why[0]})"))
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no answer"]
+            lines.append(ProveLine(name, False, f"not tried: the suite did not run ({last[0]})"))
     return lines
 
 
