@@ -17,6 +17,8 @@ from conftest import git, run_json
 
 from dagrunner.cli.main import run_cli
 
+THIS = f"{sys.version_info.major}.{sys.version_info.minor}"
+
 PYPROJECT = """
 [project]
 name = "pkg"
@@ -175,7 +177,7 @@ def test_tox_nox_pre_commit_go_and_rust_are_read_without_running_anything(
     assert code == 0
     gates = gates_of(body)
     assert gates["tox-docs"]["run"] == ["tox", "-e", "docs"]
-    assert gates["nox-bench"]["run"] == ["nox", "-s", "bench"]
+    assert gates["nox-bench"]["run"] == ["nox", "-s", "bench", "--force-python", THIS]
     assert "trailing-whitespace" in gates["pre-commit"]["source"]
     assert gates["go-test"]["run"] == ["go", "test", "./..."] and "go-vet" in gates
     assert gates["clippy"]["run"][:2] == ["cargo", "clippy"] and "cargo-test" in gates
@@ -364,7 +366,8 @@ def test_nox_sessions_that_are_tasks_or_not_default_are_skipped_and_real_ones_wi
     body = dry(capsys, repo)
     gates, skipped = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
     # the project's own lint (hooks, build, twine check) and coverage-gated tests win
-    assert gates["nox-lint"]["run"] == ["nox", "-s", "lint"] and "lint" not in gates
+    assert gates["nox-lint"]["run"] == ["nox", "-s", "lint", "--force-python", THIS]
+    assert "lint" not in gates
     assert "nox-tests" in gates and "tests" not in gates
     assert "nox-lint" in skipped["lint"] and "3 commands" in skipped["lint"]
     assert "nox-tests" in skipped["tests"] and "coverage" in skipped["tests"]

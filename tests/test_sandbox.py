@@ -312,3 +312,23 @@ def test_nested_runner_leaves_its_own_childrens_inherited_token_alone(
     finally:
         helper.kill()
         helper.wait()
+
+
+def test_the_callers_activated_venv_comes_first_whatever_launched_dagrunner(
+    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyenv's shims (and pipx, and the like) start dagrunner with their own interpreter's
+    folder first on PATH: the gates ran that Python, not the venv the caller had activated."""
+    tools = repo.parent / "tools"
+    for name in ("venv", "launcher"):
+        (tools / name / "bin").mkdir(parents=True)
+        script = tools / name / "bin" / "tellme"
+        script.write_text(f"#!/bin/sh\necho {name}\n")
+        script.chmod(0o755)
+    launcher, venv = tools / "launcher" / "bin", tools / "venv"
+    monkeypatch.setenv("PATH", f"{launcher}:{venv / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("VIRTUAL_ENV", str(venv))
+    manifest = '[env]\npass = ["PATH", "VIRTUAL_ENV"]\n[gates.which]\nrun = ["tellme"]\n'
+    code, _, run_dir = check(capsys, repo, manifest)
+    assert code == 0
+    assert (run_dir / "logs" / "which.log").read_text().split()[0] == "venv"

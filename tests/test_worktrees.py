@@ -259,7 +259,9 @@ def test_status_counts_and_state(project: Path) -> None:
     assert (info["staged"], info["unstaged"], info["untracked"]) == (1, 1, 1)
     assert info["clean"] is False and info["ahead"] == 0 and info["behind"] == 0
     assert "2 files changed" in info["diffstat"]
-    assert info["integrated"] is True and info["integrated_reason"] == "ancestor of the target"
+    # nothing committed yet: the reason says so (its work is `clean: false`, not landed)
+    assert info["integrated"] is True
+    assert info["integrated_reason"] == "nothing committed: its head is its base"
     git(path, "reset", "-q", "--hard")
     (path / "untracked é.txt").unlink()
     (path / "a.txt").write_text("a\n")

@@ -24,6 +24,9 @@ def integrated(path: Path, head: str, base: str, target: str) -> tuple[bool, str
 
     if run("rev-parse", "--verify", "-q", f"{target}^{{commit}}").returncode != 0:
         return False, f"target {target!r} does not exist"
+    if run("rev-parse", head).text == run("rev-parse", base).text:
+        # nothing of its own to land (its uncommitted work, if any, is `clean: false`)
+        return True, "nothing committed: its head is its base"
     if run("merge-base", "--is-ancestor", head, target).returncode == 0:
         return True, "ancestor of the target"
     if run("rev-parse", f"{head}^{{tree}}").text == run("rev-parse", f"{target}^{{tree}}").text:

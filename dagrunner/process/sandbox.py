@@ -111,6 +111,18 @@ def gate_environment(
     env.update(common.values)
     env.update(gate.values)
     env["SOURCE_DATE_EPOCH"] = str(source_date_epoch)
+    return activated(env)
+
+
+def activated(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with its ``VIRTUAL_ENV``'s ``bin`` first on PATH, as activating it does: a
+    launcher that runs dagrunner (pyenv's shims, ``pipx run``) puts its own interpreter
+    first, and the gates ran that one, not the venv the caller had activated."""
+    venv = env.get("VIRTUAL_ENV", "")
+    folder = os.path.join(venv, "bin")
+    if venv.startswith("/") and os.path.isdir(folder):
+        rest = [p for p in env.get("PATH", "").split(":") if p and p != folder]
+        env["PATH"] = ":".join([folder, *rest])
     return env
 
 

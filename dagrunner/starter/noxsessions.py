@@ -5,6 +5,7 @@ of a bare ``nox``, and the commands its body passes to ``session.run``."""
 from __future__ import annotations
 
 import ast
+import sys
 
 from dagrunner.starter.checks import Check, Skipped
 from dagrunner.starter.readers import Project
@@ -51,10 +52,15 @@ def nox(project: Project, asked: frozenset[str]) -> tuple[list[Check], list[Skip
 
 
 def _check(name: str, where: str, commands: tuple[tuple[str, ...], ...]) -> Check:
-    run = ("nox", "-s", name)
+    # With the Python that runs init: a session pinned to another (python="3.10") was
+    # "skipped" by nox, which still exited 0, and a matrix ran only what was installed.
+    run = ("nox", "-s", name, "--force-python", THIS_PYTHON)
     return session(
         prefix="nox", name=name, run=run, source=where, commands=commands, tools=("nox --version",)
     )
+
+
+THIS_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def _is_session(decorator: ast.expr) -> bool:

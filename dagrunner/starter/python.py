@@ -53,14 +53,13 @@ def python(project: Project, pyproject: Mapping[str, Any], uses: Uses) -> list[C
 
     formatter = "black" in tool or "black" in uses.hooks
     if source := where("ruff", "ruff.toml", ".ruff.toml"):
-        quiet = () if project.ignored(".ruff_cache") else ("--no-cache",)
         ruff = tool.get("ruff") or project.toml("ruff.toml") or project.toml(".ruff.toml")
         # `fix = true` would make the gate rewrite the tree it checks, and pass.
         fix = ("--no-fix",) if ruff.get("fix") is True else ()
-        run = ("ruff", "check", *fix, *quiet, ".")
+        run = ("ruff", "check", *fix, ".")  # its cache: RUFF_CACHE_DIR, the gate's own
         found.append(_py("lint", "ruff", run, source, inputs, "2s"))
         if ("format" in ruff or uses.runs("ruff-format", "ruff format")) and not formatter:
-            run = ("ruff", "format", "--check", *quiet, ".")
+            run = ("ruff", "format", "--check", ".")
             found.append(_py("format", "ruff", run, f"{source} format", inputs, "1s"))
     elif (source := where("flake8", ".flake8")) or setup_cfg.has_section("flake8"):
         run = ("flake8",)
