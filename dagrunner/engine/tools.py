@@ -7,7 +7,9 @@ read without running them:
 
 - a version query: the executable and options only (``ruff --version``,
   ``python -V``), or a Python module and options only (``python -m pytest --version``);
-- a Python package listing: ``python -m pip freeze|list`` with options only.
+- a Python package listing: ``python -m pip freeze|list`` with options only;
+- a node script's version query (``npm --version``): the script, node, and its package's
+  ``package.json``.
 
 A ``-m`` form is remembered only when the working folder holds no file or folder of the
 module's top-level name: Python would run that one first.
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from dagrunner.engine.cache import Store
 
 PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+NODE = re.compile(r"node(js)?")
 PYTHON_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "PYENV_DIR")
 METADATA = (".dist-info", ".egg-info", ".egg-link", ".pth")
 
@@ -207,9 +210,25 @@ def _interpreter(exe: str, env: Mapping[str, str], cwd: Path, parts: list[Any]) 
             return None
     else:
         return None
+    if target is not None and NODE.fullmatch(Path(target).name):
+        # a node script (npm, npx, eslint...): what it prints follows from its package's
+        # manifest beside it, which every install or upgrade rewrites
+        package = _package_json(Path(os.path.realpath(exe)))
+        if package is None:
+            return None
+        parts.append(_stat(str(package)))
+        return target
     if target is None or not PYTHON.fullmatch(Path(target).name):
         return None
     return target
+
+
+def _package_json(script: Path) -> Path | None:
+    """The ``package.json`` of the package a node script belongs to (None: not in one)."""
+    for folder in list(script.parents)[:6]:
+        if (folder / "package.json").is_file():
+            return folder / "package.json"
+    return None
 
 
 def _site_identity(interpreter: str) -> list[Any] | None:
