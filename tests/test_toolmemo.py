@@ -207,3 +207,28 @@ def test_an_envelopes_tree_never_answers_from_remembered_tools(
     run_dir = next(Path(result.report_dir).glob("gates-*"))
     proof = gate_results(run_dir)["check"]["cache"]
     assert "planted by the envelope" in proof["tools"]["python -m pip freeze --all"]
+
+
+def test_a_node_scripts_version_query_is_remembered_until_its_package_changes(
+    tmp_path: Path,
+) -> None:
+    """``npm --version`` ran on every run, a fully cached one too (0.14 s): a node script's
+    output follows from the script, node and its package's package.json."""
+    bin_dir, package = tmp_path / "bin", tmp_path / "lib" / "node_modules" / "npm"
+    bin_dir.mkdir()
+    (package / "bin").mkdir(parents=True)
+    node = bin_dir / "node"
+    node.write_bytes(Path("/bin/true").read_bytes())  # a binary named node
+    node.chmod(0o755)
+    script = package / "bin" / "npm-cli.js"
+    script.write_text("#!/usr/bin/env node\nconsole.log('10.0.0')\n")
+    script.chmod(0o755)
+    (package / "package.json").write_text('{"version": "10.0.0"}')
+    (bin_dir / "npm").symlink_to(script)
+    env = {"PATH": str(bin_dir)}
+    first = command_identity("npm --version", env, tmp_path)
+    assert first is not None and first == command_identity("npm --version", env, tmp_path)
+    os.utime(package / "package.json", ns=(1, 1))  # an upgrade rewrites it
+    assert command_identity("npm --version", env, tmp_path) not in (None, first)
+    (package / "package.json").unlink()  # a script in no package: never remembered
+    assert command_identity("npm --version", env, tmp_path) is None
