@@ -352,6 +352,30 @@ def test_a_forged_ledger_line_mounts_no_seed_outside_its_worktree(
     assert not os.path.ismount(victim) and list(victim.iterdir()) == []
 
 
+@pytest.mark.skipif(not can_mount(), reason="overlay seeds need a process that may mount")
+def test_a_seed_is_never_mounted_through_a_link_the_worker_planted(
+    venv_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a restart ``allocate`` mounts a worktree's overlay seed again.  A worker that
+    replaced its (unmounted, empty) seed folder with a link must not get the seed -- and its
+    writable layer -- mounted wherever the link points (another worktree's venv, any empty
+    folder): the mount point is opened component by component, never followed."""
+    monkeypatch.setenv("DAGRUNNER_SEED_SHARE", "overlay")
+    cheap(venv_project)
+    first = wt.allocate(mission="m", worker="a", repo=venv_project)
+    deps = Path(first["path"]) / "deps"
+    subprocess.run(["umount", str(deps)], check=True)  # what a restart leaves: an empty folder
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    deps.rmdir()
+    deps.symlink_to(victim)  # the worker's link
+    with pytest.raises(DagrunnerError) as caught:
+        wt.allocate(mission="m", worker="a", repo=venv_project)
+    assert caught.value.code == "path-occupied"
+    assert not os.path.ismount(victim) and list(victim.iterdir()) == []
+    assert deps.is_symlink()  # left as the worker made it
+
+
 @pytest.fixture
 def xfs(tmp_path: Path) -> Iterator[Path]:
     """A loop-mounted XFS (reflinks), where this machine lets root make one."""

@@ -64,9 +64,8 @@ def remount_seeds(root: Path, wt_id: str, path: Path, uses: Sequence[SeedUse]) -
     for n, use in enumerate(uses):
         if use.how == "overlay":
             tree = seeds.seeds_dir(root) / use.key / "tree"
-            dest = seeds.safe_dest(path, use.path)
             if tree.is_dir():
-                share.remount(tree, dest, seeds.layer_of(root, wt_id, n))
+                share.remount(tree, path, use.path, seeds.layer_of(root, wt_id, n))
 
 
 def release_seeds(root: Path, path: Path) -> None:

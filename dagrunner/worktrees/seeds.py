@@ -307,18 +307,21 @@ def provision(seed: Seed, worktree: Path, how: str, layer: Path, *, built: bool)
     dest = safe_dest(worktree, seed.spec.path)
     if dest.exists() or dest.is_symlink():
         raise _occupied(dest)
-    share.place(seed.tree, dest, how, layer)
     old, new = seed.built_in.encode(), str(worktree).encode()
-    for rel in seed.relocate:
-        target = dest / rel
-        if target.is_symlink():
-            link = os.fsencode(os.readlink(target)).replace(old, new)
-            target.unlink()
-            os.symlink(link, target)
-        elif target.is_file():
-            mode = target.stat().st_mode
-            atomic_write(target, target.read_bytes().replace(old, new), durable=False)
-            os.chmod(target, mode & 0o7777)
+
+    def relocate(copy: Path) -> None:  # the copy's paths made the worktree's
+        for rel in seed.relocate:
+            target = copy / rel
+            if target.is_symlink():
+                link = os.fsencode(os.readlink(target)).replace(old, new)
+                target.unlink()
+                os.symlink(link, target)
+            elif target.is_file():
+                mode = target.stat().st_mode
+                atomic_write(target, target.read_bytes().replace(old, new), durable=False)
+                os.chmod(target, mode & 0o7777)
+
+    share.place(seed.tree, worktree, seed.spec.path, how, layer, relocate)
     return SeedUse(path=seed.spec.path, key=seed.key, how=how, built=built)
 
 

@@ -17,6 +17,8 @@ seed and every other worktree.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import fcntl
 import functools
@@ -24,7 +26,7 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from dagrunner.errors import DagrunnerError, ExitCode
@@ -32,6 +34,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 HOW = ("reflink", "overlay", "copy")
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 MOUNT_TIMEOUT = 30.0
+MNT_DETACH = 2  # the descriptor that names the mount holds it: detach, gone when closed
 
 
 def choose(seeds_dir: Path, env: Mapping[str, str]) -> str:
@@ -76,8 +79,9 @@ def _probe(how: str, folder: str) -> bool:
             lower.mkdir()
             (lower / "f").write_bytes(b"probe")
             merged.mkdir()
-            if not _mount(lower, probe / "up", merged):
-                return False
+            with beneath(probe, "merged") as point:
+                if not _mount(lower, probe / "up", point):
+                    return False
             seen = (merged / "f").read_bytes() == b"probe"
             _unmount(merged)
             return seen
@@ -111,49 +115,107 @@ def _reflink_copy(source: str, dest: str) -> None:
     shutil.copystat(source, dest)
 
 
-def place(tree: Path, dest: Path, how: str, layer: Path) -> None:
-    """Make ``dest`` (missing, its parent a real folder) this worktree's own copy of ``tree``."""
-    if how == "overlay":
-        if layer.exists():
-            shutil.rmtree(layer)
-        dest.mkdir()
-        if not _mount(tree, layer, dest):
-            dest.rmdir()
+def place(
+    tree: Path, worktree: Path, rel: str, how: str, layer: Path, ready: Callable[[Path], None]
+) -> None:
+    """Make ``worktree/rel`` (missing, every folder above it real) this worktree's own copy
+    of ``tree``, finished by ``ready(copy)``: made beside the store, readied, and renamed
+    in, or mounted and readied, through descriptors opened without following a link
+    (``beneath``), never by name."""
+    parent_rel, _, leaf = rel.rpartition("/")
+    with beneath(worktree, parent_rel) as parent:
+        if how == "overlay":
+            if layer.exists():
+                shutil.rmtree(layer)
+            os.mkdir(leaf, dir_fd=parent)
+            with beneath(worktree, rel) as point:
+                mounted = _mount(tree, layer, point)
+            if mounted:  # opened again: the descriptor from before the mount is beneath it
+                with beneath(worktree, rel) as merged:
+                    ready(Path(f"/proc/self/fd/{merged}"))
+                return
+            os.rmdir(leaf, dir_fd=parent)
             raise DagrunnerError(
                 "seed-share-unavailable",
-                f"could not mount the seed's overlay on {dest}",
-                where=str(dest),
+                f"could not mount the seed's overlay on {worktree / rel}",
+                where=str(worktree / rel),
                 exit_code=ExitCode.ENVIRONMENT,
                 hint="set DAGRUNNER_SEED_SHARE=copy",
             )
-        return
-    copy = _reflink_copy if how == "reflink" else shutil.copy2
-    shutil.copytree(tree, dest, symlinks=True, copy_function=copy)
+        staged = layer.parent / f".{layer.name}.{uuid.uuid4().hex[:8]}"  # same filesystem
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        copy = _reflink_copy if how == "reflink" else shutil.copy2
+        try:
+            shutil.copytree(tree, staged, symlinks=True, copy_function=copy)
+            ready(staged)
+            try:
+                os.rename(staged, leaf, dst_dir_fd=parent)  # fails if anything is there now
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                shutil.copytree(staged, worktree / rel, symlinks=True)  # another filesystem
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
 
 
-def remount(tree: Path, dest: Path, layer: Path) -> bool:
+def remount(tree: Path, worktree: Path, rel: str, layer: Path) -> bool:
     """An overlay seed whose mount is gone (the machine restarted) mounted again on its own
-    upper layer: what the worker wrote there is back.  Whether it had to."""
-    if os.path.ismount(dest) or not layer.is_dir() or not dest.is_dir() or any(dest.iterdir()):
+    upper layer: what the worker wrote there is back.  Whether it had to.  The folder is
+    opened component by component without following a link (a worker's link there is
+    ``path-occupied``), and mounted through that descriptor."""
+    if not layer.is_dir():
         return False
-    return _mount(tree, layer, dest)
+    with beneath(worktree, rel) as point:
+        parent = os.open("..", os.O_PATH | os.O_DIRECTORY, dir_fd=point)
+        try:
+            if os.fstat(point).st_dev != os.fstat(parent).st_dev:
+                return False  # mounted already
+        finally:
+            os.close(parent)
+        listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=point)
+        try:
+            if os.listdir(listing):
+                return False
+        finally:
+            os.close(listing)
+        return _mount(tree, layer, point)
 
 
-def _mount(lower: Path, layer: Path, merged: Path) -> bool:
+@contextlib.contextmanager
+def beneath(root: Path, rel: str) -> Iterator[int]:
+    """An ``O_PATH`` descriptor of ``root/rel`` (``root`` trusted: a worktree dagrunner made),
+    each component opened ``O_NOFOLLOW``: a link anywhere on the way is ``path-occupied``."""
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for part in [p for p in rel.split("/") if p]:
+            try:
+                step = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=fd)
+            except OSError as exc:
+                raise DagrunnerError(
+                    "path-occupied",
+                    f"{root / rel} is not a folder of the worktree's own ({exc.strerror}: "
+                    "a link, a file, or missing)",
+                    where=str(root / rel),
+                    exit_code=ExitCode.REFUSED,
+                    hint="remove what is there (a seed's folder is dagrunner's to make)",
+                ) from None
+            os.close(fd)
+            fd = step
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _mount(lower: Path, layer: Path, point: int) -> bool:
+    """The overlay mounted on the folder ``point`` (an ``O_PATH`` descriptor), by mount(2)
+    on its ``/proc/self/fd`` name: the kernel resolves that to the very folder."""
     upper, work = layer / "upper", layer / "work"
     upper.mkdir(parents=True, exist_ok=True)
     work.mkdir(exist_ok=True)
     options = f"lowerdir={lower},upperdir={upper},workdir={work}"
-    try:
-        done = subprocess.run(
-            ["mount", "-t", "overlay", "overlay", "-o", options, str(merged)],
-            capture_output=True,
-            timeout=MOUNT_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    target = f"/proc/self/fd/{point}".encode()
+    return bool(libc.mount(b"overlay", target, b"overlay", 0, options.encode()) == 0)
 
 
 def _unmount(point: Path) -> None:
@@ -209,7 +271,15 @@ def release(path: Path, layers: Path) -> list[str]:
     for point, upper in sorted(_overlays(), key=lambda m: -len(str(m[0]))):
         if point != top and top not in point.parents:
             continue
-        _unmount(point)
+        try:  # through the folder opened beneath the worktree, never by a name it controls
+            with beneath(top, point.relative_to(top).as_posix()) as held:
+                gone = ctypes.CDLL(None, use_errno=True).umount2(
+                    f"/proc/self/fd/{held}".encode(), MNT_DETACH
+                )
+        except DagrunnerError:
+            continue  # not where the table says: a link on the way; left mounted, retained
+        if gone != 0:
+            continue
         released.append(str(point))
         layer = Path(upper).parent if upper else None
         if layer is not None and layers.resolve() in layer.parents:
