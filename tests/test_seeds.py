@@ -376,6 +376,31 @@ def test_a_seed_is_never_mounted_through_a_link_the_worker_planted(
     assert deps.is_symlink()  # left as the worker made it
 
 
+def test_a_seed_built_from_a_workers_base_never_serves_the_targets_allocations(
+    venv_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``allocate --base <a worker's branch>`` built the seed with the worker's edited build
+    script, keyed by the key files alone; later allocations from main were handed it."""
+    monkeypatch.setenv("DAGRUNNER_SEED_SHARE", "copy")  # no mount keeps a seed in the store
+    (venv_project / "make-deps.sh").write_text(
+        "mkdir deps && echo 'shared library' > deps/lib.txt\n"
+    )
+    cheap(venv_project, CHEAP_SEED.replace(
+        CHEAP_SEED.split("build = ")[1].split("\n")[0], '"sh make-deps.sh"'
+    ))  # fmt: skip
+    worker = Path(wt.allocate(mission="m", worker="evil", repo=venv_project)["path"])
+    script = worker / "make-deps.sh"  # not a key file: the seed's key does not change
+    script.write_text(script.read_text().replace("shared library", "POISONED"))
+    git(worker, "commit", "-qam", "a build that poisons")
+    branch = git(worker, "rev-parse", "--abbrev-ref", "HEAD").strip()
+    seeds.prune(Path(wt.open_context(venv_project).root), 0)  # the store has no seed yet
+    poisoned = wt.allocate(mission="m", worker="on-evil", repo=venv_project, base=branch)
+    assert (Path(poisoned["path"]) / "deps" / "lib.txt").read_text() == "POISONED\n"
+    clean = wt.allocate(mission="m", worker="from-main", repo=venv_project)
+    assert (Path(clean["path"]) / "deps" / "lib.txt").read_text() == "shared library\n"
+    assert clean["seeds"][0]["key"] != poisoned["seeds"][0]["key"]
+
+
 @pytest.fixture
 def xfs(tmp_path: Path) -> Iterator[Path]:
     """A loop-mounted XFS (reflinks), where this machine lets root make one."""

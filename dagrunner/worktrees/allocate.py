@@ -21,7 +21,7 @@ from typing import Any
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.files import crash_point
 from dagrunner.git.command import git, is_dirty
-from dagrunner.git.repo import RepoInfo, checkout_branch, repo_info, worktree_root
+from dagrunner.git.repo import RepoInfo, cache_root, checkout_branch, repo_info, worktree_root
 from dagrunner.manifest.settings import WorktreesSpec
 from dagrunner.names import RULE, is_safe_name
 from dagrunner.records.worktree import Allocation, SeedUse, as_json
@@ -119,7 +119,13 @@ def allocate_worktree(
     base_commit = probe.text
     manifest = base_manifest(ctx.info.root, base_commit)
     # Seeds are built (once per key, each under its own lock) before the ledger is locked.
-    built = seeds.ensure(ctx.root, ctx.info.root, base_commit, manifest, env) if manifest else []
+    built = []
+    if manifest is not None:  # a base the target does not hold gets seeds of its own (trust)
+        trusted = _on_target(ctx, base_commit)
+        hide = None if trusted else cache_root()
+        built = seeds.ensure(
+            ctx.root, ctx.info.root, base_commit, manifest, env, trusted=trusted, hide=hide
+        )
     wants = Wants(manifest.worktrees if manifest else WorktreesSpec(), built, env)
     # Reading the main checkout's status walks it; do that while the worktree is made.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -370,6 +376,17 @@ def remove_worktree(ctx: Context, path: Path, branch: str, *, delete_branch: boo
 
 def default_target(ctx: Context) -> str:
     return checkout_branch(ctx.info)
+
+
+def _on_target(ctx: Context, commit: str) -> bool:
+    """Whether ``commit`` is the target's own (on the main checkout's branch): what a seed
+    built from it may serve every allocation of that key."""
+    try:
+        target = f"refs/heads/{default_target(ctx)}"
+    except DagrunnerError:
+        return False
+    probe = git(["merge-base", "--is-ancestor", commit, target], cwd=ctx.info.root, check=False)
+    return probe.returncode == 0
 
 
 def recorded_state(ctx: Context, wt_id: str) -> WorktreeRecord:

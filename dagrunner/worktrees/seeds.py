@@ -102,10 +102,20 @@ def build_env(manifest: Manifest, caller: Mapping[str, str], epoch: int) -> dict
 
 
 def ensure(
-    root: Path, repo: Path, base: str, manifest: Manifest, caller: Mapping[str, str]
+    root: Path,
+    repo: Path,
+    base: str,
+    manifest: Manifest,
+    caller: Mapping[str, str],
+    *,
+    trusted: bool = True,
+    hide: Path | None = None,
 ) -> list[tuple[Seed, bool]]:
     """Every seed of ``manifest`` for ``base``, built where the store lacks it; with whether
-    this call built it.  ``seed-build-failed`` (1), ``seed-not-ignored`` (2)."""
+    this call built it.  ``trusted`` False (a base that is not the target's own commit: a
+    worker's branch): built contained (``hide``: the cache store) and stored under a key of
+    that base alone, so no allocation of a trusted base is ever handed it, as verdicts are
+    scoped.  ``seed-build-failed`` (1), ``seed-not-ignored`` (2)."""
     if not manifest.worktrees.seeds:
         return []  # the process door (trio) is imported only where seeds are
     store, env = _store_and_env(root, repo, base, manifest, caller)
@@ -113,8 +123,14 @@ def ensure(
     found = []
     for spec in manifest.worktrees.seeds:
         key = key_of(repo, base, spec, _fingerprints(spec, env, store))
-        found.append(_ensure_one(store, repo, base, spec, key, env, writable=writable))
+        key = key if trusted else scoped(key, base)
+        found.append(_ensure_one(store, repo, base, spec, key, env, writable=writable, hide=hide))
     return found
+
+
+def scoped(key: str, commit: str) -> str:
+    """The key of a seed built from ``commit``, not trusted: it serves that commit alone."""
+    return hashlib.sha256(f"{key} scoped to {commit}".encode()).hexdigest()[:32]
 
 
 def for_tree(
@@ -144,9 +160,10 @@ def for_tree(
         if key == key_of(repo, trusted, spec, prints):
             found.append(_ensure_one(store, repo, trusted, spec, key, env, writable=writable))
             continue
-        scoped = hashlib.sha256(f"{key} scoped to {commit}".encode()).hexdigest()[:32]
         found.append(
-            _ensure_one(store, repo, commit, spec, scoped, env, hide=hide, writable=writable)
+            _ensure_one(
+                store, repo, commit, spec, scoped(key, commit), env, hide=hide, writable=writable
+            )
         )
     return found
 
