@@ -5,4 +5,5 @@
 - ``checks``: release-check, graph, the cache and reports.
 - ``swarm``: doctor, worktrees and the queue (they import no networkx, trio or report).
 - ``console``: progress and the final table.  ``output``: ``--json`` output.
+- ``agents``: ``mcp`` (the agents' tools over MCP) and ``agents-md``.
 """

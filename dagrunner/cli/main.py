@@ -40,6 +40,8 @@ def _handler(name: str) -> Handler:
         return _completion
     if name in ("cmd_doctor", "cmd_worktree", "cmd_integrate"):
         from dagrunner.cli import swarm as module
+    elif name in ("cmd_mcp", "cmd_agents_md"):
+        from dagrunner.cli import agents as module  # type: ignore[no-redef]
     else:
         from dagrunner.cli import checks as module  # type: ignore[no-redef]
     found: Handler = getattr(module, name)
@@ -125,6 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--only", action="append", metavar="GATE", help="GATE and what it needs")
     gr.add_argument("--format", choices=["text", "json", "dot"], default="text", help="(text)")
     gr.set_defaults(handler="cmd_graph")
+
+    mc = sub.add_parser("mcp", parents=[common], help="the agents' tools over MCP (stdio)")
+    mc.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")
+    mc.add_argument("--worker", metavar="M/W", help="bind the server to this one worktree")
+    mc.add_argument(
+        "--no-drive",
+        action="store_true",
+        help="never start an integrator after a submit (one runs as a service)",
+    )
+    mc.set_defaults(handler="cmd_mcp")
+    am = sub.add_parser("agents-md", parents=[common], help="a section for AGENTS.md")
+    am.set_defaults(handler="cmd_agents_md")
 
     dr = sub.add_parser("doctor", parents=[common], help="check git, worktree support and the root")
     dr.add_argument("--repo", type=Path, help="repository (default: the one containing cwd)")

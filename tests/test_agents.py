@@ -1,0 +1,160 @@
+"""The agents' interface (issue 37): ``dagrunner mcp`` driven by the MCP SDK's own client over
+stdio, on a real repository -- the whole loop (allocate, edit, submit, wait until final)
+lands a good change; a bad one ends ``gates-failed`` and ``dagrunner_why`` names its gate and
+failed test; a wait returns within its bound with progress notifications; a worker-bound
+server refuses another worker's worktree."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import commit_release_manifest, git
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp_types import TextContent
+
+MANIFEST = """
+[env]
+pass = ["PATH"]
+
+[gates.unit]
+run = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=build/unit.xml", "checks"]
+junit = "build/unit.xml"
+"""
+
+
+@pytest.fixture
+def project(repo: Path) -> Path:
+    (repo / ".gitignore").write_text("reports/\nbuild/\n__pycache__/\n")
+    (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (repo / "checks").mkdir()
+    (repo / "checks" / "test_calc.py").write_text(
+        "import sys, os\nsys.path.insert(0, os.getcwd())\nimport calc\n\n\n"
+        "def test_add():\n    assert calc.add(2, 3) == 5\n"
+    )
+    commit_release_manifest(repo, MANIFEST)
+    return repo
+
+
+Session = Callable[[ClientSession], Awaitable[None]]
+
+
+def with_server(repo: Path, body: Session, *args: str) -> None:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "dagrunner", "mcp", "--repo", str(repo), *args],
+        env=dict(os.environ),
+        cwd=str(repo),
+    )
+
+    async def main() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            await body(session)
+
+    anyio.run(main)
+
+
+async def call(session: ClientSession, name: str, **arguments: Any) -> dict[str, Any]:
+    result = await session.call_tool(name, arguments)
+    assert not result.is_error, result.content
+    content = result.structured_content
+    assert isinstance(content, dict)
+    return content
+
+
+async def until_final(session: ClientSession, item: str) -> dict[str, Any]:
+    cursor = 0
+    for _ in range(40):
+        said = await call(session, "dagrunner_wait", id=item, timeout_seconds=10, cursor=cursor)
+        if said["final"]:
+            return said
+        cursor = said["cursor"]
+    raise AssertionError(f"{item} never ended")
+
+
+def test_the_whole_loop_lands_a_good_change_and_explains_a_bad_one(project: Path) -> None:
+    seen: dict[str, Any] = {}
+
+    async def body(session: ClientSession) -> None:
+        tools = (await session.list_tools()).tools
+        names = {t.name for t in tools}
+        assert {
+            "dagrunner_allocate",
+            "dagrunner_submit",
+            "dagrunner_wait",
+            "dagrunner_why",
+        } <= names
+        assert all(re.fullmatch(r"dagrunner_[a-z0-9_]+", n) for n in names)
+        assert all(t.annotations is not None for t in tools)
+        good = await call(session, "dagrunner_allocate", mission="m", worker="good")
+        (Path(good["path"]) / "calc.py").write_text("def add(a, b):\n    return b + a\n")
+        queued = await call(session, "dagrunner_submit", worktree="m/good")
+        seen["good"] = await until_final(session, queued["id"])
+        bad = await call(session, "dagrunner_allocate", mission="m", worker="bad")
+        (Path(bad["path"]) / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+        queued = await call(session, "dagrunner_submit", worktree="m/bad")
+        seen["bad"] = await until_final(session, queued["id"])
+        seen["why"] = await call(session, "dagrunner_why", id=queued["id"])
+
+    with_server(project, body)
+    assert seen["good"]["state"] == "landed", seen["good"]
+    assert "b + a" in git(project, "show", "main:calc.py")
+    assert seen["bad"]["state"] == "gates-failed", seen["bad"]
+    (failed,) = seen["why"]["failed_gates"]
+    assert failed["gate"] == "unit" and "test_add" in json.dumps(failed["failed_tests"])
+    assert "submit again" in seen["why"]["next"]
+
+
+def test_a_wait_returns_within_its_bound_with_progress(project: Path) -> None:
+    """The gate takes 6 s; a wait of 3 s answers in time, not final, having sent progress."""
+    commit_release_manifest(
+        project, MANIFEST.replace('run = ["python"', 'run = ["sh", "-c", "sleep 6"]\n# ["python"')
+    )
+    notes: list[float] = []
+    said: dict[str, Any] = {}
+
+    async def body(session: ClientSession) -> None:
+        slow = await call(session, "dagrunner_allocate", mission="m", worker="slow")
+        (Path(slow["path"]) / "NOTES").write_text("a note\n")
+        queued = await call(session, "dagrunner_submit", worktree="m/slow")
+
+        async def progress(progress: float, total: float | None, message: str | None) -> None:
+            notes.append(progress)
+
+        begun = anyio.current_time()
+        result = await session.call_tool(
+            "dagrunner_wait", {"id": queued["id"], "timeout_seconds": 3}, progress_callback=progress
+        )
+        said.update(result.structured_content or {})
+        said["took"] = anyio.current_time() - begun
+        said["end"] = (await until_final(session, queued["id"]))["state"]  # nothing left running
+
+    with_server(project, body)
+    assert said["final"] is False and said["took"] < 6, said
+    assert said["end"] == "landed"
+    assert notes, "no progress notification came while it waited"
+
+
+def test_a_worker_bound_server_refuses_another_workers_worktree(project: Path) -> None:
+    said: dict[str, Any] = {}
+
+    async def body(session: ClientSession) -> None:
+        result = await session.call_tool("dagrunner_allocate", {"mission": "m", "worker": "other"})
+        said["error"] = result.is_error
+        (content,) = result.content
+        assert isinstance(content, TextContent)
+        said["text"] = content.text
+
+    with_server(project, body, "--worker", "m/mine")
+    assert said["error"] is True
+    text = said["text"]  # the SDK says which tool failed, then the coded error object
+    assert json.loads(text[text.index("{") :])["error"]["code"] == "worker-bound"
