@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from conftest import commit_release_manifest, git
+from conftest import CLI, commit_release_manifest, git
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import TextContent
@@ -158,3 +161,101 @@ def test_a_worker_bound_server_refuses_another_workers_worktree(project: Path) -
     assert said["error"] is True
     text = said["text"]  # the SDK says which tool failed, then the coded error object
     assert json.loads(text[text.index("{") :])["error"]["code"] == "worker-bound"
+
+
+# -- integrate serve ---------------------------------------------------------------------
+
+
+def envelope_of(repo: Path, worker: str, name: str) -> Path:
+    from dagrunner.worktrees import allocate as wt
+    from dagrunner.worktrees import export as exporting
+
+    path = Path(wt.allocate(mission="m", worker=worker, repo=repo)["path"])
+    (path / name).write_text(f"{worker}\n")
+    out = path.parent / f"{worker}.json"
+    exporting.export(f"m/{worker}", output=out, repo=repo)
+    return out
+
+
+def states_of(repo: Path) -> dict[str, str]:
+    from dagrunner.git.repo import repo_info
+    from dagrunner.integration.queue import Queue
+
+    return {e.id.split(".")[1]: str(e.state) for e in Queue.of(repo_info(repo)).entries().values()}
+
+
+def until(check: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return check()
+
+
+SLOW = """
+[gates.slow]
+run = "while [ ! -e go.txt ] && [ ! -e stay.txt ]; do sleep 0.1; done; test -e go.txt"
+timeout = "60s"
+"""
+
+
+def test_serve_lands_what_arrives_while_it_runs_and_stops_on_sigterm(project: Path) -> None:
+    from dagrunner.git.repo import repo_info
+    from dagrunner.integration.submit import submit
+
+    commit_release_manifest(project, '[gates.ok]\nrun = "true"\n')
+    server = subprocess.Popen(
+        [*CLI, "integrate", "serve", "--repo", str(project)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # a second integrator for the same target is refused while it serves
+        assert until(lambda: (project / ".git" / "dagrunner").is_dir(), 10)
+        time.sleep(1)
+        busy = subprocess.run(
+            [*CLI, "integrate", "serve", "--repo", str(project), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert busy.returncode == 4 and "integrator-busy" in busy.stdout, busy
+        for worker in ("first", "second"):  # one after the other, no restart between
+            submit(repo_info(project), [envelope_of(project, worker, f"{worker}.txt")])
+
+            def landed(name: str = worker) -> bool:
+                return states_of(project).get(name) == "landed"
+
+            assert until(landed, 60), states_of(project)
+        assert git(project, "cat-file", "-e", "main:second.txt") == ""
+        server.send_signal(signal.SIGTERM)
+        out, err = server.communicate(timeout=15)
+        assert server.returncode == 0, err
+        assert "stopped (SIGTERM) after 2 run(s)" in out, out
+    finally:
+        server.kill()
+
+
+def test_sigterm_during_a_gate_ends_serve_and_the_item_stays_queued(project: Path) -> None:
+    from dagrunner.git.repo import repo_info
+    from dagrunner.integration.submit import submit
+
+    commit_release_manifest(project, SLOW)
+    server = subprocess.Popen(
+        [*CLI, "integrate", "serve", "--repo", str(project)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        submit(repo_info(project), [envelope_of(project, "waits", "waits.txt")])
+        assert until(lambda: states_of(project).get("waits") == "gating", 60), states_of(project)
+        begun = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        out, err = server.communicate(timeout=15)
+        assert time.monotonic() - begun < 15 and server.returncode == 0, (out, err)
+        assert states_of(project)["waits"] == "queued"
+    finally:
+        server.kill()

@@ -3,5 +3,6 @@
 - ``tools``: each tool as a library call answering the CLI's ``--json``; the binding to one
   worktree, the bounded wait.
 - ``server``: those tools over MCP (``dagrunner mcp``), on the official SDK.
+- ``serve``: the integrator as a long-lived service (``integrate serve``).
 - ``teach``: the section ``dagrunner agents-md`` prints for a project's ``AGENTS.md``.
 """

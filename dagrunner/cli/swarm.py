@@ -16,6 +16,7 @@ from dagrunner.errors import ExitCode
 
 if TYPE_CHECKING:
     from dagrunner.cli.console import QueueStatus
+    from dagrunner.records.integration import IntegrationResult
 
 # -- doctor and worktrees ------------------------------------------------------------------
 
@@ -232,6 +233,8 @@ def _stats(args: argparse.Namespace) -> int:
 
 def cmd_integrate(args: argparse.Namespace) -> int:
     action = args.integrate_command
+    if action == "serve":
+        return _serve(args)
     if action == "stats":
         return _stats(args)
     if action == "submit":
@@ -377,3 +380,20 @@ def _why_failed(run_dir: Path) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError):
         return []
     return failure_tails(record, run_dir, tail_lines=WHY_LINES)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """``integrate serve``: a line per run (JSON Lines with --json), until SIGTERM/SIGINT."""
+    from dagrunner.agents.serve import serve
+
+    def said(result: IntegrationResult) -> None:
+        if args.json:
+            emit_json(result.to_json())
+            return
+        states = ", ".join(f"{o.id} {o.state}" for o in result.envelopes) or "nothing to do"
+        print(f"{result.target}: {result.start[:12]} -> {result.end[:12]}: {states}", flush=True)
+
+    served = serve(repo=args.repo, target=args.target, on_run=said, executor=args.executor)
+    if not args.json:
+        print(f"stopped ({served.stopped_by or 'done'}) after {len(served.runs)} run(s)")
+    return ExitCode.OK

@@ -167,6 +167,11 @@ def add_integrate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     ir.add_argument(
         "--no-wait", action="store_true", help="fail instead of waiting for another integrator"
     )
+    sv = ig_sub.add_parser(
+        "serve", parents=[common, repo_opt], help="the integrator as a service (until SIGTERM)"
+    )
+    sv.add_argument("--target", metavar="BRANCH", help="the branch to land on (default: HEAD's)")
+    sv.add_argument("--executor", default="local", help="where gates run (local, dask://...)")
     ig_sub.add_parser("status", parents=[common, repo_opt], help="every envelope's state")
     stats = ig_sub.add_parser("stats", parents=[common, repo_opt], help="how the queue does")
     stats.add_argument("--since", type=duration, metavar="DUR", help="only the last DUR (1h, 7d)")

@@ -1,0 +1,132 @@
+"""``dagrunner integrate serve``: the integrator as a long-lived service.
+
+It holds the target's integrator lock for its whole life (a second ``serve`` or ``run`` for
+the target is ``integrator-busy``), drains the queue, and then waits for the journal to
+change -- inotify on the queue's folder where the kernel has it, a stat of the journal
+every half second where not -- and drains again.  SIGTERM or SIGINT stops it within
+seconds: a run in flight is interrupted by the pipeline's own handler (its items are queued
+again, never lost or failed) and the service ends; the next ``serve`` or ``run`` takes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import select
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from dagrunner.integration.queue import Queue
+from dagrunner.integration.run import Integrator, integrator_lock
+from dagrunner.records.integration import IntegrationResult
+from dagrunner.worktrees.allocate import default_target, open_context
+
+IN_MODIFY, IN_CREATE, IN_MOVED_TO, IN_NONBLOCK, IN_CLOEXEC = 0x2, 0x100, 0x80, 0x800, 0x80000
+IDLE_TICK = 0.5  # seconds between looks for a stop request while nothing changes
+
+
+@dataclass
+class Served:
+    """What a service did before it stopped."""
+
+    target: str
+    runs: list[IntegrationResult] = field(default_factory=list)
+    stopped_by: str = ""
+
+
+def serve(
+    *,
+    repo: Path | None = None,
+    target: str | None = None,
+    env: Mapping[str, str] | None = None,
+    on_run: Callable[[IntegrationResult], None] | None = None,
+    executor: str = "local",
+) -> Served:
+    """Drain ``target``'s queue whenever it has work, until SIGTERM or SIGINT."""
+    from dagrunner.engine.steps import new_run_id
+
+    env = os.environ if env is None else env
+    ctx = open_context(repo, env)
+    goal = target or default_target(ctx)
+    served = Served(target=goal)
+    queue = Queue.of(ctx.info, target=goal)
+    lock = ctx.info.state_dir / f"integrate-{goal.replace('/', '--')}.lock"
+    with integrator_lock(lock, wait=False), _stop_requests() as stop:
+        while not stop:
+            if queue.pending():
+                integrator = Integrator(
+                    ctx, target=goal, manifest=None, batch=1, env=env, run_id=new_run_id(),
+                    executor=executor,
+                )  # fmt: skip
+                result = integrator.run()
+                served.runs.append(result)
+                if on_run is not None:
+                    on_run(result)
+                if result.interrupted:
+                    stop.append("signal")
+                continue
+            _wait_for_change(queue.journal, stop)
+    served.stopped_by = stop[0] if stop else ""
+    return served
+
+
+@contextlib.contextmanager
+def _stop_requests() -> Iterator[list[str]]:
+    """A list that gets the signal's name when SIGTERM or SIGINT arrives (handlers restored
+    after); the pipeline installs its own for a run's duration."""
+    said: list[str] = []
+
+    def note(number: int, _frame: FrameType | None) -> None:
+        said.append(signal.Signals(number).name)
+
+    before = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield said
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+
+
+def _wait_for_change(journal: Path, stop: list[str]) -> None:
+    """Until the journal changes (or a stop is requested): inotify on its folder, else a
+    stat of it every ``IDLE_TICK``."""
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+    if (
+        fd < 0
+        or libc.inotify_add_watch(
+            fd, str(journal.parent).encode(), IN_MODIFY | IN_CREATE | IN_MOVED_TO
+        )
+        < 0
+    ):
+        if fd >= 0:
+            os.close(fd)
+        before = _stamp(journal)
+        while not stop and _stamp(journal) == before:
+            time.sleep(IDLE_TICK)
+        return
+    try:
+        while not stop:
+            ready, _, _ = select.select([fd], [], [], IDLE_TICK)
+            if ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(fd, 64 * 1024)
+                return
+    except InterruptedError:
+        return
+    finally:
+        os.close(fd)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        info = path.stat()
+    except OSError:
+        return (0, 0)
+    return info.st_size, info.st_mtime_ns
