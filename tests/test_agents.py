@@ -10,18 +10,23 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from conftest import CLI, commit_release_manifest, git
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp_types import TextContent
 
 MANIFEST = """
@@ -213,8 +218,7 @@ def test_serve_lands_what_arrives_while_it_runs_and_stops_on_sigterm(project: Pa
     )
     try:
         # a second integrator for the same target is refused while it serves
-        assert until(lambda: (project / ".git" / "dagrunner").is_dir(), 10)
-        time.sleep(1)
+        assert server.stdout is not None and server.stdout.readline() == "serving main\n"
         busy = subprocess.run(
             [*CLI, "integrate", "serve", "--repo", str(project), "--json"],
             capture_output=True,
@@ -259,3 +263,64 @@ def test_sigterm_during_a_gate_ends_serve_and_the_item_stays_queued(project: Pat
         assert states_of(project)["waits"] == "queued"
     finally:
         server.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+PROMETHEUS_LINE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})? -?[0-9.eE+-]+|NaN")
+
+
+def test_serve_over_http_metrics_health_and_the_tools_behind_a_token(
+    project: Path, tmp_path: Path
+) -> None:
+    commit_release_manifest(project, '[gates.ok]\nrun = "true"\n')
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-for-tests\n")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [*CLI, "integrate", "serve", "--repo", str(project), "--http", f"127.0.0.1:{port}",
+         "--token-file", str(token)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    said: dict[str, Any] = {}
+    try:
+
+        def healthy() -> bool:
+            try:
+                return bool(urllib.request.urlopen(f"{base}/healthz", timeout=2).read() == b"ok\n")
+            except OSError:
+                return False
+
+        assert until(healthy, 30), server.stderr
+        metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+        samples = [line for line in metrics.splitlines() if line and not line.startswith("#")]
+        assert samples and all(PROMETHEUS_LINE.fullmatch(s) for s in samples), metrics
+        assert "dagrunner_serve_runs_total" in metrics and "dagrunner_queue_pending" in metrics
+        refused = urllib.request.Request(f"{base}/mcp", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(refused, timeout=5)
+        assert caught.value.code == 401
+        inline = envelope_of(project, "remote", "remote.txt").read_text()
+
+        async def main() -> None:
+            headers = {"Authorization": "Bearer s3cret-token-for-tests"}
+            async with (
+                httpx2.AsyncClient(headers=headers, timeout=30) as client,
+                streamable_http_client(f"{base}/mcp", http_client=client) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                queued = await call(session, "dagrunner_submit", envelope=inline)
+                said.update(await until_final(session, queued["id"]))
+
+        anyio.run(main)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=15)
+    assert said["state"] == "landed", said
+    assert git(project, "cat-file", "-e", "main:remote.txt") == ""

@@ -3,6 +3,7 @@
 - ``tools``: each tool as a library call answering the CLI's ``--json``; the binding to one
   worktree, the bounded wait.
 - ``server``: those tools over MCP (``dagrunner mcp``), on the official SDK.
-- ``serve``: the integrator as a long-lived service (``integrate serve``).
+- ``serve``: the integrator as a long-lived service (``integrate serve``); ``http``: its
+  ``/metrics``, ``/healthz`` and the tools at ``/mcp`` behind a bearer token.
 - ``teach``: the section ``dagrunner agents-md`` prints for a project's ``AGENTS.md``.
 """

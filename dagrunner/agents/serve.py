@@ -20,11 +20,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from dagrunner.integration.queue import Queue
 from dagrunner.integration.run import Integrator, integrator_lock
 from dagrunner.records.integration import IntegrationResult
-from dagrunner.worktrees.allocate import default_target, open_context
+from dagrunner.worktrees.allocate import Context, default_target, open_context
+
+if TYPE_CHECKING:
+    from dagrunner.agents.http import Gauges
 
 IN_MODIFY, IN_CREATE, IN_MOVED_TO, IN_NONBLOCK, IN_CLOEXEC = 0x2, 0x100, 0x80, 0x800, 0x80000
 IDLE_TICK = 0.5  # seconds between looks for a stop request while nothing changes
@@ -46,10 +50,12 @@ def serve(
     env: Mapping[str, str] | None = None,
     on_run: Callable[[IntegrationResult], None] | None = None,
     executor: str = "local",
+    http: str | None = None,
+    token_file: Path | None = None,
+    on_ready: Callable[[str], None] | None = None,
 ) -> Served:
-    """Drain ``target``'s queue whenever it has work, until SIGTERM or SIGINT."""
-    from dagrunner.engine.steps import new_run_id
-
+    """Drain ``target``'s queue whenever it has work, until SIGTERM or SIGINT; with ``http``
+    (``HOST:PORT``), ``/metrics``, ``/healthz`` and the tools at ``/mcp`` beside it."""
     env = os.environ if env is None else env
     ctx = open_context(repo, env)
     goal = target or default_target(ctx)
@@ -57,22 +63,57 @@ def serve(
     queue = Queue.of(ctx.info, target=goal)
     lock = ctx.info.state_dir / f"integrate-{goal.replace('/', '--')}.lock"
     with integrator_lock(lock, wait=False), _stop_requests() as stop:
-        while not stop:
-            if queue.pending():
-                integrator = Integrator(
-                    ctx, target=goal, manifest=None, batch=1, env=env, run_id=new_run_id(),
-                    executor=executor,
-                )  # fmt: skip
-                result = integrator.run()
-                served.runs.append(result)
-                if on_run is not None:
-                    on_run(result)
-                if result.interrupted:
-                    stop.append("signal")
-                continue
-            _wait_for_change(queue.journal, stop)
+        gauges, stop_http = None, None
+        if http is not None:
+            from dagrunner.agents import http as face
+            from dagrunner.agents.tools import Binding
+
+            gauges = face.Gauges()
+            stop_http = face.start(Binding(repo=repo, drive=False), http, token_file, gauges)
+        if on_ready is not None:  # the lock is held: a second integrator is refused from now
+            on_ready(goal)
+        try:
+            _drain(ctx, goal, queue, env, executor, on_run, served, stop, gauges)
+        finally:
+            if stop_http is not None:
+                stop_http()
     served.stopped_by = stop[0] if stop else ""
     return served
+
+
+def _drain(
+    ctx: Context,
+    goal: str,
+    queue: Queue,
+    env: Mapping[str, str],
+    executor: str,
+    on_run: Callable[[IntegrationResult], None] | None,
+    served: Served,
+    stop: list[str],
+    gauges: Gauges | None,
+) -> None:
+    from dagrunner.engine.steps import new_run_id
+
+    while not stop:
+        if queue.pending():
+            integrator = Integrator(
+                ctx, target=goal, manifest=None, batch=1, env=env, run_id=new_run_id(),
+                executor=executor,
+            )  # fmt: skip
+            if gauges is not None:
+                gauges.in_flight = 1
+            try:
+                result = integrator.run()
+            finally:
+                if gauges is not None:
+                    gauges.in_flight, gauges.runs = 0, gauges.runs + 1
+            served.runs.append(result)
+            if on_run is not None:
+                on_run(result)
+            if result.interrupted:
+                stop.append("signal")
+            continue
+        _wait_for_change(queue.journal, stop)
 
 
 @contextlib.contextmanager

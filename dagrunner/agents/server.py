@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import orjson
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
@@ -56,10 +57,16 @@ def build(binding: tools.Binding) -> MCPServer:
         return await _call(tools.allocate, b, mission, worker, base, session)
 
     @server.tool(name="dagrunner_submit", annotations=WRITES)
-    async def submit(worktree: str, priority: int = 0) -> dict[str, Any]:
+    async def submit(
+        worktree: str | None = None,
+        priority: int = 0,
+        envelope: str | dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Export WORKTREE (M/W) and queue its work: the queue item's id to wait on, its
-        state, position, foreseen overlaps and provenance."""
-        return await _call(tools.submit, b, worktree, priority)
+        state, position, foreseen overlaps and provenance.  Or queue ENVELOPE, a patch
+        envelope's JSON text (from `dagrunner worktree export` on another machine)."""
+        text = orjson.dumps(envelope).decode() if isinstance(envelope, dict) else envelope
+        return await _call(tools.submit, b, worktree, priority, text)
 
     @server.tool(name="dagrunner_wait", annotations=READS)
     async def wait(

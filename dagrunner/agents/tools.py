@@ -85,19 +85,41 @@ def allocate(
                        session=session)  # fmt: skip
 
 
-def submit(b: Binding, worktree: str, priority: int = 0) -> dict[str, Any]:
+def submit(
+    b: Binding, worktree: str | None, priority: int = 0, envelope: str | None = None
+) -> dict[str, Any]:
     """Export ``worktree`` and queue its envelope: ``{id, state, position, overlaps,
-    provenance}`` and the rest of the submit answer, the export's summary under ``export``."""
+    provenance}`` and the rest of the submit answer, the export's summary under ``export``.
+    Or queue ``envelope``, given inline (a worker on another machine): validated as
+    ``integrate submit`` validates a file, and a bound server takes only its worker's."""
+    from dagrunner.envelope import parse_envelope
     from dagrunner.git.repo import repo_info
     from dagrunner.integration.submit import submit as queue_it
     from dagrunner.worktrees.export import export_summary
 
-    b.own(worktree)
-    exported = export_summary(worktree, repo=b.repo)
-    (queued,) = queue_it(repo_info(b.repo), [Path(exported.file)], priority=priority)
+    info = repo_info(b.repo)
+    extra: dict[str, Any] = {}
+    if envelope is not None:
+        raw = envelope.encode("utf-8", "surrogateescape")
+        parsed = parse_envelope(raw, where="the inline envelope")  # size, hashes, paths
+        b.own(f"{parsed.mission}/{parsed.worker}")
+        inbox = info.state_dir / "inbox"
+        inbox.mkdir(parents=True, exist_ok=True)
+        file = inbox / f"{uuid.uuid4().hex}.json"
+        file.write_bytes(raw)
+    elif worktree is not None:
+        exported = export_summary(b.own(worktree), repo=b.repo)
+        file, extra = Path(exported.file), {"export": exported.to_json()}
+    else:
+        raise DagrunnerError(
+            "bad-usage",
+            "dagrunner_submit needs a worktree, or an envelope given inline",
+            hint="pass worktree: M/W (the one dagrunner_allocate made)",
+        )
+    (queued,) = queue_it(info, [file], priority=priority)
     if b.drive and queued.state not in FINAL:
         _drive(b, queued.target)
-    return {**queued.to_json(), "export": exported.to_json()}
+    return {**queued.to_json(), **extra}
 
 
 def _drive(b: Binding, target: str) -> None:

@@ -393,7 +393,15 @@ def _serve(args: argparse.Namespace) -> int:
         states = ", ".join(f"{o.id} {o.state}" for o in result.envelopes) or "nothing to do"
         print(f"{result.target}: {result.start[:12]} -> {result.end[:12]}: {states}", flush=True)
 
-    served = serve(repo=args.repo, target=args.target, on_run=said, executor=args.executor)
+    served = serve(
+        repo=args.repo,
+        target=args.target,
+        on_run=said,
+        on_ready=lambda goal: None if args.json else print(f"serving {goal}", flush=True),
+        executor=args.executor,
+        http=args.http,
+        token_file=args.token_file,
+    )
     if not args.json:
         print(f"stopped ({served.stopped_by or 'done'}) after {len(served.runs)} run(s)")
     return ExitCode.OK

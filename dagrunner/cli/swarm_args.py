@@ -172,6 +172,17 @@ def add_integrate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     )
     sv.add_argument("--target", metavar="BRANCH", help="the branch to land on (default: HEAD's)")
     sv.add_argument("--executor", default="local", help="where gates run (local, dask://...)")
+    sv.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz and the MCP tools at /mcp (loopback unless HOST says)",
+    )
+    sv.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="F",
+        help="/mcp answers only 'Authorization: Bearer <F's content>' (no file: no /mcp)",
+    )
     ig_sub.add_parser("status", parents=[common, repo_opt], help="every envelope's state")
     stats = ig_sub.add_parser("stats", parents=[common, repo_opt], help="how the queue does")
     stats.add_argument("--since", type=duration, metavar="DUR", help="only the last DUR (1h, 7d)")

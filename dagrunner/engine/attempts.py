@@ -242,9 +242,9 @@ class GateRunner:
             if changed:
                 keep = self.run_dir / "changed" / node
                 left = await trio.to_thread.run_sync(guard.put_back, shot, changed, keep)
-                others = sorted(running)
-                said = _modified(changed, keep, left, others)
-                for suspect in [node, *others]:
+                suspects = sorted({node, *running})
+                said = _modified(changed, keep, left, suspects)
+                for suspect in suspects:
                     self.suspects.setdefault(suspect, said)
             said = self.suspects.pop(node, "")
         return replace(outcome, status=Status.FAILED, reason=said) if said else outcome
@@ -294,13 +294,13 @@ class GateRunner:
         return replace(outcome, tests=tests)
 
 
-def _modified(changed: list[str], keep: Path, left: list[str], others: list[str]) -> str:
+def _modified(changed: list[str], keep: Path, left: list[str], running: list[str]) -> str:
     shown = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if changed[10:] else "")
     said = (
         f"tree-modified: tracked files of the tree under test changed while the gate ran: {shown}"
     )
-    if others:
-        said += f" (also running then: {', '.join(others)})"
+    if len(running) > 1:  # any of them may have written: the kept files tell which
+        said += f" (gates running then: {', '.join(running)})"
     said += f"; put back, the changed versions kept in {keep}"
     if left:
         said += f"; left as changed: {', '.join(left[:10])}"
