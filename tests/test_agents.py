@@ -324,3 +324,10 @@ def test_serve_over_http_metrics_health_and_the_tools_behind_a_token(
         server.communicate(timeout=15)
     assert said["state"] == "landed", said
     assert git(project, "cat-file", "-e", "main:remote.txt") == ""
+
+
+def test_the_published_tool_schemas_are_what_the_server_lists() -> None:
+    from dagrunner.agents.server import rendered
+
+    published = Path(__file__).resolve().parents[1] / "docs" / "agents.tools.json"
+    assert published.read_text() == rendered(), "run python -m dagrunner.agents.server"

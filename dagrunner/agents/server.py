@@ -135,3 +135,26 @@ def build(binding: tools.Binding) -> MCPServer:
 def serve_stdio(binding: tools.Binding) -> None:
     """Serve ``binding``'s tools over stdio until the client closes it."""
     build(binding).run("stdio")
+
+
+def tool_schemas() -> dict[str, Any]:
+    """Every tool as MCP lists it (name, description, input and output schemas,
+    annotations), generated from the code: ``docs/agents.tools.json`` is this output, kept
+    equal to it by ``tests/test_agents.py`` (``python -m dagrunner.agents.server`` rewrites it)."""
+    listed = anyio.run(build(tools.Binding()).list_tools)
+    return {"tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed]}
+
+
+def rendered() -> str:
+    return (
+        orjson.dumps(tool_schemas(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+        + "\n"
+    )
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    target = Path(__file__).resolve().parents[2] / "docs" / "agents.tools.json"
+    target.write_text(rendered())
+    print(f"wrote {target}")
