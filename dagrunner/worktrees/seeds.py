@@ -57,6 +57,18 @@ class Seed:
     relocate: tuple[str, ...]  # its text files (relative to tree) that hold ``built_in``
 
 
+@dataclass(frozen=True)
+class Builds:
+    """Where and how one call's seeds are built: the store, the repository, the build's
+    environment, what it must not see and what it may write besides its checkout."""
+
+    store: Path
+    repo: Path
+    env: Mapping[str, str]
+    hide: Path | None = None
+    writable: tuple[str, ...] = ()
+
+
 def seeds_dir(root: Path) -> Path:
     return root / SEEDS_DIR
 
@@ -119,12 +131,12 @@ def ensure(
     if not manifest.worktrees.seeds:
         return []  # the process door (trio) is imported only where seeds are
     store, env = _store_and_env(root, repo, base, manifest, caller)
-    writable = manifest.sandbox.writable  # an npm or pip cache the build may fill and read
+    # the sandbox's writable places: an npm or pip cache the build may fill and read
+    place = Builds(store, repo, env, hide, manifest.sandbox.writable)
     found = []
     for spec in manifest.worktrees.seeds:
         key = key_of(repo, base, spec, _fingerprints(spec, env, store))
-        key = key if trusted else scoped(key, base)
-        found.append(_ensure_one(store, repo, base, spec, key, env, writable=writable, hide=hide))
+        found.append(_ensure_one(place, base, spec, key if trusted else scoped(key, base)))
     return found
 
 
@@ -153,18 +165,16 @@ def for_tree(
         return []
     store, env = _store_and_env(root, repo, trusted, manifest, caller)
     writable = manifest.sandbox.writable
+    trusted_builds = Builds(store, repo, env, None, writable)
+    contained = Builds(store, repo, env, hide, writable)
     found = []
     for spec in manifest.worktrees.seeds:
         prints = _fingerprints(spec, env, store)
         key = key_of(repo, commit, spec, prints)
         if key == key_of(repo, trusted, spec, prints):
-            found.append(_ensure_one(store, repo, trusted, spec, key, env, writable=writable))
-            continue
-        found.append(
-            _ensure_one(
-                store, repo, commit, spec, scoped(key, commit), env, hide=hide, writable=writable
-            )
-        )
+            found.append(_ensure_one(trusted_builds, trusted, spec, key))
+        else:
+            found.append(_ensure_one(contained, commit, spec, scoped(key, commit)))
     return found
 
 
@@ -177,23 +187,13 @@ def _store_and_env(
     return store, build_env(manifest, caller, epoch)
 
 
-def _ensure_one(
-    store: Path,
-    repo: Path,
-    base: str,
-    spec: SeedSpec,
-    key: str,
-    env: Mapping[str, str],
-    *,
-    hide: Path | None = None,
-    writable: tuple[str, ...] = (),
-) -> tuple[Seed, bool]:
-    with locked(store / f"{key}.lock"):
-        seed = load(store, key, spec)
+def _ensure_one(place: Builds, base: str, spec: SeedSpec, key: str) -> tuple[Seed, bool]:
+    with locked(place.store / f"{key}.lock"):
+        seed = load(place.store, key, spec)
         built = seed is None
         if seed is None:
-            seed = _build(store, repo, base, spec, key, env, hide=hide, writable=writable)
-    (store / key / "used").touch()
+            seed = _build(place, base, spec, key)
+    (place.store / key / "used").touch()
     return seed, built
 
 
@@ -238,19 +238,10 @@ def remove_checkout(repo: Path, path: Path) -> None:
     git(["worktree", "prune"], cwd=repo, check=False)
 
 
-def _build(
-    store: Path,
-    repo: Path,
-    base: str,
-    spec: SeedSpec,
-    key: str,
-    env: Mapping[str, str],
-    *,
-    hide: Path | None = None,
-    writable: tuple[str, ...] = (),
-) -> Seed:
+def _build(place: Builds, base: str, spec: SeedSpec, key: str) -> Seed:
     from dagrunner.process.command import run_command
 
+    store, repo = place.store, place.repo
     checkout = store / ".build" / f"{key[:12]}-{uuid.uuid4().hex[:8]}"
     checkout.parent.mkdir(parents=True, exist_ok=True)
     git(["worktree", "add", "-q", "--detach", str(checkout), base], cwd=repo)
@@ -260,11 +251,11 @@ def _build(
         done = run_command(
             argv,
             cwd=checkout,
-            env=env,
+            env=place.env,
             timeout=spec.timeout,
             own_home=True,
-            hide=hide,
-            writable=writable,
+            hide=place.hide,
+            writable=place.writable,
         )
         made = checkout / spec.path
         why = done.why
