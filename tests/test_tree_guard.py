@@ -109,3 +109,38 @@ def test_the_gate_that_wrote_never_passes_even_when_another_one_sees_it_first(
     for gate in ("writer", "bystander"):
         assert "gates running then: bystander, writer" in results[gate]["reason"]
     assert (fixable / "clean.py").read_text() == "y = 'bad'\n"
+
+
+def test_a_gate_that_points_its_trees_git_elsewhere_neither_hides_a_change_nor_steers_put_back(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The tree is the gate's to write, its ``.git`` file included: after the gate, git must
+    not read a repository the gate made (whose ``core.worktree`` names a folder outside, and
+    whose HEAD already holds the gate's change)."""
+    from dagrunner.git import guard
+
+    (repo / "a.py").write_text("x = 1\n")
+    git(repo, "add", "a.py")
+    git(repo, "commit", "-q", "-m", "a")
+    slot = tmp_path / "slot"
+    git(repo, "worktree", "add", "-q", "--detach", str(slot))
+    shot = guard.snapshot(slot)
+    assert shot is not None and shot.dirty == {}
+    # the gate: a change, then a repository of its own that agrees with it
+    (slot / "a.py").write_text("x = 2\n")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    fake = slot / ".fake"
+    git(slot, "init", "-q", str(fake))
+    (fake / "a.py").write_text("x = 2\n")
+    (fake / "pwned").write_text("planted\n")
+    git(fake, "add", "a.py", "pwned")
+    git(fake, "commit", "-q", "-m", "agrees")
+    git(fake, "config", "core.worktree", str(victim))
+    (slot / ".git").write_text(f"gitdir: {fake / '.git'}\n")
+    changed = guard.changes(shot)
+    assert changed == ["a.py"], changed
+    assert guard.put_back(shot, changed, tmp_path / "kept") == []
+    assert list(victim.iterdir()) == []
+    assert (slot / "a.py").read_text() == "x = 1\n"
+    assert (tmp_path / "kept" / "a.py").read_text() == "x = 2\n"

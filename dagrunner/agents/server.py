@@ -34,11 +34,19 @@ SAME = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_
 REMOVES = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True)
 
 
-async def _call(function: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+WAITS_AT_ONCE = 16  # waits hold a thread each, up to 50 s: never all of them
+
+
+async def _call(
+    function: Callable[..., dict[str, Any]],
+    *args: Any,
+    limiter: anyio.CapacityLimiter | None = None,
+) -> dict[str, Any]:
     """``function(*args)`` in a worker thread (git and processes block); a coded error as a
-    tool error carrying the coded error object."""
+    tool error carrying the coded error object.  ``limiter``: the threads it may take (the
+    waits have their own, so many waiting clients never starve the other tools)."""
     try:
-        return await anyio.to_thread.run_sync(lambda: function(*args))
+        return await anyio.to_thread.run_sync(lambda: function(*args), limiter=limiter)
     except DagrunnerError as exc:
         raise ToolError(tools.error_json(exc)) from None
 
@@ -47,6 +55,7 @@ def build(binding: tools.Binding) -> MCPServer:
     """The server with every tool, bound as ``binding`` says."""
     server = MCPServer("dagrunner", instructions=INSTRUCTIONS)
     b = binding
+    waits = anyio.CapacityLimiter(WAITS_AT_ONCE)
 
     @server.tool(name="dagrunner_allocate", annotations=SAME)
     async def allocate(
@@ -93,7 +102,9 @@ def build(binding: tools.Binding) -> MCPServer:
         async with anyio.create_task_group() as group:
             group.start_soon(report)
             try:
-                answer = await _call(tools.wait, b, id, timeout_seconds, cursor, progress)
+                answer = await _call(
+                    tools.wait, b, id, timeout_seconds, cursor, progress, limiter=waits
+                )
             finally:
                 group.cancel_scope.cancel()
         return answer

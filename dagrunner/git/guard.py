@@ -14,9 +14,10 @@ git runs with ``--no-optional-locks``: reading the user's checkout never writes 
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,36 +31,29 @@ class FileState:
     """A tracked path's state in the worktree: a file's bytes and mode, a link's target,
     or missing; a large file by its size and modification time only (``data`` empty)."""
 
-    kind: str  # "file", "link", "missing", "large"
+    kind: str  # "file", "link", "missing", "large", "other" (a folder, a device...)
     data: bytes = b""
     mode: int = 0
     stamp: tuple[int, int] = (0, 0)
 
-    @classmethod
-    def of(cls, path: Path) -> FileState:
-        try:
-            info = path.lstat()
-        except FileNotFoundError:
-            return cls("missing")
-        if stat.S_ISLNK(info.st_mode):
-            return cls("link", os.fsencode(os.readlink(path)))
-        if info.st_size > KEPT_LIMIT:
-            return cls("large", stamp=(info.st_size, info.st_mtime_ns))
-        return cls("file", path.read_bytes(), stat.S_IMODE(info.st_mode))
-
 
 @dataclass(frozen=True)
 class TreeSnapshot:
-    """The tracked files of ``tree`` that differed from its index when the run began."""
+    """The tracked files of ``tree`` that differed from its index when the run began, and the
+    git dir it had then: every later look goes there, never where the tree's ``.git`` file
+    points after a gate (a gate may rewrite it to a repository of its own making)."""
 
     tree: Path
+    git_dir: str
     dirty: dict[str, FileState]
 
 
-def _dirty(tree: Path) -> set[str]:
+def _dirty(tree: Path, git_dir: str) -> set[str]:
     """Tracked paths whose worktree content differs from the index (or that are unmerged)."""
     out = git(
         [
+            f"--git-dir={git_dir}",
+            f"--work-tree={tree}",
             "--no-optional-locks",
             "status",
             "--porcelain=v2",
@@ -80,66 +74,125 @@ def _dirty(tree: Path) -> set[str]:
 
 def snapshot(tree: Path) -> TreeSnapshot | None:
     """The tree's tracked state before any gate runs in it (None: not a git work tree)."""
-    probe = git(["rev-parse", "--is-inside-work-tree"], cwd=tree, check=False)
-    if probe.returncode != 0 or probe.text != "true":
+    probe = git(["rev-parse", "--is-inside-work-tree", "--absolute-git-dir"], cwd=tree, check=False)
+    lines = probe.text.splitlines()
+    if probe.returncode != 0 or lines[:1] != ["true"] or len(lines) < 2:
         return None
-    return TreeSnapshot(tree, {p: FileState.of(tree / p) for p in _dirty(tree)})
+    git_dir = lines[1]
+    return TreeSnapshot(tree, git_dir, {p: _state(tree, p) for p in _dirty(tree, git_dir)})
 
 
 def changes(shot: TreeSnapshot) -> list[str]:
     """The tracked paths whose content is no longer what the snapshot saw, sorted."""
-    now = _dirty(shot.tree)
+    now = _dirty(shot.tree, shot.git_dir)
     changed = {p for p in now if p not in shot.dirty}
-    changed |= {p for p, was in shot.dirty.items() if FileState.of(shot.tree / p) != was}
+    changed |= {p for p, was in shot.dirty.items() if _state(shot.tree, p) != was}
     return sorted(changed)
 
 
 def put_back(shot: TreeSnapshot, paths: list[str], keep: Path) -> list[str]:
     """Each of ``paths`` as the snapshot saw it, the gate's version kept under ``keep`` first
-    (nothing a gate -- or a person editing meanwhile -- wrote is lost).  The paths that could
-    not be put back (a large file): they stay as the gate left them."""
-    # A folder on the way that a gate turned into a link is never followed: git puts those
-    # back itself (it refuses to write beyond a symbolic link), the rest stay as they are.
-    left = [p for p in paths if not _real_parents(shot.tree, p)]
-    paths = [p for p in paths if p not in left]
+    (nothing a gate -- or a person editing meanwhile -- wrote is lost).  Every file is read
+    and written through its folder's descriptor, each folder opened without following a
+    link: a gate running meanwhile that swaps a folder for a link sends nothing outside the
+    tree.  The paths that could not be put back (a link on the way, a large file, a folder
+    where the file was): they stay as the gate left them, and are named."""
+    left: list[str] = []
+    clean = []
     for rel in paths:
-        here = shot.tree / rel
-        if here.is_symlink() or here.exists():
-            saved = keep / rel
-            saved.parent.mkdir(parents=True, exist_ok=True)
-            if here.is_dir() and not here.is_symlink():
-                shutil.copytree(here, saved, symlinks=True, dirs_exist_ok=True)
-                shutil.rmtree(here)
-            else:
-                shutil.copy2(here, saved, follow_symlinks=False)
-    clean = [p for p in paths if p not in shot.dirty]
-    if clean:  # as the index holds them
-        git(["checkout-index", "--force", "--", *clean], cwd=shot.tree)
-    for rel in paths:
-        was = shot.dirty.get(rel)
-        if was is None:
-            continue
-        here = shot.tree / rel
-        if was.kind == "large":
+        try:
+            with _parent(shot.tree, rel) as (folder, leaf):
+                _keep(folder, leaf, keep / rel)
+                was = shot.dirty.get(rel)
+                if was is None:
+                    clean.append(rel)
+                elif not _restore(folder, leaf, was):
+                    left.append(rel)
+        except OSError:
             left.append(rel)
-            continue
-        if here.is_symlink() or here.exists():
-            here.unlink()
-        if was.kind == "link":
-            here.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.fsdecode(was.data), here)
-        elif was.kind == "file":
-            here.parent.mkdir(parents=True, exist_ok=True)
-            here.write_bytes(was.data)
-            os.chmod(here, was.mode)
+    if clean:  # as the index holds them (git writes no file beyond a symbolic link)
+        git(
+            [f"--git-dir={shot.git_dir}", f"--work-tree={shot.tree}", "checkout-index",
+             "--force", "--", *clean],
+            cwd=shot.tree,
+            check=False,  # a folder where a file was stays: a failed gate says so already
+        )  # fmt: skip
     return left
 
 
-def _real_parents(tree: Path, rel: str) -> bool:
-    """Whether every folder between ``tree`` and ``rel`` is a real folder (or missing)."""
-    here = tree
-    for part in rel.split("/")[:-1]:
-        here = here / part
-        if here.is_symlink():
+def _state(tree: Path, rel: str) -> FileState:
+    """``rel``'s state, read through its folder's descriptor (a link on the way: missing)."""
+    try:
+        with _parent(tree, rel) as (folder, leaf):
+            try:
+                info = os.stat(leaf, dir_fd=folder, follow_symlinks=False)
+            except FileNotFoundError:
+                return FileState("missing")
+            if stat.S_ISLNK(info.st_mode):
+                return FileState("link", os.fsencode(os.readlink(leaf, dir_fd=folder)))
+            if not stat.S_ISREG(info.st_mode):
+                return FileState("other")
+            if info.st_size > KEPT_LIMIT:
+                return FileState("large", stamp=(info.st_size, info.st_mtime_ns))
+            return FileState("file", _read(folder, leaf), stat.S_IMODE(info.st_mode))
+    except OSError:
+        return FileState("missing")
+
+
+@contextlib.contextmanager
+def _parent(tree: Path, rel: str) -> Iterator[tuple[int, str]]:
+    """The descriptor of ``rel``'s folder, every folder from ``tree`` opened ``O_NOFOLLOW``
+    (``OSError`` on a link or anything but a folder), and ``rel``'s last name."""
+    *folders, leaf = rel.split("/")
+    fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in folders:
+            step = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = step
+        yield fd, leaf
+    finally:
+        os.close(fd)
+
+
+def _read(folder: int, leaf: str) -> bytes:
+    fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
+
+
+def _keep(folder: int, leaf: str, saved: Path) -> None:
+    """The gate's version of ``leaf`` (a file's bytes, a link's target) under ``saved``."""
+    try:
+        info = os.stat(leaf, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    if stat.S_ISLNK(info.st_mode):
+        saved.with_name(saved.name + ".link").write_bytes(
+            os.fsencode(os.readlink(leaf, dir_fd=folder))
+        )
+    elif stat.S_ISREG(info.st_mode) and info.st_size <= KEPT_LIMIT:
+        saved.write_bytes(_read(folder, leaf))
+
+
+def _restore(folder: int, leaf: str, was: FileState) -> bool:
+    """``leaf`` made ``was`` again; False when that cannot be (a large file, a folder)."""
+    if was.kind in ("large", "other"):
+        return False
+    try:
+        info = os.stat(leaf, dir_fd=folder, follow_symlinks=False)
+        if stat.S_ISDIR(info.st_mode):
             return False
+        os.unlink(leaf, dir_fd=folder)
+    except FileNotFoundError:
+        pass
+    if was.kind == "link":
+        os.symlink(os.fsdecode(was.data), leaf, dir_fd=folder)
+    elif was.kind == "file":
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = os.open(leaf, flags, 0o600, dir_fd=folder)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(was.data)
+            os.fchmod(handle.fileno(), was.mode)
     return True
