@@ -154,3 +154,20 @@ def crash_point(name: str) -> None:
     (``DAGRUNNER_CRASH_AT``: applying, gating, landing, landed-ref, allocating)."""
     if os.environ.get("DAGRUNNER_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def folder_beneath(root: Path, folders: list[str], mode: int = os.O_RDONLY) -> int:
+    """A descriptor of ``root/folders...`` (the caller closes it), every folder below
+    ``root`` (trusted) opened ``O_NOFOLLOW``: a link on the way -- one a worker or a gate
+    planted, or swaps in meanwhile -- is an ``OSError``, never followed.  ``mode``:
+    ``O_RDONLY``, or ``O_PATH``."""
+    fd = os.open(root, mode | os.O_DIRECTORY)
+    try:
+        for part in folders:
+            step = os.open(part, mode | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = step
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

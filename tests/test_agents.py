@@ -29,6 +29,9 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import TextContent
 
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.submit import submit
+
 MANIFEST = """
 [env]
 pass = ["PATH"]
@@ -198,6 +201,18 @@ def until(check: Callable[[], bool], seconds: float) -> bool:
     return check()
 
 
+def serving(project: Path, *args: str) -> subprocess.Popen[str]:
+    """``integrate serve`` started, once it holds the target's lock ("serving main")."""
+    server = subprocess.Popen(
+        [*CLI, "integrate", "serve", "--repo", str(project), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None and server.stdout.readline() == "serving main\n"
+    return server
+
+
 SLOW = """
 [gates.slow]
 run = "while [ ! -e go.txt ] && [ ! -e stay.txt ]; do sleep 0.1; done; test -e go.txt"
@@ -206,19 +221,10 @@ timeout = "60s"
 
 
 def test_serve_lands_what_arrives_while_it_runs_and_stops_on_sigterm(project: Path) -> None:
-    from dagrunner.git.repo import repo_info
-    from dagrunner.integration.submit import submit
-
     commit_release_manifest(project, '[gates.ok]\nrun = "true"\n')
-    server = subprocess.Popen(
-        [*CLI, "integrate", "serve", "--repo", str(project)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    server = serving(project)
     try:
         # a second integrator for the same target is refused while it serves
-        assert server.stdout is not None and server.stdout.readline() == "serving main\n"
         busy = subprocess.run(
             [*CLI, "integrate", "serve", "--repo", str(project), "--json"],
             capture_output=True,
@@ -243,16 +249,8 @@ def test_serve_lands_what_arrives_while_it_runs_and_stops_on_sigterm(project: Pa
 
 
 def test_sigterm_during_a_gate_ends_serve_and_the_item_stays_queued(project: Path) -> None:
-    from dagrunner.git.repo import repo_info
-    from dagrunner.integration.submit import submit
-
     commit_release_manifest(project, SLOW)
-    server = subprocess.Popen(
-        [*CLI, "integrate", "serve", "--repo", str(project)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    server = serving(project)
     try:
         submit(repo_info(project), [envelope_of(project, "waits", "waits.txt")])
         assert until(lambda: states_of(project).get("waits") == "gating", 60), states_of(project)
@@ -282,11 +280,7 @@ def test_serve_over_http_metrics_health_and_the_tools_behind_a_token(
     token.write_text("s3cret-token-for-tests\n")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [*CLI, "integrate", "serve", "--repo", str(project), "--http", f"127.0.0.1:{port}",
-         "--token-file", str(token)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    server = serving(project, "--http", f"127.0.0.1:{port}", "--token-file", str(token))
     said: dict[str, Any] = {}
     try:
 

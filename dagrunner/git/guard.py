@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dagrunner.files import folder_beneath
 from dagrunner.git.command import git
 
 KEPT_LIMIT = 64 * 1024 * 1024  # a dirty file larger than this is compared by size and time
@@ -144,12 +145,8 @@ def _parent(tree: Path, rel: str) -> Iterator[tuple[int, str]]:
     """The descriptor of ``rel``'s folder, every folder from ``tree`` opened ``O_NOFOLLOW``
     (``OSError`` on a link or anything but a folder), and ``rel``'s last name."""
     *folders, leaf = rel.split("/")
-    fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    fd = folder_beneath(tree, folders)
     try:
-        for part in folders:
-            step = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = step
         yield fd, leaf
     finally:
         os.close(fd)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.files import folder_beneath
 
 HOW = ("reflink", "overlay", "copy")
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
@@ -185,22 +186,18 @@ def remount(tree: Path, worktree: Path, rel: str, layer: Path) -> bool:
 def beneath(root: Path, rel: str) -> Iterator[int]:
     """An ``O_PATH`` descriptor of ``root/rel`` (``root`` trusted: a worktree dagrunner made),
     each component opened ``O_NOFOLLOW``: a link anywhere on the way is ``path-occupied``."""
-    fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
     try:
-        for part in [p for p in rel.split("/") if p]:
-            try:
-                step = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=fd)
-            except OSError as exc:
-                raise DagrunnerError(
-                    "path-occupied",
-                    f"{root / rel} is not a folder of the worktree's own ({exc.strerror}: "
-                    "a link, a file, or missing)",
-                    where=str(root / rel),
-                    exit_code=ExitCode.REFUSED,
-                    hint="remove what is there (a seed's folder is dagrunner's to make)",
-                ) from None
-            os.close(fd)
-            fd = step
+        fd = folder_beneath(root, [p for p in rel.split("/") if p], os.O_PATH)
+    except OSError as exc:
+        raise DagrunnerError(
+            "path-occupied",
+            f"{root / rel} is not a folder of the worktree's own ({exc.strerror}: "
+            "a link, a file, or missing)",
+            where=str(root / rel),
+            exit_code=ExitCode.REFUSED,
+            hint="remove what is there (a seed's folder is dagrunner's to make)",
+        ) from None
+    try:
         yield fd
     finally:
         os.close(fd)
