@@ -101,7 +101,7 @@ def test_five_workers_scenario(
         thread.join()
     assert set(envelopes) == set(changes)
     submit(repo_info(project), [envelopes[n] for n in sorted(envelopes)])
-    code, body = run_json(capsys, "integrate", "run", "--repo", str(project))
+    code, body = run_json(capsys, "integrate", "run", "--batch", "1", "--repo", str(project))
     assert code == 1, body  # w5's gates failed: the contract's exit 1
     assert states(project) == {
         "w1": "landed",
@@ -194,9 +194,10 @@ def test_batch_bisects_to_the_culprit(project: Path) -> None:
     submit(repo_info(project), [worker(project, n, changes[n]) for n in names])
     result = integrate(repo=project, batch=4, window=1)
     assert states(project) == {"b1": "landed", "b2": "landed", "b3": "landed", "b4": "gates-failed"}
-    # [b1..b4] fails; [b1 b2] passes and lands; [b3 b4] fails; [b3] lands; [b4] fails --
-    # and each failure is confirmed once on its tree before it is blamed
-    assert result.gate_runs == 5 + 3 and result.confirm_runs == 3
+    # [b1..b4] fails and is split at once; [b1 b2] passes; [b3 b4] on it is the very tree
+    # that failed (not gated), so it is split too: [b3] passes, and [b4] on it is that tree
+    # again -- blamed after its one confirmation, the only one of the run
+    assert result.gate_runs == 4 and result.confirm_runs == 1
     assert sorted(t.split(".")[1] for t in trailers(project)) == ["b1", "b2", "b3"]
 
 
@@ -369,6 +370,6 @@ def test_a_file_named_like_a_full_disk_still_conflicts(project: Path) -> None:
 
     envelopes = [worker(project, "a", edit("from a")), worker(project, "b", edit("from b"))]
     submit(repo_info(project), envelopes)
-    result = integrate(repo=project, window=1)
+    result = integrate(repo=project, window=1, batch=1)
     assert states(project) == {"a": "landed", "b": "conflict"}
     assert result.envelopes[-1].details.conflicts == (name,)

@@ -32,6 +32,7 @@ INTEGRATE_KEYS = [
     # added with the speculative pipeline, after the older keys
     "confirm_runs", "resets", "window", "interrupted", "pipeline",
     "gates_reused", "gates_waited", "warnings",  # with reuse and landed proofs
+    "gate_cpu", "batches",  # with batches that size themselves
 ]  # fmt: skip
 
 

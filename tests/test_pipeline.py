@@ -72,7 +72,7 @@ def test_ten_envelopes_window_four_land_in_order_each_tree_gated(
     base = git(project, "rev-parse", "HEAD").strip()
     envelopes = numbered(project, 10)
     submit(repo_info(project), envelopes)
-    result = integrate(repo=project, manifest=recording_gate(tmp_path), window=4)
+    result = integrate(repo=project, manifest=recording_gate(tmp_path), window=4, batch=1)
     assert result.ok and result.window == 4
     assert set(states(project).values()) == {"landed"}
     # strictly in queue order, one commit each
@@ -100,7 +100,7 @@ def test_culprit_at_position_three_is_blamed_and_the_rest_land_without_it(
     base = git(project, "rev-parse", "HEAD").strip()
     envelopes = numbered(project, 10, bad={3})
     submit(repo_info(project), envelopes)
-    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.2), window=4)
+    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.2), window=4, batch=1)
     assert states(project) == {
         f"n{i:02d}": "gates-failed" if i == 3 else "landed" for i in range(1, 11)
     }
@@ -140,7 +140,7 @@ writable = ["{tmp_path}"]
 run = "t=$(git rev-parse 'HEAD^{{tree}}'); if grep -qs $t '{gated}'; then sleep 2; fi; echo $t >> '{gated}'; sleep 0.4; ! grep -rq BROKEN --include=*.txt ."
 """
     )
-    result = integrate(repo=project, manifest=manifest, window=2)
+    result = integrate(repo=project, manifest=manifest, window=2, batch=1)
     assert states(project) == {"n01": "gates-failed", "n02": "landed", "n03": "landed",
                                "n04": "landed"}  # fmt: skip
     runs = result.pipeline
@@ -193,9 +193,12 @@ def test_a_gate_that_fails_once_is_flaky_and_blames_nobody(
     assert set(states(project).values()) == {"landed"}
     flaky = [e for e in result.envelopes if e.details.flaky_gates]
     assert flaky and all(e.details.flaky_gates == ("check",) for e in flaky)
-    assert len(flaky) == batch  # the whole first item, never split
+    # A failed batch is split at once, not confirmed: [n01] passes, [n02 n03] on it is the
+    # tree that failed (not gated) and is split again, [n02] passes, and [n03] on it -- that
+    # tree once more -- is the one envelope confirmed: it passes, and only it is flaky.
+    assert len(flaky) == 1
     assert result.confirm_runs == 1
-    assert result.gate_runs == (3 if batch == 1 else 1) + 1
+    assert result.gate_runs == 4
     assert [str(r.verdict) for r in result.pipeline].count("flaky") == 1
     events = [e for e in watch(repo=project, follow=False) if e.event == "flaky"]
     assert {e.id for e in events} == {e.id for e in flaky}
@@ -212,7 +215,7 @@ def test_conflicts_cost_no_gate_run(project: Path, tmp_path: Path) -> None:
         worker(project, "c4", lambda p: (p / "c4.txt").write_text("4\n")),
     ]
     submit(repo_info(project), envelopes)
-    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.2), window=4)
+    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.2), window=4, batch=1)
     assert states(project) == {"c1": "landed", "c2": "conflict", "c3": "landed", "c4": "landed"}
     assert result.gate_runs == 3
     assert len((tmp_path / "gated.txt").read_text().split()) == 3
@@ -247,7 +250,17 @@ def test_sigkill_in_the_pipeline_then_rerun(project: Path, tmp_path: Path, point
     envelopes = numbered(project, 5, bad={2})
     submit(repo_info(project), envelopes)
     manifest = recording_gate(tmp_path, 0.2)
-    args = ("integrate", "run", "--json", "--window", "3", "--manifest", str(manifest))
+    args = (
+        "integrate",
+        "run",
+        "--json",
+        "--window",
+        "3",
+        "--batch",
+        "1",
+        "--manifest",
+        str(manifest),
+    )
     crashed = run_cli(project, *args, env={"DAGRUNNER_CRASH_AT": point})
     assert crashed.returncode == -9, crashed.stderr.decode()
     rerun = run_cli(project, *args)
@@ -270,7 +283,18 @@ def test_sigint_ends_the_pipeline_and_queues_what_was_in_flight(
     submit(repo_info(project), numbered(project, 3))
     manifest = recording_gate(tmp_path, 30)
     proc = subprocess.Popen(
-        [*CLI, "integrate", "run", "--json", "--window", "2", "--manifest", str(manifest)],
+        [
+            *CLI,
+            "integrate",
+            "run",
+            "--json",
+            "--window",
+            "2",
+            "--batch",
+            "1",
+            "--manifest",
+            str(manifest),
+        ],
         cwd=project,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -350,7 +374,7 @@ def test_submit_wait_times_out_with_a_documented_code(project: Path) -> None:
 def test_watch_resumed_after_restarts_misses_no_event(project: Path, tmp_path: Path) -> None:
     submit(repo_info(project), numbered(project, 4, bad={2}))
     manifest = recording_gate(tmp_path, 0.2)
-    args = ("integrate", "run", "--window", "2", "--manifest", str(manifest))
+    args = ("integrate", "run", "--window", "2", "--batch", "1", "--manifest", str(manifest))
     follower = subprocess.Popen(
         [*CLI, "integrate", "watch", "--json"], cwd=project, stdout=subprocess.PIPE
     )
@@ -397,7 +421,7 @@ def test_the_report_draws_the_pipeline_with_flaky_runs_marked(
     from test_report import _chromium
 
     submit(repo_info(project), numbered(project, 3))
-    result = integrate(repo=project, manifest=flaky_gate(tmp_path), window=2)
+    result = integrate(repo=project, manifest=flaky_gate(tmp_path), window=2, batch=1)
     assert result.ok
     html = sorted(Path(result.report_dir).glob("gates-*/index.html"))
     assert html
@@ -463,7 +487,7 @@ def test_an_envelopes_gates_cannot_write_the_repository_or_other_worktrees(
     )
     submit(repo_info(project), [envelope])
     before = journal.read_bytes()
-    result = integrate(repo=project, manifest=manifest, window=1)
+    result = integrate(repo=project, manifest=manifest, window=1, batch=1)
     assert result.ok, result.to_json()
     verdicts = dict(line.split(":") for line in attempts.read_text().split())
     # a checkout under /tmp is concealed inside the gate's own private /tmp, where the touch
@@ -506,7 +530,7 @@ def test_a_gate_that_repoints_its_worktrees_git_file_moves_no_branch(
     )
     envelopes = numbered(project, 3)
     submit(repo_info(project), envelopes)
-    result = integrate(repo=project, manifest=manifest, window=1)
+    result = integrate(repo=project, manifest=manifest, window=1, batch=1)
     assert result.ok and set(states(project).values()) == {"landed"}
     landings = git(project, "reflog", "--format=%gs", "main").splitlines()
     assert all(s.startswith("dagrunner: land") for s in landings[:3]), landings
@@ -530,12 +554,12 @@ def test_slots_beyond_the_window_are_removed_when_the_run_ends(
         ]
 
     submit(repo_info(project), numbered(project, 6))
-    assert integrate(repo=project, manifest=recording_gate(tmp_path), window=4).ok
+    assert integrate(repo=project, manifest=recording_gate(tmp_path), window=4, batch=1).ok
     wide = slots()
     assert len(wide) >= 2, wide
     submit(
         repo_info(project), [worker(project, "late", lambda p: (p / "late.txt").write_text("1\n"))]
     )
-    assert integrate(repo=project, manifest=recording_gate(tmp_path), window=1).ok
+    assert integrate(repo=project, manifest=recording_gate(tmp_path), window=1, batch=1).ok
     assert slots() == []
     assert all(not Path(line.split(" ", 1)[1]).exists() for line in wide)

@@ -35,7 +35,7 @@ def test_higher_priority_first_stable_within_a_priority(project: Path, tmp_path:
     assert [i.split(".")[1] for i in Queue.of(info, target="main").pending()] == [
         "n02", "n03", "n05", "n01", "n04"
     ]  # fmt: skip
-    assert integrate(repo=project, manifest=recording_gate(tmp_path, 0.05), window=1).ok
+    assert integrate(repo=project, manifest=recording_gate(tmp_path, 0.05), window=1, batch=1).ok
     assert workers_in_landing_order(project) == ["n02", "n03", "n05", "n01", "n04"]
 
 
@@ -82,6 +82,8 @@ def test_urgent_pre_empts_what_gates_and_a_high_priority_never_does(
             "run",
             "--window",
             "2",
+            "--batch",
+            "1",
             "--manifest",
             str(recording_gate(tmp_path, 1.5)),
         ],
@@ -114,7 +116,7 @@ def test_stats_read_the_journal_of_a_real_run(project: Path, tmp_path: Path) -> 
     one = worker(project, "one", lambda p: (p / "shared.txt").write_text("1\ntwo\nthree\n"))
     two = worker(project, "two", lambda p: (p / "shared.txt").write_text("2\ntwo\nthree\n"))
     submit(repo_info(project), [*envelopes, one, two])
-    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.2), window=2)
+    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.2), window=2, batch=1)
     done = subprocess.run(
         [*CLI, "integrate", "stats", "--json"], cwd=project, capture_output=True, timeout=60
     )
@@ -153,7 +155,7 @@ def test_status_gives_each_pending_item_its_position_and_an_eta_from_the_history
     first = numbered(project, 2)
     submit(repo_info(project), first)
     assert queue_status(repo=project)["eta"]["gate_run_seconds"] is None  # no history yet
-    assert integrate(repo=project, manifest=recording_gate(tmp_path, 0.3), window=1).ok
+    assert integrate(repo=project, manifest=recording_gate(tmp_path, 0.3), window=1, batch=1).ok
     later = [
         worker(project, f"later{i}", lambda p, i=i: (p / f"l{i}.txt").write_text("l\n"))
         for i in range(3)

@@ -54,7 +54,7 @@ def test_a_key_in_flight_runs_once_across_speculative_trees_and_rebuilds(
     in flight, and the rebuilds behind the culprit are answered from it."""
     envelopes = four_with_a_culprit(project, tmp_path)
     submit(repo_info(project), envelopes)
-    result = integrate(repo=project, window=4)
+    result = integrate(repo=project, window=4, batch=1)
     final = {o.worker: str(o.state) for o in result.envelopes}
     assert final == {"w1": "landed", "w2": "gates-failed", "w3": "landed", "w4": "landed"}
     assert (tmp_path / "runs.txt").read_text().count("ran") == 1
@@ -76,7 +76,7 @@ def test_trees_ahead_in_the_speculation_lend_their_verdicts_to_the_trees_built_o
         for i in range(1, 4)
     ]
     submit(repo_info(project), envelopes)
-    result = integrate(repo=project, window=3)
+    result = integrate(repo=project, window=3, batch=1)
     assert {str(o.state) for o in result.envelopes} == {"landed"}, result.to_json()
     assert (tmp_path / "runs.txt").read_text().count("ran") == 1
     assert result.gates_waited == 2 and result.gates_reused == 2, result.to_json()
@@ -98,7 +98,7 @@ def test_a_failed_flight_answers_nobody_and_its_waiters_run_themselves(
     first = worker(project, "w1", lambda p: (p / "src" / "a.txt").write_text("BAD\n"))
     second = worker(project, "w2", lambda p: (p / "two.txt").write_text("2\n"))
     submit(repo_info(project), [first, second])
-    result = integrate(repo=project, window=2)
+    result = integrate(repo=project, window=2, batch=1)
     final = {o.worker: str(o.state) for o in result.envelopes}
     assert final == {"w1": "gates-failed", "w2": "landed"}, result.to_json()
     assert git(project, "show", "main:src/a.txt") == "GOOD\n"

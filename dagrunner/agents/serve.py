@@ -97,7 +97,7 @@ def _drain(
     while not stop:
         if queue.pending():
             integrator = Integrator(
-                ctx, target=goal, manifest=None, batch=1, env=env, run_id=new_run_id(),
+                ctx, target=goal, manifest=None, batch=None, env=env, run_id=new_run_id(),
                 executor=executor,
             )  # fmt: skip
             if gauges is not None:

@@ -7,9 +7,10 @@ import argparse
 import difflib
 import re
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 from dagrunner.errors import DagrunnerError
+from dagrunner.manifest.fields import MAX_BATCH
 from dagrunner.units import MAX_WINDOW, parse_duration
 
 
@@ -73,6 +74,16 @@ def duration(text: str) -> float:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def batch(text: str) -> int | Literal["auto"]:
+    """``auto`` (sized from the queue's outcomes) or 1..MAX_BATCH."""
+    if text == "auto":
+        return "auto"
+    value = positive_int(text)
+    if value > MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"at most {MAX_BATCH}")
+    return value
 
 
 def window(text: str) -> int | None:

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dagrunner.cli.parsing import Parser, count, duration, positive_int, priority, window
+from dagrunner.cli.parsing import Parser, batch, count, duration, priority, window
 
 Subparsers = Any  # argparse's _SubParsersAction, which has no public name
 
@@ -148,9 +148,9 @@ def add_integrate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     )
     ir.add_argument(
         "--batch",
-        type=positive_int,
-        default=1,
-        help="envelopes gated together (bisected on failure)",
+        type=batch,
+        help="envelopes gated together, bisected on failure: N, or auto (sized from the "
+        "queue's recent outcomes); default: the manifest's [integrate] batch, else auto",
     )
     ir.add_argument(
         "--window",

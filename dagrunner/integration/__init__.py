@@ -7,8 +7,10 @@
 - ``needs``: what the helpers below may use of the integrator (a protocol).
 - ``pipeline`` and ``items``: the speculative pipeline and what it tracks; ``trees``: where
   its trees are made and gated; ``proofs``: the landed proof of each commit it lands.
-- ``admission``: what the target lets in.  ``trailers``: the commits' trailers.
-- ``landing``: the compare-and-swap.  ``recovery``: after a crash, and the preflight.
-- ``judges``: the target's manifest.  ``target_checkout``: the target's checkout after a
-  landing.
+- ``batching``: how many envelopes an item holds (``--batch auto``: sized from the outcomes).
+- ``baseline``: what the target's own head fails (``[integrate] baseline = "differential"``).
+- ``admission``: what the target lets in, and the manifest that judges it.
+- ``trailers``: the commits' trailers.  ``landing``: the compare-and-swap.
+- ``recovery``: after a crash, and the preflight.  ``target_checkout``: the target's
+  checkout after a landing.
 """

@@ -30,7 +30,8 @@ from dagrunner.integration.queue import JournalLine, Queue, QueueEntry
 from dagrunner.records.integration import FINAL, Details, EnvelopeState
 
 POLL = 0.1  # seconds between looks at the journal while following it
-NAMED = ("flaky", "speculation-reset", "overlap")  # events that are not a state of their own
+# events that are not a state of their own
+NAMED = ("flaky", "speculation-reset", "overlap", "batch-size", "target-red", "target-green")
 
 # What each final state means to ``integrate submit --wait`` (docs/integration.md).
 WAIT_EXIT: dict[EnvelopeState, ExitCode] = {

@@ -3,30 +3,24 @@ and tree, and the verdicts its gate runs send back (``pipeline.py`` drives them)
 
 from __future__ import annotations
 
-import contextlib
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import orjson
 import trio
 
 from dagrunner.engine.landed import GateProof
-from dagrunner.integration.queue import JournalLine
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.integration import (
-    Details,
-    EnvelopeState,
-    PipelineTally,
     Speculation,
     Verdict,
 )
+from dagrunner.records.run import RunRecord
 
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
-    from dagrunner.integration.needs import IntegratorLike
 
 MAX_AUTO_WINDOW = 4
 
@@ -63,6 +57,8 @@ class Item:
     without: Item | None = None  # a twin's: the suspect it was built without
     finished: Finished | None = None  # a twin's verdict, when it came before the blame
     priority: int = 0  # its envelopes' (``--priority``; queue.URGENT pre-empts)
+    tree: str = ""  # its commit's tree: a tree that failed once in the run is not gated again
+    fresh: bool = False  # a batch as admitted from the queue (not a half of a failed one)
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -77,7 +73,7 @@ class Item:
                 scope.cancel()  # the run ends its process trees, then frees its slot
         slot, self.slot, self.twin = self.slot, None, None
         self.stage, self.confirms, self.failing, self.flaky = Stage.WAITING, 0, (), ()
-        self.proven, self.applied = {}, []
+        self.proven, self.applied, self.tree = {}, [], ""
         return slot
 
     def drop_twin(self, *, without: Item) -> None:
@@ -94,6 +90,7 @@ class Item:
             self.scope.cancel()
         slot, self.slot, self.twin = self.slot, None, None
         self.generation, self.base, self.commit = twin.generation, twin.base, twin.commit
+        self.tree = twin.tree
         self.applied, self.envelopes, self.manifest = twin.applied, twin.envelopes, twin.manifest
         self.scope, self.stage, self.confirms = twin.scope, Stage.GATING, 0
         self.failing, self.flaky, self.proven = (), (), {}
@@ -111,6 +108,8 @@ class Finished:
     report: str
     confirm: bool
     proven: Mapping[str, GateProof] = field(default_factory=dict)  # what passed on its tree
+    tree: str = ""  # the tree it gated
+    record: RunRecord | None = None  # the run's own record (its gates' tests, for a baseline)
 
 
 def auto_window(manifest: Manifest, cpu: float) -> int:
@@ -136,6 +135,7 @@ class GateRun:
     scope: trio.CancelScope
     slot: Path | None  # built there; None: take a free one and move it to ``commit``
     twin: bool = False  # the item's twin (its generation: the one after the blame)
+    tree: str = ""
 
     def speculation(
         self, finished: Finished | None, start: float, end: float, report: str
@@ -161,87 +161,3 @@ class GateRun:
             gates=finished.failing if finished else (),
             report=report,
         )
-
-
-class Intake:
-    """What enters the pipeline: the queue's pending items, highest priority first, read
-    again at each admission, so that what is submitted while the run goes, and its
-    priority, counts.  An item is admitted once per run."""
-
-    def __init__(self, it: IntegratorLike) -> None:
-        self.it = it
-        self.taken: set[str] = set()
-        self.prioritized = False  # an item with a priority above 0 was submitted since the start
-        self.known: list[tuple[str, int]] = []  # the pending items as last read
-        self.stale = True  # something was submitted since they were read
-
-    def fresh(self) -> list[tuple[str, int]]:
-        """The pending items not admitted yet, with their priorities, highest first.  The
-        queue is read again only when something was submitted since (``news`` saw it), or
-        when everything read before is taken."""
-        fresh = [(i, p) for i, p in self.known if i not in self.taken]
-        if self.stale or not fresh:
-            pending, entries = self.it.queue.pending_entries()
-            self.known, self.stale = [(i, entries[i].priority) for i in pending], False
-            fresh = [(i, p) for i, p in self.known if i not in self.taken]
-        return fresh
-
-    def admit(self, ids: list[str], priority: int = 0) -> Item | None:
-        """An item of the first of ``ids`` that the target lets in (up to ``--batch`` of
-        them); None when none is (each rejection is journaled)."""
-        envelopes: list[Envelope] = []
-        for envelope_id in ids:
-            if len(envelopes) == self.it.batch:
-                break
-            self.taken.add(envelope_id)
-            envelope = self.it.admit(envelope_id)
-            if envelope is not None:
-                envelopes.append(envelope)
-        return Item(envelopes, priority=priority) if envelopes else None
-
-    def next(self) -> Item | None:
-        """The next item to gate, or None when the queue holds no more."""
-        while fresh := self.fresh():
-            same = [i for i, p in fresh if p == fresh[0][1]]  # a batch is of one priority
-            item = self.admit(same, fresh[0][1])
-            if item is not None:
-                return item
-        return None
-
-    async def news(self, send: Callable[[None], None], every: float = 0.5) -> None:
-        """While the run goes: wake the controller (``send(None)``) when an item with a
-        priority above 0 is submitted, so that it can go before what has not started.  Only
-        the journal's new lines are read."""
-        journal = self.it.queue.journal
-        offset = journal.stat().st_size if journal.exists() else 0
-        while True:
-            await trio.sleep(every)
-            with contextlib.suppress(OSError), journal.open("rb") as handle:
-                handle.seek(offset)
-                data = handle.read()
-                end = data.rfind(b"\n") + 1
-                offset += end
-                for raw in data[:end].splitlines():
-                    with contextlib.suppress(orjson.JSONDecodeError):
-                        line = JournalLine.from_json(orjson.loads(raw))
-                        self.stale = self.stale or (line is not None and line.source is not None)
-                        if line is not None and (line.priority or 0) > 0:
-                            self.prioritized = True
-                            send(None)
-
-    def requeue(self, items: list[Item], tally: PipelineTally) -> None:
-        """The run stopped early: what it applied of ``items`` and did not finish is queued
-        again, with a note saying why."""
-        note = (
-            "interrupted"
-            if tally.interrupted
-            else "target-moving"
-            if tally.target_moving
-            else "the run stopped before it"
-        )
-        for item in items:
-            if item.stage is Stage.DEFERRED or (item.stage is Stage.WAITING and not item.applied):
-                continue  # its journal says queued already
-            for envelope in item.envelopes:
-                if envelope.id not in self.it.outcomes:
-                    self.it.queue.record(envelope.id, EnvelopeState.QUEUED, Details(note=note))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dagrunner.envelope import Envelope
+from dagrunner.integration.batching import Batch
 from dagrunner.integration.queue import Queue
 from dagrunner.records.integration import (
     Details,
@@ -29,7 +30,7 @@ class IntegratorLike(Protocol):
     repo: Path
     target: str
     ref: str
-    batch: int
+    batch: Batch  # None: the manifest's, else auto
     env: Mapping[str, str]
     executor: str
     queue: Queue

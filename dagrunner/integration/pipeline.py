@@ -14,7 +14,7 @@ by compare-and-swap, as soon as it and every item ahead of it passed.
 - A conflict at the front is final.  Behind it, the conflict may be with an
   item that will not land, so the item waits for the front; no gate runs.
 - The window grows by one after each landing (ceiling: ``window``).
-- Items enter highest priority first (``items.Intake``); an urgent one pre-empts.
+- Items enter highest priority first (``batching.Intake``); an urgent one pre-empts.
 
 Every step is journaled before it takes effect (``queue.py``); after a crash,
 ``recovery.recover`` discards the speculation (only commits on the target
@@ -34,13 +34,12 @@ from dagrunner.engine.governor import Governor, resolve_capacity
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
-from dagrunner.integration import proofs
-from dagrunner.integration.items import Finished, GateRun, Intake, Item, Stage, auto_window
+from dagrunner.integration.batching import Intake, Sizer, resolve
+from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window
 from dagrunner.integration.queue import URGENT
 from dagrunner.integration.trees import Trees
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.integration import Details, EnvelopeState, LandOutcome, PipelineTally
-from dagrunner.records.run import RunStatus, Status
 
 if TYPE_CHECKING:
     from dagrunner.integration.needs import IntegratorLike as Integrator
@@ -70,13 +69,17 @@ class Pipeline:
         self.window = self.ceiling
         self.confirm = confirm
         self.items: list[Item] = []
-        self.intake = Intake(it)
         self.head = it.head()
         self.moves = 0
         self.t0 = 0.0
         self.error: DagrunnerError | None = None
         self.in_flight = 0  # gate runs started and not ended
         self.tally = PipelineTally(window=self.ceiling)  # what the integrator's result takes
+        self.sizer = Sizer(resolve(it.batch, manifest.integrate.batch))
+        self.intake = Intake(it, self.sizer)
+        # trees a gate run failed on in this run: an item built to the very same tree has
+        # its verdict without a run (the second half of a failed batch, on its first half)
+        self.failed_trees: dict[str, tuple[tuple[str, ...], str]] = {}
 
     # -- the controller ----------------------------------------------------------------------
 
@@ -157,14 +160,26 @@ class Pipeline:
                 item.stage = Stage.BUILT
             if position >= self.window:
                 return
-            if item.stage is Stage.BUILT:
+            if item.stage is Stage.BUILT and not self.known(item):
                 self.launch(item, position)
+            if item not in self.items:
+                continue  # a known failure split it where it stood: its halves come next
             position += 1
 
     def admit_item(self) -> bool:
-        item = self.intake.next()
+        item = self.intake.next(self.tally)
         self.items += [item] if item is not None else []
         return item is not None
+
+    def known(self, item: Item) -> bool:
+        """The item's tree failed a gate run already in this run: that verdict is its own,
+        without a run (a single envelope's is still confirmed before it is blamed)."""
+        seen = self.failed_trees.get(item.tree)
+        if seen is None or not item.tree:
+            return False
+        item.stage = Stage.GATING
+        self.failed(item, *seen)
+        return True
 
     def preempt(self) -> None:
         """A pending item of a higher priority than admitted ones that have not started
@@ -244,6 +259,7 @@ class Pipeline:
             scope=item.scope,
             slot=item.slot,
             twin=of is not None,
+            tree=item.tree,
         )
         item.slot = None  # the run owns it now, and gives it back when it ends
         self.nursery.start_soon(self.gate, run)
@@ -255,21 +271,7 @@ class Pipeline:
         finished: Finished | None = None
         try:
             with run.scope:
-                record = await self.trees.gate(run, run_dir, self.head)
-                cached = sum(g.status is Status.CACHED for g in record.gates)
-                self.tally.gates_reused += cached
-                self.tally.gates_waited = self.trees.flights.waited
-                if record.gates and cached == len(record.gates):
-                    self.tally.cached_runs += 1
-                finished = Finished(
-                    run.item,
-                    run.generation,
-                    record.status is RunStatus.PASSED,
-                    tuple(g.id for g in record.gates if not g.status.ok),
-                    str(run_dir),
-                    run.confirm,
-                    proofs.proven_gates(record),
-                )
+                finished = await self.trees.verdict(run, run_dir, self.head, self.tally)
         except DagrunnerError as exc:  # the run could not start (a bad manifest): stop, say it
             self.error = self.error or exc
             self.it.stop = True
@@ -305,18 +307,44 @@ class Pipeline:
             else:
                 item.proven = done.proven  # every gate passed on this very tree
             item.stage = Stage.PASSED
+            if item.fresh:
+                self.sizer.outcome(True)
             return
-        item.failing, item.report = done.failing, done.report
         item.proven = {g: p for g, p in done.proven.items() if g not in done.failing}
-        if item.confirms < self.confirm:
+        if done.tree:
+            self.failed_trees[done.tree] = (done.failing, done.report)
+        self.failed(item, done.failing, done.report)
+
+    def failed(self, item: Item, failing: tuple[str, ...], report: str) -> None:
+        """A gate run failed ``item``'s tree (or one of the very same tree did)."""
+        item.failing, item.report = failing, report
+        if len(item.envelopes) == 1 and item.confirms < self.confirm:
             # Confirmed only when every item ahead passed: until then the failure may be
-            # theirs, and a re-run would be spent on it.
+            # theirs, and a re-run would be spent on it.  A batch is not confirmed: it is
+            # split, and the envelope it is narrowed down to is.
             item.stage = Stage.SUSPECT
             self.confirm_next()
             return
         item.stage = Stage.FAILED
+        if item.fresh:
+            self.sizer.outcome(False)
         self.window = max(min(WINDOW_FLOOR, self.ceiling), self.window // 2)
+        if len(item.envelopes) > 1:
+            self.split(item)
+            return
         self.reset_from(self.items.index(item) + 1, cause=item)
+
+    def split(self, item: Item) -> None:
+        """A failed batch is split into halves where it stands, at once: the first is gated
+        on the batch's base, the second on the first (where, the first passing, its tree is
+        the batch's, and its verdict known); what was behind is built on them again."""
+        index = self.items.index(item)
+        half = len(item.envelopes) // 2
+        first, second = Item(item.envelopes[:half]), Item(item.envelopes[half:])
+        first.priority = second.priority = item.priority
+        self.trees.give(item.reset())
+        self.items[index : index + 1] = [first, second]
+        self.reset_from(index + 2, cause=None, why=f"rebuilt behind the halves of {item.ids[0]}+")
 
     def drop_twin_behind(self, item: Item) -> None:
         """``item`` passed: the item behind it goes on from its own tree, never its twin's."""
@@ -395,13 +423,8 @@ class Pipeline:
             self.trees.give(twin.slot)
 
     def blame(self, front: Item) -> None:
-        """A confirmed failure at the front: split a batch, or judge the one envelope."""
+        """A confirmed failure at the front: judge the one envelope (a batch was split)."""
         self.items.pop(0)
-        if len(front.envelopes) > 1:
-            half = len(front.envelopes) // 2
-            self.items[0:0] = [Item(front.envelopes[:half]), Item(front.envelopes[half:])]
-            self.reset_from(2, cause=None)  # they were built without the halves now ahead
-            return
         (envelope,) = front.envelopes
         self.it.finish(
             envelope.id,

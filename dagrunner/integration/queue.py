@@ -38,6 +38,7 @@ from dagrunner.names import is_safe_id
 from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeState
 from dagrunner.worktrees.ledger import now
 
+PASSING = ("batch-size", "target-red", "target-green")  # events whose details stay their own
 URGENT = 1 << 30  # ``--priority urgent``: before every number, and pre-empts what gates
 PRIORITIES = range(-1000, 1001)  # what --priority N takes
 
@@ -147,7 +148,10 @@ class QueueEntry:
             provenance=self.provenance or line.provenance,
             allow_protected=self.allow_protected or line.allow_protected,
             priority=self.priority if line.priority is None else line.priority,
-            details=self.details.merged(line.details),
+            # a batch's size and the target's colour are the run's news, not the item's
+            details=self.details
+            if line.event in PASSING
+            else self.details.merged(line.details),
         )
 
 

@@ -22,8 +22,9 @@ from dagrunner.errors import DagrunnerError
 from dagrunner.executors.factory import executor_for
 from dagrunner.git.command import git
 from dagrunner.git.repo import check_branch
+from dagrunner.integration.admission import trusted_manifest
+from dagrunner.integration.batching import Batch
 from dagrunner.integration.events import median_gate_run
-from dagrunner.integration.judges import trusted_manifest
 from dagrunner.integration.queue import Queue
 from dagrunner.integration.steps import Integrator, integrator_lock
 from dagrunner.integration.trailers import SHA_TRAILER, TRAILER
@@ -49,7 +50,7 @@ def integrate(
     repo: Path | None = None,
     target: str | None = None,
     manifest: Path | None = None,
-    batch: int = 1,
+    batch: Batch = None,
     wait: bool = True,
     env: Mapping[str, str] | None = None,
     trust_envelope_manifest: bool = False,

@@ -32,9 +32,10 @@ from dagrunner.files import crash_point, locked
 from dagrunner.git.command import IDENTITY, git
 from dagrunner.git.link import pin_gitfile
 from dagrunner.git.repo import out_of_disk
-from dagrunner.integration import judges, landing, recovery
+from dagrunner.integration import admission, landing, recovery
 from dagrunner.integration import target_checkout as checkouts
 from dagrunner.integration.admission import flagged, judging_files, refusal
+from dagrunner.integration.batching import Batch
 from dagrunner.integration.pipeline import Pipeline
 from dagrunner.integration.queue import Queue, QueueEntry
 from dagrunner.integration.trailers import commit_message
@@ -80,7 +81,7 @@ class Integrator:
         *,
         target: str,
         manifest: Path | None,
-        batch: int,
+        batch: Batch,
         env: Mapping[str, str],
         run_id: str,
         trust_envelope_manifest: bool = False,
@@ -92,7 +93,7 @@ class Integrator:
         self.repo = ctx.info.root
         self.target = target
         self.ref = f"refs/heads/{target}"
-        self.batch = max(1, batch)
+        self.batch = batch  # None: the manifest's [integrate] batch, else auto
         self.env = env
         self.queue = Queue.of(ctx.info, target=target)
         self.ledger = Ledger(ctx.info.state_dir)
@@ -191,12 +192,12 @@ class Integrator:
         return [self.wt, *extra]
 
     def manifest_rel(self) -> Path:
-        return judges.manifest_rel(self.manifest_arg)
+        return admission.manifest_rel(self.manifest_arg)
 
     def trusted_manifest(self, head: str, tree: Path | None = None) -> Path:
-        """See ``judges.trusted_manifest``: never the tree under test (at ``tree``, default
+        """See ``admission.trusted_manifest``: never the tree under test (at ``tree``, default
         the first integration worktree) unless the caller opted in."""
-        return judges.trusted_manifest(
+        return admission.trusted_manifest(
             repo=self.repo,
             head=head,
             target=self.target,

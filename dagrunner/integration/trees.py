@@ -15,12 +15,13 @@ from dagrunner.engine.scheduler import Flights
 from dagrunner.engine.steps import gate_run
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
+from dagrunner.git.command import git
 from dagrunner.git.repo import cache_root, remove_worktrees
 from dagrunner.integration import proofs
-from dagrunner.integration.items import GateRun, Item
+from dagrunner.integration.items import Finished, GateRun, Item
 from dagrunner.manifest.load import Manifest
-from dagrunner.records.integration import Details, EnvelopeState
-from dagrunner.records.run import RunRecord
+from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
+from dagrunner.records.run import RunRecord, RunStatus, Status
 from dagrunner.worktrees import seeds, share
 from dagrunner.worktrees.prepare import provision_seeds, release_seeds
 
@@ -108,6 +109,7 @@ class Trees:
                 return False
         item.envelopes = [e for e, _ in item.applied]  # the rest ended (conflict, rejected)
         item.commit = item.applied[-1][1] if item.applied else item.base
+        item.tree = git(["rev-parse", f"{item.commit}^{{tree}}"], cwd=it.repo).text
         item.manifest = it.trusted_manifest(head, slot)
         return True
 
@@ -147,6 +149,30 @@ class Trees:
         finally:
             if slot is not None:
                 self.give(slot)  # the run is over (a cancelled one ended its trees)
+
+    async def verdict(
+        self, run: GateRun, run_dir: Path, head: str, tally: PipelineTally
+    ) -> Finished:
+        """One gate run of the run's tree (``gate``), as the pipeline's verdict; what it
+        reused and the CPU its gates took are counted in ``tally``."""
+        record = await self.gate(run, run_dir, head)
+        cached = sum(g.status is Status.CACHED for g in record.gates)
+        tally.gate_cpu += sum(a.cpu_seconds for g in record.gates for a in g.attempts)
+        tally.gates_reused += cached
+        tally.gates_waited = self.flights.waited
+        if record.gates and cached == len(record.gates):
+            tally.cached_runs += 1
+        return Finished(
+            run.item,
+            run.generation,
+            record.status is RunStatus.PASSED,
+            tuple(g.id for g in record.gates if not g.status.ok),
+            str(run_dir),
+            run.confirm,
+            proofs.proven_gates(record),
+            run.tree,
+            record,
+        )
 
     def prove(self, landed: Item) -> str | None:
         """The landed commit's proof in refs/notes/dagrunner; a warning when not written."""

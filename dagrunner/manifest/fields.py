@@ -172,6 +172,30 @@ def window(raw: Any) -> int:
     return value
 
 
+MAX_BATCH = 64  # envelopes gated together in one tree
+
+
+def batch(raw: Any) -> int:
+    """How many envelopes an integration item gates together (bisected on failure)."""
+    value = count(raw)
+    if not 1 <= value <= MAX_BATCH:
+        raise ValueError(f'{value} is out of range; use 1 to {MAX_BATCH}, or "auto"')
+    return value
+
+
+BASELINES = ("absolute", "differential")
+
+
+def baseline(raw: Any) -> str:
+    """What an item is blamed for: every failure (absolute), or only the failures the
+    target's own head does not have (differential)."""
+    if not isinstance(raw, str):
+        raise TypeMismatch("a string")
+    if raw not in BASELINES:
+        raise ValueError(f"{raw!r} is not one of {', '.join(BASELINES)}")
+    return raw
+
+
 MAX_RETRIES = 10
 
 

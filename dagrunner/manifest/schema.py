@@ -49,6 +49,8 @@ FRAGMENTS: dict[Callable[[Any], Any], dict[str, Any]] = {
     f.fraction: {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     f.window: {"type": "integer", "minimum": 1, "maximum": MAX_WINDOW},
     f.retries: {"type": "integer", "minimum": 0, "maximum": f.MAX_RETRIES},
+    f.batch: {"type": "integer", "minimum": 1, "maximum": f.MAX_BATCH},
+    f.baseline: {"enum": list(f.BASELINES)},
     f.writable_paths: {
         **_STRINGS,
         "description": "absolute paths, or paths relative to the repository, a gate may write",

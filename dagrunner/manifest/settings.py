@@ -11,6 +11,8 @@ from dagrunner.manifest.fields import (
     Table,
     TypeMismatch,
     auto,
+    baseline,
+    batch,
     command,
     count,
     duration,
@@ -85,9 +87,18 @@ class IntegrateSpec:
     protected: tuple[str, ...] = ()
     # the SSH private key that signs landed proofs (DAGRUNNER_SIGNING_KEY outranks it)
     signing_key: str | None = None
+    batch: int | None = None  # envelopes gated together; None: sized from the outcomes (auto)
+    baseline: str = "absolute"  # or "differential": blame only what the target lacks
 
 
-INTEGRATE_SETTINGS = ("window", "confirm_failures", "protected", "signing_key")
+INTEGRATE_SETTINGS = (
+    "window",
+    "confirm_failures",
+    "protected",
+    "signing_key",
+    "batch",
+    "baseline",
+)
 
 
 def read_integrate_settings(table: Table) -> IntegrateSpec:
@@ -96,6 +107,8 @@ def read_integrate_settings(table: Table) -> IntegrateSpec:
         confirm_failures=table.take("confirm_failures", count, 1),
         protected=table.take("protected", globs, ()),
         signing_key=table.take("signing_key", string, None),
+        batch=table.take("batch", auto(batch), None),
+        baseline=table.take("baseline", baseline, "absolute"),
     )
 
 

@@ -91,6 +91,13 @@ class Details:
     # overlap (at submit): the envelope queued ahead that it conflicts with, and the paths
     overlaps_with: str | None = None
     overlap_paths: tuple[str, ...] | None = None
+    # added with batches that size themselves and differential gating
+    batch: int | None = None  # batch-size: the size chosen for the batch this envelope opens
+    # gates-failed under a differential baseline: the failures the target does not have
+    # ("gate" or "gate::suite::case"); target-red: what the target's own head fails
+    failed_tests: tuple[str, ...] | None = None
+    target_red: tuple[str, ...] | None = None
+    red_since: str | None = None  # target-red: the first head seen failing them
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +109,7 @@ class Details:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Details:
         gate_run, position = data.get("gate_run"), data.get("position")
+        batch = data.get("batch")
         return cls(
             commit=text_of(data.get("commit")),
             gate_run=gate_run if isinstance(gate_run, int) else None,
@@ -123,6 +131,10 @@ class Details:
             recovered_from=text_of(data.get("recovered_from")),
             overlaps_with=text_of(data.get("overlaps_with")),
             overlap_paths=_texts(data.get("overlap_paths")),
+            batch=batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
+            failed_tests=_texts(data.get("failed_tests")),
+            target_red=_texts(data.get("target_red")),
+            red_since=text_of(data.get("red_since")),
         )
 
     def merged(self, newer: Details) -> Details:
@@ -268,6 +280,8 @@ class PipelineTally:
     target_moving: bool = False
     pipeline: list[Speculation] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # a landed proof not written, ...
+    gate_cpu: float = 0.0  # CPU-seconds of every gate process tree run (reused ones: none)
+    batches: list[int] = field(default_factory=list)  # the batch sizes chosen, in order
 
 
 @dataclass
@@ -291,6 +305,8 @@ class IntegrationResult:
     target_moving: bool = False
     report_dir: str = ""
     checkout_stale: StaleCheckout | None = None  # landed, but the checkout could not follow
+    gate_cpu: float = 0.0  # CPU-seconds of every gate process tree the run ran
+    batches: list[int] = field(default_factory=list)  # the batch sizes it chose, in order
 
     @property
     def gates_failed(self) -> bool:
@@ -345,4 +361,6 @@ class IntegrationResult:
             "gates_reused": self.gates_reused,
             "gates_waited": self.gates_waited,
             "warnings": self.warnings,
+            "gate_cpu": round(self.gate_cpu, 3),
+            "batches": self.batches,
         }
