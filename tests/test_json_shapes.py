@@ -32,7 +32,7 @@ INTEGRATE_KEYS = [
     # added with the speculative pipeline, after the older keys
     "confirm_runs", "resets", "window", "interrupted", "pipeline",
     "gates_reused", "gates_waited", "warnings",  # with reuse and landed proofs
-    "gate_cpu", "batches",  # with batches that size themselves
+    "gate_cpu", "batches", "target_red",  # batches that size themselves, differential
 ]  # fmt: skip
 
 

@@ -10,7 +10,7 @@
 - ``batching``: how many envelopes an item holds (``--batch auto``: sized from the outcomes).
 - ``baseline``: what the target's own head fails (``[integrate] baseline = "differential"``).
 - ``admission``: what the target lets in, and the manifest that judges it.
-- ``trailers``: the commits' trailers.  ``landing``: the compare-and-swap.
+- ``landing``: the compare-and-swap, and the trailers of the commits it lands.
 - ``recovery``: after a crash, and the preflight.  ``target_checkout``: the target's
   checkout after a landing.
 """

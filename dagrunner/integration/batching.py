@@ -18,26 +18,24 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import orjson
 import trio
 
-from dagrunner.integration.items import Item, Stage
-from dagrunner.integration.queue import JournalLine
+from dagrunner.integration.items import NOT_STARTED, Item, Stage
+from dagrunner.integration.queue import URGENT, JournalLine
 from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
 
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
-    from dagrunner.integration.needs import IntegratorLike
+    from dagrunner.integration.needs import Batch, IntegratorLike
 
 FIRST = 4  # the first batch of an auto-sized run
 MOST = 32  # the auto size's ceiling
 RECENT = 5  # batches looked back on
 GROW_AT = 0.8  # grow while at least this share of them passed
 SHRINK_BELOW = 0.6  # shrink on a failure when fewer than this share passed
-
-Batch = int | Literal["auto"] | None  # None: the manifest's, else auto
 
 
 def resolve(given: Batch, manifest: int | None) -> int | None:
@@ -119,6 +117,25 @@ class Intake:
             if envelope is not None:
                 envelopes.append(envelope)
         return Item(envelopes, priority=priority) if envelopes else None
+
+    def place(self, items: list[Item]) -> tuple[int, Item] | None:
+        """Where a pending item of a higher priority than ``items`` not started goes (before
+        them; an urgent one before every item not yet passed), admitted; None: nowhere (it
+        comes next anyway).  The pipeline resets what was gating behind it."""
+        if not self.prioritized:
+            return None  # nothing with a priority was submitted since the run began
+        fresh = self.fresh()
+        if not fresh:
+            return None
+        top, priority = fresh[0]
+        started = [i for i, x in enumerate(items) if x.stage not in NOT_STARTED]
+        floor = next((i for i, x in enumerate(items) if x.stage is not Stage.PASSED), 0)
+        index = floor if priority >= URGENT else (started[-1] + 1 if started else 0)
+        while index < len(items) and items[index].priority >= priority:
+            index += 1
+        if index == len(items) or not (item := self.admit([top], priority)):
+            return None
+        return index, item
 
     def next(self, tally: PipelineTally) -> Item | None:
         """The next batch to gate, of the size the sizer says (a change of size journaled as

@@ -35,6 +35,9 @@ class Stage(enum.Enum):
     DEFERRED = "deferred"  # conflicts on a speculative head: built again at the front
 
 
+NOT_STARTED = (Stage.WAITING, Stage.BUILT, Stage.DEFERRED)
+
+
 @dataclass(eq=False)
 class Item:
     envelopes: list[Envelope]
@@ -51,49 +54,31 @@ class Item:
     scope: trio.CancelScope | None = None
     slot: Path | None = None  # the worktree it was just built in, until its run takes it
     proven: Mapping[str, GateProof] = field(default_factory=dict)  # its landed proof's gates
-    # Built again on the head without the suspect ahead of it (``without``), gated beside
-    # it: if the suspect's failure is confirmed, the item goes on from its twin.
-    twin: Item | None = None
-    without: Item | None = None  # a twin's: the suspect it was built without
-    finished: Finished | None = None  # a twin's verdict, when it came before the blame
     priority: int = 0  # its envelopes' (``--priority``; queue.URGENT pre-empts)
     tree: str = ""  # its commit's tree: a tree that failed once in the run is not gated again
     fresh: bool = False  # a batch as admitted from the queue (not a half of a failed one)
+    excludes: frozenset[int] = frozenset()  # suspects ahead (``id``) its base leaves out
+    record: RunRecord | None = None  # its passing run's record (a differential baseline's)
+    new_failures: tuple[str, ...] = ()  # differential: what it fails that the target does not
+
+    @property
+    def suspected(self) -> bool:
+        """One envelope that failed once: waiting for its confirmation, or being confirmed."""
+        return self.stage is Stage.SUSPECT or (self.stage is Stage.GATING and self.confirms > 0)
 
     @property
     def ids(self) -> tuple[str, ...]:
         return tuple(e.id for e in self.envelopes)
 
     def reset(self) -> Path | None:
-        """Back to waiting, in a newer generation (its runs and its twin's are cancelled);
+        """Back to waiting, in a newer generation (its run is cancelled);
         the slot it was built in when no run took it (the caller gives it back)."""
         self.generation += 1
-        for scope in (self.scope, self.twin.scope if self.twin else None):
-            if scope is not None:
-                scope.cancel()  # the run ends its process trees, then frees its slot
-        slot, self.slot, self.twin = self.slot, None, None
-        self.stage, self.confirms, self.failing, self.flaky = Stage.WAITING, 0, (), ()
-        self.proven, self.applied, self.tree = {}, [], ""
-        return slot
-
-    def drop_twin(self, *, without: Item) -> None:
-        """Its twin built without ``without`` goes (that item passed): its run is cancelled."""
-        if self.twin is not None and self.twin.without is without:
-            if self.twin.scope is not None:
-                self.twin.scope.cancel()
-            self.twin = None
-
-    def adopt(self, twin: Item) -> Path | None:
-        """Go on from ``twin`` (the suspect it was built without is blamed): its tree, its run
-        (in the generation that run was started for); the slot to give back, as ``reset``."""
         if self.scope is not None:
-            self.scope.cancel()
-        slot, self.slot, self.twin = self.slot, None, None
-        self.generation, self.base, self.commit = twin.generation, twin.base, twin.commit
-        self.tree = twin.tree
-        self.applied, self.envelopes, self.manifest = twin.applied, twin.envelopes, twin.manifest
-        self.scope, self.stage, self.confirms = twin.scope, Stage.GATING, 0
-        self.failing, self.flaky, self.proven = (), (), {}
+            self.scope.cancel()  # the run ends its process trees, then frees its slot
+        slot, self.slot = self.slot, None
+        self.stage, self.confirms, self.failing, self.flaky = Stage.WAITING, 0, (), ()
+        self.proven, self.applied, self.tree, self.excludes = {}, [], "", frozenset()
         return slot
 
 
@@ -134,14 +119,33 @@ class GateRun:
     ids: tuple[str, ...]
     scope: trio.CancelScope
     slot: Path | None  # built there; None: take a free one and move it to ``commit``
-    twin: bool = False  # the item's twin (its generation: the one after the blame)
     tree: str = ""
+
+    @classmethod
+    def of(cls, item: Item, number: int, position: int, *, confirm: bool) -> GateRun:
+        """A run of ``item``'s tree as it is now."""
+        assert item.scope is not None
+        return cls(
+            item=item,
+            number=number,
+            position=position,
+            confirm=confirm,
+            generation=item.generation,
+            base=item.base,
+            commit=item.commit,
+            manifest=item.manifest,
+            only=item.failing if confirm else (),
+            ids=item.ids,
+            scope=item.scope,
+            slot=item.slot,
+            tree=item.tree,
+        )
 
     def speculation(
         self, finished: Finished | None, start: float, end: float, report: str
     ) -> Speculation:
         """This run as the report's timeline draws it."""
-        stale = self.generation != self.item.generation and not (self.twin and finished)
+        stale = self.generation != self.item.generation
         if finished is None or stale:
             verdict = Verdict.CANCELLED
         elif finished.passed:

@@ -9,10 +9,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from dagrunner.envelope import Envelope
-from dagrunner.integration.batching import Batch
 from dagrunner.integration.queue import Queue
 from dagrunner.records.integration import (
     Details,
@@ -21,6 +20,8 @@ from dagrunner.records.integration import (
     LandOutcome,
 )
 from dagrunner.worktrees.allocate import Context
+
+Batch = int | Literal["auto"] | None  # --batch: N, auto, or None (the manifest's, else auto)
 
 
 class IntegratorLike(Protocol):

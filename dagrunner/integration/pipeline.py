@@ -1,24 +1,25 @@
 """The speculative integration pipeline: several queue items gated at once, landed in order.
 
-An item is one envelope (or ``--batch`` of them).  The first ``window`` items
-are each applied, in their own integration worktree, on the speculative head
-"target + every item ahead of it still expected to land", and their gates run
-at the same time under one governor.  Items land strictly in queue order, each
-by compare-and-swap, as soon as it and every item ahead of it passed.
+An item is a batch of envelopes (``batching``: sized from the queue's outcomes, or fixed).
+The first ``window`` items are each applied, in their own integration worktree, on the
+speculative head "target + every item ahead of it still expected to land", and their gates
+run at the same time under one governor.  Items land strictly in queue order, each by
+compare-and-swap, as soon as it and every item ahead of it passed.
 
-- A failed gate run is first re-run on the same tree (``confirm_failures``):
-  a pass marks the gates ``flaky`` on its envelopes, and the item goes on.
-- A confirmed failure halves the window (never below 2) and resets every item behind it onto a
-  head without it (their runs are cancelled).  The item itself is judged at
-  the front: a batch splits into two halves, one envelope is ``gates-failed``.
-- A conflict at the front is final.  Behind it, the conflict may be with an
-  item that will not land, so the item waits for the front; no gate runs.
-- The window grows by one after each landing (ceiling: ``window``).
-- Items enter highest priority first (``batching.Intake``); an urgent one pre-empts.
+- A batch that fails is split into halves where it stands, at once; a tree that failed once
+  in the run is not gated again (the second half, built on the first, is that tree).
+- One envelope that fails is a suspect: what is behind it is built without it, and its
+  failed gates are re-run on its tree once every item ahead passed (``confirm_failures``).
+  A pass marks the gates ``flaky``; a confirmed failure halves the window (never below 2),
+  and it is ``gates-failed`` at the front.
+- ``[integrate] baseline = "differential"``: a failure the target's head has too is not the
+  item's (``baseline``).
+- A conflict at the front is final; behind it, the item waits for the front (no gate runs).
+- The window grows by one after each landing; an urgent item pre-empts (``batching``).
 
 Every step is journaled before it takes effect (``queue.py``); after a crash,
-``recovery.recover`` discards the speculation (only commits on the target
-count), so a rerun ends with each envelope in one final state.
+``recovery.recover`` discards the speculation (only commits on the target count), so a
+rerun ends with each envelope in one final state.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from dagrunner.engine.governor import Governor, resolve_capacity
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
+from dagrunner.integration import landing
+from dagrunner.integration.baseline import Baseline
 from dagrunner.integration.batching import Intake, Sizer, resolve
 from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window
-from dagrunner.integration.queue import URGENT
 from dagrunner.integration.trees import Trees
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.integration import Details, EnvelopeState, LandOutcome, PipelineTally
@@ -44,8 +46,6 @@ from dagrunner.records.integration import Details, EnvelopeState, LandOutcome, P
 if TYPE_CHECKING:
     from dagrunner.integration.needs import IntegratorLike as Integrator
 
-NOT_STARTED = (Stage.WAITING, Stage.BUILT, Stage.DEFERRED)
-TWINNED = (Stage.GATING, Stage.PASSED, Stage.SUSPECT)  # built on a suspect, gated or gating
 WINDOW_FLOOR = 2  # a confirmed failure halves the window, never below this (Zuul's floor: 3)
 MAX_REBUILDS = 3  # landings lost to somebody else moving the target, then target-moving
 
@@ -77,6 +77,9 @@ class Pipeline:
         self.tally = PipelineTally(window=self.ceiling)  # what the integrator's result takes
         self.sizer = Sizer(resolve(it.batch, manifest.integrate.batch))
         self.intake = Intake(it, self.sizer)
+        self.baseline = Baseline(
+            manifest.integrate.baseline, lambda head: self.trees.gate_head(head, self.tally)
+        )
         # trees a gate run failed on in this run: an item built to the very same tree has
         # its verdict without a run (the second half of a failed batch, on its first half)
         self.failed_trees: dict[str, tuple[tuple[str, ...], str]] = {}
@@ -108,8 +111,6 @@ class Pipeline:
                     done = await self.receive.receive()
                     if done is not None:  # None: a priority item was submitted
                         await self.take(done)
-                    for item in [i for i in self.items if i.stage is Stage.GATING and i.confirms]:
-                        await self.twin_behind(item)  # being confirmed: room for a twin?
                 nursery.cancel_scope.cancel()
         self.intake.requeue(self.items, self.tally)
         self.tally.warnings.extend(self.trees.warnings)
@@ -185,36 +186,33 @@ class Pipeline:
         """A pending item of a higher priority than admitted ones that have not started
         goes before them; an urgent one before every item not yet passed, and what was
         gating behind it is reset (built and gated again on top of it)."""
-        if not self.intake.prioritized:
-            return  # nothing with a priority was submitted since the run began
-        fresh = self.intake.fresh()
-        if not fresh:
+        placed = self.intake.place(self.items)
+        if placed is None:
             return
-        top, priority = fresh[0]
-        urgent = priority >= URGENT
-        started = [i for i, x in enumerate(self.items) if x.stage not in NOT_STARTED]
-        floor = next((i for i, x in enumerate(self.items) if x.stage is not Stage.PASSED), 0)
-        index = floor if urgent else (started[-1] + 1 if started else 0)
-        while index < len(self.items) and self.items[index].priority >= priority:
-            index += 1
-        if index == len(self.items) or not (item := self.intake.admit([top], priority)):
-            return  # it comes next anyway (``fill``)
+        index, item = placed
         self.items.insert(index, item)
         self.reset_from(index + 1, cause=None, why=f"reset behind {', '.join(item.ids)}")
 
     # -- building and gating -----------------------------------------------------------------
 
-    def base_for(self, position: int) -> str:
-        """The speculative head: the tree of the nearest item ahead still expected to land."""
+    def base_for(self, item: Item, position: int) -> str:
+        """The speculative head: the tree of the nearest item ahead still expected to land.
+        A suspect (one envelope that failed once, waiting for its confirmation) is expected
+        to fail: what is behind it is built without it (``item.excludes`` says so)."""
+        skipped: set[int] = set()
         for ahead in reversed(self.items[:position]):
-            if ahead.stage is not Stage.FAILED:
+            if ahead.suspected:
+                skipped.add(id(ahead))
+            elif ahead.stage is not Stage.FAILED:
+                item.excludes = frozenset(skipped | ahead.excludes)
                 return ahead.commit
+        item.excludes = frozenset(skipped)
         return self.head
 
     async def build(self, item: Item, position: int) -> Literal["built", "deferred", "gone"]:
         """Apply the item on its speculative head: built; deferred (it conflicts behind the
         front); or gone (its envelopes all ended at the front: conflict, rejected)."""
-        item.base = self.base_for(position)
+        item.base = self.base_for(item, position)
         built = await self.trees.build(item, self.head, final=position == 0)
         if built == "deferred":
             item.stage = Stage.DEFERRED
@@ -222,45 +220,22 @@ class Pipeline:
             self.items.remove(item)
         return built
 
-    def launch(
-        self, item: Item, position: int, *, confirm: bool = False, of: Item | None = None
-    ) -> None:
-        """Start a gate run of ``item``'s tree (``of``: the item whose twin ``item`` is)."""
-        it = self.it
+    def launch(self, item: Item, position: int, *, confirm: bool = False) -> None:
+        """Start a gate run of ``item``'s tree."""
         self.tally.gate_runs += 1
         self.in_flight += 1
         number = self.tally.gate_runs
         item.stage = Stage.GATING
         if confirm:
             self.tally.confirm_runs += 1
-        elif of is None:
-            for envelope in item.envelopes:
-                it.queue.record(
-                    envelope.id,
-                    EnvelopeState.GATING,
-                    Details(gate_run=number, head=item.base, position=position),
-                )
+        else:
+            self.journal(item, Details(gate_run=number, head=item.base, position=position))
             crash_point("gating")
             if position > 0:
                 crash_point("speculating")
         # The scope exists before the task starts: a reset right after this cancels it.
         item.scope = trio.CancelScope()
-        run = GateRun(
-            item=of or item,
-            number=number,
-            position=position,
-            confirm=confirm,
-            generation=item.generation,
-            base=item.base,
-            commit=item.commit,
-            manifest=item.manifest,
-            only=item.failing if confirm else (),
-            ids=item.ids,
-            scope=item.scope,
-            slot=item.slot,
-            twin=of is not None,
-            tree=item.tree,
-        )
+        run = GateRun.of(item, number, position, confirm=confirm)
         item.slot = None  # the run owns it now, and gives it back when it ends
         self.nursery.start_soon(self.gate, run)
 
@@ -286,24 +261,22 @@ class Pipeline:
 
     async def take(self, done: Finished) -> None:
         item = done.item
-        twin = item.twin
-        if twin is not None and done.generation == twin.generation and item in self.items:
-            twin.finished = done  # counts if the suspect ahead is blamed (``reset_from``)
-            return
         if done.generation != item.generation or item not in self.items:
             return  # a run of a tree that was reset since
-        it = self.it
+        if not done.passed and self.baseline.differential:
+            done, new = await self.baseline.judge(done, self.head)
+            item.new_failures = new.names()
+            self.announce(item, EnvelopeState.GATING)
+            if done.generation != item.generation or item not in self.items:
+                return  # reset while the target's head was gated
         if done.passed:
-            self.drop_twin_behind(item)
+            item.record = done.record
             if done.confirm:
                 item.flaky = item.failing
-                for envelope in item.envelopes:
-                    it.queue.record(
-                        envelope.id,
-                        EnvelopeState.GATING,
-                        Details(flaky_gates=item.flaky, report=done.report),
-                        event="flaky",
-                    )
+                details = Details(flaky_gates=item.flaky, report=done.report)
+                self.journal(item, details, event="flaky")
+                # what is behind was built without it, the suspect: it lands after all
+                self.reset_from(self.items.index(item) + 1, cause=None, why="rebuilt on a flake")
             else:
                 item.proven = done.proven  # every gate passed on this very tree
             item.stage = Stage.PASSED
@@ -323,6 +296,7 @@ class Pipeline:
             # theirs, and a re-run would be spent on it.  A batch is not confirmed: it is
             # split, and the envelope it is narrowed down to is.
             item.stage = Stage.SUSPECT
+            self.reset_from(self.items.index(item) + 1, cause=item)  # built on, without it
             self.confirm_next()
             return
         item.stage = Stage.FAILED
@@ -346,12 +320,6 @@ class Pipeline:
         self.items[index : index + 1] = [first, second]
         self.reset_from(index + 2, cause=None, why=f"rebuilt behind the halves of {item.ids[0]}+")
 
-    def drop_twin_behind(self, item: Item) -> None:
-        """``item`` passed: the item behind it goes on from its own tree, never its twin's."""
-        index = self.items.index(item) + 1
-        if index < len(self.items):
-            self.items[index].drop_twin(without=item)
-
     def confirm_next(self) -> None:
         """Re-run the failed gates of the first undecided item, when it failed."""
         for index, item in enumerate(self.items):
@@ -364,8 +332,8 @@ class Pipeline:
             return
 
     def reset_from(self, index: int, *, cause: Item | None, why: str = "") -> None:
-        """Every item from ``index`` on is built again (on a head without ``cause``); the
-        first goes on from its twin instead, when it has one built without ``cause``."""
+        """Every item from ``index`` on that was built on ``cause`` (any, when None) is
+        built again."""
         why = why or (
             f"rebuilt without {', '.join(cause.ids)}"
             if cause is not None
@@ -373,54 +341,17 @@ class Pipeline:
         )
         reset = False
         for item in self.items[index:]:
-            if item.stage is Stage.WAITING:
-                continue
-            twin = item.twin
-            if twin is not None and twin.without is cause and cause is not None:
-                self.trees.give(item.adopt(twin))
-                for envelope in item.envelopes:
-                    self.it.queue.record(
-                        envelope.id,
-                        EnvelopeState.GATING,
-                        Details(head=item.base, position=index, note=f"gated {why}"),
-                    )
-                if twin.finished is not None:
-                    self.send.send_nowait(twin.finished)  # its verdict counts now
-                continue
+            if item.stage is Stage.WAITING or (cause is not None and id(cause) in item.excludes):
+                continue  # nothing built, or built without the cause already
             built = item.stage is not Stage.DEFERRED
             self.trees.give(item.reset())
             if built:
                 reset = True
                 self.tally.resets += 1
-                for envelope in item.envelopes:
-                    self.it.queue.record(
-                        envelope.id,
-                        EnvelopeState.QUEUED,
-                        Details(note=why),
-                        event="speculation-reset",
-                    )
+                details = Details(note=why)
+                self.journal(item, details, EnvelopeState.QUEUED, event="speculation-reset")
         if reset:
             crash_point("speculation-reset")
-
-    async def twin_behind(self, suspect: Item) -> None:
-        """While ``suspect``'s failure is confirmed (looked at after each verdict), build the
-        item behind it again on the head without it and gate it there too, when fewer runs
-        than the window are in flight: if the failure is confirmed, that item goes on from
-        there (blame without waiting); if not, the twin is dropped."""
-        index = self.items.index(suspect) + 1
-        if index == len(self.items) or self.in_flight >= self.window:
-            return
-        behind = self.items[index]
-        if behind.twin is not None or behind.stage not in TWINNED:
-            return
-        twin = Item(list(behind.envelopes), base=suspect.base, without=suspect)
-        twin.generation = behind.generation + 1  # the one a blame of the suspect gives it
-        built = await self.trees.build(twin, self.head, final=False, journal=False)
-        if built == "built" and behind.generation + 1 == twin.generation:
-            behind.twin = twin
-            self.launch(twin, index, of=behind)
-        elif twin.slot is not None:  # the item was reset meanwhile
-            self.trees.give(twin.slot)
 
     def blame(self, front: Item) -> None:
         """A confirmed failure at the front: judge the one envelope (a batch was split)."""
@@ -429,7 +360,11 @@ class Pipeline:
         self.it.finish(
             envelope.id,
             EnvelopeState.GATES_FAILED,
-            Details(failed_gates=front.failing, report=front.report),
+            Details(
+                failed_gates=front.failing,
+                report=front.report,
+                failed_tests=front.new_failures or None,
+            ),
         )
 
     async def land(self, front: Item) -> None:
@@ -444,10 +379,12 @@ class Pipeline:
 
         outcome = await trio.to_thread.run_sync(land)
         if outcome is LandOutcome.LANDED:
+            self.baseline.landed(front.commit, front.record)
+            self.announce(front, EnvelopeState.LANDED)
             self.items.pop(0)
             self.head, self.moves = front.commit, 0
             self.window = min(self.ceiling, self.window + 1)
-            self.cleaners.start_soon(self.clean, [e.id for e in front.envelopes])
+            self.cleaners.start_soon(landing.clean, self.it, [e.id for e in front.envelopes])
         elif outcome is LandOutcome.MOVED:
             self.moves += 1
             if self.moves > MAX_REBUILDS:
@@ -459,12 +396,17 @@ class Pipeline:
             self.reset_from(0, cause=None)
         # BLOCKED: landing.block said why, queued the front again and stopped the run
 
-    async def clean(self, ids: list[str]) -> None:
-        """The landed envelopes' worker worktrees go (when provably theirs), in a thread."""
-        it = self.it
+    def journal(
+        self,
+        item: Item,
+        details: Details,
+        state: EnvelopeState = EnvelopeState.GATING,
+        event: str | None = None,
+    ) -> None:
+        for envelope in item.envelopes:
+            self.it.queue.record(envelope.id, state, details, event=event)
 
-        def clean() -> dict[str, str]:
-            with it.git_lock:
-                return it.clean_workers(ids)
-
-        it.note_workers(await trio.to_thread.run_sync(clean))
+    def announce(self, item: Item, state: EnvelopeState) -> None:
+        """The target's colour changed: said once, on ``item``'s first envelope's line."""
+        if said := self.baseline.announce(self.it.queue, item.ids[0], state, self.head):
+            self.tally.target_red = said

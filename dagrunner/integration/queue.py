@@ -149,9 +149,7 @@ class QueueEntry:
             allow_protected=self.allow_protected or line.allow_protected,
             priority=self.priority if line.priority is None else line.priority,
             # a batch's size and the target's colour are the run's news, not the item's
-            details=self.details
-            if line.event in PASSING
-            else self.details.merged(line.details),
+            details=self.details if line.event in PASSING else self.details.merged(line.details),
         )
 
 

@@ -17,7 +17,7 @@ from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git.command import git
 from dagrunner.git.locks import check_locks
 from dagrunner.integration import target_checkout as checkouts
-from dagrunner.integration.trailers import landed_on_target
+from dagrunner.integration.landing import landed_on_target
 from dagrunner.records.integration import FINAL, Details, EnvelopeState, StaleCheckout
 
 if TYPE_CHECKING:

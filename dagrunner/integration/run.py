@@ -23,11 +23,11 @@ from dagrunner.executors.factory import executor_for
 from dagrunner.git.command import git
 from dagrunner.git.repo import check_branch
 from dagrunner.integration.admission import trusted_manifest
-from dagrunner.integration.batching import Batch
 from dagrunner.integration.events import median_gate_run
+from dagrunner.integration.landing import SHA_TRAILER, TRAILER
+from dagrunner.integration.needs import Batch
 from dagrunner.integration.queue import Queue
 from dagrunner.integration.steps import Integrator, integrator_lock
-from dagrunner.integration.trailers import SHA_TRAILER, TRAILER
 from dagrunner.manifest.load import load_manifest
 from dagrunner.records.integration import FINAL, IntegrationResult
 from dagrunner.worktrees.allocate import default_target, open_context

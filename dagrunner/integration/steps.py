@@ -35,10 +35,10 @@ from dagrunner.git.repo import out_of_disk
 from dagrunner.integration import admission, landing, recovery
 from dagrunner.integration import target_checkout as checkouts
 from dagrunner.integration.admission import flagged, judging_files, refusal
-from dagrunner.integration.batching import Batch
+from dagrunner.integration.landing import commit_message
+from dagrunner.integration.needs import Batch
 from dagrunner.integration.pipeline import Pipeline
 from dagrunner.integration.queue import Queue, QueueEntry
-from dagrunner.integration.trailers import commit_message
 from dagrunner.manifest.load import load_manifest
 from dagrunner.records.integration import (
     Details,

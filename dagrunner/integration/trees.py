@@ -174,6 +174,29 @@ class Trees:
             record,
         )
 
+    async def gate_head(self, head: str, tally: PipelineTally) -> RunRecord:
+        """One gate run of the target's head itself, in any free slot (a baseline's)."""
+        tally.gate_runs += 1
+        run_dir = self.it.reports / f"gates-{tally.gate_runs:02d}"
+        manifest = await trio.to_thread.run_sync(self.it.trusted_manifest, head)
+        run = GateRun(
+            item=Item([]),
+            number=0,
+            position=-1,
+            confirm=False,
+            generation=0,
+            base=head,
+            commit=head,
+            manifest=manifest,
+            only=(),
+            ids=(),
+            scope=trio.CancelScope(),
+            slot=None,
+        )
+        record = await self.gate(run, run_dir, head)
+        tally.gate_cpu += sum(a.cpu_seconds for g in record.gates for a in g.attempts)
+        return record
+
     def prove(self, landed: Item) -> str | None:
         """The landed commit's proof in refs/notes/dagrunner; a warning when not written."""
         return proofs.write_landed(

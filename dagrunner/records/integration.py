@@ -282,6 +282,7 @@ class PipelineTally:
     warnings: list[str] = field(default_factory=list)  # a landed proof not written, ...
     gate_cpu: float = 0.0  # CPU-seconds of every gate process tree run (reused ones: none)
     batches: list[int] = field(default_factory=list)  # the batch sizes chosen, in order
+    target_red: tuple[str, ...] = ()  # differential: what the target's head failed, last seen
 
 
 @dataclass
@@ -307,6 +308,7 @@ class IntegrationResult:
     checkout_stale: StaleCheckout | None = None  # landed, but the checkout could not follow
     gate_cpu: float = 0.0  # CPU-seconds of every gate process tree the run ran
     batches: list[int] = field(default_factory=list)  # the batch sizes it chose, in order
+    target_red: tuple[str, ...] = ()  # differential: what the target's head failed, last seen
 
     @property
     def gates_failed(self) -> bool:
@@ -363,4 +365,5 @@ class IntegrationResult:
             "warnings": self.warnings,
             "gate_cpu": round(self.gate_cpu, 3),
             "batches": self.batches,
+            "target_red": list(self.target_red),
         }
