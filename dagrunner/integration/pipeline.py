@@ -380,9 +380,9 @@ class Pipeline:
         outcome = await trio.to_thread.run_sync(land)
         if outcome is LandOutcome.LANDED:
             self.baseline.landed(front.commit, front.record)
-            self.announce(front, EnvelopeState.LANDED)
             self.items.pop(0)
             self.head, self.moves = front.commit, 0
+            self.announce(front, EnvelopeState.LANDED)
             self.window = min(self.ceiling, self.window + 1)
             self.cleaners.start_soon(landing.clean, self.it, [e.id for e in front.envelopes])
         elif outcome is LandOutcome.MOVED:

@@ -1,0 +1,159 @@
+"""The queue at swarm volume, on real repositories and gate processes: batches that size
+themselves (grow on passes, shrink on a culprit, never land an ungated tree) and
+differential gating (a red target does not stall the swarm)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import commit_release_manifest, git
+from test_integration import breaks_gate, states, worker
+from test_pipeline import numbered, recording_gate
+
+from dagrunner import watch
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
+
+
+def target_heads(project: Path, base: str) -> list[str]:
+    """Every commit the target pointed at since ``base``, from its reflog (oldest first)."""
+    moved = git(project, "reflog", "--format=%H", "refs/heads/main").split()[::-1]
+    return moved[moved.index(base) + 1 :]
+
+
+def assert_every_landing_was_gated(project: Path, base: str, tmp: Path) -> None:
+    """Never an ungated tree: each tree the target moved to is one a gate run judged."""
+    gated = set((tmp / "gated.txt").read_text().split())
+    for head in target_heads(project, base):
+        assert git(project, "rev-parse", f"{head}^{{tree}}").strip() in gated, head
+
+
+def batch_events(project: Path) -> list[str]:
+    return [
+        e.details.note or "" for e in watch(repo=project, follow=False) if e.event == "batch-size"
+    ]
+
+
+def test_auto_batches_grow_while_they_pass(project: Path, tmp_path: Path) -> None:
+    base = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), numbered(project, 20))
+    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.05), window=1)
+    assert set(states(project).values()) == {"landed"}
+    assert result.batches[0] == 4 and max(result.batches) >= 8, result.batches
+    assert sum(result.batches) == 20
+    said = batch_events(project)
+    assert said[0].startswith("batch size 4: the first batch")
+    assert any(n.startswith("batch size 8: grew: ") for n in said), said
+    assert result.gate_runs < 20 / 2  # one run per batch, far fewer than one per envelope
+    assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_auto_batches_shrink_on_a_culprit_and_only_it_fails(project: Path, tmp_path: Path) -> None:
+    base = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), numbered(project, 12, bad={2}))
+    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.05), window=1)
+    final = states(project)
+    assert final.pop("n02") == "gates-failed" and set(final.values()) == {"landed"}
+    said = batch_events(project)
+    assert any(n.startswith("batch size 2: shrank: 0 of the last 1") for n in said), said
+    assert result.confirm_runs == 1  # confirmed once, where it is blamed
+    assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_a_fixed_batch_is_the_manifests_and_no_size_is_decided(project: Path) -> None:
+    body = (project / "manifests" / "release.toml").read_text()
+    commit_release_manifest(project, "[integrate]\nbatch = 3\n" + body)
+    submit(repo_info(project), numbered(project, 6))
+    result = integrate(repo=project, window=1)
+    assert result.batches == [3, 3]
+    assert batch_events(project) == ["batch size 3: fixed by --batch or [integrate] batch"]
+
+
+CHECK = """import pathlib, sys
+red = "RED" in pathlib.Path("known.txt").read_text()
+new = any("NEWBREAK" in p.read_text() for p in pathlib.Path(".").glob("*.txt"))
+cases = [("test_known", red), ("test_new", new), ("test_fine", False)]
+body = "".join(
+    f'<testcase classname="suite" name="{n}">' + ("<failure/>" if bad else "") + "</testcase>"
+    for n, bad in cases
+)
+pathlib.Path("out").mkdir(exist_ok=True)
+pathlib.Path("out/junit.xml").write_text(
+    f'<testsuite name="suite" tests="3" failures="{red + new}">{body}</testsuite>'
+)
+sys.exit(1 if red or new else 0)
+"""
+
+
+def red_target(project: Path, baseline: str) -> None:
+    """A target whose own head already fails JUnit case test_known."""
+    (project / "check.py").write_text(CHECK)
+    (project / "known.txt").write_text("RED since this commit\n")
+    (project / ".gitignore").write_text("out/\n")
+    setting = f'[integrate]\nbaseline = "{baseline}"\n\n' if baseline else ""
+    git(project, "add", "check.py", "known.txt", ".gitignore")
+    commit_release_manifest(
+        project,
+        f'{setting}[gates.tests]\nrun = ["python3", "check.py"]\njunit = "out/junit.xml"\n',
+    )
+
+
+def five_envelopes(project: Path) -> list[Path]:
+    """Four good envelopes and, third, one that adds the failing case test_new."""
+    return [
+        worker(
+            project,
+            f"e{i}",
+            (lambda p: (p / "third.txt").write_text("NEWBREAK\n"))
+            if i == 3
+            else (lambda p, i=i: (p / f"e{i}.txt").write_text(f"{i}\n")),
+        )
+        for i in range(1, 6)
+    ]
+
+
+def test_differential_lands_what_adds_no_failure_and_names_what_is_new(project: Path) -> None:
+    red_target(project, "differential")
+    red_since = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), five_envelopes(project))
+    result = integrate(repo=project)
+    assert states(project) == {
+        "e1": "landed",
+        "e2": "landed",
+        "e3": "gates-failed",
+        "e4": "landed",
+        "e5": "landed",
+    }
+    failed = next(e for e in result.envelopes if e.worker == "e3")
+    assert failed.details.failed_gates == ("tests",)
+    assert failed.details.failed_tests == ("tests::suite::test_new",)
+    red = [e for e in watch(repo=project, follow=False) if e.event == "target-red"]
+    assert len(red) == 1, red  # said once, however many items met it
+    assert red[0].details.target_red == ("tests::suite::test_known",)
+    assert red[0].details.red_since == red_since
+    assert result.target_red == ("tests::suite::test_known",)
+    assert "RED" in git(project, "show", "main:known.txt")  # the target is no worse
+
+
+def test_absolute_is_todays_behaviour_every_item_fails_on_a_red_target(project: Path) -> None:
+    red_target(project, "")
+    before = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), five_envelopes(project))
+    result = integrate(repo=project)
+    assert set(states(project).values()) == {"gates-failed"}
+    assert git(project, "rev-parse", "main").strip() == before
+    assert not [e for e in watch(repo=project, follow=False) if e.event == "target-red"]
+    assert all(e.details.failed_tests is None for e in result.envelopes)
+
+
+def test_a_red_target_that_a_landing_fixes_turns_green(project: Path) -> None:
+    red_target(project, "differential")
+    first = worker(project, "first", breaks_gate)  # BROKEN: the check does not read it
+    fix = worker(project, "fix", lambda p: (p / "known.txt").write_text("fixed\n"))
+    submit(repo_info(project), [first, fix])
+    integrate(repo=project, batch=1)
+    assert states(project) == {"first": "landed", "fix": "landed"}
+    events = [e.event for e in watch(repo=project, follow=False)]
+    assert events.count("target-red") == 1 and events.count("target-green") == 1
+    assert events.index("target-red") < events.index("target-green")
