@@ -109,7 +109,8 @@ def test_every_envelope_outcome_and_queue_entry_keeps_its_shape(
         assert list(outcome) == OUTCOME_KEYS[outcome["state"]], outcome["state"]
     assert result["counts"] == {"conflict": 1, "gates-failed": 1, "landed": 2, "rejected": 1}
     _, queue = run_json(capsys, "integrate", "status", *base)
-    assert list(queue) == ["envelopes", "counts", "eta"]  # eta: with the ETA per item
+    # eta: with the ETA per item; target_red: with differential gating
+    assert list(queue) == ["envelopes", "counts", "eta", "target_red"]
     for entry in queue["envelopes"]:
         assert list(entry) == QUEUE_KEYS[entry["state"]], entry["state"]
 

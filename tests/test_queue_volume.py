@@ -12,7 +12,7 @@ from test_pipeline import numbered, recording_gate
 
 from dagrunner import watch
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.run import integrate
+from dagrunner.integration.run import integrate, queue_status
 from dagrunner.integration.submit import submit
 
 
@@ -134,6 +134,9 @@ def test_differential_lands_what_adds_no_failure_and_names_what_is_new(project: 
     assert red[0].details.red_since == red_since
     assert result.target_red == ("tests::suite::test_known",)
     assert "RED" in git(project, "show", "main:known.txt")  # the target is no worse
+    shown = queue_status(repo=project)["target_red"]
+    assert shown == {"main": {"fails": ["tests::suite::test_known"], "since": red_since,
+                              "at": red[0].at}}  # fmt: skip
 
 
 def test_absolute_is_todays_behaviour_every_item_fails_on_a_red_target(project: Path) -> None:
@@ -157,3 +160,4 @@ def test_a_red_target_that_a_landing_fixes_turns_green(project: Path) -> None:
     events = [e.event for e in watch(repo=project, follow=False)]
     assert events.count("target-red") == 1 and events.count("target-green") == 1
     assert events.index("target-red") < events.index("target-green")
+    assert queue_status(repo=project)["target_red"] == {}  # green again: no longer shown

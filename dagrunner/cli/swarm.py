@@ -290,9 +290,16 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             return ExitCode.OK
         from dagrunner.git.repo import repo_info
         from dagrunner.integration.queue import Queue
+        from dagrunner.integration.run import red_targets
 
-        for entry in Queue.of(repo_info(args.repo)).entries().values():
+        queue = Queue.of(repo_info(args.repo))
+        for entry in queue.entries().values():
             print(f"{entry.id:<50} {entry.state}")
+        for goal, red in red_targets(queue).items():
+            print(
+                f"target {goal} is red since {str(red['since'])[:12]}: it fails "
+                f"{', '.join(red['fails'])} (items are blamed only for what they add)"
+            )
         return ExitCode.OK
     shown = None if args.json or args.quiet else _queue_status(args.repo, args.target)
     try:

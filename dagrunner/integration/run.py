@@ -111,7 +111,29 @@ def queue_status(*, repo: Path | None = None) -> dict[str, Any]:
                 if run_seconds is None
                 else round(math.ceil(position / window) * run_seconds, 1)
             )
-    return {"envelopes": body, "counts": counts, "eta": {"gate_run_seconds": run_seconds}}
+    return {
+        "envelopes": body,
+        "counts": counts,
+        "eta": {"gate_run_seconds": run_seconds},
+        "target_red": red_targets(Queue.of(ctx.info)),
+    }
+
+
+def red_targets(queue: Queue) -> dict[str, dict[str, Any]]:
+    """Each target last said red (``target-red``, not ``target-green`` since): what it fails
+    and since which head (a differential baseline's; docs/integration.md)."""
+    red: dict[str, dict[str, Any]] = {}
+    for line in queue.lines():
+        goal = line.target or ""
+        if line.event == "target-red":
+            red[goal] = {
+                "fails": list(line.details.target_red or ()),
+                "since": line.details.red_since,
+                "at": line.at,
+            }
+        elif line.event == "target-green":
+            red.pop(goal, None)
+    return red
 
 
 def _window(root: Path, target: str) -> int:
