@@ -5,6 +5,7 @@ differential gating (a red target does not stall the swarm)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from conftest import commit_release_manifest, git
 from test_integration import breaks_gate, states, worker
@@ -161,3 +162,27 @@ def test_a_red_target_that_a_landing_fixes_turns_green(project: Path) -> None:
     assert events.count("target-red") == 1 and events.count("target-green") == 1
     assert events.index("target-red") < events.index("target-green")
     assert queue_status(repo=project)["target_red"] == {}  # green again: no longer shown
+
+
+def test_a_conflict_behind_the_front_leaves_its_batch_and_stalls_nothing(
+    project: Path, tmp_path: Path
+) -> None:
+    """c6 edits the line c1 edits: on the speculative head (c1's batch ahead) it does not
+    apply, so it is put aside, and the rest of its batch is gated at once beside the first;
+    at the front c6 is a conflict, never gated."""
+
+    def edit(text: str) -> Any:
+        return lambda p: (p / "shared.txt").write_text(f"one\n{text}\nthree\n")
+
+    changes = {
+        f"c{i}": (lambda p, i=i: (p / f"c{i}.txt").write_text(f"{i}\n")) for i in range(1, 9)
+    }
+    changes["c1"], changes["c6"] = edit("TWO from c1"), edit("TWO from c6")
+    submit(repo_info(project), [worker(project, name, change) for name, change in changes.items()])
+    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.5), window=2)
+    final = states(project)
+    assert final.pop("c6") == "conflict" and set(final.values()) == {"landed"}
+    first, second = result.pipeline[0], result.pipeline[1]
+    assert len(first.envelopes) == 4 and len(second.envelopes) == 3, result.pipeline
+    assert second.start < first.end  # gated beside the first batch, not after it
+    assert result.gate_runs == 2

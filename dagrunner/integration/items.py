@@ -57,7 +57,9 @@ class Item:
     priority: int = 0  # its envelopes' (``--priority``; queue.URGENT pre-empts)
     tree: str = ""  # its commit's tree: a tree that failed once in the run is not gated again
     fresh: bool = False  # a batch as admitted from the queue (not a half of a failed one)
-    excludes: frozenset[int] = frozenset()  # suspects ahead (``id``) its base leaves out
+    # suspects and deferred items ahead (``id``) its base leaves out: expected not to land
+    excludes: frozenset[int] = frozenset()
+    deferred: list[Envelope] = field(default_factory=list)  # of its batch, not applied here
     record: RunRecord | None = None  # its passing run's record (a differential baseline's)
     new_failures: tuple[str, ...] = ()  # differential: what it fails that the target does not
 

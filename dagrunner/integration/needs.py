@@ -57,7 +57,6 @@ class IntegratorLike(Protocol):
         wt: Path | None = None,
         *,
         final: bool = True,
-        journal: bool = True,
     ) -> str | None: ...
     def land(
         self,

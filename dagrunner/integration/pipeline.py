@@ -150,15 +150,14 @@ class Pipeline:
             if position == len(self.items) and not self.admit_item():
                 return
             item = self.items[position]
-            if item.stage is Stage.DEFERRED:
-                return  # nothing behind it can be built before it is
             if item.stage is Stage.WAITING:
                 built = await self.build(item, position)
-                if built == "deferred":
-                    return
                 if built == "gone":
                     continue  # nothing of it to gate: it left the pipeline
-                item.stage = Stage.BUILT
+            if item.stage is Stage.DEFERRED:
+                position += 1  # built again at the front; what is behind goes on without it
+                continue
+            item.stage = Stage.BUILT if item.stage is Stage.WAITING else item.stage
             if position >= self.window:
                 return
             if item.stage is Stage.BUILT and not self.known(item):
@@ -201,7 +200,7 @@ class Pipeline:
         to fail: what is behind it is built without it (``item.excludes`` says so)."""
         skipped: set[int] = set()
         for ahead in reversed(self.items[:position]):
-            if ahead.suspected:
+            if ahead.suspected or ahead.stage is Stage.DEFERRED:
                 skipped.add(id(ahead))
             elif ahead.stage is not Stage.FAILED:
                 item.excludes = frozenset(skipped | ahead.excludes)
@@ -218,6 +217,13 @@ class Pipeline:
             item.stage = Stage.DEFERRED
         elif built == "gone":
             self.items.remove(item)
+        elif item.deferred:  # some of a batch do not apply here: an item of their own behind
+            later = Item(item.deferred, stage=Stage.DEFERRED, priority=item.priority)
+            self.items.insert(position + 1, later)
+            item.deferred = []
+        if built == "built" and any(id(item) in x.excludes for x in self.items):
+            # it applied at the front after all: what was built without it is built again
+            self.reset_from(position + 1, cause=None, why=f"rebuilt on {item.ids[0]}")
         return built
 
     def launch(self, item: Item, position: int, *, confirm: bool = False) -> None:

@@ -55,10 +55,6 @@ from dagrunner.worktrees.prepare import release_seeds
 HUNK_LIMIT = 16 * 1024
 
 
-def _unrecorded(envelope_id: str, state: EnvelopeState, details: Details | None = None) -> None:
-    """What ``apply`` records with when the journal must not hear of it (a twin)."""
-
-
 def integrator_lock(path: Path, *, wait: bool) -> contextlib.AbstractContextManager[None]:
     """Hold the per-target integrator lock; say who holds it when it is taken."""
     return locked(
@@ -293,14 +289,12 @@ class Integrator:
         wt: Path | None = None,
         *,
         final: bool = True,
-        journal: bool = True,
     ) -> str | None:
         """Apply and commit one envelope in ``wt`` (default: the first integration worktree);
         the new commit, or None.  ``final``: a conflict or corrupt patch is its outcome
-        (recorded); otherwise (a speculative head) it is queued again, to be judged later
-        (``journal`` False: a twin, of which the journal says nothing)."""
+        (recorded); otherwise (a speculative head) it is queued again, to be judged later."""
         wt = wt or self.wt
-        record = self.queue.record if journal else _unrecorded
+        record = self.queue.record
         record(envelope.id, EnvelopeState.APPLYING)
         crash_point("applying")
         before = git(["rev-parse", "HEAD"], cwd=wt).text

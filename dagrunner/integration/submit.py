@@ -3,7 +3,9 @@ queued twice, each item's provenance from the ledger, its priority, and what the
 foresees -- an envelope that conflicts, on its content, with one queued ahead of it for the
 same target is journaled with an ``overlap`` event (both ids, the paths), so an
 orchestrator can stop or re-plan that worker before its turn (``integrate watch`` streams
-it).  Envelopes whose paths do not meet are never merged (``worktrees/overlaps``).
+it).  Envelopes whose paths do not meet are never merged (``worktrees/overlaps``); those
+that meet are merged once with the combined work of the queue, and pairwise only to name
+the culprits of a conflict (``worktrees/foresight``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dagrunner.git.repo import RepoInfo, check_branch, checkout_branch
 from dagrunner.integration.queue import PRIORITIES, URGENT, Queue, QueueEntry, same_repository
 from dagrunner.names import is_safe_id
 from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeState
+from dagrunner.worktrees.foresight import Foresight
 from dagrunner.worktrees.overlaps import Side, envelope_side, merge, shared
 
 MAX_PATHS = 50  # conflicting paths an overlap event names
@@ -50,7 +53,9 @@ def loaded(load: Callable[[str], Envelope], items: Iterable[str]) -> list[tuple[
 def conflicts_ahead(
     info: RepoInfo, envelope: Envelope, ahead: Iterable[tuple[str, Envelope]]
 ) -> list[Foreseen]:
-    """The items ``ahead`` (id, envelope) whose tree conflicts with ``envelope``'s."""
+    """The items ``ahead`` (id, envelope) whose tree conflicts with ``envelope``'s, merged
+    pairwise: what ``Foresight.foresee`` finds, at a cost that grows with the queue (kept as
+    its peer: ``submit(pairwise=True)``, the benchmark's)."""
     found: list[Foreseen] = []
     mine: Side | str | None = None
     for other_id, other in ahead:
@@ -142,6 +147,7 @@ def submit(
     allow_protected: bool = False,
     priority: int = 0,
     requeue: bool = False,
+    pairwise: bool = False,
 ) -> list[Submitted]:
     """Put envelopes on the queue (durably) for ``target`` (default: the branch of the main
     checkout) and return each one's position.
@@ -151,6 +157,8 @@ def submit(
     queued as its own item (module doc).  ``requeue``: the same envelope whose item ended
     ``gates-failed`` or ``rejected`` (an environmental failure, the manifest fixed since) is
     queued again as a new item, ``<item>.rN``; the old one keeps its verdict.
+    ``pairwise``: foresee overlaps the old way, every envelope ahead read and merged again
+    (the benchmark's peer).
     """
     goal = target or checkout_branch(info)
     check_branch(info, goal)
@@ -186,6 +194,13 @@ def submit(
     results: list[Submitted] = []
     with queue.lock():
         known = queue.entries()
+        seer = Foresight.open(
+            repo=info.root,
+            common=info.common_dir,
+            queue_dir=queue.dir,
+            target=goal,
+            load=queue.load,
+        )
         for path, envelope, raw in envelopes:
             order = list(known)
             item = _latest(_item_id(queue, envelope, known), known)
@@ -226,7 +241,13 @@ def submit(
             try:
                 atomic_write(queue.envelope_path(item), raw)
                 queue.record(item, EnvelopeState.QUEUED, NO_DETAILS, provenance=proof, **origin)
-                overlaps = conflicts_ahead(info, envelope, loaded(queue.load, ahead))
+                if pairwise:
+                    overlaps = conflicts_ahead(info, envelope, loaded(queue.load, ahead))
+                else:
+                    overlaps = [  # bounded: the journal line is read by every watcher
+                        Foreseen(other, paths[:MAX_PATHS])
+                        for other, paths in seer.foresee(item, envelope, ahead)
+                    ]
                 for seen in overlaps:
                     queue.record(item, EnvelopeState.QUEUED, seen.details(), event="overlap")
             except OSError as exc:
@@ -244,6 +265,9 @@ def submit(
             known[item] = QueueEntry(
                 id=item, state=EnvelopeState.QUEUED, target=goal, provenance=proof
             )
+            if not pairwise:
+                with contextlib.suppress(OSError, DagrunnerError):  # a cache: rebuilt
+                    seer.save()
             results.append(
                 Submitted(
                     id=item,

@@ -20,7 +20,7 @@ from dagrunner.git.repo import cache_root, remove_worktrees
 from dagrunner.integration import proofs
 from dagrunner.integration.items import Finished, GateRun, Item
 from dagrunner.manifest.load import Manifest
-from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
+from dagrunner.records.integration import PipelineTally
 from dagrunner.records.run import RunRecord, RunStatus, Status
 from dagrunner.worktrees import seeds, share
 from dagrunner.worktrees.prepare import provision_seeds, release_seeds
@@ -70,16 +70,14 @@ class Trees:
         remove_worktrees(self.it.repo, unused)
 
     async def build(
-        self, item: Item, head: str, *, final: bool, journal: bool = True
+        self, item: Item, head: str, *, final: bool
     ) -> Literal["built", "deferred", "gone"]:
         """Apply ``item`` on its base in a slot of its own: built (``item.slot`` holds it,
         exactly its tree); deferred (it conflicts behind the front); or gone (its envelopes
         all ended at the front: conflict, rejected).  Only a built item keeps its slot."""
         slot = await self.take(head)
         try:
-            built = await trio.to_thread.run_sync(
-                lambda: self.apply_all(item, slot, final, head, journal=journal)
-            )
+            built = await trio.to_thread.run_sync(lambda: self.apply_all(item, slot, final, head))
         except BaseException:
             self.give(slot)
             raise
@@ -89,25 +87,24 @@ class Trees:
         item.slot = slot  # its first gate run uses it as it is
         return "built"
 
-    def apply_all(
-        self, item: Item, slot: Path, final: bool, head: str, *, journal: bool = True
-    ) -> bool:
-        """Apply the item's envelopes on its base in ``slot``; False: one conflicts behind
-        the front (``final`` False), and the item is deferred.  ``journal`` False (a twin):
-        the envelopes' journal says nothing of it."""
+    def apply_all(self, item: Item, slot: Path, final: bool, head: str) -> bool:
+        """Apply the item's envelopes on its base in ``slot``.  Behind the front (``final``
+        False) an envelope that does not apply is put aside (``item.deferred``: retried at
+        the front, each journaled so) and the rest go on; False: none applied, and the item
+        is deferred as it is."""
         it = self.it
         it.reset(item.base, slot)
-        item.applied = []
+        item.applied, item.deferred = [], []
         for envelope in item.envelopes:
-            commit = it.apply(envelope, slot, final=final, journal=journal)
+            commit = it.apply(envelope, slot, final=final)
             if commit is not None:
                 item.applied.append((envelope, commit))
             elif not final:
-                for done, _ in item.applied if journal else ():
-                    it.queue.record(done.id, EnvelopeState.QUEUED, Details(note="deferred"))
-                item.applied = []
-                return False
-        item.envelopes = [e for e, _ in item.applied]  # the rest ended (conflict, rejected)
+                item.deferred.append(envelope)
+        if item.deferred and not item.applied:
+            item.deferred = []
+            return False
+        item.envelopes = [e for e, _ in item.applied]  # the rest ended, or were put aside
         item.commit = item.applied[-1][1] if item.applied else item.base
         item.tree = git(["rev-parse", f"{item.commit}^{{tree}}"], cwd=it.repo).text
         item.manifest = it.trusted_manifest(head, slot)
