@@ -125,7 +125,7 @@ def test_integrate_run_shows_what_it_gates(repo: Path, capsys: pytest.CaptureFix
         run_json(capsys, "worktree", "export", f"m/{name}", "-o", out, *base)
         files.append(out)
     run_json(capsys, "integrate", "submit", *files, *base)
-    code, text = under_pty(repo, ["integrate", "run", "--window", "1", *base])
+    code, text = under_pty(repo, ["integrate", "run", "--window", "1", "--batch", "1", *base])
     assert code == 0, text
     seen = [m.group(1) for m in re.finditer(r"\r\x1b\[K(\[\d/2\] gating:[^\r\n]*)", text)]
     assert any(re.match(r"\[0/2\] gating: .*m\.w1\.\w+ \ds", s) for s in seen), seen

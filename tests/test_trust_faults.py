@@ -147,14 +147,14 @@ def test_stale_locks_in_every_speculative_slot_are_cleared(tmp_path: Path) -> No
     HEAD.lock under any of them is removed, where it once failed every rerun."""
     repo = make_project(tmp_path)
     submit(repo_info(repo), [envelope(repo, f"w{i}") for i in range(3)])
-    assert integrate(repo=repo, window=3).ok  # makes the speculative slots
+    assert integrate(repo=repo, window=3, batch=1).ok  # makes the speculative slots
     admins = sorted((repo / ".git" / "worktrees").iterdir())
     assert len(admins) >= 2
     for admin in admins:
         (admin / "index.lock").write_text("")
         (admin / "HEAD.lock").write_text("")
     submit(repo_info(repo), [envelope(repo, f"v{i}") for i in range(3)])
-    result = integrate(repo=repo, window=3)
+    result = integrate(repo=repo, window=3, batch=1)
     assert result.ok and {str(e.state) for e in result.envelopes} == {"landed"}
     assert not [a for a in admins if (a / "index.lock").exists() or (a / "HEAD.lock").exists()]
 
