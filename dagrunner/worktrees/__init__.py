@@ -7,6 +7,8 @@
 - ``export``: a worktree's work as a patch envelope.
 - ``landed``: a worker's worktree after its envelope landed (cleaned only on proof).
 - ``overlaps``: which live work (worktrees, envelopes, the tip) would conflict, on content.
+- ``foresight``: submit's foresight, kept per target (each queued item's side, computed
+  once, and their combined commits), so a submit costs the same with a long queue.
 - ``sync``: a worktree onto the target's tip, all of its work carried.
 - ``ports``: the ports leased to each worktree (``[worktrees] ports``).  ``disk``: what
   the worktrees hold on disk, and the budget an allocation keeps (``max_disk``).

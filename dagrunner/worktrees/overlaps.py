@@ -146,7 +146,12 @@ def shared(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
 
 def merge(common: Path, a: Side, b: Side) -> tuple[bool, tuple[str, ...]]:
     """Whether ``a`` and ``b`` merge cleanly on their content; the conflicting paths."""
-    merged = merge_commits(common, a.commit, b.commit)
+    return merge_sides(common, a.commit, b.commit)
+
+
+def merge_sides(common: Path, a: str, b: str) -> tuple[bool, tuple[str, ...]]:
+    """``merge`` of two sides' commits (``foresight`` keeps the commits, not the sides)."""
+    merged = merge_commits(common, a, b)
     if merged.failed:
         return True, (f"(git merge-tree failed: {merged.failed})",)
     return merged.tree is None, merged.conflicts
