@@ -303,6 +303,7 @@ class Pipeline:
             # split, and the envelope it is narrowed down to is.
             item.stage = Stage.SUSPECT
             self.reset_from(self.items.index(item) + 1, cause=item)  # built on, without it
+            self.coalesce(self.items.index(item) + 1)
             self.confirm_next()
             return
         item.stage = Stage.FAILED
@@ -325,6 +326,26 @@ class Pipeline:
         self.trees.give(item.reset())
         self.items[index : index + 1] = [first, second]
         self.reset_from(index + 2, cause=None, why=f"rebuilt behind the halves of {item.ids[0]}+")
+        self.coalesce(index + 2)
+
+    def coalesce(self, start: int) -> None:
+        """Items from ``start`` on that wait to be built, of one priority, side by side, are
+        gated together again (up to the batch size): the pieces a bisection left behind the
+        failure it found need not be gated one by one."""
+        index, most = start, max(2, self.sizer.size)
+        while index + 1 < len(self.items):
+            item, after = self.items[index], self.items[index + 1]
+            if (
+                item.stage is Stage.WAITING
+                and after.stage is Stage.WAITING
+                and item.priority == after.priority
+                and len(item.envelopes) + len(after.envelopes) <= most
+            ):
+                item.envelopes += after.envelopes
+                item.fresh = item.fresh and after.fresh
+                del self.items[index + 1]
+            else:
+                index += 1
 
     def confirm_next(self) -> None:
         """Re-run the failed gates of the first undecided item, when it failed."""
