@@ -332,7 +332,7 @@ class Pipeline:
         """Items from ``start`` on that wait to be built, of one priority, side by side, are
         gated together again (up to the batch size): the pieces a bisection left behind the
         failure it found need not be gated one by one."""
-        index, most = start, max(2, self.sizer.size)
+        index, most = start, self.sizer.fixed or max(2, self.sizer.size)
         while index + 1 < len(self.items):
             item, after = self.items[index], self.items[index + 1]
             if (
