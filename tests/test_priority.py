@@ -126,8 +126,14 @@ def test_stats_read_the_journal_of_a_real_run(project: Path, tmp_path: Path) -> 
     assert body["time_in_queue"]["count"] == 5
     assert 0 < body["time_in_queue"]["p50"] <= body["time_in_queue"]["p95"] < 120
     assert body["wasted_gate_runs"] == result.resets
-    assert body["gate_runs"] >= result.gate_runs - result.confirm_runs
-    assert body["gate_runs_per_landed"] >= 1
+    # one gate-run event per run: the very runs the result counts, and what they cost
+    assert body["gate_runs"] == result.gate_runs
+    assert body["gate_runs_per_landed"] == round(result.gate_runs / 3, 3)
+    assert (
+        body["gate_cpu_seconds"] == round(result.gate_cpu, 3)
+        or abs(body["gate_cpu_seconds"] - result.gate_cpu) < 0.01
+    )
+    assert body["gate_cpu_per_landed"] > 0
     recent = subprocess.run(
         [*CLI, "integrate", "stats", "--since", "1s", "--json"], cwd=project, capture_output=True
     )
@@ -145,6 +151,7 @@ def test_stats_read_the_journal_of_a_real_run(project: Path, tmp_path: Path) -> 
     assert 'dagrunner_queue_outcomes_total{state="landed"} 3' in text
     assert "# TYPE dagrunner_queue_time_in_queue_seconds summary" in text
     assert "dagrunner_queue_time_in_queue_seconds_count 5" in text
+    assert "# TYPE dagrunner_queue_gate_cpu_seconds_total counter" in text
 
 
 def test_status_gives_each_pending_item_its_position_and_an_eta_from_the_history(

@@ -332,3 +332,20 @@ def test_the_callers_activated_venv_comes_first_whatever_launched_dagrunner(
     code, _, run_dir = check(capsys, repo, manifest)
     assert code == 0
     assert (run_dir / "logs" / "which.log").read_text().split()[0] == "venv"
+
+
+def test_short_processes_cpu_counts_where_the_gate_has_a_cgroup(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Twenty children that each spin 50 ms and exit between two samples: the kernel's
+    count (the gate's cgroup) sees them all; where there is no cgroup, sampling is what
+    there is, and the figure is at least never more than what was spent."""
+    from dagrunner.process.contain import detect
+
+    spin = "import time\nt = time.process_time() + 0.05\nwhile time.process_time() < t: pass"
+    (repo / "spin.py").write_text(spin)
+    short = measured(capsys, repo, "short", f'run = "for i in $(seq 20); do {PY} spin.py; done"')
+    cpu = short["attempts"][0]["cpu_seconds"]
+    if "cgroup" in detect().mode:
+        assert cpu >= 20 * 0.05, cpu
+    assert cpu < 60

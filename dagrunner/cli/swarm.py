@@ -228,6 +228,11 @@ def _stats(args: argparse.Namespace) -> int:
             f"envelope), {body['wasted_gate_runs']} wasted by resets, "
             f"{body['flaky_reruns']} flaky re-runs; {body['overlaps']} overlaps foreseen"
         )
+        if body["gate_cpu_seconds"] is not None:
+            print(
+                f"gate CPU: {body['gate_cpu_seconds']}s "
+                f"({body['gate_cpu_per_landed'] or '-'}s per landed envelope)"
+            )
     return ExitCode.OK
 
 

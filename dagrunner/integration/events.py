@@ -31,7 +31,10 @@ from dagrunner.records.integration import FINAL, Details, EnvelopeState
 
 POLL = 0.1  # seconds between looks at the journal while following it
 # events that are not a state of their own
-NAMED = ("flaky", "speculation-reset", "overlap", "batch-size", "target-red", "target-green")
+NAMED = (
+    *("flaky", "speculation-reset", "overlap"),
+    *("batch-size", "target-red", "target-green", "gate-run"),
+)
 
 # What each final state means to ``integrate submit --wait`` (docs/integration.md).
 WAIT_EXIT: dict[EnvelopeState, ExitCode] = {
@@ -210,8 +213,9 @@ class QueueStats:
     outcomes: dict[str, int]  # final state -> envelopes
     pending: int
     time_in_queue: tuple[float, ...]  # submission to final state, of the envelopes ended
-    gate_runs: int  # gate runs that judged an envelope (one per envelope and run)
-    gate_runs_landed: int  # of those, runs that judged an envelope that landed
+    gate_runs: int  # gate runs (``gate-run`` events; an older journal: one per envelope and run)
+    gate_runs_landed: int  # an older journal's: runs that judged an envelope that landed
+    gate_cpu: float | None  # CPU-seconds of the gate runs (None: an older journal)
     wasted: int  # runs cancelled by a reset (a failure ahead, the target moved, urgent)
     flaky: int  # re-runs that passed a gate that had failed
     overlaps: int  # conflicts foreseen at submit
@@ -234,10 +238,19 @@ class QueueStats:
                 "p95": self.quantile(0.95),
             },
             "gate_runs": self.gate_runs,
-            "gate_runs_per_landed": round(self.gate_runs_landed / landed, 3) if landed else None,
+            "gate_runs_per_landed": round(
+                (self.gate_runs if self.gate_cpu is not None else self.gate_runs_landed) / landed,
+                3,
+            )
+            if landed
+            else None,
             "wasted_gate_runs": self.wasted,
             "flaky_reruns": self.flaky,
             "overlaps": self.overlaps,
+            "gate_cpu_seconds": None if self.gate_cpu is None else round(self.gate_cpu, 3),
+            "gate_cpu_per_landed": round(self.gate_cpu / landed, 3)
+            if landed and self.gate_cpu is not None
+            else None,
         }
 
     def to_prometheus(self) -> str:
@@ -285,6 +298,10 @@ class QueueStats:
             [("", self.flaky)],
         )
         metric("overlaps_total", "counter", "Conflicts foreseen at submit.", [("", self.overlaps)])
+        metric("gate_cpu_seconds_total", "counter", "CPU-seconds of the gate runs.",
+               [("", body["gate_cpu_seconds"])])  # fmt: skip
+        metric("gate_cpu_per_landed", "gauge", "Gate CPU-seconds per landed envelope.",
+               [("", body["gate_cpu_per_landed"])])  # fmt: skip
         return "\n".join(lines) + "\n"
 
 
@@ -302,7 +319,8 @@ def queue_stats(*, repo: Path | None = None, since: float | None = None) -> Queu
     submitted: dict[str, float] = {}
     ended: dict[str, tuple[str, float]] = {}
     runs: dict[str, int] = {}
-    wasted = flaky = overlaps = 0
+    wasted = flaky = overlaps = ran = 0
+    cpu: float | None = None
     for event in watch(repo=repo, follow=False):
         at = _when(event.at)
         recent = cutoff is None or (at is not None and at >= cutoff)
@@ -316,6 +334,8 @@ def queue_stats(*, repo: Path | None = None, since: float | None = None) -> Queu
             flaky += 1
         elif event.event == "overlap" and recent:
             overlaps += 1
+        elif event.event == "gate-run" and recent:
+            ran, cpu = ran + 1, (cpu or 0.0) + (event.details.gate_cpu or 0.0)
         elif event.final and at is not None and event.id not in ended:
             ended[event.id] = (str(event.state), at)
     outcomes: dict[str, int] = {}
@@ -332,8 +352,9 @@ def queue_stats(*, repo: Path | None = None, since: float | None = None) -> Queu
         outcomes=dict(sorted(outcomes.items())),
         pending=sum(1 for i in submitted if i not in ended),
         time_in_queue=tuple(waits),
-        gate_runs=sum(runs.values()),
+        gate_runs=ran if cpu is not None else sum(runs.values()),
         gate_runs_landed=sum(runs.get(i, 0) for i in landed),
+        gate_cpu=cpu,
         wasted=wasted,
         flaky=flaky,
         overlaps=overlaps,

@@ -97,6 +97,7 @@ class Finished:
     proven: Mapping[str, GateProof] = field(default_factory=dict)  # what passed on its tree
     tree: str = ""  # the tree it gated
     record: RunRecord | None = None  # the run's own record (its gates' tests, for a baseline)
+    cpu: float = 0.0  # CPU-seconds its gates' processes took
 
 
 def auto_window(manifest: Manifest, cpu: float) -> int:

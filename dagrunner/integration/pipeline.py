@@ -260,6 +260,10 @@ class Pipeline:
         self.in_flight -= 1
         end = trio.current_time() - self.t0
         self.tally.pipeline.append(run.speculation(finished, start, end, str(run_dir)))
+        if run.ids:  # what the run cost, for ``integrate stats`` (one line per run)
+            cpu = round(finished.cpu, 3) if finished is not None else 0.0
+            details = Details(gate_run=run.number, gate_cpu=cpu)
+            self.it.queue.record(run.ids[0], EnvelopeState.GATING, details, event="gate-run")
         if finished is not None:
             self.send.send_nowait(finished)
 

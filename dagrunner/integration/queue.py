@@ -38,7 +38,8 @@ from dagrunner.names import is_safe_id
 from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeState
 from dagrunner.worktrees.ledger import now
 
-PASSING = ("batch-size", "target-red", "target-green")  # events whose details stay their own
+# events that say something of the run, not the item: its state and details stay as they were
+PASSING = ("batch-size", "target-red", "target-green", "gate-run")
 URGENT = 1 << 30  # ``--priority urgent``: before every number, and pre-empts what gates
 PRIORITIES = range(-1000, 1001)  # what --priority N takes
 
@@ -137,7 +138,7 @@ class QueueEntry:
             return self
         return QueueEntry(
             id=self.id,
-            state=line.state,
+            state=self.state if line.event in PASSING else line.state,
             submitted=self.submitted,
             mission=line.mission or self.mission,
             worker=line.worker or self.worker,

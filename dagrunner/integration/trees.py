@@ -154,7 +154,8 @@ class Trees:
         reused and the CPU its gates took are counted in ``tally``."""
         record = await self.gate(run, run_dir, head)
         cached = sum(g.status is Status.CACHED for g in record.gates)
-        tally.gate_cpu += sum(a.cpu_seconds for g in record.gates for a in g.attempts)
+        cpu = sum(a.cpu_seconds for g in record.gates for a in g.attempts)
+        tally.gate_cpu += cpu
         tally.gates_reused += cached
         tally.gates_waited = self.flights.waited
         if record.gates and cached == len(record.gates):
@@ -169,6 +170,7 @@ class Trees:
             proofs.proven_gates(record),
             run.tree,
             record,
+            cpu,
         )
 
     async def gate_head(self, head: str, tally: PipelineTally) -> RunRecord:

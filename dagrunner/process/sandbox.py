@@ -361,6 +361,7 @@ async def _run(
         RUNNING.pop(token, None)
         with contextlib.suppress(trio.ClosedResourceError, OSError):
             await stdout.aclose()
+        watch.settle_cpu()
         await trio.to_thread.run_sync(box.remove)
     if survivors:
         log.note(f"processes {survivors} survived SIGKILL")

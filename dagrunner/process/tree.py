@@ -58,6 +58,7 @@ class TreeWatch:
     cpu_by_pid: dict[int, float] = field(default_factory=dict)
     peak_rss: int = 0
     jail: Jail | None = None  # the gate's containment (contain.py), when this machine has one
+    kernel_cpu: float = 0.0  # the cgroup's own count of the tree's CPU (``settle_cpu``)
 
     def sample(self, *, full: bool = True) -> None:
         """Add the tree's current processes and usage to what has been seen.
@@ -87,7 +88,19 @@ class TreeWatch:
 
     @property
     def cpu_seconds(self) -> float:
-        return sum(self.cpu_by_pid.values())
+        return max(sum(self.cpu_by_pid.values()), self.kernel_cpu)
+
+    def settle_cpu(self) -> None:
+        """Where the gate has a cgroup of its own, the kernel's count of the whole tree's CPU
+        (v2 ``cpu.stat``, v1 ``cpuacct.usage``): exact, where sampling misses what a short
+        process took between two looks.  Read before the cgroup is removed."""
+        for group in self.jail.cgroups if self.jail is not None else ():
+            with contextlib.suppress(OSError, ValueError):
+                if (stat := group / "cpu.stat").is_file():
+                    usage = dict(line.split(" ", 1) for line in stat.read_text().splitlines())
+                    self.kernel_cpu = max(self.kernel_cpu, int(usage["usage_usec"]) / 1e6)
+                elif (acct := group / "cpuacct.usage").is_file():
+                    self.kernel_cpu = max(self.kernel_cpu, int(acct.read_text()) / 1e9)
 
     def _members(self) -> list[psutil.Process]:
         found: dict[int, psutil.Process] = {}

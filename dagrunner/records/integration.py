@@ -98,6 +98,7 @@ class Details:
     failed_tests: tuple[str, ...] | None = None
     target_red: tuple[str, ...] | None = None
     red_since: str | None = None  # target-red: the first head seen failing them
+    gate_cpu: float | None = None  # gate-run: the CPU-seconds its gates' processes took
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,7 +110,7 @@ class Details:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Details:
         gate_run, position = data.get("gate_run"), data.get("position")
-        batch = data.get("batch")
+        batch, cpu = data.get("batch"), data.get("gate_cpu")
         return cls(
             commit=text_of(data.get("commit")),
             gate_run=gate_run if isinstance(gate_run, int) else None,
@@ -135,6 +136,9 @@ class Details:
             failed_tests=_texts(data.get("failed_tests")),
             target_red=_texts(data.get("target_red")),
             red_since=text_of(data.get("red_since")),
+            gate_cpu=float(cpu)
+            if isinstance(cpu, int | float) and not isinstance(cpu, bool)
+            else None,
         )
 
     def merged(self, newer: Details) -> Details:
