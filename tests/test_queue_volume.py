@@ -134,6 +134,8 @@ def test_differential_lands_what_adds_no_failure_and_names_what_is_new(project: 
     assert red[0].details.target_red == ("tests::suite::test_known",)
     assert red[0].details.red_since == red_since
     assert result.target_red == ("tests::suite::test_known",)
+    head_runs = [r for r in result.pipeline if not r.envelopes]  # shared by every item
+    assert len(head_runs) == 1 and head_runs[0].gates == ("tests",), result.pipeline
     assert "RED" in git(project, "show", "main:known.txt")  # the target is no worse
     shown = queue_status(repo=project)["target_red"]
     assert shown == {"main": {"fails": ["tests::suite::test_known"], "since": red_since,
@@ -148,7 +150,10 @@ def test_absolute_is_todays_behaviour_every_item_fails_on_a_red_target(project: 
     assert set(states(project).values()) == {"gates-failed"}
     assert git(project, "rev-parse", "main").strip() == before
     assert not [e for e in watch(repo=project, follow=False) if e.event == "target-red"]
-    assert all(e.details.failed_tests is None for e in result.envelopes)
+    # every failure is blamed, and named by test case
+    named = {e.worker: e.details.failed_tests for e in result.envelopes}
+    assert named["e3"] == ("tests::suite::test_known", "tests::suite::test_new"), named
+    assert named["e1"] == ("tests::suite::test_known",), named
 
 
 def test_a_red_target_that_a_landing_fixes_turns_green(project: Path) -> None:
@@ -186,3 +191,22 @@ def test_a_conflict_behind_the_front_leaves_its_batch_and_stalls_nothing(
     assert len(first.envelopes) == 4 and len(second.envelopes) == 3, result.pipeline
     assert second.start < first.end  # gated beside the first batch, not after it
     assert result.gate_runs == 2
+
+
+def test_a_red_target_said_by_one_run_turns_green_in_the_next(project: Path) -> None:
+    """The colour lives in the journal: a fix landed by a later run says target-green, and
+    status stops showing red; that run's result ends green."""
+    red_target(project, "differential")
+    submit(repo_info(project), [worker(project, "first", breaks_gate)])
+    assert integrate(repo=project).target_red == ("tests::suite::test_known",)
+    assert queue_status(repo=project)["target_red"] != {}
+    fix = worker(project, "fix", lambda p: (p / "known.txt").write_text("fixed\n"))
+    submit(repo_info(project), [fix])
+    result = integrate(repo=project)
+    assert states(project) == {"first": "landed", "fix": "landed"}
+    events = [e.event for e in watch(repo=project, follow=False)]
+    assert events.count("target-red") == 1 and events.count("target-green") == 1
+    assert queue_status(repo=project)["target_red"] == {}
+    assert result.target_red == ()
+    head_runs = [r for r in result.pipeline if not r.envelopes]
+    assert head_runs == []  # the fix passed: the head's own verdict was never needed

@@ -294,8 +294,8 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             emit_json(queue_status(repo=args.repo))
             return ExitCode.OK
         from dagrunner.git.repo import repo_info
+        from dagrunner.integration.baseline import red_targets
         from dagrunner.integration.queue import Queue
-        from dagrunner.integration.run import red_targets
 
         queue = Queue.of(repo_info(args.repo))
         for entry in queue.entries().values():

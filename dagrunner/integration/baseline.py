@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import trio
 
@@ -73,13 +74,16 @@ class Failures:
 class Baseline:
     """The target heads' own failures, each found once, for a differential judgement."""
 
-    def __init__(self, mode: str, gate_head: Callable[[str], Awaitable[RunRecord]]) -> None:
+    def __init__(
+        self, mode: str, gate_head: Callable[[str], Awaitable[RunRecord]], red_since: str = ""
+    ) -> None:
         self.differential = mode == "differential"
         self.gate_head = gate_head  # one gate run of a head's tree: its record
         self.known: dict[str, Failures] = {}
         self.pending: dict[str, trio.Event] = {}
         self.head_runs = 0
-        self.red_since = ""  # the first head seen red ('' while green)
+        # the first head seen red ('' while green); a red an earlier run said, from the journal
+        self.red_since = red_since
 
     async def of(self, head: str) -> Failures:
         """``head``'s failures: known, being found by another item, or found now."""
@@ -110,12 +114,14 @@ class Baseline:
         if self.differential and record is not None:
             self.known[commit] = Failures.of(record)
 
-    def announce(self, queue: Queue, item: str, state: EnvelopeState, head: str) -> tuple[str, ...]:
+    def announce(
+        self, queue: Queue, item: str, state: EnvelopeState, head: str
+    ) -> tuple[str, ...] | None:
         """A change of colour at ``head`` journaled on ``item``'s line (``colour``); what
-        the target fails now (() when nothing changed, or it is green)."""
+        the target fails now (() when it turned green; None when nothing changed)."""
         news = self.colour(head) if self.differential else None
         if news is None:
-            return ()
+            return None
         event, failures = news
         queue.record(
             item,
@@ -140,3 +146,20 @@ class Baseline:
             self.red_since = ""
             return "target-green", seen
         return None
+
+
+def red_targets(queue: Queue) -> dict[str, dict[str, Any]]:
+    """Each target last said red (``target-red``, not ``target-green`` since): what it fails
+    and since which head (``integrate status``; the next run starts from it)."""
+    red: dict[str, dict[str, Any]] = {}
+    for line in queue.lines():
+        goal = line.target or ""
+        if line.event == "target-red":
+            red[goal] = {
+                "fails": list(line.details.target_red or ()),
+                "since": line.details.red_since,
+                "at": line.at,
+            }
+        elif line.event == "target-green":
+            red.pop(goal, None)
+    return red

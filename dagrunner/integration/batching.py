@@ -38,6 +38,26 @@ GROW_AT = 0.8  # grow while at least this share of them passed
 SHRINK_BELOW = 0.6  # shrink on a failure when fewer than this share passed
 
 
+def coalesce(items: list[Item], start: int, size: int) -> None:
+    """Items from ``start`` on that wait to be built, of one priority, side by side, are
+    gated together again (up to ``size``, at least 2 unless ``size`` is 1): the pieces a
+    bisection left behind the failure it found need not be gated one by one."""
+    index, most = start, size if size == 1 else max(2, size)
+    while index + 1 < len(items):
+        item, after = items[index], items[index + 1]
+        if (
+            item.stage is Stage.WAITING
+            and after.stage is Stage.WAITING
+            and item.priority == after.priority
+            and len(item.envelopes) + len(after.envelopes) <= most
+        ):
+            item.envelopes += after.envelopes
+            item.fresh = item.fresh and after.fresh
+            del items[index + 1]
+        else:
+            index += 1
+
+
 def resolve(given: Batch, manifest: int | None) -> int | None:
     """The fixed batch size (None: auto) from ``--batch`` and ``[integrate] batch``."""
     if given == "auto":

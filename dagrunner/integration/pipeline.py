@@ -36,12 +36,18 @@ from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
 from dagrunner.integration import landing
-from dagrunner.integration.baseline import Baseline
-from dagrunner.integration.batching import Intake, Sizer, resolve
+from dagrunner.integration.baseline import Baseline, Failures, red_targets
+from dagrunner.integration.batching import Intake, Sizer, coalesce, resolve
 from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window
 from dagrunner.integration.trees import Trees
 from dagrunner.manifest.load import Manifest
-from dagrunner.records.integration import Details, EnvelopeState, LandOutcome, PipelineTally
+from dagrunner.records.integration import (
+    Details,
+    EnvelopeState,
+    LandOutcome,
+    PipelineTally,
+)
+from dagrunner.records.run import RunRecord
 
 if TYPE_CHECKING:
     from dagrunner.integration.needs import IntegratorLike as Integrator
@@ -77,9 +83,11 @@ class Pipeline:
         self.tally = PipelineTally(window=self.ceiling)  # what the integrator's result takes
         self.sizer = Sizer(resolve(it.batch, manifest.integrate.batch))
         self.intake = Intake(it, self.sizer)
+        red = red_targets(it.queue).get(it.target, {})
         self.baseline = Baseline(
-            manifest.integrate.baseline, lambda head: self.trees.gate_head(head, self.tally)
+            manifest.integrate.baseline, self.gate_head, red.get("since") or ""
         )
+        self.tally.target_red = tuple(red.get("fails", ())) if self.baseline.differential else ()
         # trees a gate run failed on in this run: an item built to the very same tree has
         # its verdict without a run (the second half of a failed batch, on its first half)
         self.failed_trees: dict[str, tuple[tuple[str, ...], str]] = {}
@@ -273,6 +281,8 @@ class Pipeline:
         item = done.item
         if done.generation != item.generation or item not in self.items:
             return  # a run of a tree that was reset since
+        if not done.passed and done.record is not None:  # what failed, by JUnit test case
+            item.new_failures = tuple(n for n in Failures.of(done.record).names() if "::" in n)
         if not done.passed and self.baseline.differential:
             done, new = await self.baseline.judge(done, self.head)
             item.new_failures = new.names()
@@ -307,7 +317,7 @@ class Pipeline:
             # split, and the envelope it is narrowed down to is.
             item.stage = Stage.SUSPECT
             self.reset_from(self.items.index(item) + 1, cause=item)  # built on, without it
-            self.coalesce(self.items.index(item) + 1)
+            coalesce(self.items, self.items.index(item) + 1, self.sizer.fixed or self.sizer.size)
             self.confirm_next()
             return
         item.stage = Stage.FAILED
@@ -330,26 +340,7 @@ class Pipeline:
         self.trees.give(item.reset())
         self.items[index : index + 1] = [first, second]
         self.reset_from(index + 2, cause=None, why=f"rebuilt behind the halves of {item.ids[0]}+")
-        self.coalesce(index + 2)
-
-    def coalesce(self, start: int) -> None:
-        """Items from ``start`` on that wait to be built, of one priority, side by side, are
-        gated together again (up to the batch size): the pieces a bisection left behind the
-        failure it found need not be gated one by one."""
-        index, most = start, self.sizer.fixed or max(2, self.sizer.size)
-        while index + 1 < len(self.items):
-            item, after = self.items[index], self.items[index + 1]
-            if (
-                item.stage is Stage.WAITING
-                and after.stage is Stage.WAITING
-                and item.priority == after.priority
-                and len(item.envelopes) + len(after.envelopes) <= most
-            ):
-                item.envelopes += after.envelopes
-                item.fresh = item.fresh and after.fresh
-                del self.items[index + 1]
-            else:
-                index += 1
+        coalesce(self.items, index + 2, self.sizer.fixed or self.sizer.size)
 
     def confirm_next(self) -> None:
         """Re-run the failed gates of the first undecided item, when it failed."""
@@ -439,5 +430,11 @@ class Pipeline:
 
     def announce(self, item: Item, state: EnvelopeState) -> None:
         """The target's colour changed: said once, on ``item``'s first envelope's line."""
-        if said := self.baseline.announce(self.it.queue, item.ids[0], state, self.head):
+        said = self.baseline.announce(self.it.queue, item.ids[0], state, self.head)
+        if said is not None:
             self.tally.target_red = said
+
+    async def gate_head(self, head: str) -> RunRecord:
+        """One gate run of the target's head itself (a differential baseline's)."""
+        self.tally.gate_runs += 1
+        return await self.trees.gate_head(head, self.tally.gate_runs, self.tally, self.t0)

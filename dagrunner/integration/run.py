@@ -23,6 +23,7 @@ from dagrunner.executors.factory import executor_for
 from dagrunner.git.command import git
 from dagrunner.git.repo import check_branch
 from dagrunner.integration.admission import trusted_manifest
+from dagrunner.integration.baseline import red_targets
 from dagrunner.integration.events import median_gate_run
 from dagrunner.integration.landing import SHA_TRAILER, TRAILER
 from dagrunner.integration.needs import Batch
@@ -117,23 +118,6 @@ def queue_status(*, repo: Path | None = None) -> dict[str, Any]:
         "eta": {"gate_run_seconds": run_seconds},
         "target_red": red_targets(Queue.of(ctx.info)),
     }
-
-
-def red_targets(queue: Queue) -> dict[str, dict[str, Any]]:
-    """Each target last said red (``target-red``, not ``target-green`` since): what it fails
-    and since which head (a differential baseline's; docs/integration.md)."""
-    red: dict[str, dict[str, Any]] = {}
-    for line in queue.lines():
-        goal = line.target or ""
-        if line.event == "target-red":
-            red[goal] = {
-                "fails": list(line.details.target_red or ()),
-                "since": line.details.red_since,
-                "at": line.at,
-            }
-        elif line.event == "target-green":
-            red.pop(goal, None)
-    return red
 
 
 def _window(root: Path, target: str) -> int:

@@ -20,7 +20,7 @@ from dagrunner.git.repo import cache_root, remove_worktrees
 from dagrunner.integration import proofs
 from dagrunner.integration.items import Finished, GateRun, Item
 from dagrunner.manifest.load import Manifest
-from dagrunner.records.integration import PipelineTally
+from dagrunner.records.integration import PipelineTally, Speculation, Verdict
 from dagrunner.records.run import RunRecord, RunStatus, Status
 from dagrunner.worktrees import seeds, share
 from dagrunner.worktrees.prepare import provision_seeds, release_seeds
@@ -173,10 +173,10 @@ class Trees:
             cpu,
         )
 
-    async def gate_head(self, head: str, tally: PipelineTally) -> RunRecord:
-        """One gate run of the target's head itself, in any free slot (a baseline's)."""
-        tally.gate_runs += 1
-        run_dir = self.it.reports / f"gates-{tally.gate_runs:02d}"
+    async def gate_head(self, head: str, number: int, tally: PipelineTally, t0: float) -> RunRecord:
+        """Gate run ``number``: the target's head itself, in any free slot (a baseline's),
+        on the report's timeline as a run of no envelope (``t0``: the pipeline's start)."""
+        run_dir, start = self.it.reports / f"gates-{number:02d}", trio.current_time() - t0
         manifest = await trio.to_thread.run_sync(self.it.trusted_manifest, head)
         run = GateRun(
             item=Item([]),
@@ -194,6 +194,21 @@ class Trees:
         )
         record = await self.gate(run, run_dir, head)
         tally.gate_cpu += sum(a.cpu_seconds for g in record.gates for a in g.attempts)
+        passed = record.status is RunStatus.PASSED
+        tally.pipeline.append(
+            Speculation(
+                gate_run=number,
+                envelopes=(),
+                head=head,
+                commit=head,
+                position=0,
+                start=start,
+                end=trio.current_time() - t0,
+                verdict=Verdict.PASSED if passed else Verdict.FAILED,
+                gates=tuple(g.id for g in record.gates if not g.status.ok),
+                report=str(run_dir),
+            )
+        )
         return record
 
     def prove(self, landed: Item) -> str | None:

@@ -211,7 +211,7 @@ def pipeline_layout(integration: RunIntegration | None, width: int = 960) -> dic
     bars = []
     for index, run in enumerate(runs):
         ids = run.envelopes
-        who = ".".join(ids[0].split(".")[:2]) if ids else "?"
+        who = ".".join(ids[0].split(".")[:2]) if ids else "the target's head"
         name = who + (f" +{len(ids) - 1}" if len(ids) > 1 else "")
         landed = bool(ids) and all(states.get(i) == "landed" for i in ids)
         mark = " (re-run)" if run.confirm else ""
