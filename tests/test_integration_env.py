@@ -44,6 +44,15 @@ run = ["python", "-m", "unittest", "discover", "-s", "tests", "-t", "."]
 """
 
 
+NO_SEED = """
+[env]
+pass = ["PATH", "VIRTUAL_ENV"]
+
+[gates.unit]
+run = ["python", "-m", "unittest", "discover", "-s", "tests", "-t", "."]
+"""
+
+
 @pytest.fixture
 def calc(repo: Path) -> Path:
     (repo / ".gitignore").write_text("reports/\n.venv/\n__pycache__/\n")
@@ -147,3 +156,20 @@ run = "test ! -e {readme} && git rev-parse --verify -q HEAD && python -c 'import
     submit(repo_info(calc), [out])
     result = integrate(repo=calc, env=env, window=1)
     assert [o.state for o in result.envelopes] == ["landed"], result
+
+
+def test_without_a_seed_the_callers_in_place_install_is_named_not_left_to_guess(
+    calc: Path,
+) -> None:
+    """The caller's venv imports the main checkout in place; the target declares no seed:
+    every integration gate would fail to import calc, so the run says why."""
+    commit_release_manifest(calc, NO_SEED)
+    env = callers_env(calc)
+    path = Path(wt.allocate(mission="m", worker="good", repo=calc, env=env)["path"])
+    adds_mul(path)
+    out = path.parent / "good.json"
+    exporting.export("m/good", output=out, repo=calc)
+    submit(repo_info(calc), [out])
+    result = integrate(repo=calc, env=env, window=1)
+    said = [w for w in result.warnings if "[[worktrees.seed]]" in w]
+    assert said and str(calc.resolve() / "src") in said[0], result.warnings
