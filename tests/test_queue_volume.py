@@ -210,3 +210,30 @@ def test_a_red_target_said_by_one_run_turns_green_in_the_next(project: Path) -> 
     assert result.target_red == ()
     head_runs = [r for r in result.pipeline if not r.envelopes]
     assert head_runs == []  # the fix passed: the head's own verdict was never needed
+
+
+def test_a_front_that_conflicts_after_all_leaves_what_passed_behind_it_to_land(
+    project: Path, tmp_path: Path
+) -> None:
+    """Found by a fuzz run (a hang): culprits, and envelopes editing one shared line put
+    aside behind the front; when the last one put aside reached the front and was a
+    conflict there, the item behind it had passed already -- and the run waited for a
+    verdict that had come.  Batches of 3, window 2."""
+    kinds = "bfbffblbllfffl"  # bad, file, line (the same line of shared.txt)
+
+    def change(i: int, kind: str) -> Any:
+        if kind == "l":
+            return lambda p: (p / "shared.txt").write_text(f"one\nTWO e{i:02d}\nthree\n")
+        if kind == "b":
+            return breaks_gate
+        return lambda p: (p / f"e{i:02d}.txt").write_text(f"{i}\n")
+
+    envelopes = [worker(project, f"e{i:02d}", change(i, k)) for i, k in enumerate(kinds)]
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.0), window=2, batch=3)
+    final = states(project)
+    assert all(final[f"e{i:02d}"] == "gates-failed" for i, k in enumerate(kinds) if k == "b")
+    assert all(final[f"e{i:02d}"] == "landed" for i, k in enumerate(kinds) if k == "f"), final
+    lines = [final[f"e{i:02d}"] for i, k in enumerate(kinds) if k == "l"]
+    assert lines.count("landed") == 1 and lines.count("conflict") == len(lines) - 1, final
+    assert result.rebuilds == 0 and not result.target_moving

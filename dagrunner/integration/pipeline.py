@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from dagrunner.integration.needs import IntegratorLike as Integrator
 
 WINDOW_FLOOR = 2  # a confirmed failure halves the window, never below this (Zuul's floor: 3)
+DECIDED = (Stage.PASSED, Stage.FAILED, Stage.DEFERRED)  # a front that ``settle`` takes on
 MAX_REBUILDS = 3  # landings lost to somebody else moving the target, then target-moving
 
 
@@ -116,6 +117,8 @@ class Pipeline:
                     await self.fill()
                     if not self.items:
                         break
+                    if self.items[0].stage in DECIDED:
+                        continue  # fill settled what was at the front: settle what is now
                     done = await self.receive.receive()
                     if done is not None:  # None: a priority item was submitted
                         await self.take(done)
