@@ -72,7 +72,9 @@ def test_a_fixed_batch_is_the_manifests_and_no_size_is_decided(project: Path) ->
 
 
 CHECK = """import pathlib, sys
-red = "RED" in pathlib.Path("known.txt").read_text()
+if pathlib.Path("nojunit.txt").exists():
+    sys.exit(1)  # fails before it writes its JUnit file
+red = "RED" in pathlib.Path("known.txt").read_text() or pathlib.Path("rebreak.txt").exists()
 new = any("NEWBREAK" in p.read_text() for p in pathlib.Path(".").glob("*.txt"))
 cases = [("test_known", red), ("test_new", new), ("test_fine", False)]
 body = "".join(
@@ -237,3 +239,31 @@ def test_a_front_that_conflicts_after_all_leaves_what_passed_behind_it_to_land(
     lines = [final[f"e{i:02d}"] for i, k in enumerate(kinds) if k == "l"]
     assert lines.count("landed") == 1 and lines.count("conflict") == len(lines) - 1, final
     assert result.rebuilds == 0 and not result.target_moving
+
+
+def test_differential_never_excuses_a_failure_its_junit_does_not_list(project: Path) -> None:
+    """The target fails test_known; an item whose check fails before it writes JUnit says
+    nothing of which cases failed: it is blamed, not excused as the target's."""
+    red_target(project, "differential")
+    quiet = worker(project, "quiet", lambda p: (p / "nojunit.txt").write_text("x\n"))
+    good = worker(project, "good", lambda p: (p / "good.txt").write_text("x\n"))
+    submit(repo_info(project), [quiet, good])
+    integrate(repo=project, batch=1)
+    assert states(project) == {"quiet": "gates-failed", "good": "landed"}
+
+
+def test_an_item_excused_on_a_red_head_is_judged_again_on_the_head_it_lands_on(
+    project: Path,
+) -> None:
+    """``fix`` repairs test_known; ``rebreak``, behind it, breaks it again.  Judged against
+    the red head its verdict came on, rebreak looked no worse; on the head it would land on
+    (fixed by then) it is what breaks test_known, and it is blamed."""
+    red_target(project, "differential")
+    fix = worker(project, "fix", lambda p: (p / "known.txt").write_text("fixed\n"))
+    rebreak = worker(project, "rebreak", lambda p: (p / "rebreak.txt").write_text("x\n"))
+    submit(repo_info(project), [fix, rebreak])
+    result = integrate(repo=project, batch=1, window=2)
+    assert states(project) == {"fix": "landed", "rebreak": "gates-failed"}
+    blamed = next(e for e in result.envelopes if e.worker == "rebreak")
+    assert blamed.details.failed_tests == ("tests::suite::test_known",)
+    assert queue_status(repo=project)["target_red"] == {}  # green, and it stays so

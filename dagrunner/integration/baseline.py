@@ -16,66 +16,28 @@ later head fails nothing (``integrate status`` shows the colour in between).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import trio
 
 from dagrunner.integration.items import Finished
 from dagrunner.integration.queue import Queue
+from dagrunner.records.failures import WHOLE, Failures
 from dagrunner.records.integration import Details, EnvelopeState
 from dagrunner.records.run import RunRecord
-
-WHOLE: frozenset[str] = frozenset()  # a gate that failed without cases to compare
-
-
-@dataclass(frozen=True)
-class Failures:
-    """What one gate run failed: per gate, its failed test cases (``WHOLE``: the gate failed
-    with no JUnit case to compare, judged as a whole)."""
-
-    gates: Mapping[str, frozenset[str]] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, record: RunRecord) -> Failures:
-        gates: dict[str, frozenset[str]] = {}
-        for gate in record.gates:
-            if gate.status.ok:
-                continue
-            tests = gate.tests
-            failed = tests.failed if tests is not None and not tests.problem else ()
-            gates[gate.id] = frozenset(f"{c.suite}::{c.name}" for c in failed) or WHOLE
-        return cls(gates)
-
-    def names(self) -> tuple[str, ...]:
-        """``gate`` or ``gate::suite::case``, sorted."""
-        return tuple(
-            sorted(
-                name
-                for gate, cases in self.gates.items()
-                for name in ([f"{gate}::{c}" for c in cases] or [gate])
-            )
-        )
-
-    def beyond(self, base: Failures) -> Failures:
-        """What fails here and not at ``base``: a gate that passed there; a case that did
-        not fail there (a gate judged as a whole where either side has no cases)."""
-        new: dict[str, frozenset[str]] = {}
-        for gate, cases in self.gates.items():
-            theirs = base.gates.get(gate)
-            if theirs is None:
-                new[gate] = cases
-            elif cases and theirs and (extra := cases - theirs):
-                new[gate] = extra
-        return Failures(new)
 
 
 class Baseline:
     """The target heads' own failures, each found once, for a differential judgement."""
 
     def __init__(
-        self, mode: str, gate_head: Callable[[str], Awaitable[RunRecord]], red_since: str = ""
+        self,
+        mode: str,
+        gate_head: Callable[[str], Awaitable[RunRecord]],
+        queue: Queue | None = None,
+        target: str = "",
     ) -> None:
         self.differential = mode == "differential"
         self.gate_head = gate_head  # one gate run of a head's tree: its record
@@ -83,7 +45,9 @@ class Baseline:
         self.pending: dict[str, trio.Event] = {}
         self.head_runs = 0
         # the first head seen red ('' while green); a red an earlier run said, from the journal
-        self.red_since = red_since
+        said = red_targets(queue).get(target, {}) if queue is not None and self.differential else {}
+        self.red_since: str = said.get("since") or ""
+        self.red: tuple[str, ...] = tuple(said.get("fails", ()))  # what it failed, last said
 
     async def of(self, head: str) -> Failures:
         """``head``'s failures: known, being found by another item, or found now."""
@@ -103,16 +67,25 @@ class Baseline:
     async def judge(self, done: Finished, head: str) -> tuple[Finished, Failures]:
         """A failed run judged against ``head``: passed when it adds nothing, else failing
         only the gates with something new; and what it adds."""
-        mine = Failures.of(done.record) if done.record is not None else Failures()
-        new = mine.beyond(await self.of(head))
+        if done.record is None:  # nothing to compare: every failure is new
+            return done, Failures({g: WHOLE for g in done.failing}, frozenset(done.failing))
+        new = Failures.of(done.record).beyond(await self.of(head))
         if not new.gates:
             return replace(done, passed=True, failing=()), new
         return replace(done, failing=tuple(g for g in done.failing if g in new.gates)), new
 
-    def landed(self, commit: str, record: RunRecord | None) -> None:
-        """``commit`` landed with this run's record: its failures are the new head's own."""
-        if self.differential and record is not None:
-            self.known[commit] = Failures.of(record)
+    async def rejudge(self, failures: Failures | None, on: str, head: str) -> Failures | None:
+        """Failures excused on head ``on``, judged again on ``head`` (an item ahead may have
+        fixed them since): what is new there, or None when nothing is (or nothing changed)."""
+        if not on or on == head or failures is None:
+            return None
+        new = failures.beyond(await self.of(head))
+        return new if new.gates else None
+
+    def landed(self, commit: str, failures: Failures | None) -> None:
+        """``commit`` landed with these failures (the target's, excused): the new head's."""
+        if self.differential and failures is not None:
+            self.known[commit] = failures
 
     def announce(
         self, queue: Queue, item: str, state: EnvelopeState, head: str

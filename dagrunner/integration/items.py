@@ -12,8 +12,12 @@ from typing import TYPE_CHECKING
 import trio
 
 from dagrunner.engine.landed import GateProof
+from dagrunner.integration.queue import Queue
 from dagrunner.manifest.load import Manifest
+from dagrunner.records.failures import Failures
 from dagrunner.records.integration import (
+    Details,
+    EnvelopeState,
     Speculation,
     Verdict,
 )
@@ -60,8 +64,12 @@ class Item:
     # suspects and deferred items ahead (``id``) its base leaves out: expected not to land
     excludes: frozenset[int] = frozenset()
     deferred: list[Envelope] = field(default_factory=list)  # of its batch, not applied here
-    record: RunRecord | None = None  # its passing run's record (a differential baseline's)
-    new_failures: tuple[str, ...] = ()  # differential: what it fails that the target does not
+    new_failures: tuple[str, ...] = ()  # what it is blamed for (differential: what is new)
+    # a differential baseline's: what its failing run failed, what it lands with (all the
+    # target's), and the head that excused them
+    seen: Failures = field(default_factory=Failures)
+    failures: Failures | None = None
+    excused_on: str = ""
 
     @property
     def suspected(self) -> bool:
@@ -168,3 +176,15 @@ class GateRun:
             gates=finished.failing if finished else (),
             report=report,
         )
+
+
+def journal(
+    queue: Queue,
+    item: Item,
+    details: Details,
+    state: EnvelopeState = EnvelopeState.GATING,
+    event: str | None = None,
+) -> None:
+    """One line per envelope of ``item``."""
+    for envelope in item.envelopes:
+        queue.record(envelope.id, state, details, event=event)

@@ -36,18 +36,18 @@ from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
 from dagrunner.integration import landing
-from dagrunner.integration.baseline import Baseline, Failures, red_targets
+from dagrunner.integration.baseline import Baseline
 from dagrunner.integration.batching import Intake, Sizer, coalesce, resolve
-from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window
+from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window, journal
 from dagrunner.integration.trees import Trees
 from dagrunner.manifest.load import Manifest
+from dagrunner.records.failures import Failures
 from dagrunner.records.integration import (
     Details,
     EnvelopeState,
     LandOutcome,
     PipelineTally,
 )
-from dagrunner.records.run import RunRecord
 
 if TYPE_CHECKING:
     from dagrunner.integration.needs import IntegratorLike as Integrator
@@ -84,11 +84,9 @@ class Pipeline:
         self.tally = PipelineTally(window=self.ceiling)  # what the integrator's result takes
         self.sizer = Sizer(resolve(it.batch, manifest.integrate.batch))
         self.intake = Intake(it, self.sizer)
-        red = red_targets(it.queue).get(it.target, {})
-        self.baseline = Baseline(
-            manifest.integrate.baseline, self.gate_head, red.get("since") or ""
-        )
-        self.tally.target_red = tuple(red.get("fails", ())) if self.baseline.differential else ()
+        head_run = lambda head: self.trees.gate_head(head, self.tally, self.t0)  # noqa: E731
+        self.baseline = Baseline(manifest.integrate.baseline, head_run, it.queue, it.target)
+        self.tally.target_red = self.baseline.red
         # trees a gate run failed on in this run: an item built to the very same tree has
         # its verdict without a run (the second half of a failed batch, on its first half)
         self.failed_trees: dict[str, tuple[tuple[str, ...], str]] = {}
@@ -143,6 +141,8 @@ class Pipeline:
         """Land or judge at the front while the front is decided."""
         while self.items and not self.it.stop:
             front = self.items[0]
+            if front.stage is Stage.PASSED and await self.rejudged(front):
+                continue
             if front.stage is Stage.PASSED:
                 await self.land(front)
             elif front.stage is Stage.FAILED:
@@ -189,7 +189,7 @@ class Pipeline:
         if seen is None or not item.tree:
             return False
         item.stage = Stage.GATING
-        self.failed(item, *seen)
+        self.failed(item, *seen, inferred=True)
         return True
 
     def preempt(self) -> None:
@@ -246,7 +246,9 @@ class Pipeline:
         if confirm:
             self.tally.confirm_runs += 1
         else:
-            self.journal(item, Details(gate_run=number, head=item.base, position=position))
+            journal(
+                self.it.queue, item, Details(gate_run=number, head=item.base, position=position)
+            )
             crash_point("gating")
             if position > 0:
                 crash_point("speculating")
@@ -284,20 +286,24 @@ class Pipeline:
         item = done.item
         if done.generation != item.generation or item not in self.items:
             return  # a run of a tree that was reset since
-        if not done.passed and done.record is not None:  # what failed, by JUnit test case
-            item.new_failures = tuple(n for n in Failures.of(done.record).names() if "::" in n)
+        seen = Failures.of(done.record) if done.record is not None else Failures()
+        if not done.passed:  # what failed, by JUnit test case
+            item.seen = seen if not done.confirm else item.seen
+            item.new_failures = tuple(n for n in seen.names() if "::" in n)
         if not done.passed and self.baseline.differential:
             done, new = await self.baseline.judge(done, self.head)
             item.new_failures = new.names()
+            item.excused_on = self.head if done.passed else ""
             self.announce(item, EnvelopeState.GATING)
             if done.generation != item.generation or item not in self.items:
                 return  # reset while the target's head was gated
         if done.passed:
-            item.record = done.record
+            item.failures = seen  # its own failures are all the target's (or none)
             if done.confirm:
                 item.flaky = item.failing
+                item.failures = item.seen.without(item.flaky)
                 details = Details(flaky_gates=item.flaky, report=done.report)
-                self.journal(item, details, event="flaky")
+                journal(self.it.queue, item, details, event="flaky")
                 # what is behind was built without it, the suspect: it lands after all
                 self.reset_from(self.items.index(item) + 1, cause=None, why="rebuilt on a flake")
             else:
@@ -311,8 +317,11 @@ class Pipeline:
             self.failed_trees[done.tree] = (done.failing, done.report)
         self.failed(item, done.failing, done.report)
 
-    def failed(self, item: Item, failing: tuple[str, ...], report: str) -> None:
-        """A gate run failed ``item``'s tree (or one of the very same tree did)."""
+    def failed(
+        self, item: Item, failing: tuple[str, ...], report: str, *, inferred: bool = False
+    ) -> None:
+        """A gate run failed ``item``'s tree (``inferred``: one of the very same tree did,
+        or its verdict no longer holds on the target's head)."""
         item.failing, item.report = failing, report
         if len(item.envelopes) == 1 and item.confirms < self.confirm:
             # Confirmed only when every item ahead passed: until then the failure may be
@@ -326,7 +335,8 @@ class Pipeline:
         item.stage = Stage.FAILED
         if item.fresh:
             self.sizer.outcome(False)
-        self.window = max(min(WINDOW_FLOOR, self.ceiling), self.window // 2)
+        if not inferred:  # a run failed: fewer trees at once until they pass again
+            self.window = max(min(WINDOW_FLOOR, self.ceiling), self.window // 2)
         if len(item.envelopes) > 1:
             self.split(item)
             return
@@ -374,7 +384,9 @@ class Pipeline:
                 reset = True
                 self.tally.resets += 1
                 details = Details(note=why)
-                self.journal(item, details, EnvelopeState.QUEUED, event="speculation-reset")
+                journal(
+                    self.it.queue, item, details, EnvelopeState.QUEUED, event="speculation-reset"
+                )
         if reset:
             crash_point("speculation-reset")
 
@@ -404,7 +416,7 @@ class Pipeline:
 
         outcome = await trio.to_thread.run_sync(land)
         if outcome is LandOutcome.LANDED:
-            self.baseline.landed(front.commit, front.record)
+            self.baseline.landed(front.commit, front.failures)
             self.items.pop(0)
             self.head, self.moves = front.commit, 0
             self.announce(front, EnvelopeState.LANDED)
@@ -421,23 +433,18 @@ class Pipeline:
             self.reset_from(0, cause=None)
         # BLOCKED: landing.block said why, queued the front again and stopped the run
 
-    def journal(
-        self,
-        item: Item,
-        details: Details,
-        state: EnvelopeState = EnvelopeState.GATING,
-        event: str | None = None,
-    ) -> None:
-        for envelope in item.envelopes:
-            self.it.queue.record(envelope.id, state, details, event=event)
+    async def rejudged(self, front: Item) -> bool:
+        """An excused front that adds failures on the head it lands on is failed (True)."""
+        new = await self.baseline.rejudge(front.failures, front.excused_on, self.head)
+        front.excused_on = self.head if front.excused_on else ""
+        if new is None:
+            return False
+        front.new_failures = new.names()
+        self.failed(front, tuple(new.gates), front.report, inferred=True)
+        return True
 
     def announce(self, item: Item, state: EnvelopeState) -> None:
         """The target's colour changed: said once, on ``item``'s first envelope's line."""
         said = self.baseline.announce(self.it.queue, item.ids[0], state, self.head)
         if said is not None:
             self.tally.target_red = said
-
-    async def gate_head(self, head: str) -> RunRecord:
-        """One gate run of the target's head itself (a differential baseline's)."""
-        self.tally.gate_runs += 1
-        return await self.trees.gate_head(head, self.tally.gate_runs, self.tally, self.t0)

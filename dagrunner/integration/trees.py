@@ -179,9 +179,11 @@ class Trees:
             cpu,
         )
 
-    async def gate_head(self, head: str, number: int, tally: PipelineTally, t0: float) -> RunRecord:
-        """Gate run ``number``: the target's head itself, in any free slot (a baseline's),
-        on the report's timeline as a run of no envelope (``t0``: the pipeline's start)."""
+    async def gate_head(self, head: str, tally: PipelineTally, t0: float) -> RunRecord:
+        """One more gate run: the target's head itself, in any free slot (a baseline's), on
+        the report's timeline as a run of no envelope (``t0``: the pipeline's start)."""
+        tally.gate_runs += 1
+        number = tally.gate_runs
         run_dir, start = self.it.reports / f"gates-{number:02d}", trio.current_time() - t0
         manifest = await trio.to_thread.run_sync(self.it.trusted_manifest, head)
         run = GateRun(

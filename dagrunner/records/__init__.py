@@ -5,4 +5,5 @@
   run's outcomes and result.
 - ``summary``: what a run's integrations did, as ``run.json`` carries it for the report.
 - ``worktree``: a worktree's status and an export's summary.
+- ``failures``: what a gate run failed, per JUnit case or gate (a differential baseline's).
 """

@@ -10,6 +10,9 @@ record, never a crash and never a changed verdict: the gate's exit code decides.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -23,21 +26,40 @@ MESSAGE = 2000
 
 
 def read_junit(path: Path, *, since: float) -> TestRun:
-    """The test results in ``path``, written after ``since`` (a ``time.time()``)."""
+    """The test results in ``path``, written after ``since`` (a ``time.time()``).  The gate
+    wrote it: opened without following a link and without waiting (a FIFO there would
+    block the run forever), and read only when it is a regular file, up to ``MAX_BYTES``."""
     try:
-        info = path.stat()
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return TestRun(problem=f"{path.name} is a link: not read")
         return TestRun(problem=f"no JUnit file at {path.name}: the gate did not write it")
-    if info.st_mtime < since - 1.0:  # a second of slack for coarse file times
-        return TestRun(problem=f"{path.name} is older than this run: not its results")
-    if info.st_size > MAX_BYTES:
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return TestRun(problem=f"{path.name} is not a regular file: not read")
+        if info.st_mtime < since - 1.0:  # a second of slack for coarse file times
+            return TestRun(problem=f"{path.name} is older than this run: not its results")
+        if info.st_size > MAX_BYTES:
+            return TestRun(problem=f"{path.name} is larger than {MAX_BYTES >> 20} MiB: not read")
+        chunks, left = [], MAX_BYTES + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        return TestRun(problem=f"{path.name} could not be read: {exc.strerror}"[:300])
+    finally:
+        os.close(fd)
+    if left <= 0:
         return TestRun(problem=f"{path.name} is larger than {MAX_BYTES >> 20} MiB: not read")
     try:
-        root = ET.fromstring(path.read_bytes())
-    except (ET.ParseError, OSError, ValueError) as exc:
+        root = ET.fromstring(b"".join(chunks))
+    except (ET.ParseError, ValueError) as exc:
         return TestRun(problem=f"{path.name} is not JUnit XML: {exc}"[:300])
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     cases: list[TestCase] = []
+    skipped: list[TestCase] = []  # kept only where failures leave room: they come first
     seconds: dict[str, float] = {}
     for case in root.iter("testcase"):
         counts["tests"] += 1
@@ -48,8 +70,9 @@ def read_junit(path: Path, *, since: float) -> TestRun:
         if outcome == "passed":
             continue
         counts[{"failed": "failures", "error": "errors", "skipped": "skipped"}[outcome]] += 1
-        if len(cases) < MAX_CASES:
-            cases.append(
+        kept = skipped if outcome == "skipped" else cases
+        if len(kept) < MAX_CASES:
+            kept.append(
                 TestCase(  # a gate's words: no escape sequence reaches a terminal
                     suite=strip_ansi(case.get("classname", ""))[:300],
                     name=strip_ansi(case.get("name", ""))[:300],
@@ -62,7 +85,7 @@ def read_junit(path: Path, *, since: float) -> TestRun:
         failures=counts["failures"],
         errors=counts["errors"],
         skipped=counts["skipped"],
-        cases=tuple(cases),
+        cases=tuple(cases + skipped[: max(0, MAX_CASES - len(cases))]),
         seconds={k: round(v, 3) for k, v in seconds.items()},
     )
 

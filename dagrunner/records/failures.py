@@ -1,0 +1,79 @@
+"""What a gate run failed, as a differential baseline compares it
+(``integration/baseline``): per gate, its failed JUnit cases, or the gate as a whole."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from dagrunner.records.run import RunRecord, Status
+
+WHOLE: frozenset[str] = frozenset()  # a gate that failed without cases to compare
+
+
+@dataclass(frozen=True)
+class Failures:
+    """What one gate run failed: per gate, its failed test cases (``WHOLE``: no complete
+    list of cases, judged as a whole); ``hard``: gates that failed in a way no baseline
+    excuses (a timeout, a tracked file changed, an error, skipped or cancelled, an exit
+    of 0), whatever their JUnit file says -- the file is the gate's own words."""
+
+    gates: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    hard: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, record: RunRecord) -> Failures:
+        gates: dict[str, frozenset[str]] = {}
+        hard: set[str] = set()
+        for gate in record.gates:
+            if gate.status.ok:
+                continue
+            last = gate.attempts[-1] if gate.attempts else None
+            plain = (
+                gate.status is Status.FAILED
+                and last is not None
+                and last.exit_code not in (None, 0)
+                and not (last.timed_out or last.error or last.survivors)
+                and "tree-modified" not in gate.reason
+            )
+            tests = gate.tests
+            failed = tests.failed if tests is not None and not tests.problem else ()
+            complete = (
+                bool(failed) and tests is not None and len(failed) == tests.failures + tests.errors
+            )
+            gates[gate.id] = (
+                frozenset(f"{c.suite}::{c.name}" for c in failed) if complete and plain else WHOLE
+            )
+            if not plain:
+                hard.add(gate.id)
+        return cls(gates, frozenset(hard))
+
+    def without(self, gates: Iterable[str]) -> Failures:
+        """These failures but for ``gates`` (passed since: a flake)."""
+        drop = set(gates)
+        kept = {g: c for g, c in self.gates.items() if g not in drop}
+        return Failures(kept, frozenset(self.hard - drop))
+
+    def names(self) -> tuple[str, ...]:
+        """``gate`` or ``gate::suite::case``, sorted."""
+        return tuple(
+            sorted(
+                name
+                for gate, cases in self.gates.items()
+                for name in ([f"{gate}::{c}" for c in cases] or [gate])
+            )
+        )
+
+    def beyond(self, base: Failures) -> Failures:
+        """What fails here and not at ``base``: a gate that passed there, or failed hard
+        on either side; a case that did not fail there; a gate judged as a whole here
+        where ``base`` lists its cases (two wholes: the same failure, per gate)."""
+        new: dict[str, frozenset[str]] = {}
+        for gate, cases in self.gates.items():
+            theirs = base.gates.get(gate)
+            hard = gate in self.hard or gate in base.hard
+            if theirs is None or hard or (not cases and theirs):
+                new[gate] = cases
+            elif cases and theirs and (extra := cases - theirs):
+                new[gate] = extra
+        return Failures(new, frozenset(g for g in self.hard if g in new))
