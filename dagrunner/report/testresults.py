@@ -5,7 +5,9 @@ The file is a gate's output, so untrusted: it is read only when this attempt wro
 only up to ``MAX_BYTES``, with Python's expat (no external entities; its billion-laughs
 guard), and only the counts and the cases that did not pass are kept (at most
 ``MAX_CASES``, messages bounded).  A file that cannot be read is a ``problem`` on the
-record, never a crash and never a changed verdict: the gate's exit code decides.
+record, never a crash and never a changed verdict: the gate's exit code decides (a
+differential baseline, ``integration/baseline``, compares the failed cases, and only where
+the file lists every failure).
 """
 
 from __future__ import annotations
