@@ -361,7 +361,16 @@ def test_the_pipeline_gates_speculative_heads_on_the_cluster(
         files.append(out)
     run_json(capsys, "integrate", "submit", *files, *base)
     code, body = run_json(
-        capsys, "integrate", "run", "--executor", cluster.address, "--window", "3", *base
+        capsys,
+        "integrate",
+        "run",
+        "--executor",
+        cluster.address,
+        "--window",
+        "3",
+        "--batch",
+        "1",
+        *base,
     )
     assert code == 1
     assert {e["worker"]: e["state"] for e in body["envelopes"]} == {
