@@ -137,7 +137,8 @@ def test_differential_lands_what_adds_no_failure_and_names_what_is_new(project: 
     assert red[0].details.red_since == red_since
     assert result.target_red == ("tests::suite::test_known",)
     head_runs = [r for r in result.pipeline if not r.envelopes]  # shared by every item
-    assert len(head_runs) == 1 and head_runs[0].gates == ("tests",), result.pipeline
+    assert len(head_runs) == 2, result.pipeline  # its run, and its failures confirmed
+    assert all(r.gates == ("tests",) for r in head_runs), result.pipeline
     assert "RED" in git(project, "show", "main:known.txt")  # the target is no worse
     shown = queue_status(repo=project)["target_red"]
     assert shown == {"main": {"fails": ["tests::suite::test_known"], "since": red_since,
@@ -267,3 +268,24 @@ def test_an_item_excused_on_a_red_head_is_judged_again_on_the_head_it_lands_on(
     blamed = next(e for e in result.envelopes if e.worker == "rebreak")
     assert blamed.details.failed_tests == ("tests::suite::test_known",)
     assert queue_status(repo=project)["target_red"] == {}  # green, and it stays so
+
+
+def test_a_flake_of_the_heads_own_run_never_excuses_a_real_break(
+    project: Path, tmp_path: Path
+) -> None:
+    """The head's first run of ``lint`` fails once (a flake: the first run of a tree
+    without bad.txt); ``x`` really breaks lint.  The head's failures are confirmed like an
+    item's: its second run passes, so the target is green and x is blamed, never excused."""
+    marker = tmp_path / "flaked"
+    commit_release_manifest(
+        project,
+        f'[sandbox]\nwritable = ["{tmp_path}"]\n\n[integrate]\nbaseline = "differential"\n\n'
+        f"[gates.lint]\nrun = \"if [ ! -e bad.txt ] && mkdir '{marker}'; then exit 1; fi; "
+        '! grep -rq BROKEN --include=*.txt ."\n',
+    )
+    submit(repo_info(project), [worker(project, "x", breaks_gate)])
+    result = integrate(repo=project, batch=1)
+    assert states(project) == {"x": "gates-failed"}
+    assert marker.is_dir()  # the head's first run did flake
+    assert [e for e in watch(repo=project, follow=False) if e.event == "target-red"] == []
+    assert len([r for r in result.pipeline if not r.envelopes]) == 2  # run, and confirmed

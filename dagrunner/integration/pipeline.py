@@ -84,7 +84,7 @@ class Pipeline:
         self.tally = PipelineTally(window=self.ceiling)  # what the integrator's result takes
         self.sizer = Sizer(resolve(it.batch, manifest.integrate.batch))
         self.intake = Intake(it, self.sizer)
-        head_run = lambda head: self.trees.gate_head(head, self.tally, self.t0)  # noqa: E731
+        head_run = lambda head, only: self.trees.gate_head(head, self.tally, self.t0, only)  # noqa: E731
         self.baseline = Baseline(manifest.integrate.baseline, head_run, it.queue, it.target)
         self.tally.target_red = self.baseline.red
         # trees a gate run failed on in this run: an item built to the very same tree has

@@ -179,7 +179,9 @@ class Trees:
             cpu,
         )
 
-    async def gate_head(self, head: str, tally: PipelineTally, t0: float) -> RunRecord:
+    async def gate_head(
+        self, head: str, tally: PipelineTally, t0: float, only: tuple[str, ...] = ()
+    ) -> RunRecord:
         """One more gate run: the target's head itself, in any free slot (a baseline's), on
         the report's timeline as a run of no envelope (``t0``: the pipeline's start)."""
         tally.gate_runs += 1
@@ -195,7 +197,7 @@ class Trees:
             base=head,
             commit=head,
             manifest=manifest,
-            only=(),
+            only=only,
             ids=(),
             scope=trio.CancelScope(),
             slot=None,

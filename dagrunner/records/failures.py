@@ -54,6 +54,18 @@ class Failures:
         kept = {g: c for g, c in self.gates.items() if g not in drop}
         return Failures(kept, frozenset(self.hard - drop))
 
+    def confirmed_by(self, again: Failures) -> Failures:
+        """What failed both here and ``again`` (a re-run): a gate in both, with the cases in
+        both (a gate whose cases differ, or that is whole on one side only, is dropped)."""
+        kept: dict[str, frozenset[str]] = {}
+        for gate, cases in self.gates.items():
+            other = again.gates.get(gate)
+            if other is None or bool(cases) != bool(other):
+                continue
+            if not cases or (cases := cases & other):
+                kept[gate] = cases
+        return Failures(kept, frozenset(g for g in self.hard & again.hard if g in kept))
+
     def names(self) -> tuple[str, ...]:
         """``gate`` or ``gate::suite::case``, sorted."""
         return tuple(
