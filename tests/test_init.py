@@ -573,3 +573,46 @@ def test_json_without_output_writes_nothing(repo: Path, capsys: pytest.CaptureFi
     assert not (repo / "dagrunner.toml").exists()
     assert run_cli(["init", "--repo", str(repo), "-q"]) == 0  # without --json it writes
     assert (repo / "dagrunner.toml").is_file()
+
+
+def fake_venv(repo: Path, name: str = ".venv") -> Path:
+    """A venv as ``python -m venv`` and ``pip install -e .`` leave it: pyvenv.cfg, the
+    project's dist-info with an editable direct_url.json, and two pinned distributions."""
+    site = repo / name / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (repo / name / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\n")
+    url = {"url": f"file://{repo.resolve()}", "dir_info": {"editable": True}}
+    (site / "pkg-0.1.dist-info").mkdir()
+    (site / "pkg-0.1.dist-info" / "direct_url.json").write_text(json.dumps(url))
+    for dist in ("pytest-8.3.5", "freezegun-1.5.5", "pip-24.0"):
+        (site / f"{dist}.dist-info").mkdir()
+    return site
+
+
+def test_a_venv_that_imports_the_project_in_place_becomes_its_seed(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Integration gates never see the checkout: without a seed they cannot import the
+    project (found on itsdangerous).  Ignored, the venv is written as an active seed that
+    builds the same venv; not ignored, commented out with what to do."""
+    python_project(repo)
+    fake_venv(repo)
+    (seed,) = dry(capsys, repo)["seeds"]
+    assert seed["active"] is False  # not ignored: written commented out
+    (repo / ".gitignore").write_text(".venv/\n")
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "m.toml"))
+    assert code == 0 and body["seeds"][0]["active"] is True
+    text = (repo / "m.toml").read_text()
+    assert '\n[[worktrees.seed]]\npath = ".venv"\nkey = ["pyproject.toml"]\n' in text
+    build = body["seeds"][0]["build"]
+    assert build.endswith("pip install -q -e . freezegun==1.5.5 pytest==8.3.5"), build
+    assert "pip==" not in build and "pkg==" not in build  # the venv's own, and the project
+
+
+def test_a_venv_that_does_not_import_the_project_is_no_seed(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    python_project(repo)
+    site = fake_venv(repo)
+    (site / "pkg-0.1.dist-info" / "direct_url.json").unlink()
+    assert dry(capsys, repo)["seeds"] == []

@@ -9,6 +9,7 @@
 - ``noxsessions``: nox sessions from ``noxfile.py``.
 - ``ci``: what GitHub workflows run by name.
 - ``ecosystems``: pre-commit, ``package.json`` scripts, ``Makefile`` targets, Go, Rust.
+- ``venvs``: a venv that imports the project in place, as a seed.
 - ``detect``: every source read, one check per concern, the rest skipped with why.
 - ``write``: the checks rendered as a commented manifest, validated, written only where no
   file is.

@@ -4,6 +4,10 @@ out (and why), and everything found in one project."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dagrunner.starter.venvs import Seed
 
 WHOLE = ("**",)
 
@@ -49,3 +53,4 @@ class Found:
     languages: tuple[str, ...]
     env_pass: tuple[str, ...] = field(default=("PATH",))
     env_set: tuple[tuple[str, str], ...] = ()
+    seeds: tuple[Seed, ...] = ()  # a venv that imports the project in place (``venvs``)

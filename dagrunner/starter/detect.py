@@ -25,6 +25,7 @@ from dagrunner.starter.python import Uses, python
 from dagrunner.starter.readers import Project
 from dagrunner.starter.sessions import does_more, runnable
 from dagrunner.starter.toxenvs import tox
+from dagrunner.starter.venvs import venv_seed
 
 # Certificates and proxies: a gate that installs or downloads anything behind a corporate
 # proxy or TLS inspection fails without them (they are passed, so never redacted from logs).
@@ -76,7 +77,10 @@ def detect(root: Path) -> Found:
     # Bytecode written beside the sources would change the tree the next gate is keyed by.
     env_set = (("PYTHONDONTWRITEBYTECODE", "1"),) if "python" in languages else ()
     left_out = (*project.refused, *tox_skipped, *nox_skipped, *skipped, *overlaps)
-    return Found(tuple(checks), left_out, languages, _env_pass(languages), env_set)
+    seed = venv_seed(root) if "python" in languages else None
+    return Found(
+        tuple(checks), left_out, languages, _env_pass(languages), env_set, (seed,) if seed else ()
+    )
 
 
 def _one_per_concern(

@@ -16,6 +16,7 @@ from dagrunner.manifest.load import STARTER_MANIFEST, load_manifest
 from dagrunner.starter.checks import WHOLE, Check, Found
 from dagrunner.starter.detect import detect
 from dagrunner.starter.sessions import runnable
+from dagrunner.starter.venvs import Seed
 
 PIP = "python -m pip install {0}"
 INSTALL = {  # a program -> how to get it (else: the project's own docs)
@@ -67,6 +68,10 @@ class Started:
             "skipped": [{"id": s.id, "source": s.source, "why": s.why} for s in self.found.skipped],
             "missing_tools": list(self.missing),
             "env_pass": list(self.found.env_pass),
+            "seeds": [
+                {"path": s.path, "key": list(s.key), "build": s.build, "active": s.ignored}
+                for s in self.found.seeds
+            ],
         }
 
 
@@ -134,10 +139,36 @@ def render(found: Found, missing: tuple[str, ...] = ()) -> str:
         if check.id not in off:
             check = replace(check, needs=tuple(n for n in check.needs if n not in off))
         lines += _gate(check, missing=check.needs_program in missing, off=check.id in off)
+    for seed in found.seeds:
+        lines += _seed(seed)
     if found.skipped:
         lines.append("# Also found, and left out:")
         lines += [f"#   {s.id} ({s.source}): {s.why}" for s in found.skipped]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _seed(seed: Seed) -> list[str]:
+    """The venv as a seed: every worktree and integration tree gets its own, with the project
+    installed in it (integration gates never see the checkout's)."""
+    off = "" if seed.ignored else "# "
+    lines = [
+        f"# from {seed.path}: it imports this project in place; each worktree and integration",
+        "# tree gets its own venv built so (docs/worktrees.md), or their gates cannot import it",
+    ]
+    if not seed.ignored:
+        lines.append(f"# add {seed.path}/ to .gitignore (a seed's folder must be), then uncomment")
+    if seed.note:
+        lines.append(f"# {seed.note}")
+    return [
+        *lines,
+        f"{off}[[worktrees.seed]]",
+        f"{off}path = {json.dumps(seed.path)}",
+        f"{off}key = {_array(seed.key)}",
+        f"{off}build = {json.dumps(seed.build)}",
+        f'{off}tools = ["python3 --version"]',
+        f'{off}timeout = "15m"',
+        "",
+    ]
 
 
 def _gate(check: Check, *, missing: bool, off: bool) -> list[str]:

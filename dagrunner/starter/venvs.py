@@ -1,0 +1,112 @@
+"""A Python project's venv as a seed (``[[worktrees.seed]]``): what worktrees and integration
+trees need to import the project at all.
+
+A venv in the checkout (``.venv``, ``venv``, or the caller's ``VIRTUAL_ENV`` when it is
+inside) that imports the project in place (an editable install: a ``direct_url.json``
+marked editable, PEP 610, or a ``.pth`` naming a folder of the checkout) is what the
+project's gates ran with here.  Integration gates never see the checkout, so without a seed
+of their own every import of the project fails there.  The seed's build makes the same
+venv: the project installed editable, and every other distribution of that venv pinned to
+its version (those installed from a local path or a VCS are named, not pinned).  It is
+written active where git ignores the folder (a seed must be ignored), commented out with
+what to do otherwise.  The venv is the caller's own folder, read bounded; nothing is run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from dagrunner.git.command import git
+
+NAMES = (".venv", "venv")
+KEYS = ("pyproject.toml", "setup.cfg", "setup.py", "uv.lock", "poetry.lock", "pdm.lock")
+TOOLING = {"pip", "setuptools", "wheel"}  # the venv's own: `python -m venv` brings pip
+MAX_DISTS = 2000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Seed:
+    path: str  # relative to the root
+    key: tuple[str, ...]
+    build: str
+    ignored: bool  # git ignores the folder: the seed can be written active
+    note: str = ""  # distributions that cannot be pinned
+
+
+def venv_seed(root: Path, env: Mapping[str, str] | None = None) -> Seed | None:
+    """The seed of the venv that imports the project at ``root`` in place, if there is one."""
+    env = os.environ if env is None else env
+    root = root.resolve()
+    candidates = [root / name for name in NAMES]
+    with contextlib.suppress(OSError, ValueError):
+        active = Path(env.get("VIRTUAL_ENV", "")).resolve()
+        if env.get("VIRTUAL_ENV") and root in active.parents:
+            candidates.insert(0, active)
+    for venv in candidates:
+        if not (venv / "pyvenv.cfg").is_file() or venv.is_symlink():
+            continue
+        for site in sorted(venv.glob("lib/python*/site-packages")):
+            pinned, unpinned, in_place = _distributions(site, root)
+            if in_place:
+                return _seed(root, venv, pinned, unpinned)
+    return None
+
+
+def _distributions(site: Path, root: Path) -> tuple[list[str], list[str], bool]:
+    """``name==version`` of each distribution in ``site`` but the tooling and those of the
+    checkout; those that cannot be pinned; whether the venv imports the checkout in place."""
+    pinned: list[str] = []
+    unpinned: list[str] = []
+    in_place = False
+    for info in sorted(site.glob("*.dist-info"))[:MAX_DISTS]:
+        name, _, version = info.name.removesuffix(".dist-info").rpartition("-")
+        url = _direct_url(info)
+        if url is not None and _inside(url, root):
+            in_place = True  # the project itself: installed editable by the build
+        elif url is not None:
+            unpinned.append(name)
+        elif name and version and name.lower() not in TOOLING:
+            pinned.append(f"{name}=={version}")
+    for pth in sorted(site.glob("*.pth"))[:MAX_DISTS]:
+        with contextlib.suppress(OSError, ValueError):
+            lines = pth.read_text(errors="replace")[:65536].splitlines()
+            in_place = in_place or any(
+                line.startswith("/") and _inside(Path(line.strip()), root) for line in lines
+            )
+    return pinned, unpinned, in_place
+
+
+def _direct_url(info: Path) -> Path | None:
+    """Where a distribution was installed from, when from a folder (PEP 610)."""
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        said = orjson.loads((info / "direct_url.json").read_bytes()[:65536])
+        url = str(said.get("url", ""))
+        if url.startswith("file://"):
+            return Path(urllib.parse.unquote(url.removeprefix("file://")))
+        if url:
+            return Path("/")  # a VCS or an archive: not pinnable by name and version
+    return None
+
+
+def _inside(path: Path, root: Path) -> bool:
+    with contextlib.suppress(OSError, ValueError):
+        path = path.resolve()
+        return path == root or root in path.parents
+    return False
+
+
+def _seed(root: Path, venv: Path, pinned: list[str], unpinned: list[str]) -> Seed:
+    rel = venv.relative_to(root).as_posix()
+    build = f"python3 -m venv {rel} && {rel}/bin/python -m pip install -q -e ."
+    build += "".join(f" {p}" for p in pinned)
+    ignored = git(["check-ignore", "-q", f"{rel}/"], cwd=root, check=False).returncode == 0
+    note = f"installed from elsewhere, not pinned here: {', '.join(unpinned)}" if unpinned else ""
+    key = tuple(k for k in KEYS if (root / k).is_file()) or ("pyproject.toml",)
+    return Seed(path=rel, key=key, build=build, ignored=ignored, note=note)
