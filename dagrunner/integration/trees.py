@@ -4,13 +4,10 @@ written when a tree lands.  ``pipeline.py`` decides which tree, when, and what c
 
 from __future__ import annotations
 
-import contextlib
-import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-import orjson
 import trio
 
 from dagrunner.engine.governor import Governor
@@ -26,6 +23,7 @@ from dagrunner.integration.items import Finished, GateRun, Item
 from dagrunner.manifest.load import Manifest
 from dagrunner.records.integration import PipelineTally, Speculation, Verdict
 from dagrunner.records.run import RunRecord, RunStatus, Status
+from dagrunner.starter.venvs import in_place
 from dagrunner.worktrees import seeds, share
 from dagrunner.worktrees.prepare import provision_seeds, release_seeds
 
@@ -253,37 +251,15 @@ def seed_tree(it: Integrator, manifest: Manifest, commit: str, tree: Path, trust
 
 
 def editable_from(env: Mapping[str, str], checkout: Path) -> str:
-    """'' or a warning: the caller's venv (``VIRTUAL_ENV``) holds an install of a project
-    in ``checkout`` in place (a ``direct_url.json`` marked editable, PEP 610, or a ``.pth``
-    naming a folder there), which integration gates do not see (the checkout is concealed
-    from them): where the target declares no seed, their imports of it fail."""
+    """'' or a warning: the caller's venv (``VIRTUAL_ENV``) imports a folder of ``checkout``
+    in place (``starter.venvs.in_place``), which integration gates do not see (the checkout
+    is concealed from them): where the target declares no seed, their imports of it fail."""
     venv = env.get("VIRTUAL_ENV")
-    if not venv:
+    where = in_place(Path(venv), checkout) if venv else None
+    if where is None:
         return ""
-    root = checkout.resolve()
-    for site in sorted(Path(venv).glob("lib/python*/site-packages")):
-        for where in _installed_in_place(site):
-            if where == root or root in where.parents:
-                return (
-                    f"the caller's venv {venv} imports {where} in place, which integration "
-                    "gates do not see; without a [[worktrees.seed]] for a venv "
-                    "(docs/worktrees.md) their imports of the project fail"
-                )
-    return ""
-
-
-def _installed_in_place(site: Path) -> list[Path]:
-    """The folders ``site`` imports in place: editable installs' and ``.pth`` paths."""
-    found: list[Path] = []
-    for file in sorted(site.glob("*.dist-info/direct_url.json"))[:1000]:
-        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-            said = orjson.loads(file.read_bytes()[:65536])
-            url = str(said.get("url", ""))
-            if said.get("dir_info", {}).get("editable") and url.startswith("file://"):
-                found.append(Path(urllib.parse.unquote(url.removeprefix("file://"))).resolve())
-    for file in sorted(site.glob("*.pth"))[:1000]:
-        with contextlib.suppress(OSError, ValueError):
-            for line in file.read_text(errors="replace")[:65536].splitlines():
-                if line.startswith("/"):
-                    found.append(Path(line.strip()).resolve())
-    return found
+    return (
+        f"the caller's venv {venv} imports {where} in place, which integration gates do not "
+        "see; without a [[worktrees.seed]] for a venv (docs/worktrees.md) their imports of "
+        "the project fail"
+    )

@@ -50,44 +50,54 @@ def venv_seed(root: Path, env: Mapping[str, str] | None = None) -> Seed | None:
         if env.get("VIRTUAL_ENV") and root in active.parents:
             candidates.insert(0, active)
     for venv in candidates:
-        if not (venv / "pyvenv.cfg").is_file() or venv.is_symlink():
-            continue
-        for site in sorted(venv.glob("lib/python*/site-packages")):
-            pinned, unpinned, in_place = _distributions(site, root)
-            if in_place:
-                return _seed(root, venv, pinned, unpinned)
+        if (venv / "pyvenv.cfg").is_file() and not venv.is_symlink() and in_place(venv, root):
+            return _seed(root, venv, *_pins(venv))
     return None
 
 
-def _distributions(site: Path, root: Path) -> tuple[list[str], list[str], bool]:
-    """``name==version`` of each distribution in ``site`` but the tooling and those of the
-    checkout; those that cannot be pinned; whether the venv imports the checkout in place."""
+def in_place(venv: Path, root: Path) -> Path | None:
+    """The folder of ``root`` that ``venv`` imports in place (an editable install's
+    ``direct_url.json``, or a ``.pth`` line), if any: what only this checkout provides."""
+    root = root.resolve()
+    for site in sorted(venv.glob("lib/python*/site-packages")):
+        for info in sorted(site.glob("*.dist-info"))[:MAX_DISTS]:
+            url = _direct_url(info, editable=True)
+            if url is not None and _inside(url, root):
+                return url
+        for pth in sorted(site.glob("*.pth"))[:MAX_DISTS]:
+            with contextlib.suppress(OSError, ValueError):
+                for line in pth.read_text(errors="replace")[:65536].splitlines():
+                    if line.startswith("/") and _inside(Path(line.strip()), root):
+                        return Path(line.strip())
+    return None
+
+
+def _pins(venv: Path) -> tuple[list[str], list[str]]:
+    """``name==version`` of each distribution of ``venv`` but its tooling and those
+    installed from a folder or a URL (those named apart: they cannot be pinned here; the
+    project's own editable install is made by the build itself)."""
     pinned: list[str] = []
     unpinned: list[str] = []
-    in_place = False
-    for info in sorted(site.glob("*.dist-info"))[:MAX_DISTS]:
-        name, _, version = info.name.removesuffix(".dist-info").rpartition("-")
-        url = _direct_url(info)
-        if url is not None and _inside(url, root):
-            in_place = True  # the project itself: installed editable by the build
-        elif url is not None:
-            unpinned.append(name)
-        elif name and version and name.lower() not in TOOLING:
-            pinned.append(f"{name}=={version}")
-    for pth in sorted(site.glob("*.pth"))[:MAX_DISTS]:
-        with contextlib.suppress(OSError, ValueError):
-            lines = pth.read_text(errors="replace")[:65536].splitlines()
-            in_place = in_place or any(
-                line.startswith("/") and _inside(Path(line.strip()), root) for line in lines
-            )
-    return pinned, unpinned, in_place
+    for site in sorted(venv.glob("lib/python*/site-packages")):
+        for info in sorted(site.glob("*.dist-info"))[:MAX_DISTS]:
+            name, _, version = info.name.removesuffix(".dist-info").rpartition("-")
+            if _direct_url(info, editable=True) is not None:
+                continue  # in place: the project (or another checkout's), not a pin
+            if _direct_url(info) is not None:
+                unpinned.append(name)
+            elif name and version and name.lower() not in TOOLING:
+                pinned.append(f"{name}=={version}")
+    return pinned, unpinned
 
 
-def _direct_url(info: Path) -> Path | None:
-    """Where a distribution was installed from, when from a folder (PEP 610)."""
+def _direct_url(info: Path, *, editable: bool = False) -> Path | None:
+    """Where a distribution was installed from, when not from an index (PEP 610); with
+    ``editable``, only a folder it is imported from in place."""
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
         said = orjson.loads((info / "direct_url.json").read_bytes()[:65536])
         url = str(said.get("url", ""))
+        if editable and not said.get("dir_info", {}).get("editable"):
+            return None
         if url.startswith("file://"):
             return Path(urllib.parse.unquote(url.removeprefix("file://")))
         if url:
