@@ -438,3 +438,30 @@ def test_a_junit_file_cannot_put_escape_sequences_on_the_terminal(tmp_path: Path
     with junit.open("ab") as handle:
         handle.truncate(testresults.MAX_BYTES + 1)
     assert "larger than" in testresults.read_junit(junit, since=0).problem
+
+
+def test_a_junit_file_a_gate_made_a_fifo_or_a_link_is_not_read_and_never_blocks(
+    tmp_path: Path,
+) -> None:
+    """The JUnit file is the gate's: a FIFO there once hung the whole run (an open waiting
+    for a writer that never comes), and a link could point anywhere the runner may read."""
+    import threading
+    import time
+
+    from dagrunner.report.testresults import read_junit
+
+    fifo, link, secret = tmp_path / "fifo.xml", tmp_path / "link.xml", tmp_path / "secret.xml"
+    os.mkfifo(fifo)
+    secret.write_text('<testsuite><testcase name="x"><failure/></testcase></testsuite>')
+    link.symlink_to(secret)
+    found: list[str] = []
+    reader = threading.Thread(
+        target=lambda: found.append(read_junit(fifo, since=time.time() - 60).problem),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(10)
+    assert found and "not a regular file" in found[0], found  # answered, not blocked
+    assert "is a link" in read_junit(link, since=time.time() - 60).problem
+    failed = read_junit(secret, since=time.time() - 60)
+    assert not failed.problem and failed.failures == 1  # a regular file is still read
