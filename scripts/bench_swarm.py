@@ -45,15 +45,21 @@ GIT_ID = {
 }
 
 CHECK = '''"""The project's check: real CPU work, then JUnit with two cases."""
-import atexit, pathlib, sys, time
+import atexit, os, pathlib, sys, time
 
-# the CPU this process took, from its own clock, for both sides alike (outside the tree)
-atexit.register(lambda: open("{cpu_log}", "a").write(f"{{time.process_time()}}\\n"))
+# The CPU this process took, from its own clock, for both sides alike (outside the tree):
+# written as it goes, so that a run killed half-way (a cancelled speculation) counts too.
+mine = pathlib.Path("{cpu_log}").parent / f"{{os.getpid()}}-{{time.time_ns()}}"
+note = lambda: mine.write_text(str(time.process_time()))
+atexit.register(note)
 
 start = time.process_time()
-spins = 0
-while time.process_time() - start < {seconds}:
+noted = spins = 0
+while (now := time.process_time()) - start < {seconds}:
     spins += 1
+    if now - noted > 0.05:
+        noted = now
+        note()
 broken = [p.name for p in sorted(pathlib.Path(".").glob("*.txt")) if "BROKEN" in p.read_text()]
 red = pathlib.Path("red.txt").exists()
 cases = [("test_known", "the target is red" if red else ""),
@@ -190,10 +196,12 @@ def serial(repo: Path, envelopes: list[Path], args: argparse.Namespace) -> Side:
 
 
 def spent(args: argparse.Namespace) -> float:
-    """The CPU-seconds the checks took since the last look (each wrote its own)."""
-    log: Path = args.cpu_log
-    taken = sum(float(x) for x in log.read_text().split()) if log.exists() else 0.0
-    log.unlink(missing_ok=True)
+    """The CPU-seconds the checks took since the last look (each wrote its own, killed or
+    not)."""
+    taken = 0.0
+    for note in Path(args.cpu_log).parent.iterdir():
+        taken += float(note.read_text() or 0)
+        note.unlink()
     return taken
 
 

@@ -12,9 +12,20 @@ from test_integration import breaks_gate, states, worker
 from test_pipeline import numbered, recording_gate
 
 from dagrunner import watch
+from dagrunner.envelope import parse_envelope
 from dagrunner.git.repo import repo_info
+from dagrunner.integration import batching
 from dagrunner.integration.run import integrate, queue_status
 from dagrunner.integration.submit import submit
+from dagrunner.records.run import (
+    Attempt,
+    GateResult,
+    RunRecord,
+    RunStatus,
+    Status,
+    TestCase,
+    TestRun,
+)
 
 
 def target_heads(project: Path, base: str) -> list[str]:
@@ -289,3 +300,119 @@ def test_a_flake_of_the_heads_own_run_never_excuses_a_real_break(
     assert marker.is_dir()  # the head's first run did flake
     assert [e for e in watch(repo=project, follow=False) if e.event == "target-red"] == []
     assert len([r for r in result.pipeline if not r.envelopes]) == 2  # run, and confirmed
+
+
+def naming_gate(tmp: Path, show: str) -> Path:
+    """A gate that records the tree it judged and fails on BROKEN, saying where as a runner
+    does: ``show`` is grep's option (``-l``: the files' paths; ``-h``: their lines only)."""
+    manifest = tmp / "naming.toml"
+    manifest.write_text(
+        f"""
+[sandbox]
+writable = ["{tmp}"]
+
+[gates.check]
+run = "sleep 0.2; git rev-parse 'HEAD^{{tree}}' >> '{tmp / "gated.txt"}'; if grep -r {show} BROKEN --include=*.txt .; then exit 1; fi"
+"""
+    )
+    return manifest
+
+
+def breaking(project: Path, count: int, bad: dict[int, str]) -> list[Path]:
+    """``count`` envelopes, each changing its own file; ``bad[i]``: what n{i}'s file says."""
+    return [
+        worker(
+            project,
+            f"n{i:02d}",
+            lambda p, i=i: (p / f"n{i:02d}.txt").write_text(bad.get(i, f"{i}\n")),
+        )
+        for i in range(1, count + 1)
+    ]
+
+
+def test_the_envelope_a_failure_names_is_gated_behind_the_rest_and_costs_two_runs(
+    project: Path, tmp_path: Path
+) -> None:
+    """The gate says ./n05.txt broke it: n05 goes behind the rest of the batch, the rest is
+    gated once (it passes), and n05 on it is the very tree that failed: confirmed, blamed.
+    Three runs in all, where halving 8 would take five."""
+    base = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), breaking(project, 8, {5: "BROKEN\n"}))
+    result = integrate(repo=project, manifest=naming_gate(tmp_path, "-l"), batch=8, window=2)
+    final = states(project)
+    assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
+    runs = [(len(r.envelopes), str(r.verdict)) for r in result.pipeline]
+    assert runs == [(8, "failed"), (7, "passed"), (1, "confirmed")], runs
+    assert result.pipeline[-1].envelopes[0].split(".")[1] == "n05"
+    named = [e for e in watch(repo=project, follow=False) if e.event == "named"]
+    assert [e.id.split(".")[1] for e in named] == ["n05"], named
+    assert (named[0].details.note or "").startswith("named by the failure of gates-01")
+    assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_a_failure_naming_an_innocent_envelope_never_blames_it(
+    project: Path, tmp_path: Path
+) -> None:
+    """A hostile n03 breaks the gate and makes its words name n06 (never itself): n06 is
+    gated apart and lands; the rest, n03 in it, fails and is halved down to n03."""
+    base = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), breaking(project, 8, {3: "BROKEN: it is ./n06.txt\n"}))
+    result = integrate(repo=project, manifest=naming_gate(tmp_path, "-h"), batch=8, window=2)
+    final = states(project)
+    assert final.pop("n03") == "gates-failed" and set(final.values()) == {"landed"}
+    assert result.confirm_runs == 1
+    first_split = [r.envelopes for r in result.pipeline if len(r.envelopes) == 7]
+    assert first_split and all(".n06." not in e for e in first_split[0]), result.pipeline
+    assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_what_a_failure_names(project: Path, tmp_path: Path) -> None:
+    """A path a batch's envelope changes, as a word of a failing gate's log tail (colours and
+    all) or a failed test case's (a dotted module too); a longer path's end counts, a longer
+    name does not; more than half of the batch named names none."""
+    changes = {
+        "alpha": ("tests/test_alpha.py", "def test_x(): pass\n"),
+        "beta": ("src/pkg/beta.py", "B = 1\n"),
+        "gamma": ("gamma.txt", "g\n"),
+        "delta": ("delta.txt", "d\n"),
+        "eps": ("eps.txt", "e\n"),
+    }
+
+    def change(path: str, text: str) -> Any:
+        def write(p: Path) -> None:
+            (p / path).parent.mkdir(parents=True, exist_ok=True)
+            (p / path).write_text(text)
+
+        return write
+
+    envelopes = [
+        parse_envelope(worker(project, name, change(*c)).read_bytes())
+        for name, c in changes.items()
+    ]
+
+    def named_by(log: str, cases: tuple[TestCase, ...] = ()) -> set[str]:
+        (tmp_path / "check.log").write_text(log)
+        attempt = Attempt(number=1, started=0.0, finished=1.0, exit_code=1, log="check.log")
+        tests = TestRun(tests=len(cases), failures=len(cases), cases=cases)
+        gate = GateResult(id="check", status=Status.FAILED, attempts=(attempt,), tests=tests)
+        passed = GateResult(id="lint", status=Status.PASSED, attempts=(attempt,))
+        record = RunRecord(
+            run_id="r",
+            status=RunStatus.FAILED,
+            started_at="",
+            wall=1.0,
+            manifest={},
+            git={},
+            machine={},
+            governor={},
+            gates=[gate, passed],
+        )
+        return {i.split(".")[1] for i in batching.named(envelopes, record, tmp_path)}
+
+    assert named_by("FAILED tests/test_alpha.py::test_x - assert 1 == 2\n") == {"alpha"}
+    assert named_by("\x1b[1m/tmp/slot/src/pkg/beta.py\x1b[0m:3:1: F401 unused\n") == {"beta"}
+    assert named_by("src/pkg/beta.pyc tests/test_alpha.py.orig xgamma.txt beta.py\n") == set()
+    case = TestCase(suite="tests.test_alpha.TestX", name="test_y", outcome="failed")
+    assert named_by("1 failed\n", (case,)) == {"alpha"}
+    assert named_by("gamma.txt delta.txt\n") == {"gamma", "delta"}
+    assert named_by("gamma.txt delta.txt eps.txt\n") == set()  # 3 of 5 name nothing

@@ -5,8 +5,17 @@ and how many envelopes one item gates together (``Sizer``).
 batch from the queue's recent outcomes: it starts at ``FIRST``, doubles while the recent
 batches pass (at least ``GROW_AT`` of the last ``RECENT`` of them) and halves on a failure
 when fewer than ``SHRINK_BELOW`` of them passed, between 1 and ``MOST``.  A batch that
-fails is split into halves at once (``pipeline.Pipeline.split``); its halves' outcomes do not
-count here (they say where the culprit is, not how often batches fail).
+fails is split at once (``pieces``): what its failure names goes behind the rest of it, else
+it is halved; the pieces' outcomes do not count here (they say where the culprit is, not how
+often batches fail).
+
+What a failure names (``named``): the envelopes of the batch whose changed paths its failing
+gates' log tails or failed test cases mention.  Runners name the file they failed in (a
+traceback, ``path:line: error`` of a linter or a type checker, a test id), so the culprit is
+usually among them; gated behind the rest of the batch, the named piece's tree is the failed
+batch's own (the rest passing): its verdict is known without a run, and a single named
+envelope goes straight to its one confirmation.  A 16-envelope batch with one culprit costs
+two runs after its failure instead of five.
 
 Each change of size is a decision with its reason, journaled as a ``batch-size`` event on
 the first envelope of the batch it sized (``Pipeline.admit_item``).
@@ -15,17 +24,21 @@ the first envelope of the batch it sized (``Pipeline.admit_item``).
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
 import trio
 
-from dagrunner.integration.items import NOT_STARTED, Item, Stage
-from dagrunner.integration.queue import URGENT, JournalLine
+from dagrunner.integration.items import NOT_STARTED, Finished, Item, Stage
+from dagrunner.integration.queue import URGENT, JournalLine, Queue
 from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
+from dagrunner.records.run import RunRecord
+from dagrunner.report.logtail import read_log, strip_ansi
 
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
@@ -36,6 +49,60 @@ MOST = 32  # the auto size's ceiling
 RECENT = 5  # batches looked back on
 GROW_AT = 0.8  # grow while at least this share of them passed
 SHRINK_BELOW = 0.6  # shrink on a failure when fewer than this share passed
+NAMES_READ = 64 * 1024  # of each failing gate's log, its end: where runners say what failed
+
+
+def named(envelopes: Sequence[Envelope], record: RunRecord, run_dir: Path) -> frozenset[str]:
+    """The ids of the envelopes of a failed batch that its failure names (a path one of them
+    changes appears in a failing gate's log tail or failed test cases), or none when more
+    than half of them are named (that names nothing).  The words are the gates' own, not to
+    be trusted: they only choose which envelopes are gated apart first; an envelope is still
+    blamed only for a tree of its own that failed, confirmed."""
+    words: list[str] = []
+    for gate in record.gates:
+        if not gate.status.ok:
+            words.append(read_log(run_dir, gate.log, limit=NAMES_READ))
+            failed = gate.tests.failed if gate.tests is not None else ()
+            words += (f"{case.suite} {case.name} {case.message}" for case in failed)
+    text = strip_ansi("\n".join(words))
+    hits = frozenset(e.id for e in envelopes if any(_mentions(text, p) for p in e.touched))
+    return hits if len(hits) <= len(envelopes) // 2 else frozenset()
+
+
+async def name_suspects(item: Item, done: Finished, queue: Queue) -> None:
+    """A batch's own run failed: what its failure names (``item.named``), each a ``named``
+    event on its line (its state stays: it is a suspicion, not a verdict)."""
+    if len(item.envelopes) < 2 or done.record is None or done.confirm:
+        return
+    where = (item.envelopes, done.record, Path(done.report))
+    item.named = await trio.to_thread.run_sync(named, *where)
+    note = f"named by the failure of {where[2].name}: gated apart, behind the rest of its batch"
+    for envelope in item.envelopes:
+        if envelope.id in item.named:
+            queue.record(envelope.id, EnvelopeState.GATING, Details(note=note), event="named")
+
+
+def _mentions(text: str, path: str) -> bool:
+    """``path`` is a word of ``text`` (alone, or the end of a longer path: ``/x/src/a.py``;
+    not the start of a longer name: ``a.py.orig``), or, for a Python file, its dotted module
+    (a JUnit classname: ``tests.test_a.TestB``)."""
+    pattern = rf"(?<![\w.-]){re.escape(path)}(?![\w/-]|\.\w)"
+    if path.endswith(".py") and "/" in path:  # not ``setup``: a word of its own
+        dotted = re.escape(path[:-3].replace("/", "."))
+        pattern += rf"|(?<![\w.-]){dotted}(?![\w/-])"
+    return re.search(pattern, text) is not None
+
+
+def pieces(item: Item) -> list[Item]:
+    """A failed batch split in two: the rest of it, then what its failure named
+    (``Item.named``); or, naming none, its halves.  Either way the second piece is gated on
+    the first, where (the first passing) its tree is the failed batch's: known failed."""
+    rest = [e for e in item.envelopes if e.id not in item.named]
+    last = [e for e in item.envelopes if e.id in item.named]
+    if not rest or not last:
+        half = len(item.envelopes) // 2
+        rest, last = item.envelopes[:half], item.envelopes[half:]
+    return [Item(rest, priority=item.priority), Item(last, priority=item.priority)]
 
 
 def coalesce(items: list[Item], start: int, size: int) -> None:

@@ -70,6 +70,7 @@ class Item:
     seen: Failures = field(default_factory=Failures)
     failures: Failures | None = None
     excused_on: str = ""
+    named: frozenset[str] = frozenset()  # of its envelopes, what its failure names (a batch's)
 
     @property
     def suspected(self) -> bool:

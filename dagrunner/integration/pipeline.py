@@ -6,8 +6,9 @@ speculative head "target + every item ahead of it still expected to land", and t
 run at the same time under one governor.  Items land strictly in queue order, each by
 compare-and-swap, as soon as it and every item ahead of it passed.
 
-- A batch that fails is split into halves where it stands, at once; a tree that failed once
-  in the run is not gated again (the second half, built on the first, is that tree).
+- A batch that fails is split where it stands, at once: what its failure names goes behind
+  the rest, else it is halved (``batching.pieces``); a tree that failed once in the run is
+  not gated again (the second piece, built on the first, is that tree).
 - One envelope that fails is a suspect: what is behind it is built without it, and its
   failed gates are re-run on its tree once every item ahead passed (``confirm_failures``).
   A pass marks the gates ``flaky``; a confirmed failure halves the window (never below 2),
@@ -35,7 +36,7 @@ from dagrunner.engine.governor import Governor, resolve_capacity
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
-from dagrunner.integration import landing
+from dagrunner.integration import batching, landing
 from dagrunner.integration.baseline import Baseline
 from dagrunner.integration.batching import Intake, Sizer, coalesce, resolve
 from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window, journal
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 
 WINDOW_FLOOR = 2  # a confirmed failure halves the window, never below this (Zuul's floor: 3)
 DECIDED = (Stage.PASSED, Stage.FAILED, Stage.DEFERRED)  # a front that ``settle`` takes on
+IDLE = (Stage.PASSED, Stage.SUSPECT, Stage.DEFERRED)  # hold no run: the window counts runs
 MAX_REBUILDS = 3  # landings lost to somebody else moving the target, then target-moving
 
 
@@ -156,7 +158,7 @@ class Pipeline:
     async def fill(self) -> None:
         """Build and start every item in the window that waits (in queue order); build the
         next one ahead, so that its gates start the moment the window has room."""
-        position = 0
+        position = idle = 0  # idle: items ahead that hold no gate run (``IDLE``)
         while not self.it.stop:
             if position == len(self.items) and not self.admit_item():
                 return
@@ -166,15 +168,16 @@ class Pipeline:
                 if built == "gone":
                     continue  # nothing of it to gate: it left the pipeline
             if item.stage is Stage.DEFERRED:
-                position += 1  # built again at the front; what is behind goes on without it
+                position, idle = position + 1, idle + 1  # built again at the front
                 continue
             item.stage = Stage.BUILT if item.stage is Stage.WAITING else item.stage
-            if position >= self.window:
+            if position - idle >= self.window:
                 return
             if item.stage is Stage.BUILT and not self.known(item):
                 self.launch(item, position)
             if item not in self.items:
-                continue  # a known failure split it where it stood: its halves come next
+                continue  # a known failure split it where it stood: its pieces come next
+            idle += item.stage in IDLE
             position += 1
 
     def admit_item(self) -> bool:
@@ -315,6 +318,7 @@ class Pipeline:
         item.proven = {g: p for g, p in done.proven.items() if g not in done.failing}
         if done.tree:
             self.failed_trees[done.tree] = (done.failing, done.report)
+        await batching.name_suspects(item, done, self.it.queue)
         self.failed(item, done.failing, done.report)
 
     def failed(
@@ -343,16 +347,13 @@ class Pipeline:
         self.reset_from(self.items.index(item) + 1, cause=item)
 
     def split(self, item: Item) -> None:
-        """A failed batch is split into halves where it stands, at once: the first is gated
-        on the batch's base, the second on the first (where, the first passing, its tree is
-        the batch's, and its verdict known); what was behind is built on them again."""
+        """A failed batch is split where it stands, at once (``batching.pieces``: what its
+        failure names behind the rest, else halves); what was behind is built on them again."""
         index = self.items.index(item)
-        half = len(item.envelopes) // 2
-        first, second = Item(item.envelopes[:half]), Item(item.envelopes[half:])
-        first.priority = second.priority = item.priority
+        pieces = batching.pieces(item)
         self.trees.give(item.reset())
-        self.items[index : index + 1] = [first, second]
-        self.reset_from(index + 2, cause=None, why=f"rebuilt behind the halves of {item.ids[0]}+")
+        self.items[index : index + 1] = pieces
+        self.reset_from(index + 2, cause=None, why=f"rebuilt behind the pieces of {item.ids[0]}+")
         coalesce(self.items, index + 2, self.sizer.fixed or self.sizer.size)
 
     def confirm_next(self) -> None:
@@ -397,12 +398,9 @@ class Pipeline:
         self.it.finish(
             envelope.id,
             EnvelopeState.GATES_FAILED,
-            Details(
-                failed_gates=front.failing,
-                report=front.report,
-                failed_tests=front.new_failures or None,
-            ),
-        )
+            Details(failed_gates=front.failing, report=front.report,
+                    failed_tests=front.new_failures or None),
+        )  # fmt: skip
 
     async def land(self, front: Item) -> None:
         it = self.it

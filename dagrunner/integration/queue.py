@@ -39,7 +39,7 @@ from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeSt
 from dagrunner.worktrees.ledger import now
 
 # events that say something of the run, not the item: its state and details stay as they were
-PASSING = ("batch-size", "target-red", "target-green", "gate-run")
+PASSING = ("batch-size", "target-red", "target-green", "gate-run", "named")
 URGENT = 1 << 30  # ``--priority urgent``: before every number, and pre-empts what gates
 PRIORITIES = range(-1000, 1001)  # what --priority N takes
 
