@@ -149,14 +149,18 @@ class Side:
     def per_landed(self, value: float) -> float:
         return value / self.landed if self.landed else float("inf")
 
-    def line(self, name: str) -> str:
+    def percentiles(self) -> tuple[float, float]:
+        """p50 and p95 of the seconds from submit to each envelope's final state."""
         waits = sorted(self.waits) or [0.0]
-        p95 = waits[min(len(waits) - 1, round(0.95 * (len(waits) - 1)))]
+        return statistics.median(waits), waits[min(len(waits) - 1, round(0.95 * (len(waits) - 1)))]
+
+    def line(self, name: str) -> str:
+        p50, p95 = self.percentiles()
         return (
             f"  {name:<10} {self.wall:7.2f}s  {self.per_hour():7.0f} landed/h  "
             f"{self.per_landed(self.gate_runs):5.2f} gate runs/landed  "
             f"{self.per_landed(self.gate_cpu):5.2f} gate CPU-s/landed  "
-            f"p50 {statistics.median(waits):6.2f}s p95 {p95:6.2f}s  {self.outcomes}"
+            f"p50 {p50:6.2f}s p95 {p95:6.2f}s  {self.outcomes}"
         )
 
 
@@ -281,7 +285,9 @@ def main() -> int:
                 f"{ours.per_hour() / peer.per_hour():.2f}x, gate CPU-s/landed "
                 f"{ours.per_landed(ours.gate_cpu) / peer.per_landed(peer.gate_cpu):.2f}x, "
                 f"gate runs/landed "
-                f"{ours.per_landed(ours.gate_runs) / peer.per_landed(peer.gate_runs):.2f}x"
+                f"{ours.per_landed(ours.gate_runs) / peer.per_landed(peer.gate_runs):.2f}x, "
+                f"p50 {ours.percentiles()[0] / peer.percentiles()[0]:.2f}x, "
+                f"p95 {ours.percentiles()[1] / peer.percentiles()[1]:.2f}x"
             )
     return 0
 

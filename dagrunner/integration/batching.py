@@ -50,6 +50,8 @@ RECENT = 5  # batches looked back on
 GROW_AT = 0.8  # grow while at least this share of them passed
 SHRINK_BELOW = 0.6  # shrink on a failure when fewer than this share passed
 NAMES_READ = 64 * 1024  # of each failing gate's log, its end: where runners say what failed
+DEPTH = 16  # the parts of a word looked up as a path: its last 16 (a dotted name: first 16)
+_WORD = re.compile(r"[\w.+@/-]+")  # what a path is made of
 
 
 def named(envelopes: Sequence[Envelope], record: RunRecord, run_dir: Path) -> frozenset[str]:
@@ -64,8 +66,13 @@ def named(envelopes: Sequence[Envelope], record: RunRecord, run_dir: Path) -> fr
             words.append(read_log(run_dir, gate.log, limit=NAMES_READ))
             failed = gate.tests.failed if gate.tests is not None else ()
             words += (f"{case.suite} {case.name} {case.message}" for case in failed)
-    text = strip_ansi("\n".join(words))
-    hits = frozenset(e.id for e in envelopes if any(_mentions(text, p) for p in e.touched))
+    paths, modules = _mentioned(strip_ansi("\n".join(words)))
+
+    def said(path: str) -> bool:  # the path, or a Python file's dotted module
+        dotted = path[:-3].replace("/", ".") if path.endswith(".py") and "/" in path else ""
+        return path in paths or dotted in modules
+
+    hits = frozenset(e.id for e in envelopes if any(said(p) for p in e.touched))
     return hits if len(hits) <= len(envelopes) // 2 else frozenset()
 
 
@@ -82,15 +89,20 @@ async def name_suspects(item: Item, done: Finished, queue: Queue) -> None:
             queue.record(envelope.id, EnvelopeState.GATING, Details(note=note), event="named")
 
 
-def _mentions(text: str, path: str) -> bool:
-    """``path`` is a word of ``text`` (alone, or the end of a longer path: ``/x/src/a.py``;
-    not the start of a longer name: ``a.py.orig``), or, for a Python file, its dotted module
-    (a JUnit classname: ``tests.test_a.TestB``)."""
-    pattern = rf"(?<![\w.-]){re.escape(path)}(?![\w/-]|\.\w)"
-    if path.endswith(".py") and "/" in path:  # not ``setup``: a word of its own
-        dotted = re.escape(path[:-3].replace("/", "."))
-        pattern += rf"|(?<![\w.-]){dotted}(?![\w/-])"
-    return re.search(pattern, text) is not None
+def _mentioned(text: str) -> tuple[set[str], set[str]]:
+    """The path-like words of ``text``, each with its shorter ends (``/x/src/a.py``: also
+    ``src/a.py``, ``a.py``; up to ``DEPTH`` parts, so a hostile word costs little), and the
+    dotted names of words without a slash, each with its starts (``tests.test_a.TestB``:
+    also ``tests.test_a``): a JUnit classname."""
+    paths: set[str] = set()
+    modules: set[str] = set()
+    for word in _WORD.findall(text):
+        parts = word.rstrip(".").split("/")  # a sentence's full stop is not the path's
+        paths.update("/".join(parts[k:]) for k in range(max(0, len(parts) - DEPTH), len(parts)))
+        if len(parts) == 1:
+            dots = parts[0].split(".")
+            modules.update(".".join(dots[:k]) for k in range(2, min(len(dots), DEPTH) + 1))
+    return paths, modules
 
 
 def pieces(item: Item) -> list[Item]:
