@@ -304,7 +304,7 @@ def test_a_flake_of_the_heads_own_run_never_excuses_a_real_break(
 
 def naming_gate(tmp: Path, show: str) -> Path:
     """A gate that records the tree it judged and fails on BROKEN, saying where as a runner
-    does: ``show`` is grep's option (``-l``: the files' paths; ``-h``: their lines only)."""
+    does: ``show`` is grep's option (``-n``: ``path:line:text``; ``-h``: the text only)."""
     manifest = tmp / "naming.toml"
     manifest.write_text(
         f"""
@@ -333,12 +333,12 @@ def breaking(project: Path, count: int, bad: dict[int, str]) -> list[Path]:
 def test_the_envelope_a_failure_names_is_gated_behind_the_rest_and_costs_two_runs(
     project: Path, tmp_path: Path
 ) -> None:
-    """The gate says ./n05.txt broke it: n05 goes behind the rest of the batch, the rest is
+    """The gate says ./n05.txt:1 broke it: n05 goes behind the rest of the batch, the rest is
     gated once (it passes), and n05 on it is the very tree that failed: confirmed, blamed.
     Three runs in all, where halving 8 would take five."""
     base = git(project, "rev-parse", "main").strip()
     submit(repo_info(project), breaking(project, 8, {5: "BROKEN\n"}))
-    result = integrate(repo=project, manifest=naming_gate(tmp_path, "-l"), batch=8, window=2)
+    result = integrate(repo=project, manifest=naming_gate(tmp_path, "-n"), batch=8, window=2)
     final = states(project)
     assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
     runs = [(len(r.envelopes), str(r.verdict)) for r in result.pipeline]
@@ -356,13 +356,15 @@ def test_a_failure_naming_an_innocent_envelope_never_blames_it(
     """A hostile n03 breaks the gate and makes its words name n06 (never itself): n06 is
     gated apart and lands; the rest, n03 in it, fails and is halved down to n03."""
     base = git(project, "rev-parse", "main").strip()
-    submit(repo_info(project), breaking(project, 8, {3: "BROKEN: it is ./n06.txt\n"}))
+    submit(repo_info(project), breaking(project, 8, {3: "BROKEN error: it is ./n06.txt:1\n"}))
     result = integrate(repo=project, manifest=naming_gate(tmp_path, "-h"), batch=8, window=2)
     final = states(project)
     assert final.pop("n03") == "gates-failed" and set(final.values()) == {"landed"}
     assert result.confirm_runs == 1
     first_split = [r.envelopes for r in result.pipeline if len(r.envelopes) == 7]
     assert first_split and all(".n06." not in e for e in first_split[0]), result.pipeline
+    named = [e.id.split(".")[1] for e in watch(repo=project, follow=False) if e.event == "named"]
+    assert named == ["n06"], named
     assert_every_landing_was_gated(project, base, tmp_path)
 
 
@@ -411,8 +413,15 @@ def test_what_a_failure_names(project: Path, tmp_path: Path) -> None:
 
     assert named_by("FAILED tests/test_alpha.py::test_x - assert 1 == 2\n") == {"alpha"}
     assert named_by("\x1b[1m/tmp/slot/src/pkg/beta.py\x1b[0m:3:1: F401 unused\n") == {"beta"}
-    assert named_by("src/pkg/beta.pyc tests/test_alpha.py.orig xgamma.txt beta.py\n") == set()
+    said = "error: src/pkg/beta.pyc tests/test_alpha.py.orig xgamma.txt beta.py\n"
+    assert named_by(said) == set()
     case = TestCase(suite="tests.test_alpha.TestX", name="test_y", outcome="failed")
     assert named_by("1 failed\n", (case,)) == {"alpha"}
-    assert named_by("gamma.txt delta.txt\n") == {"gamma", "delta"}
-    assert named_by("gamma.txt delta.txt eps.txt\n") == set()  # 3 of 5 name nothing
+    assert named_by("error: gamma.txt delta.txt\n") == {"gamma", "delta"}
+    assert named_by("error: gamma.txt delta.txt eps.txt\n") == set()  # 3 of 5: nothing
+    # what a failing test is named after: test_gamma, delta_test, DeltaTest, gamma.spec.ts
+    assert named_by("FAILED tests/test_gamma.py::test_x - assert 1 == 2\n") == {"gamma"}
+    assert named_by("--- FAIL: TestX (0.00s)\n    delta_test.go:12: want 1\n") == {"delta"}
+    assert named_by("FAIL src/gamma.spec.ts\n") == {"gamma"}
+    # a runner's progress lines name every file, failing or not: they name nothing
+    assert named_by("tests/test_alpha.py ....\ngamma.txt ok\n3 passed\n") == set()

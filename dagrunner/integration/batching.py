@@ -24,7 +24,6 @@ the first envelope of the batch it sized (``Pipeline.admit_item``).
 from __future__ import annotations
 
 import contextlib
-import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from dagrunner.integration.items import NOT_STARTED, Finished, Item, Stage
 from dagrunner.integration.queue import URGENT, JournalLine, Queue
 from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
 from dagrunner.records.run import RunRecord
-from dagrunner.report.logtail import read_log, strip_ansi
+from dagrunner.report.logtail import Mentions, failing_lines, read_log, strip_ansi
 
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
@@ -50,29 +49,23 @@ RECENT = 5  # batches looked back on
 GROW_AT = 0.8  # grow while at least this share of them passed
 SHRINK_BELOW = 0.6  # shrink on a failure when fewer than this share passed
 NAMES_READ = 64 * 1024  # of each failing gate's log, its end: where runners say what failed
-DEPTH = 16  # the parts of a word looked up as a path: its last 16 (a dotted name: first 16)
-_WORD = re.compile(r"[\w.+@/-]+")  # what a path is made of
 
 
 def named(envelopes: Sequence[Envelope], record: RunRecord, run_dir: Path) -> frozenset[str]:
-    """The ids of the envelopes of a failed batch that its failure names (a path one of them
-    changes appears in a failing gate's log tail or failed test cases), or none when more
-    than half of them are named (that names nothing).  The words are the gates' own, not to
-    be trusted: they only choose which envelopes are gated apart first; an envelope is still
-    blamed only for a tree of its own that failed, confirmed."""
+    """The ids of the envelopes of a failed batch that its failure names (``Mentions``: a file
+    one of them changes, in its failing gates' failed test cases or the lines of their log
+    tails that say what failed or where), or none when more than half of them are named
+    (that names nothing).  The words are the gates' own, not to be trusted: they only choose
+    which envelopes are gated apart first; an envelope is still blamed only for a tree of
+    its own that failed, confirmed."""
     words: list[str] = []
     for gate in record.gates:
         if not gate.status.ok:
-            words.append(read_log(run_dir, gate.log, limit=NAMES_READ))
+            words.append(failing_lines(read_log(run_dir, gate.log, limit=NAMES_READ)))
             failed = gate.tests.failed if gate.tests is not None else ()
             words += (f"{case.suite} {case.name} {case.message}" for case in failed)
-    paths, modules = _mentioned(strip_ansi("\n".join(words)))
-
-    def said(path: str) -> bool:  # the path, or a Python file's dotted module
-        dotted = path[:-3].replace("/", ".") if path.endswith(".py") and "/" in path else ""
-        return path in paths or dotted in modules
-
-    hits = frozenset(e.id for e in envelopes if any(said(p) for p in e.touched))
+    said = Mentions.of(strip_ansi("\n".join(words)))
+    hits = frozenset(e.id for e in envelopes if any(said.name(p) for p in e.touched))
     return hits if len(hits) <= len(envelopes) // 2 else frozenset()
 
 
@@ -87,22 +80,6 @@ async def name_suspects(item: Item, done: Finished, queue: Queue) -> None:
     for envelope in item.envelopes:
         if envelope.id in item.named:
             queue.record(envelope.id, EnvelopeState.GATING, Details(note=note), event="named")
-
-
-def _mentioned(text: str) -> tuple[set[str], set[str]]:
-    """The path-like words of ``text``, each with its shorter ends (``/x/src/a.py``: also
-    ``src/a.py``, ``a.py``; up to ``DEPTH`` parts, so a hostile word costs little), and the
-    dotted names of words without a slash, each with its starts (``tests.test_a.TestB``:
-    also ``tests.test_a``): a JUnit classname."""
-    paths: set[str] = set()
-    modules: set[str] = set()
-    for word in _WORD.findall(text):
-        parts = word.rstrip(".").split("/")  # a sentence's full stop is not the path's
-        paths.update("/".join(parts[k:]) for k in range(max(0, len(parts) - DEPTH), len(parts)))
-        if len(parts) == 1:
-            dots = parts[0].split(".")
-            modules.update(".".join(dots[:k]) for k in range(2, min(len(dots), DEPTH) + 1))
-    return paths, modules
 
 
 def pieces(item: Item) -> list[Item]:

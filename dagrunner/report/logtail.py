@@ -1,8 +1,10 @@
-"""Reading a gate's bounded log back for reports: its tail, with ANSI escapes removed."""
+"""Reading a gate's bounded log back for reports: its tail, with ANSI escapes removed; the
+lines that say what failed (``failure_excerpt``), and the files they name (``Mentions``)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 # Every escape a terminal acts on, in its 7-bit and 8-bit forms: CSI (``ESC [``, 0x9b); the
@@ -68,3 +70,56 @@ def failure_excerpt(text: str) -> str:
         last = n
     out.append(f"… (the last {TAIL_LINES} lines of {len(lines)})")
     return "\n".join(out + lines[body:])
+
+
+# Where a runner says a failure is: ``path:12``, ``File "x.py", line 12``, ``x.ts(12,5)``.
+LOCATION = re.compile(r"[\w.)-]:\d+|, line \d+|\(\d+,\d+\)")
+_WORD = re.compile(r"[\w.+@/-]+")  # what a path or a dotted name is made of
+DEPTH = 16  # the parts of a word looked up as a path: its last 16 (a dotted name: first 16)
+# what a test is named after: test_utils, utils_test, TestUtils, UtilsTest(s), utils.test.ts
+_SUBJECT = re.compile(r"^(?:test_|Test(?=[A-Z]))(\w+)$|^(\w+?)(?:_test|_spec|Tests?|Spec)$")
+
+
+def failing_lines(text: str) -> str:
+    """The lines of a log that say what failed or where (``FAILING``, ``LOCATION``), and each
+    line before one (a linter's file heading), without the rest (a runner's progress lines
+    name every file, failing or not)."""
+    lines = strip_ansi(text).splitlines()
+    said = [bool(FAILING.search(line) or LOCATION.search(line)) for line in lines] + [False]
+    return "\n".join(line for n, line in enumerate(lines) if said[n] or said[n + 1])
+
+
+@dataclass(frozen=True)
+class Mentions:
+    """The files a failure's words name: as paths (``/x/src/a.py`` names ``src/a.py`` and
+    ``a.py`` too), as dotted modules (a JUnit classname ``tests.test_a.TestB`` names
+    ``tests/test_a.py``), and as the subject of a failing test (``tests/test_utils.py``,
+    ``utils_test.go`` and ``UtilsTest`` name a file ``utils.*``, ``Utils.*``)."""
+
+    paths: frozenset[str]
+    modules: frozenset[str]
+    subjects: frozenset[str]
+
+    @classmethod
+    def of(cls, text: str) -> Mentions:
+        paths: set[str] = set()
+        modules: set[str] = set()
+        subjects: set[str] = set()
+        for word in _WORD.findall(text):
+            parts = word.rstrip(".").split("/")  # a sentence's full stop is not the path's
+            paths.update("/".join(parts[k:]) for k in range(max(0, len(parts) - DEPTH), len(parts)))
+            dots = parts[-1].split(".")
+            if len(parts) == 1:
+                modules.update(".".join(dots[:k]) for k in range(2, min(len(dots), DEPTH) + 1))
+            for n, name in enumerate(dots[:DEPTH]):
+                if (found := _SUBJECT.match(name)) is not None:
+                    subjects.add(found[1] or found[2])
+                elif name in ("test", "spec") and n > 0 and dots[n - 1]:
+                    subjects.add(dots[n - 1])
+        return cls(frozenset(paths), frozenset(modules), frozenset(subjects))
+
+    def name(self, path: str) -> bool:
+        """``path`` (of the repository) is named."""
+        dotted = path[:-3].replace("/", ".") if path.endswith(".py") and "/" in path else ""
+        stem = path.rsplit("/", 1)[-1].split(".", 1)[0]
+        return path in self.paths or dotted in self.modules or stem in self.subjects
