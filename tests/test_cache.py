@@ -408,3 +408,42 @@ inputs = ["**"]
     (repo / "README").write_text("changed\n")  # a real input still counts
     code, summary, _ = check(capsys, repo, body)
     assert {g["id"]: g["status"] for g in summary["gates"]} == {"tests": "passed", "docs": "passed"}
+
+
+SEEDED = """
+    [env]
+    pass = ["PATH"]
+    [sandbox]
+    writable = ["{outside}"]
+    [[worktrees.seed]]
+    path = ".venv"
+    key = ["pyproject.toml"]
+    build = "true"
+    [gates.tests]
+    run = "fake-pytest; echo tests >> {ran}"
+    inputs = ["src/**"]
+    tools = ["fake-pytest --version"]
+"""
+
+
+def test_a_tool_of_the_trees_own_venv_keys_the_gate_that_runs_it(
+    capsys: pytest.CaptureFixture[str], project: dict[str, Path]
+) -> None:
+    """The gate runs the tree's venv's program (its seed's ``bin`` first on PATH), which the
+    caller's PATH does not have: upgrading it there is a miss.  Found on pypa/packaging,
+    where the key asked the caller's pytest and served a pass of the old one."""
+    repo, ran = project["repo"], project["ran"]
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    (repo / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    tool = repo / ".venv" / "bin" / "fake-pytest"
+    (repo / ".git" / "info" / "exclude").write_text("tool-version\n.venv/\n")
+    text = SEEDED.format(ran=ran, outside=ran.parent)
+    said = []
+    for version in ("1.0", "1.0", "2.0"):
+        tool.write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo fake-pytest {version}\n')
+        tool.chmod(0o755)
+        ran.write_text("")
+        code, body, _ = check(capsys, repo, text)
+        assert code == 0, body
+        said.append((statuses(body)["tests"], ran.read_text().split()))
+    assert said == [("passed", ["tests"]), ("cached", []), ("passed", ["tests"])], said

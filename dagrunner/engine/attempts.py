@@ -30,9 +30,9 @@ from dagrunner.executors.local import LocalExecutor
 from dagrunner.git import guard
 from dagrunner.git.command import git
 from dagrunner.git.repo import tool_cache_root
-from dagrunner.manifest.load import GateSpec, Manifest
+from dagrunner.manifest.load import GateSpec
 from dagrunner.process.logs import redact_file
-from dagrunner.process.sandbox import AttemptResult, GateJob
+from dagrunner.process.sandbox import AttemptResult, GateJob, tree_environment
 from dagrunner.records.run import Attempt, Status, TestRun
 from dagrunner.report.testresults import read_junit
 from dagrunner.units import format_duration
@@ -62,29 +62,6 @@ def with_tool_caches(env: dict[str, str], folder: Path) -> dict[str, str]:
     return env
 
 
-def tree_environment(env: dict[str, str], tree: Path, manifest: Manifest) -> dict[str, str]:
-    """``env`` with the tree's own environment first: each seed of the manifest present in
-    ``tree`` that holds programs (a venv's ``bin``, ``node_modules/.bin``) ahead on PATH, and
-    ``VIRTUAL_ENV`` naming the tree's venv -- so ``python`` or ``pytest`` from PATH is the
-    tree's, never the caller's (whose editable install would import another checkout's code).
-    Cache keys are computed without it: the seed is the tree's, keyed by its key files."""
-    found, venv = [], ""
-    for seed in manifest.worktrees.seeds:
-        folder = tree / seed.path
-        for bin_dir in (folder / "bin", folder / ".bin"):
-            if bin_dir.is_dir() and not bin_dir.is_symlink():
-                found.append(str(bin_dir))
-        if not venv and (folder / "pyvenv.cfg").is_file():
-            venv = str(folder)
-    if not found and not venv:
-        return env
-    env = dict(env)
-    env["PATH"] = ":".join([*found, env.get("PATH", "")]).rstrip(":")
-    if venv:
-        env["VIRTUAL_ENV"] = venv
-    return env
-
-
 def check_programs(plan: Plan) -> None:
     """Each gate whose ``run`` is an argv names a program this machine has (on its PATH,
     the tree's seeds first), or the run does not start (``gate-program-missing``, exit 3):
@@ -95,7 +72,9 @@ def check_programs(plan: Plan) -> None:
         gate = spec(plan.graph, node)
         if gate.kind != "gate" or isinstance(gate.run, str) or "/" in gate.run[0]:
             continue
-        env = tree_environment(plan.envs[node], plan.repo, plan.manifest)
+        env = tree_environment(
+            plan.envs[node], plan.repo, [s.path for s in plan.manifest.worktrees.seeds]
+        )
         if shutil.which(gate.run[0], path=env.get("PATH", "")) is None:
             missing.append((node, gate.run[0]))
     if missing:
@@ -147,7 +126,9 @@ class GateRunner:
 
     def job(self, gate: GateSpec, attempt: int, root: Path) -> GateJob:
         argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
-        env = tree_environment(self.plan.envs[gate.id], root, self.plan.manifest)
+        env = tree_environment(
+            self.plan.envs[gate.id], root, [s.path for s in self.plan.manifest.worktrees.seeds]
+        )
         caches: tuple[str, ...] = ()
         if gate.kind == "gate" and self.executor_of(gate).name == "local":
             folder = self.tool_caches(gate.id, root)

@@ -23,6 +23,7 @@ from dagrunner.engine.inputs import Snapshot, input_files
 from dagrunner.executors.base import Fingerprint
 from dagrunner.manifest.load import GateSpec, Manifest
 from dagrunner.process.command import tool_fingerprint
+from dagrunner.process.sandbox import tree_environment
 
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
 # Derived from the commit, so it would miss every entry on every commit; it is
@@ -121,6 +122,7 @@ def compute_keys(
     tools: dict[tuple[str, str], tuple[str, str]] = {}
     above = integration_map(graph)
     outputs = declared_outputs(graph)
+    seeds = [seed.path for seed in manifest.worktrees.seeds]
     for node in topological_order(graph):
         gate = spec(graph, node)
         if gate.kind != "gate":
@@ -141,16 +143,17 @@ def compute_keys(
         if below and not whole:
             whole = f"not cacheable: it needs {below[0]!r}, which is not cacheable"
         env = envs[node]
+        runs = tree_environment(dict(env), repo, seeds)  # the programs the gate runs
         fingerprints: dict[str, str] = {}
         lines: dict[str, str] = {}
         for command in gate.tools:
-            cache_key = (command, _digest(dict(env)))
+            cache_key = (command, _digest(runs))
             if cache_key not in tools:
                 tools[cache_key] = (
-                    fingerprint(command, env)
+                    fingerprint(command, runs)
                     if fingerprint is not None
                     else tool_fingerprint(
-                        command, env, repo, hide=hide, writable=manifest.sandbox.writable
+                        command, runs, repo, hide=hide, writable=manifest.sandbox.writable
                     )
                 )
             fingerprints[command], lines[command] = tools[cache_key]

@@ -216,7 +216,8 @@ class QueueStats:
     gate_runs: int  # gate runs (``gate-run`` events; an older journal: one per envelope and run)
     gate_runs_landed: int  # an older journal's: runs that judged an envelope that landed
     gate_cpu: float | None  # CPU-seconds of the gate runs (None: an older journal)
-    wasted: int  # runs cancelled by a reset (a failure ahead, the target moved, urgent)
+    wasted: int  # runs cancelled by a reset (a failure ahead, the target moved, urgent):
+    # ``gate-run`` events noted ``cancelled`` (a journal before them: its resets)
     flaky: int  # re-runs that passed a gate that had failed
     overlaps: int  # conflicts foreseen at submit
 
@@ -319,7 +320,7 @@ def queue_stats(*, repo: Path | None = None, since: float | None = None) -> Queu
     submitted: dict[str, float] = {}
     ended: dict[str, tuple[str, float]] = {}
     runs: dict[str, int] = {}
-    wasted = flaky = overlaps = ran = 0
+    resets = cancelled = flaky = overlaps = ran = 0
     cpu: float | None = None
     for event in watch(repo=repo, follow=False):
         at = _when(event.at)
@@ -329,13 +330,14 @@ def queue_stats(*, repo: Path | None = None, since: float | None = None) -> Queu
         elif event.event == "gating" and recent:
             runs[event.id] = runs.get(event.id, 0) + 1
         elif event.event == "speculation-reset" and recent:
-            wasted += 1
+            resets += 1
         elif event.event == "flaky" and recent:
             flaky += 1
         elif event.event == "overlap" and recent:
             overlaps += 1
         elif event.event == "gate-run" and recent:
             ran, cpu = ran + 1, (cpu or 0.0) + (event.details.gate_cpu or 0.0)
+            cancelled += event.details.note == "cancelled"
         elif event.final and at is not None and event.id not in ended:
             ended[event.id] = (str(event.state), at)
     outcomes: dict[str, int] = {}
@@ -355,7 +357,7 @@ def queue_stats(*, repo: Path | None = None, since: float | None = None) -> Queu
         gate_runs=ran if cpu is not None else sum(runs.values()),
         gate_runs_landed=sum(runs.get(i, 0) for i in landed),
         gate_cpu=cpu,
-        wasted=wasted,
+        wasted=cancelled if cpu is not None else resets,  # an older journal: its resets
         flaky=flaky,
         overlaps=overlaps,
     )

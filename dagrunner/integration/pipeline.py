@@ -48,6 +48,7 @@ from dagrunner.records.integration import (
     EnvelopeState,
     LandOutcome,
     PipelineTally,
+    Verdict,
 )
 
 if TYPE_CHECKING:
@@ -274,11 +275,12 @@ class Pipeline:
             self.it.stop = True
             self.nursery.cancel_scope.cancel()
         self.in_flight -= 1
-        end = trio.current_time() - self.t0
-        self.tally.pipeline.append(run.speculation(finished, start, end, str(run_dir)))
+        said = run.speculation(finished, start, trio.current_time() - self.t0, str(run_dir))
+        self.tally.pipeline.append(said)
         if run.ids:  # what the run cost, for ``integrate stats`` (one line per run)
             cpu = round(finished.cpu, 3) if finished is not None else 0.0
-            details = Details(gate_run=run.number, gate_cpu=cpu)
+            note = "cancelled" if said.verdict is Verdict.CANCELLED else None
+            details = Details(gate_run=run.number, gate_cpu=cpu, note=note)
             self.it.queue.record(run.ids[0], EnvelopeState.GATING, details, event="gate-run")
         if finished is not None:
             self.send.send_nowait(finished)

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +123,31 @@ def activated(env: dict[str, str]) -> dict[str, str]:
     if venv.startswith("/") and os.path.isdir(folder):
         rest = [p for p in env.get("PATH", "").split(":") if p and p != folder]
         env["PATH"] = ":".join([folder, *rest])
+    return env
+
+
+def tree_environment(env: dict[str, str], tree: Path, seeds: Iterable[str]) -> dict[str, str]:
+    """``env`` with the tree's own environment first: each seed folder (``seeds``: the
+    manifest's, relative) present in ``tree`` that holds programs (a venv's ``bin``,
+    ``node_modules/.bin``) ahead on PATH, and ``VIRTUAL_ENV`` naming the tree's venv -- so
+    ``python`` or ``pytest`` from PATH is the tree's, never the caller's (whose editable
+    install would import another checkout's code).  A cache key's environment is the
+    gate's without it (the seed is the tree's, keyed by its key files), but its tools are
+    fingerprinted with it: they are the programs the gate runs."""
+    found, venv = [], ""
+    for seed in seeds:
+        folder = tree / seed
+        for bin_dir in (folder / "bin", folder / ".bin"):
+            if bin_dir.is_dir() and not bin_dir.is_symlink():
+                found.append(str(bin_dir))
+        if not venv and (folder / "pyvenv.cfg").is_file():
+            venv = str(folder)
+    if not found and not venv:
+        return env
+    env = dict(env)
+    env["PATH"] = ":".join([*found, env.get("PATH", "")]).rstrip(":")
+    if venv:
+        env["VIRTUAL_ENV"] = venv
     return env
 
 
