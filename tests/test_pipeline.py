@@ -34,19 +34,26 @@ ROOT = Path(__file__).resolve().parents[1]
 EVENT_SCHEMA = orjson.loads((ROOT / "docs" / "integration-event.schema.json").read_bytes())
 
 
-def recording_gate(tmp: Path, seconds: float = 0.3) -> Path:
-    """A gate that writes the tree it judged, then fails on BROKEN, after ``seconds``."""
-    manifest = tmp / "recording.toml"
+def recording(tmp: Path, check: str, *, before: str = "", name: str = "recording") -> Path:
+    """A manifest of one gate that writes the tree it judged (to ``gated.txt``), after
+    ``before``, then runs ``check``, its verdict (shell strings)."""
+    manifest = tmp / f"{name}.toml"
+    gated = tmp / "gated.txt"
     manifest.write_text(
         f"""
 [sandbox]
 writable = ["{tmp}"]
 
 [gates.check]
-run = "sleep {seconds}; git rev-parse 'HEAD^{{tree}}' >> '{tmp / "gated.txt"}'; ! grep -rq BROKEN --include=*.txt ."
+run = "{before}git rev-parse 'HEAD^{{tree}}' >> '{gated}'; {check}"
 """
     )
     return manifest
+
+
+def recording_gate(tmp: Path, seconds: float = 0.3) -> Path:
+    """A gate that writes the tree it judged, then fails on BROKEN, after ``seconds``."""
+    return recording(tmp, "! grep -rq BROKEN --include=*.txt .", before=f"sleep {seconds}; ")
 
 
 def numbered(project: Path, count: int, bad: set[int] = frozenset()) -> list[Path]:  # type: ignore[assignment]
@@ -566,3 +573,30 @@ def test_slots_beyond_the_window_are_removed_when_the_run_ends(
     assert integrate(repo=project, manifest=recording_gate(tmp_path), window=1, batch=1).ok
     assert slots() == []
     assert all(not Path(line.split(" ", 1)[1]).exists() for line in wide)
+
+
+def test_speculation_behind_a_slow_front_is_at_most_twice_the_window_deep(
+    project: Path, tmp_path: Path
+) -> None:
+    """n01's own tree takes 3 s and fails; the eleven behind pass in 0.2 s (on it too).  Items that passed
+    hold no run, so more are gated behind them meanwhile -- but never deeper than twice the
+    window: when n01 fails, at most 2 x 2 - 1 trees built on it are gated again, not all
+    eleven."""
+    slow = "if [ -e n01.txt ] && [ ! -e n02.txt ]; then sleep 3; exit 1; fi; sleep 0.2"
+    manifest = recording(tmp_path, slow, name="slow-front")
+    envelopes = [
+        worker(project, f"n{i:02d}", lambda p, i=i: (p / f"n{i:02d}.txt").write_text(
+            f"{i}\n"))
+        for i in range(1, 13)
+    ]  # fmt: skip
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project, manifest=manifest, batch=1, window=2)
+    final = states(project)
+    assert final.pop("n01") == "gates-failed" and set(final.values()) == {"landed"}
+    on_front = [r for r in result.pipeline if r.position > 0 and r.start < 3.0]
+    assert 2 <= len(on_front) <= 2 * 2 - 1, [
+        (r.gate_run, r.envelopes[0][6:9], r.position, r.start, r.end, str(r.verdict))
+        for r in result.pipeline
+    ]
+    # the front, its confirmation, the eleven once each, and those gated on the front
+    assert result.gate_runs <= 1 + 1 + 11 + len(on_front)

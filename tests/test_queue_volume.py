@@ -9,7 +9,7 @@ from typing import Any
 
 from conftest import commit_release_manifest, git
 from test_integration import breaks_gate, states, worker
-from test_pipeline import numbered, recording_gate
+from test_pipeline import numbered, recording, recording_gate
 
 from dagrunner import watch
 from dagrunner.envelope import parse_envelope
@@ -302,69 +302,106 @@ def test_a_flake_of_the_heads_own_run_never_excuses_a_real_break(
     assert len([r for r in result.pipeline if not r.envelopes]) == 2  # run, and confirmed
 
 
-def naming_gate(tmp: Path, show: str) -> Path:
+def naming_gate(tmp: Path, show: str, quiet: str = "none") -> Path:
     """A gate that records the tree it judged and fails on BROKEN, saying where as a runner
-    does: ``show`` is grep's option (``-n``: ``path:line:text``; ``-h``: the text only)."""
-    manifest = tmp / "naming.toml"
-    manifest.write_text(
-        f"""
-[sandbox]
-writable = ["{tmp}"]
-
-[gates.check]
-run = "sleep 0.2; git rev-parse 'HEAD^{{tree}}' >> '{tmp / "gated.txt"}'; if grep -r {show} BROKEN --include=*.txt .; then exit 1; fi"
-"""
-    )
-    return manifest
+    does: ``show`` is grep's option (``-n``: ``path:line:text``; ``-h``: the text only); of
+    file ``quiet`` it says nothing."""
+    say = f"grep -r {show} BROKEN --include=*.txt --exclude={quiet} ."
+    return recording(tmp, f"{say}; ! grep -rq BROKEN --include=*.txt .", before="sleep 0.2; ")
 
 
-def breaking(project: Path, count: int, bad: dict[int, str]) -> list[Path]:
-    """``count`` envelopes, each changing its own file; ``bad[i]``: what n{i}'s file says."""
+def breaking(project: Path, count: int, bad: dict[int, str], first: int = 1) -> list[Path]:
+    """Envelopes n{first}..n{count}, each changing its own file; ``bad[i]``: what n{i}'s file
+    says."""
     return [
         worker(
             project,
             f"n{i:02d}",
             lambda p, i=i: (p / f"n{i:02d}.txt").write_text(bad.get(i, f"{i}\n")),
         )
-        for i in range(1, count + 1)
+        for i in range(first, count + 1)
     ]
 
 
-def test_the_envelope_a_failure_names_is_gated_behind_the_rest_and_costs_two_runs(
+def test_the_envelope_a_failure_names_is_gated_first_apart_from_the_rest(
     project: Path, tmp_path: Path
 ) -> None:
-    """The gate says ./n05.txt:1 broke it: n05 goes behind the rest of the batch, the rest is
-    gated once (it passes), and n05 on it is the very tree that failed: confirmed, blamed.
-    Three runs in all, where halving 8 would take five."""
+    """The gate says ./n05.txt:1 broke it: n05 is gated alone on the batch's base and the
+    rest at the same time, built without it; n05 fails the gate its batch failed and the
+    rest passes without it: that is its confirmation (no re-run); it is blamed, the rest
+    lands.  Three runs in all, where halving 8 takes five, one after another."""
     base = git(project, "rev-parse", "main").strip()
     submit(repo_info(project), breaking(project, 8, {5: "BROKEN\n"}))
     result = integrate(repo=project, manifest=naming_gate(tmp_path, "-n"), batch=8, window=2)
     final = states(project)
     assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
-    runs = [(len(r.envelopes), str(r.verdict)) for r in result.pipeline]
-    assert runs == [(8, "failed"), (7, "passed"), (1, "confirmed")], runs
-    assert result.pipeline[-1].envelopes[0].split(".")[1] == "n05"
+    runs = {(len(r.envelopes), str(r.verdict)): r for r in result.pipeline}
+    assert sorted(runs) == [(1, "failed"), (7, "passed"), (8, "failed")]
+    assert result.confirm_runs == 0
+    alone, rest = runs[1, "failed"], runs[7, "passed"]
+    assert alone.envelopes[0].split(".")[1] == "n05" and alone.head == base == rest.head
+    assert rest.start < alone.end  # gated beside it
     named = [e for e in watch(repo=project, follow=False) if e.event == "named"]
     assert [e.id.split(".")[1] for e in named] == ["n05"], named
     assert (named[0].details.note or "").startswith("named by the failure of gates-01")
     assert_every_landing_was_gated(project, base, tmp_path)
 
 
-def test_a_failure_naming_an_innocent_envelope_never_blames_it(
+def tree_gate(tmp: Path) -> Path:
+    """A gate that runs the tree's own checks (``checks/*.sh``), as a test suite does: an
+    envelope says what its checks print and when they fail."""
+    checks = "for f in checks/*.sh; do [ -e $f ] || continue; sh $f || exit 1; done"
+    return recording(tmp, checks, before="sleep 0.2; ", name="tree")
+
+
+def checking(project: Path, name: str, script: str) -> Path:
+    """An envelope that adds ``checks/<name>.sh``."""
+
+    def write(path: Path) -> None:
+        (path / "checks").mkdir()
+        (path / "checks" / f"{name}.sh").write_text(script)
+
+    return worker(project, name, write)
+
+
+def test_a_failure_that_names_innocents_queued_ahead_never_gets_them_blamed(
     project: Path, tmp_path: Path
 ) -> None:
-    """A hostile n03 breaks the gate and makes its words name n06 (never itself): n06 is
-    gated apart and lands; the rest, n03 in it, fails and is halved down to n03."""
+    """A hostile n08, last in its batch, fails whenever n01..n04 are in its tree and names
+    them (4 of 8: at most half).  They are gated first, without n08: they pass and land; n08
+    on them fails and is blamed.  (Gated behind the rest, they would be judged on trees
+    holding n08, and blamed for it.)"""
     base = git(project, "rev-parse", "main").strip()
-    submit(repo_info(project), breaking(project, 8, {3: "BROKEN error: it is ./n06.txt:1\n"}))
-    result = integrate(repo=project, manifest=naming_gate(tmp_path, "-h"), batch=8, window=2)
+    bomb = (
+        "for f in n01.txt n02.txt n03.txt n04.txt; do "
+        '[ -e $f ] && echo "error: ./$f:1" && bad=1; done; [ -z "$bad" ]\n'
+    )
+    submit(repo_info(project), [*breaking(project, 7, {}), checking(project, "n08", bomb)])
+    integrate(repo=project, manifest=tree_gate(tmp_path), batch=8, window=2)
     final = states(project)
-    assert final.pop("n03") == "gates-failed" and set(final.values()) == {"landed"}
-    assert result.confirm_runs == 1
-    first_split = [r.envelopes for r in result.pipeline if len(r.envelopes) == 7]
-    assert first_split and all(".n06." not in e for e in first_split[0]), result.pipeline
+    assert final.pop("n08") == "gates-failed" and set(final.values()) == {"landed"}, final
     named = [e.id.split(".")[1] for e in watch(repo=project, follow=False) if e.event == "named"]
-    assert named == ["n06"], named
+    assert sorted(named) == ["n01", "n02", "n03", "n04"]
+    assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_a_batch_is_split_by_names_once_then_halved(project: Path, tmp_path: Path) -> None:
+    """A hostile n01 always fails and names one other envelope of its tree: a batch of 16 is
+    split by that name once, then halved -- about as many runs as halving, not a run per
+    envelope."""
+    base = git(project, "rev-parse", "main").strip()
+    bomb = (
+        "for f in n*.txt; do [ $f = n01.txt ] && continue; "
+        'echo "error: ./$f:1"; break; done; exit 1\n'
+    )
+    others = breaking(project, 16, {}, first=2)
+    submit(repo_info(project), [checking(project, "n01", bomb), *others])
+    result = integrate(repo=project, manifest=tree_gate(tmp_path), batch=16, window=2)
+    final = states(project)
+    assert final.pop("n01") == "gates-failed" and set(final.values()) == {"landed"}, final
+    named = [e.id.split(".")[1] for e in watch(repo=project, follow=False) if e.event == "named"]
+    assert named == ["n02"], named
+    assert result.gate_runs <= 12, [r.to_json() for r in result.pipeline]
     assert_every_landing_was_gated(project, base, tmp_path)
 
 
@@ -425,3 +462,23 @@ def test_what_a_failure_names(project: Path, tmp_path: Path) -> None:
     assert named_by("FAIL src/gamma.spec.ts\n") == {"gamma"}
     # a runner's progress lines name every file, failing or not: they name nothing
     assert named_by("tests/test_alpha.py ....\ngamma.txt ok\n3 passed\n") == set()
+
+
+def test_a_named_envelope_is_confirmed_by_a_rerun_when_the_rest_fails_too(
+    project: Path, tmp_path: Path
+) -> None:
+    """Two culprits in a batch of 8, the failure names only n03: the rest (n06 in it) fails
+    too, so n03's failure alone is not its batch's explanation -- it is re-run before it is
+    blamed; n06 is found by halving the rest."""
+    base = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), breaking(project, 8, {3: "BROKEN\n", 6: "BROKEN\n"}))
+    manifest = naming_gate(tmp_path, "-n", quiet="n06.txt")
+    result = integrate(repo=project, manifest=manifest, batch=8, window=2)
+    final = states(project)
+    assert final.pop("n03") == "gates-failed" and final.pop("n06") == "gates-failed"
+    assert set(final.values()) == {"landed"}, final
+    named = [e.id.split(".")[1] for e in watch(repo=project, follow=False) if e.event == "named"]
+    assert named == ["n03"], named
+    confirmed = [r.envelopes for r in result.pipeline if r.confirm]
+    assert [e[0].split(".")[1] for e in confirmed] == ["n03", "n06"], confirmed
+    assert_every_landing_was_gated(project, base, tmp_path)

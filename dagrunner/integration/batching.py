@@ -5,20 +5,23 @@ and how many envelopes one item gates together (``Sizer``).
 batch from the queue's recent outcomes: it starts at ``FIRST``, doubles while the recent
 batches pass (at least ``GROW_AT`` of the last ``RECENT`` of them) and halves on a failure
 when fewer than ``SHRINK_BELOW`` of them passed, between 1 and ``MOST``.  A batch that
-fails is split at once (``pieces``): what its failure names goes behind the rest of it, else
+fails is split at once (``pieces``): what its failure names first, then the rest of it, else
 it is halved; the pieces' outcomes do not count here (they say where the culprit is, not how
 often batches fail).
 
 What a failure names (``named``): the envelopes of the batch whose changed paths its failing
 gates' log tails or failed test cases mention.  Runners name the file they failed in (a
 traceback, ``path:line: error`` of a linter or a type checker, a test id), so the culprit is
-usually among them; gated behind the rest of the batch, the named piece's tree is the failed
-batch's own (the rest passing): its verdict is known without a run, and a single named
-envelope goes straight to its one confirmation.  A 16-envelope batch with one culprit costs
-two runs after its failure instead of five.
+usually among them.  The named piece is gated on the batch's base alone, and the rest at the
+same time, built without it (it is expected to fail): a 16-envelope batch with one named
+culprit costs three runs after its failure (the culprit, the rest, one confirmation), two
+at a time, instead of six.  A name is a suspicion, never a verdict: an envelope is blamed
+only for a tree of its own that failed, confirmed; and the named go first, so that their
+trees hold no envelope queued after them (whose failure could name them, and frame them).
+A batch is split by names once per envelope (``Namer``); then by halves.
 
 Each change of size is a decision with its reason, journaled as a ``batch-size`` event on
-the first envelope of the batch it sized (``Pipeline.admit_item``).
+the first envelope of the batch it sized (``Intake.next``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING
 import orjson
 import trio
 
-from dagrunner.integration.items import NOT_STARTED, Finished, Item, Stage
+from dagrunner.integration.items import NOT_STARTED, UNDECIDED, Finished, Item, Stage
 from dagrunner.integration.queue import URGENT, JournalLine, Queue
 from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
 from dagrunner.records.run import RunRecord
@@ -69,29 +72,60 @@ def named(envelopes: Sequence[Envelope], record: RunRecord, run_dir: Path) -> fr
     return hits if len(hits) <= len(envelopes) // 2 else frozenset()
 
 
-async def name_suspects(item: Item, done: Finished, queue: Queue) -> None:
-    """A batch's own run failed: what its failure names (``item.named``), each a ``named``
-    event on its line (its state stays: it is a suspicion, not a verdict)."""
-    if len(item.envelopes) < 2 or done.record is None or done.confirm:
-        return
-    where = (item.envelopes, done.record, Path(done.report))
-    item.named = await trio.to_thread.run_sync(named, *where)
-    note = f"named by the failure of {where[2].name}: gated apart, behind the rest of its batch"
-    for envelope in item.envelopes:
-        if envelope.id in item.named:
-            queue.record(envelope.id, EnvelopeState.GATING, Details(note=note), event="named")
+class Namer:
+    """What a failed batch's failure names (``named``), once per envelope in a run: a batch
+    is split so only when none of its envelopes was split so before.  A failure that names
+    one envelope after another (a hostile one can) then costs one run more than halving,
+    not a run per envelope."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.split: set[str] = set()  # the envelopes of batches split by their names
+
+    async def name(self, item: Item, done: Finished) -> None:
+        """``item.named``, each a ``named`` event on its line (its state stays: a
+        suspicion, not a verdict)."""
+        ids = set(item.ids)
+        if len(ids) < 2 or done.record is None or done.confirm or ids & self.split:
+            return
+        where = (item.envelopes, done.record, Path(done.report))
+        item.named = await trio.to_thread.run_sync(named, *where)
+        if not item.named:
+            return
+        self.split |= ids
+        note = f"named by the failure of {where[2].name}: gated apart, ahead of its batch"
+        for envelope_id in sorted(item.named):
+            self.queue.record(envelope_id, EnvelopeState.GATING, Details(note=note), event="named")
 
 
 def pieces(item: Item) -> list[Item]:
-    """A failed batch split in two: the rest of it, then what its failure named
-    (``Item.named``); or, naming none, its halves.  Either way the second piece is gated on
-    the first, where (the first passing) its tree is the failed batch's: known failed."""
+    """A failed batch split in two: what its failure named (``Item.named``), gated on the
+    batch's base alone and expected to fail (``doubted``: the rest is built without it), then
+    the rest; or, naming none, its halves, the second on the first (where, the first
+    passing, its tree is the failed batch's: known failed).  The named piece goes first, never
+    behind the rest: its tree then holds no envelope queued after it, so none of those can
+    make it fail and get it blamed."""
+    first = [e for e in item.envelopes if e.id in item.named]
     rest = [e for e in item.envelopes if e.id not in item.named]
-    last = [e for e in item.envelopes if e.id in item.named]
-    if not rest or not last:
+    if not first or not rest:
         half = len(item.envelopes) // 2
-        rest, last = item.envelopes[:half], item.envelopes[half:]
-    return [Item(rest, priority=item.priority), Item(last, priority=item.priority)]
+        first, rest = item.envelopes[:half], item.envelopes[half:]
+    pieces = [Item(first, priority=item.priority), Item(rest, priority=item.priority)]
+    if item.named:
+        pieces[0].doubted, pieces[0].rest, pieces[0].batch_failing = True, pieces[1], item.failing
+    return pieces
+
+
+def corroborated(item: Item, items: list[Item]) -> bool | None:
+    """A named envelope failed alone (``item``, a suspect): is its batch's own failure the
+    confirmation?  True when the rest of the batch passed without it and it failed only gates
+    the batch failed: two failing runs of two trees whose one common change is this
+    envelope, where the rest passes -- what a re-run of its tree would add, a flake could
+    only fake twice.  None while the rest is still gated; False: confirm it by a re-run."""
+    rest = item.rest
+    if rest is None or rest not in items or not set(item.failing) <= set(item.batch_failing):
+        return False
+    return True if rest.stage is Stage.PASSED else None if rest.stage in UNDECIDED else False
 
 
 def coalesce(items: list[Item], start: int, size: int) -> None:

@@ -1,14 +1,14 @@
 """The speculative integration pipeline: several queue items gated at once, landed in order.
 
 An item is a batch of envelopes (``batching``: sized from the queue's outcomes, or fixed).
-The first ``window`` items are each applied, in their own integration worktree, on the
-speculative head "target + every item ahead of it still expected to land", and their gates
-run at the same time under one governor.  Items land strictly in queue order, each by
-compare-and-swap, as soon as it and every item ahead of it passed.
+Up to ``window`` items at a time (and ``2 * window`` deep) are each applied, in their own
+integration worktree, on the speculative head "target + every item ahead of it still
+expected to land", and gated at once under one governor.  Items land strictly in queue
+order, each by compare-and-swap, as soon as it and every item ahead of it passed.
 
-- A batch that fails is split where it stands, at once: what its failure names goes behind
-  the rest, else it is halved (``batching.pieces``); a tree that failed once in the run is
-  not gated again (the second piece, built on the first, is that tree).
+- A failed batch is split where it stands, at once (``batching.pieces``): what its failure
+  names first, the rest built without it; else halves, where a tree that failed once in the
+  run is not gated again (the second half, on the first, is that tree).
 - One envelope that fails is a suspect: what is behind it is built without it, and its
   failed gates are re-run on its tree once every item ahead passed (``confirm_failures``).
   A pass marks the gates ``flaky``; a confirmed failure halves the window (never below 2),
@@ -87,6 +87,7 @@ class Pipeline:
         self.tally = PipelineTally(window=self.ceiling)  # what the integrator's result takes
         self.sizer = Sizer(resolve(it.batch, manifest.integrate.batch))
         self.intake = Intake(it, self.sizer)
+        self.namer = batching.Namer(it.queue)
         head_run = lambda head, only: self.trees.gate_head(head, self.tally, self.t0, only)  # noqa: E731
         self.baseline = Baseline(manifest.integrate.baseline, head_run, it.queue, it.target)
         self.tally.target_red = self.baseline.red
@@ -161,8 +162,10 @@ class Pipeline:
         next one ahead, so that its gates start the moment the window has room."""
         position = idle = 0  # idle: items ahead that hold no gate run (``IDLE``)
         while not self.it.stop:
-            if position == len(self.items) and not self.admit_item():
-                return
+            if position == len(self.items):
+                if (admitted := self.intake.next(self.tally)) is None:
+                    return
+                self.items.append(admitted)
             item = self.items[position]
             if item.stage is Stage.WAITING:
                 built = await self.build(item, position)
@@ -172,7 +175,7 @@ class Pipeline:
                 position, idle = position + 1, idle + 1  # built again at the front
                 continue
             item.stage = Stage.BUILT if item.stage is Stage.WAITING else item.stage
-            if position - idle >= self.window:
+            if position - idle >= self.window or position >= 2 * self.window:
                 return
             if item.stage is Stage.BUILT and not self.known(item):
                 self.launch(item, position)
@@ -180,11 +183,6 @@ class Pipeline:
                 continue  # a known failure split it where it stood: its pieces come next
             idle += item.stage in IDLE
             position += 1
-
-    def admit_item(self) -> bool:
-        item = self.intake.next(self.tally)
-        self.items += [item] if item is not None else []
-        return item is not None
 
     def known(self, item: Item) -> bool:
         """The item's tree failed a gate run already in this run: that verdict is its own,
@@ -200,12 +198,10 @@ class Pipeline:
         """A pending item of a higher priority than admitted ones that have not started
         goes before them; an urgent one before every item not yet passed, and what was
         gating behind it is reset (built and gated again on top of it)."""
-        placed = self.intake.place(self.items)
-        if placed is None:
-            return
-        index, item = placed
-        self.items.insert(index, item)
-        self.reset_from(index + 1, cause=None, why=f"reset behind {', '.join(item.ids)}")
+        if (placed := self.intake.place(self.items)) is not None:
+            index, item = placed
+            self.items.insert(index, item)
+            self.reset_from(index + 1, cause=None, why=f"reset behind {', '.join(item.ids)}")
 
     # -- building and gating -----------------------------------------------------------------
 
@@ -309,10 +305,11 @@ class Pipeline:
                 item.failures = item.seen.without(item.flaky)
                 details = Details(flaky_gates=item.flaky, report=done.report)
                 journal(self.it.queue, item, details, event="flaky")
-                # what is behind was built without it, the suspect: it lands after all
-                self.reset_from(self.items.index(item) + 1, cause=None, why="rebuilt on a flake")
             else:
                 item.proven = done.proven  # every gate passed on this very tree
+            if item.suspected:  # what is behind was built without it: it lands after all
+                why = "rebuilt on a flake" if done.confirm else f"rebuilt on {item.ids[0]}+"
+                self.reset_from(self.items.index(item) + 1, cause=None, why=why)
             item.stage = Stage.PASSED
             if item.fresh:
                 self.sizer.outcome(True)
@@ -320,7 +317,7 @@ class Pipeline:
         item.proven = {g: p for g, p in done.proven.items() if g not in done.failing}
         if done.tree:
             self.failed_trees[done.tree] = (done.failing, done.report)
-        await batching.name_suspects(item, done, self.it.queue)
+        await self.namer.name(item, done)
         self.failed(item, done.failing, done.report)
 
     def failed(
@@ -359,11 +356,14 @@ class Pipeline:
         coalesce(self.items, index + 2, self.sizer.fixed or self.sizer.size)
 
     def confirm_next(self) -> None:
-        """Re-run the failed gates of the first undecided item, when it failed."""
+        """Re-run the failed gates of the first undecided item, when it failed (unless its
+        batch's failure confirms it: ``batching.corroborated``)."""
         for index, item in enumerate(self.items):
             if item.stage is Stage.PASSED:
                 continue
-            if item.stage is Stage.SUSPECT:
+            if item.stage is Stage.SUSPECT and (said := batching.corroborated(item, self.items)):
+                item.stage = Stage.FAILED  # confirmed by its batch's failure: no re-run
+            elif item.stage is Stage.SUSPECT and said is not None:
                 item.confirms += 1
                 crash_point("confirming")
                 self.launch(item, index, confirm=True)
