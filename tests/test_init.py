@@ -640,3 +640,51 @@ def test_the_tests_are_run_here_while_cis_runner_for_them_is_missing(
     assert gates["nox-tests"]["commented_out"] is True
     here = [g for g in gates.values() if g["run"][:3] == ["python", "-m", "pytest"]]
     assert len(here) == 1 and not here[0]["commented_out"], gates
+
+
+def test_what_pre_commits_mypy_hook_installs_for_it_goes_into_the_seed(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The types gate runs mypy in the pre-commit hook's stead, so it needs what the hook
+    installs for mypy: the venv seed's build installs it too, and the gate says so (on
+    pypa/packaging the first release check failed 15 imports without it)."""
+    assert shutil.which("mypy") is not None  # the types gate runs it here
+    python_project(repo)
+    fake_venv(repo)
+    (repo / ".gitignore").write_text(".venv/\n")
+    (repo / ".pre-commit-config.yaml").write_text(
+        textwrap.dedent(
+            """\
+            repos:
+              - repo: https://github.com/pre-commit/mirrors-mypy
+                rev: 41e691678310dfd3833f7ab4e180ddb014310356  # frozen: v1.13.0
+                hooks:
+                  - id: mypy
+                    args: []
+                    additional_dependencies: &deps
+                      - 'nox>=2024.1'
+                      - pytest  # the venv has it: its version stays
+                      - types-requests
+              - repo: local
+                hooks:
+                  - id: check-x
+                    name: x
+            """
+        )
+    )
+    out = repo / "m.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    (seed,) = body["seeds"]
+    pins = "freezegun==1.5.5 pytest==8.3.5"
+    assert seed["build"].endswith(f"{pins} mypy==1.13.0 'nox>=2024.1' types-requests"), seed
+    text = out.read_text()
+    said = "# pre-commit's mypy hook gives mypy nox>=2024.1, pytest, types-requests"
+    assert said in text and text.index(said) < text.index("[gates.types]")
+    # a flow list, and a hook repo's rev that is no version: the tool is not pinned
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: x\n  rev: main\n  hooks:\n  - id: mypy\n"
+        "    additional_dependencies: [attrs, 'pydantic>=2']\n"
+    )
+    (seed,) = dry(capsys, repo)["seeds"]
+    assert seed["build"].endswith(f"{pins} mypy attrs 'pydantic>=2'"), seed

@@ -19,7 +19,15 @@ from pathlib import Path
 
 from dagrunner.starter.checks import Check, Found, Skipped
 from dagrunner.starter.ci import ci
-from dagrunner.starter.ecosystems import go, hooks, makefile, package_json, pre_commit, rust
+from dagrunner.starter.ecosystems import (
+    go,
+    hook_needs,
+    hooks,
+    makefile,
+    package_json,
+    pre_commit,
+    rust,
+)
 from dagrunner.starter.noxsessions import nox
 from dagrunner.starter.python import Uses, python
 from dagrunner.starter.readers import Project
@@ -70,14 +78,14 @@ def detect(root: Path) -> Found:
         *rust(project),
     ]
     checks, skipped = _one_per_concern(candidates, runs.gate_ids())
-    checks, overlaps = _pre_commit_overlap(checks, listed)
+    checks, overlaps, extra = _pre_commit_overlap(checks, listed, project)
     ids = {c.id for c in checks}
     checks = [replace(c, needs=tuple(n for n in c.needs if n in ids)) for c in checks]
     languages = tuple(sorted({c.concern.partition(":")[0] for c in checks}))
     # Bytecode written beside the sources would change the tree the next gate is keyed by.
     env_set = (("PYTHONDONTWRITEBYTECODE", "1"),) if "python" in languages else ()
     left_out = (*project.refused, *tox_skipped, *nox_skipped, *skipped, *overlaps)
-    seed = venv_seed(root) if "python" in languages else None
+    seed = venv_seed(root, extra=extra) if "python" in languages else None
     return Found(
         tuple(checks), left_out, languages, _env_pass(languages), env_set, (seed,) if seed else ()
     )
@@ -146,15 +154,18 @@ def _one_per_concern(
 
 
 def _pre_commit_overlap(
-    checks: list[Check], listed: tuple[str, ...]
-) -> tuple[list[Check], list[Skipped]]:
+    checks: list[Check], listed: tuple[str, ...], project: Project
+) -> tuple[list[Check], list[Skipped], tuple[str, ...]]:
     """A tool both a gate and a pre-commit hook runs once: in its own gate (the pre-commit
-    gate gets ``SKIP=hook``), or, where only pre-commit brings the tool, in the hook."""
+    gate gets ``SKIP=hook``), or, where only pre-commit brings the tool, in the hook.  What
+    the skipped hook installs beside its tool (mypy's ``additional_dependencies``) the gate
+    needs too: those go into a venv seed's build (the third value), and the gate says so."""
     if not any(c.id == "pre-commit" for c in checks):
-        return checks, []
+        return checks, [], ()
     kept: list[Check] = []
     notes: list[Skipped] = []
     skip: list[str] = []
+    extra: list[str] = []
     for check in checks:
         same = (check.run[0], check.concern.partition(":")[2])
         hook = next((h for h in listed if HOOK_TOOLS.get(h) == same), None)
@@ -164,19 +175,25 @@ def _pre_commit_overlap(
             why = f"`{check.run[0]}` is not on PATH here: the pre-commit gate runs it (hook {hook})"
             notes.append(Skipped(check.id, check.source, why))
         else:
+            needs = hook_needs(project, hook, check.run[0])
+            if len(needs) > 1:  # the hook installs packages beside its tool
+                extra += needs
+                said = f"pre-commit's {hook} hook gives {check.run[0]} {', '.join(needs[1:])}"
+                check = replace(check, note=f"{said}: a venv seed's build installs them too")
             kept.append(check)
             for each in (h for h in listed if HOOK_TOOLS.get(h) == same):
                 skip.append(each)
                 why = f"run by gate {check.id!r}; the pre-commit gate skips it (SKIP={each})"
                 notes.append(Skipped(f"pre-commit:{each}", ".pre-commit-config.yaml", why))
     if not skip:
-        return kept, notes
+        return kept, notes, tuple(extra)
     if not set(listed) - set(skip):
         why = "every hook it lists is run by its own gate"
         notes.append(Skipped("pre-commit", ".pre-commit-config.yaml", why))
-        return [c for c in kept if c.id != "pre-commit"], notes
+        return [c for c in kept if c.id != "pre-commit"], notes, tuple(extra)
     env = (("SKIP", ",".join(skip)),)
-    return [replace(c, env_set=env) if c.id == "pre-commit" else c for c in kept], notes
+    kept = [replace(c, env_set=env) if c.id == "pre-commit" else c for c in kept]
+    return kept, notes, tuple(extra)
 
 
 def _env_pass(languages: Iterable[str]) -> tuple[str, ...]:

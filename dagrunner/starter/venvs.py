@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,8 +42,12 @@ class Seed:
     note: str = ""  # distributions that cannot be pinned
 
 
-def venv_seed(root: Path, env: Mapping[str, str] | None = None) -> Seed | None:
-    """The seed of the venv that imports the project at ``root`` in place, if there is one."""
+def venv_seed(
+    root: Path, env: Mapping[str, str] | None = None, extra: tuple[str, ...] = ()
+) -> Seed | None:
+    """The seed of the venv that imports the project at ``root`` in place, if there is one;
+    its build installs ``extra`` too (requirements a gate's tool needs: a pre-commit hook's
+    ``additional_dependencies``), each but those the venv has already."""
     env = os.environ if env is None else env
     root = root.resolve()
     candidates = [root / name for name in NAMES]
@@ -51,7 +57,7 @@ def venv_seed(root: Path, env: Mapping[str, str] | None = None) -> Seed | None:
             candidates.insert(0, active)
     for venv in candidates:
         if (venv / "pyvenv.cfg").is_file() and not venv.is_symlink() and in_place(venv, root):
-            return _seed(root, venv, *_pins(venv))
+            return _seed(root, venv, *_pins(venv), extra)
     return None
 
 
@@ -90,6 +96,13 @@ def _pins(venv: Path) -> tuple[list[str], list[str]]:
     return pinned, unpinned
 
 
+def _name(requirement: str) -> str:
+    """A requirement's distribution name, normalized (PEP 503): ``Typing_Extensions>=4``
+    is ``typing-extensions``."""
+    name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement.strip())
+    return re.sub(r"[-_.]+", "-", name[0]).lower() if name else requirement
+
+
 def _direct_url(info: Path, *, editable: bool = False) -> Path | None:
     """Where a distribution was installed from, when not from an index (PEP 610); with
     ``editable``, only a folder it is imported from in place."""
@@ -112,10 +125,14 @@ def _inside(path: Path, root: Path) -> bool:
     return False
 
 
-def _seed(root: Path, venv: Path, pinned: list[str], unpinned: list[str]) -> Seed:
+def _seed(
+    root: Path, venv: Path, pinned: list[str], unpinned: list[str], extra: tuple[str, ...]
+) -> Seed:
     rel = venv.relative_to(root).as_posix()
     build = f"python3 -m venv {rel} && {rel}/bin/python -m pip install -q -e ."
     build += "".join(f" {p}" for p in pinned)
+    has = {_name(p) for p in (*pinned, *unpinned)}
+    build += "".join(f" {shlex.quote(e)}" for e in dict.fromkeys(extra) if _name(e) not in has)
     ignored = git(["check-ignore", "-q", f"{rel}/"], cwd=root, check=False).returncode == 0
     note = f"installed from elsewhere, not pinned here: {', '.join(unpinned)}" if unpinned else ""
     key = tuple(k for k in KEYS if (root / k).is_file()) or ("pyproject.toml",)
