@@ -199,6 +199,9 @@ def test_batch_bisects_to_the_culprit(project: Path) -> None:
     # again -- blamed after its one confirmation, the only one of the run
     assert result.gate_runs == 4 and result.confirm_runs == 1
     assert sorted(t.split(".")[1] for t in trailers(project)) == ["b1", "b2", "b3"]
+    # the culprit's worktree is kept, and its outcome says so
+    (b4,) = (e for e in result.envelopes if e.worker == "b4")
+    assert b4.worktree == "retained: its envelope ended gates-failed", b4
 
 
 def mover_gate(folder: Path, once: bool) -> str:
@@ -373,3 +376,28 @@ def test_a_file_named_like_a_full_disk_still_conflicts(project: Path) -> None:
     result = integrate(repo=project, window=1, batch=1)
     assert states(project) == {"a": "landed", "b": "conflict"}
     assert result.envelopes[-1].details.conflicts == (name,)
+
+
+def test_a_trees_first_failing_gate_stops_its_other_gates(project: Path, tmp_path: Path) -> None:
+    """A tree's verdict is its first failing gate: the slow gate beside it is stopped, not
+    waited for (on pypa/packaging a format gate failing in 0.04 s waited 40 s for the
+    tests), and the outcome names only what failed."""
+    manifest = tmp_path / "two-gates.toml"
+    manifest.write_text(
+        """
+[gates.quick]
+run = "! grep -rq BROKEN --include=*.txt ."
+
+[gates.slow]
+run = "sleep 60"
+timeout = "2m"
+"""
+    )
+    submit(repo_info(project), [worker(project, "bad", breaks_gate)])
+    result = integrate(repo=project, manifest=manifest, batch=1, window=1)
+    (bad,) = result.envelopes
+    assert bad.state == "gates-failed" and bad.details.failed_gates == ("quick",), bad
+    first = next(r for r in result.pipeline if not r.confirm)
+    body = orjson.loads((Path(first.report) / "run.json").read_bytes())
+    status = {g["id"]: g["status"] for g in body["gates"]}
+    assert status["quick"] == "failed" and status["slow"] in ("cancelled", "skipped"), status

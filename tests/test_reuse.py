@@ -58,7 +58,9 @@ def test_a_key_in_flight_runs_once_across_speculative_trees_and_rebuilds(
     final = {o.worker: str(o.state) for o in result.envelopes}
     assert final == {"w1": "landed", "w2": "gates-failed", "w3": "landed", "w4": "landed"}
     assert (tmp_path / "runs.txt").read_text().count("ran") == 1
-    assert result.gates_reused >= 3, result.to_json()
+    # w3 and w4, rebuilt behind the culprit, at least (the culprit's own tree stops at its
+    # failing check, so its heavy may never be asked for)
+    assert result.gates_reused >= 2, result.to_json()
     assert git(project, "show", "main:three.txt") == "3\n"
 
 

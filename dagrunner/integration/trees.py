@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from dagrunner.integration.needs import IntegratorLike as Integrator
 
 
+FAILED = (Status.FAILED, Status.TIMED_OUT)  # what failed a tree (not what was skipped or stopped)
+
+
 class Trees:
     def __init__(
         self, it: Integrator, executor: Executor, governor: Governor, manifest: Manifest
@@ -142,6 +145,9 @@ class Trees:
                     trusted=trusted,
                     ahead=run.base,
                     flights=self.flights,
+                    # a tree's first failing gate is its verdict: the rest stop (a
+                    # differential baseline compares every gate's failures: they all run)
+                    fail_fast=self.manifest.integrate.baseline == "absolute" and bool(run.ids),
                 ),
                 self.executor,
                 self.governor,
@@ -164,11 +170,12 @@ class Trees:
         tally.gates_waited = self.flights.waited
         if record.gates and cached == len(record.gates):
             tally.cached_runs += 1
+        failed = tuple(g.id for g in record.gates if g.status in FAILED)
         return Finished(
             run.item,
             run.generation,
             record.status is RunStatus.PASSED,
-            tuple(g.id for g in record.gates if not g.status.ok),
+            failed or tuple(g.id for g in record.gates if not g.status.ok),
             str(run_dir),
             run.confirm,
             proofs.proven_gates(record),

@@ -31,7 +31,7 @@ def clean_after_landing(
     its full state is still that tree -- so everything it holds has landed.
     Anything less and the worktree is left alone with a note: an envelope's
     mission, worker and tree are a worker's claims, not facts.  Returns what
-    became of each landed envelope's worktree, by envelope id.
+    became of each envelope's worktree, by envelope id (one that did not land: retained).
     """
     states = ctx.ledger.state()
     done: dict[str, str] = {}
@@ -42,6 +42,7 @@ def clean_after_landing(
             continue
         if outcome.state is not EnvelopeState.LANDED:
             ctx.ledger.append("retained", wt_id, reason=f"envelope {outcome.id} {outcome.state}")
+            done[outcome.id] = f"retained: its envelope ended {outcome.state}"
             continue
         why = unproven(load(outcome.id), state)
         if why:
