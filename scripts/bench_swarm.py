@@ -2,7 +2,7 @@
 its defaults, back to back on the same envelopes, on one machine.
 
     python scripts/bench_swarm.py [--envelopes 60] [--culprits 3] [--conflicts 6]
-                                  [--gate-seconds 1] [--red] [--skip-serial]
+                                  [--gate-seconds 1] [--red] [--anonymous] [--skip-serial]
 
 The peer is the way the seeds land work (and what a local agent merge queue does): one
 envelope at a time, ``git apply --3way`` onto the target's head in one worktree, commit, run
@@ -10,7 +10,8 @@ the check, fast-forward the target when it passes.  dagrunner gets the same enve
 submitted at once and ``integrate run`` with no option (batches that size themselves, the
 adaptive window).  The one gate is a check of real CPU work (``--gate-seconds`` of a busy
 loop, then it fails on a file saying BROKEN) that writes JUnit: ``test_new`` fails on a
-culprit, ``test_known`` when the target is red (``red.txt``).
+culprit, naming the file it found broken as runners do (``--anonymous``: naming nothing,
+so that a failed batch is halved), ``test_known`` when the target is red (``red.txt``).
 
 Printed per side: wall, landings per hour, gate runs and gate CPU-seconds per landed
 envelope, p50/p95 seconds from submit to the final state, the outcomes, and dagrunner's
@@ -63,7 +64,7 @@ while (now := time.process_time()) - start < {seconds}:
 broken = [p.name for p in sorted(pathlib.Path(".").glob("*.txt")) if "BROKEN" in p.read_text()]
 red = pathlib.Path("red.txt").exists()
 cases = [("test_known", "the target is red" if red else ""),
-         ("test_new", ", ".join(broken))]
+         ("test_new", ({say}) if broken else "")]
 body = "".join(
     f'<testcase classname="check" name="{{name}}">'
     + (f'<failure message="{{why}}"/>' if why else "")
@@ -94,7 +95,9 @@ def make_repo(root: Path, args: argparse.Namespace) -> None:
         f"[integrate]\n{baseline}\n[gates.check]\ncpu = 1\n"
         'run = ["python3", "check.py"]\njunit = "out/junit.xml"\n'
     )
-    (root / "check.py").write_text(CHECK.format(seconds=args.gate_seconds, cpu_log=args.cpu_log))
+    say = '"something is broken"' if args.anonymous else '", ".join(broken)'
+    check = CHECK.format(seconds=args.gate_seconds, cpu_log=args.cpu_log, say=say)
+    (root / "check.py").write_text(check)
     (root / ".gitignore").write_text("out/\n")
     for i in range(args.envelopes):
         (root / f"file{i:04d}.txt").write_text(f"file {i}\n" * 5)
@@ -255,6 +258,9 @@ def main() -> int:
     parser.add_argument("--conflicts", type=int, default=6, help="envelopes in conflicting pairs")
     parser.add_argument("--gate-seconds", type=float, default=1.0)
     parser.add_argument("--red", action="store_true", help="the target's head fails test_known")
+    parser.add_argument(
+        "--anonymous", action="store_true", help="the check's failure names no file (halving)"
+    )
     parser.add_argument("--skip-serial", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dagrunner-bench-swarm-") as tmp:

@@ -1,10 +1,10 @@
 """The speculative integration pipeline: several queue items gated at once, landed in order.
 
 An item is a batch of envelopes (``batching``: sized from the queue's outcomes, or fixed).
-Up to ``window`` items at a time (and ``2 * window`` deep) are each applied, in their own
-integration worktree, on the speculative head "target + every item ahead of it still
-expected to land", and gated at once under one governor.  Items land strictly in queue
-order, each by compare-and-swap, as soon as it and every item ahead of it passed.
+The first ``window`` items are each applied, in their own integration worktree, on the
+speculative head "target + every item ahead of it still expected to land", and their gates
+run at the same time under one governor.  Items land strictly in queue order, each by
+compare-and-swap, as soon as it and every item ahead of it passed.
 
 - A failed batch is split where it stands, at once (``batching.pieces``): what its failure
   names first, the rest built without it; else halves, where a tree that failed once in the
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
 WINDOW_FLOOR = 2  # a confirmed failure halves the window, never below this (Zuul's floor: 3)
 DECIDED = (Stage.PASSED, Stage.FAILED, Stage.DEFERRED)  # a front that ``settle`` takes on
-IDLE = (Stage.PASSED, Stage.SUSPECT, Stage.DEFERRED)  # hold no run: the window counts runs
 MAX_REBUILDS = 3  # landings lost to somebody else moving the target, then target-moving
 
 
@@ -160,7 +159,7 @@ class Pipeline:
     async def fill(self) -> None:
         """Build and start every item in the window that waits (in queue order); build the
         next one ahead, so that its gates start the moment the window has room."""
-        position = idle = 0  # idle: items ahead that hold no gate run (``IDLE``)
+        position = 0
         while not self.it.stop:
             if position == len(self.items):
                 if (admitted := self.intake.next(self.tally)) is None:
@@ -172,16 +171,15 @@ class Pipeline:
                 if built == "gone":
                     continue  # nothing of it to gate: it left the pipeline
             if item.stage is Stage.DEFERRED:
-                position, idle = position + 1, idle + 1  # built again at the front
+                position += 1  # built again at the front; what is behind goes on without it
                 continue
             item.stage = Stage.BUILT if item.stage is Stage.WAITING else item.stage
-            if position - idle >= self.window or position >= 2 * self.window:
+            if position >= self.window:
                 return
             if item.stage is Stage.BUILT and not self.known(item):
                 self.launch(item, position)
             if item not in self.items:
                 continue  # a known failure split it where it stood: its pieces come next
-            idle += item.stage in IDLE
             position += 1
 
     def known(self, item: Item) -> bool:
