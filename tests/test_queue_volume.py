@@ -4,6 +4,7 @@ differential gating (a red target does not stall the swarm)."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -482,3 +483,18 @@ def test_a_named_envelope_is_confirmed_by_a_rerun_when_the_rest_fails_too(
     confirmed = [r.envelopes for r in result.pipeline if r.confirm]
     assert [e[0].split(".")[1] for e in confirmed] == ["n03", "n06"], confirmed
     assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_with_a_window_of_one_a_named_envelope_is_confirmed_by_a_rerun(
+    project: Path, tmp_path: Path
+) -> None:
+    """One run at a time: nothing is gated beside the named n05, so its batch's failure
+    cannot be corroborated by the rest passing; it is re-run, blamed, and the rest lands
+    after it (it used to wait for the rest, which waited for the window: a hang)."""
+    submit(repo_info(project), breaking(project, 8, {5: "BROKEN\n"}))
+    result = integrate(repo=project, manifest=naming_gate(tmp_path, "-n"), batch=8, window=1)
+    final = states(project)
+    assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
+    runs = [(len(r.envelopes), str(r.verdict)) for r in result.pipeline]
+    assert runs == [(8, "failed"), (1, "failed"), (1, "confirmed"), (7, "passed")], runs
+    assert all(a.end <= b.start for a, b in itertools.pairwise(result.pipeline))

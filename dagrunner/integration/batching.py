@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import orjson
 import trio
 
-from dagrunner.integration.items import NOT_STARTED, UNDECIDED, Finished, Item, Stage
+from dagrunner.integration.items import NOT_STARTED, Finished, Item, Stage
 from dagrunner.integration.queue import URGENT, JournalLine, Queue
 from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
 from dagrunner.records.run import RunRecord
@@ -121,11 +121,12 @@ def corroborated(item: Item, items: list[Item]) -> bool | None:
     confirmation?  True when the rest of the batch passed without it and it failed only gates
     the batch failed: two failing runs of two trees whose one common change is this
     envelope, where the rest passes -- what a re-run of its tree would add, a flake could
-    only fake twice.  None while the rest is still gated; False: confirm it by a re-run."""
+    only fake twice.  None while the rest is being gated; False: confirm it by a re-run (also
+    when the rest is not being gated: a window of 1 gates nothing beside the suspect)."""
     rest = item.rest
     if rest is None or rest not in items or not set(item.failing) <= set(item.batch_failing):
         return False
-    return True if rest.stage is Stage.PASSED else None if rest.stage in UNDECIDED else False
+    return True if rest.stage is Stage.PASSED else None if rest.stage is Stage.GATING else False
 
 
 def coalesce(items: list[Item], start: int, size: int) -> None:

@@ -40,7 +40,6 @@ class Stage(enum.Enum):
 
 
 NOT_STARTED = (Stage.WAITING, Stage.BUILT, Stage.DEFERRED)
-UNDECIDED = (Stage.WAITING, Stage.BUILT, Stage.GATING)  # no verdict yet
 
 
 @dataclass(eq=False)
