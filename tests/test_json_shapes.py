@@ -62,11 +62,18 @@ def test_status_export_and_integrate_json_keep_their_shapes(
 SUBMIT_KEYS = ["id", "file", "duplicate", "position", "state", "envelope", "target", "provenance"]
 SUBMIT_KEYS.append("overlaps")  # with the overlap events
 SUBMIT_KEYS.append("again_of")  # with --requeue
+# every outcome says what became of its worker's worktree ("retained: ..." unless it landed)
 OUTCOME_KEYS = {
     "landed": ["id", "mission", "worker", "state", "commit", "worktree", "provenance"],
-    "conflict": ["id", "mission", "worker", "state", "conflicts", "hunks", "reason", "provenance"],
-    "gates-failed": ["id", "mission", "worker", "state", "failed_gates", "report", "provenance"],
-    "rejected": ["id", "mission", "worker", "state", "reason", "provenance"],
+    "conflict": [
+        *("id", "mission", "worker", "state", "conflicts", "hunks", "reason", "worktree"),
+        "provenance",
+    ],
+    "gates-failed": [
+        *("id", "mission", "worker", "state", "failed_gates", "report", "worktree"),
+        "provenance",
+    ],
+    "rejected": ["id", "mission", "worker", "state", "reason", "worktree", "provenance"],
 }
 ENTRY = ["id", "submitted", "state", "mission", "worker", "source", "updated", "target"]
 ENTRY.append("provenance")
