@@ -15,7 +15,7 @@ compare-and-swap, as soon as it and every item ahead of it passed.
   and it is ``gates-failed`` at the front.
 - ``[integrate] baseline = "differential"``: a failure the target's head has too is not the
   item's (``baseline``).
-- A conflict at the front is final; behind it, the item waits for the front (no gate runs).
+- A conflict on the target's head is final; behind the front or a batch sibling, it waits.
 - The window grows by one after each landing; an urgent item pre-empts (``batching``).
 
 Every step is journaled before it takes effect (``queue.py``); after a crash,
@@ -300,7 +300,7 @@ class Pipeline:
             item.failures = seen  # its own failures are all the target's (or none)
             if done.confirm:
                 item.flaky = item.failing
-                item.failures = item.seen.without(item.flaky)
+                item.failures = item.seen.rerun(seen, item.flaky)  # the target's, still
                 details = Details(flaky_gates=item.flaky, report=done.report)
                 journal(self.it.queue, item, details, event="flaky")
             else:

@@ -95,18 +95,21 @@ class Trees:
         return "built"
 
     def apply_all(self, item: Item, slot: Path, final: bool, head: str) -> bool:
-        """Apply the item's envelopes on its base in ``slot``.  Behind the front (``final``
-        False) an envelope that does not apply is put aside (``item.deferred``: retried at
+        """Apply the item's envelopes on its base in ``slot``.  A conflict is final only on
+        the target's head itself (the front, nothing of its batch applied before it); behind
+        the front (``final`` False), or behind an envelope of its batch (which may never
+        land), an envelope that does not apply is put aside (``item.deferred``: retried at
         the front, each journaled so) and the rest go on; False: none applied, and the item
         is deferred as it is."""
         it = self.it
         it.reset(item.base, slot)
         item.applied, item.deferred = [], []
         for envelope in item.envelopes:
-            commit = it.apply(envelope, slot, final=final)
+            settled = final and not item.applied
+            commit = it.apply(envelope, slot, final=settled)
             if commit is not None:
                 item.applied.append((envelope, commit))
-            elif not final:
+            elif not settled:
                 item.deferred.append(envelope)
         if item.deferred and not item.applied:
             item.deferred = []

@@ -54,6 +54,12 @@ class Failures:
         kept = {g: c for g, c in self.gates.items() if g not in drop}
         return Failures(kept, frozenset(self.hard - drop))
 
+    def rerun(self, again: Failures, gates: Iterable[str]) -> Failures:
+        """These failures, with ``gates`` as a re-run of them found them (``again``): what
+        a tree fails once a re-run of some of its gates passed (a flake's landing)."""
+        kept = self.without(gates)
+        return Failures({**kept.gates, **again.gates}, kept.hard | again.hard)
+
     def confirmed_by(self, again: Failures) -> Failures:
         """What failed both here and ``again`` (a re-run): a gate in both, with the cases in
         both (a gate whose cases differ, or that is whole on one side only, is dropped)."""
