@@ -40,7 +40,7 @@ from dagrunner.integration.items import NOT_STARTED, Finished, Item, Stage
 from dagrunner.integration.queue import URGENT, JournalLine, Queue
 from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
 from dagrunner.records.run import RunRecord
-from dagrunner.report.logtail import Mentions, failing_lines, read_log, strip_ansi
+from dagrunner.report.logtail import Mentions, failing_lines, read_log
 
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
@@ -67,7 +67,7 @@ def named(envelopes: Sequence[Envelope], record: RunRecord, run_dir: Path) -> fr
             words.append(failing_lines(read_log(run_dir, gate.log, limit=NAMES_READ)))
             failed = gate.tests.failed if gate.tests is not None else ()
             words += (f"{case.suite} {case.name} {case.message}" for case in failed)
-    said = Mentions.of(strip_ansi("\n".join(words)))
+    said = Mentions.of("\n".join(words))  # log lines and JUnit cases are without escapes
     hits = frozenset(e.id for e in envelopes if any(said.name(p) for p in e.touched))
     return hits if len(hits) <= len(envelopes) // 2 else frozenset()
 
@@ -100,7 +100,7 @@ class Namer:
 
 def pieces(item: Item) -> list[Item]:
     """A failed batch split in two: what its failure named (``Item.named``), gated on the
-    batch's base alone and expected to fail (``doubted``: the rest is built without it), then
+    batch's base alone and expected to fail (``Item.rest``: the rest, built without it), then
     the rest; or, naming none, its halves, the second on the first (where, the first
     passing, its tree is the failed batch's: known failed).  The named piece goes first, never
     behind the rest: its tree then holds no envelope queued after it, so none of those can
@@ -112,7 +112,7 @@ def pieces(item: Item) -> list[Item]:
         first, rest = item.envelopes[:half], item.envelopes[half:]
     pieces = [Item(first, priority=item.priority), Item(rest, priority=item.priority)]
     if item.named:
-        pieces[0].doubted, pieces[0].rest, pieces[0].batch_failing = True, pieces[1], item.failing
+        pieces[0].rest, pieces[0].batch_failing = pieces[1], item.failing
     return pieces
 
 

@@ -71,16 +71,17 @@ class Item:
     failures: Failures | None = None
     excused_on: str = ""
     named: frozenset[str] = frozenset()  # of its envelopes, what its failure names (a batch's)
-    doubted: bool = False  # gated apart, first, as its batch's failure named it (``batching``)
-    rest: Item | None = None  # a doubted piece's: the rest of its batch, gated without it
-    batch_failing: tuple[str, ...] = ()  # a doubted piece's: the gates its batch failed
+    # a piece its batch's failure named, gated apart and first (``batching.pieces``): the rest
+    # of its batch, gated without it, and the gates the batch failed
+    rest: Item | None = None
+    batch_failing: tuple[str, ...] = ()
 
     @property
     def suspected(self) -> bool:
         """Expected to fail, so what is behind is built without it: one envelope that failed
         once (waiting for its confirmation, or being confirmed), or a piece its batch's
         failure named, until it passes."""
-        if self.doubted and self.stage is not Stage.PASSED:
+        if self.rest is not None and self.stage is not Stage.PASSED:
             return True
         return self.stage is Stage.SUSPECT or (self.stage is Stage.GATING and self.confirms > 0)
 

@@ -345,7 +345,7 @@ class Pipeline:
 
     def split(self, item: Item) -> None:
         """A failed batch is split where it stands, at once (``batching.pieces``: what its
-        failure names behind the rest, else halves); what was behind is built on them again."""
+        failure names first, apart, else halves); what was behind is built on them again."""
         index = self.items.index(item)
         pieces = batching.pieces(item)
         self.trees.give(item.reset())
