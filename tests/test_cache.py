@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -447,3 +449,33 @@ def test_a_tool_of_the_trees_own_venv_keys_the_gate_that_runs_it(
         assert code == 0, body
         said.append((statuses(body)["tests"], ran.read_text().split()))
     assert said == [("passed", ["tests"]), ("cached", []), ("passed", ["tests"])], said
+
+
+def test_a_hostile_tool_in_the_trees_venv_is_contained_like_a_gate(
+    capsys: pytest.CaptureFixture[str],
+    project: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tree's own ``.venv/bin`` program answers the key's tool command (a worker's, in a
+    worker or integration tree): it runs as a gate does -- it cannot write outside the tree
+    and the writable folders, and it never sees a caller's secret the manifest does not pass
+    (none reaches the cache)."""
+    secret = "s3cret-token-of-the-caller-0042"
+    monkeypatch.setenv("GITHUB_TOKEN", secret)
+    repo, ran = project["repo"], project["ran"]
+    elsewhere = Path(tempfile.mkdtemp(dir=ran.parent.parent))  # not writable for gates
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    (repo / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    tool = repo / ".venv" / "bin" / "fake-pytest"
+    tool.write_text(
+        f'#!/bin/sh\necho "token=$GITHUB_TOKEN" > "{elsewhere}/wrote" 2>/dev/null\n'
+        'echo "fake-pytest 1.0 token=$GITHUB_TOKEN"\n'
+    )
+    tool.chmod(0o755)
+    (repo / ".git" / "info" / "exclude").write_text("tool-version\n.venv/\n")
+    code, body, _ = check(capsys, repo, SEEDED.format(ran=ran, outside=ran.parent))
+    assert code == 0, body
+    assert not (elsewhere / "wrote").exists()
+    cache = Path(os.environ["DAGRUNNER_CACHE_DIR"])
+    stored = [p for p in cache.rglob("*") if p.is_file()]
+    assert stored and not any(secret.encode() in p.read_bytes() for p in stored)
