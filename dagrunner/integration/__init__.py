@@ -6,7 +6,8 @@
 - ``steps``: the integrator's steps (admit, apply with ``--3way``, land).
 - ``needs``: what the helpers below may use of the integrator (a protocol).
 - ``pipeline`` and ``items``: the speculative pipeline and what it tracks; ``trees``: where
-  its trees are made and gated; ``proofs``: the landed proof of each commit it lands.
+  its trees are made and gated; ``proofs``: the landing invariant in one place (a pass of
+  every gate on exactly the tree that lands), and the landed proof of each commit it lands.
 - ``batching``: how many envelopes an item holds (``--batch auto``: sized from the outcomes).
 - ``baseline``: what the target's own head fails (``[integrate] baseline = "differential"``).
 - ``admission``: what the target lets in, and the manifest that judges it.

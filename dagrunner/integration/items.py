@@ -54,6 +54,12 @@ class Item:
     confirms: int = 0
     failing: tuple[str, ...] = ()
     flaky: tuple[str, ...] = ()
+    # the landing invariant's (``proofs.py``): the gates with a pass on its tree, from any
+    # run of that tree; those failing only as the target's head does (differential); and
+    # what its confirmation runs (every gate without a pass)
+    passed: frozenset[str] = frozenset()
+    excused: frozenset[str] = frozenset()
+    rerun: tuple[str, ...] = ()
     report: str = ""
     scope: trio.CancelScope | None = None
     slot: Path | None = None  # the worktree it was just built in, until its run takes it
@@ -98,6 +104,7 @@ class Item:
         slot, self.slot = self.slot, None
         self.stage, self.confirms, self.failing, self.flaky = Stage.WAITING, 0, (), ()
         self.proven, self.applied, self.tree, self.excludes = {}, [], "", frozenset()
+        self.passed, self.excused, self.rerun = frozenset(), frozenset(), ()
         return slot
 
 
@@ -112,6 +119,7 @@ class Finished:
     report: str
     confirm: bool
     proven: Mapping[str, GateProof] = field(default_factory=dict)  # what passed on its tree
+    passes: frozenset[str] = frozenset()  # every gate that passed on it (``proofs.passes``)
     tree: str = ""  # the tree it gated
     record: RunRecord | None = None  # the run's own record (its gates' tests, for a baseline)
     cpu: float = 0.0  # CPU-seconds its gates' processes took
@@ -154,7 +162,7 @@ class GateRun:
             base=item.base,
             commit=item.commit,
             manifest=item.manifest,
-            only=item.failing if confirm else (),
+            only=item.rerun if confirm else (),
             ids=item.ids,
             scope=item.scope,
             slot=item.slot,

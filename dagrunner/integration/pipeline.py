@@ -9,10 +9,11 @@ compare-and-swap, as soon as it and every item ahead of it passed.
 - A failed batch is split where it stands, at once (``batching.pieces``): what its failure
   names first, the rest built without it; else halves, where a tree that failed once in the
   run is not gated again (the second half, on the first, is that tree).
-- One envelope that fails is a suspect: what is behind it is built without it, and its
-  failed gates are re-run on its tree once every item ahead passed (``confirm_failures``).
-  A pass marks the gates ``flaky``; a confirmed failure halves the window (never below 2),
-  and it is ``gates-failed`` at the front.
+- One envelope that fails is a suspect: what is behind it is built without it, and every
+  gate without a pass on its tree is re-run there once every item ahead passed
+  (``confirm_failures``).  All passing marks the failed ones ``flaky``; a confirmed failure
+  halves the window (never below 2), and it is ``gates-failed`` at the front.
+- Nothing lands without a pass of every gate on exactly its tree (``proofs``).
 - ``[integrate] baseline = "differential"``: a failure the target's head has too is not the
   item's (``baseline``).
 - A conflict on the target's head is final; behind the front or a batch sibling, it waits.
@@ -36,7 +37,7 @@ from dagrunner.engine.governor import Governor, resolve_capacity
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
-from dagrunner.integration import batching, landing
+from dagrunner.integration import batching, landing, proofs
 from dagrunner.integration.baseline import Baseline
 from dagrunner.integration.batching import Intake, Sizer, coalesce, resolve
 from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window, journal
@@ -286,6 +287,8 @@ class Pipeline:
         if done.generation != item.generation or item not in self.items:
             return  # a run of a tree that was reset since
         seen = Failures.of(done.record) if done.record is not None else Failures()
+        item.passed |= done.passes  # a run of exactly its tree (the generation says so)
+        item.proven = {**item.proven, **done.proven}
         if not done.passed:  # what failed, by JUnit test case
             item.seen = seen if not done.confirm else item.seen
             item.new_failures = tuple(n for n in seen.names() if "::" in n)
@@ -298,13 +301,12 @@ class Pipeline:
                 return  # reset while the target's head was gated
         if done.passed:
             item.failures = seen  # its own failures are all the target's (or none)
+            item.excused |= proofs.failures(done.record)  # judged so: the target's own
             if done.confirm:
                 item.flaky = item.failing
                 item.failures = item.seen.rerun(seen, item.flaky)  # the target's, still
                 details = Details(flaky_gates=item.flaky, report=done.report)
                 journal(self.it.queue, item, details, event="flaky")
-            else:
-                item.proven = done.proven  # every gate passed on this very tree
             if item.suspected:  # what is behind was built without it: it lands after all
                 why = "rebuilt on a flake" if done.confirm else f"rebuilt on {item.ids[0]}+"
                 self.reset_from(self.items.index(item) + 1, cause=None, why=why)
@@ -312,7 +314,6 @@ class Pipeline:
             if item.fresh:
                 self.sizer.outcome(True)
             return
-        item.proven = {g: p for g, p in done.proven.items() if g not in done.failing}
         if done.tree:
             self.failed_trees[done.tree] = (done.failing, done.report)
         await self.namer.name(item, done)
@@ -324,6 +325,7 @@ class Pipeline:
         """A gate run failed ``item``'s tree (``inferred``: one of the very same tree did,
         or its verdict no longer holds on the target's head)."""
         item.failing, item.report = failing, report
+        item.rerun = proofs.rerun(item.manifest, item.passed)  # not only what failed
         if len(item.envelopes) == 1 and item.confirms < self.confirm:
             # Confirmed only when every item ahead passed: until then the failure may be
             # theirs, and a re-run would be spent on it.  A batch is not confirmed: it is
@@ -395,15 +397,15 @@ class Pipeline:
         """A confirmed failure at the front: judge the one envelope (a batch was split)."""
         self.items.pop(0)
         (envelope,) = front.envelopes
-        self.it.finish(
-            envelope.id,
-            EnvelopeState.GATES_FAILED,
-            Details(failed_gates=front.failing, report=front.report,
-                    failed_tests=front.new_failures or None),
-        )  # fmt: skip
+        tests = front.new_failures or None
+        details = Details(failed_gates=front.failing, report=front.report, failed_tests=tests)
+        self.it.finish(envelope.id, EnvelopeState.GATES_FAILED, details)
 
     async def land(self, front: Item) -> None:
         it = self.it
+        required = await trio.to_thread.run_sync(proofs.required, front.manifest)
+        if missing := proofs.gaps(required, front.passed, front.excused):
+            return self.failed(front, missing, front.report, inferred=True)
 
         def land() -> LandOutcome:
             with it.git_lock:

@@ -182,6 +182,7 @@ class Trees:
             str(run_dir),
             run.confirm,
             proofs.proven_gates(record),
+            proofs.passes(record),
             run.tree,
             record,
             cpu,

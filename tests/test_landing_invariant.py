@@ -1,0 +1,98 @@
+"""The landing invariant (docs/security.md, "The landing invariant"): an item lands only when
+every gate of the target's manifest has a pass for exactly the tree that lands.  A flake's
+confirmation re-runs every gate that did not pass -- failed, skipped behind a failed need,
+cancelled by the tree's first failure -- never only the one that failed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+from conftest import git
+from test_integration import breaks_gate, states, worker
+
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
+
+
+def manifest(tmp: Path, body: str) -> Path:
+    path = tmp / "gates.toml"
+    path.write_text(f'[sandbox]\nwritable = ["{tmp}"]\n{body}')
+    return path
+
+
+def flaky_once(tmp: Path) -> str:
+    """A shell line that fails the first time it runs anywhere (mkdir is atomic)."""
+    return f"if mkdir '{tmp / 'failed-once'}' 2>/dev/null; then exit 1; fi"
+
+
+BROKEN = "! grep -rq BROKEN --include=*.txt ."
+
+
+def gated_once_each(project: Path, tmp: Path, body: str) -> tuple[str, str, str]:
+    """One envelope that breaks the BROKEN check, integrated alone: its final state, and the
+    target before and after."""
+    envelope = worker(project, "w1", breaks_gate)
+    submit(repo_info(project), [envelope])
+    before = git(project, "rev-parse", "main").strip()
+    integrate(repo=project, manifest=manifest(tmp, body), window=1, batch=1)
+    return states(project)["w1"], before, git(project, "rev-parse", "main").strip()
+
+
+def test_a_flaky_need_never_lands_the_gates_it_skipped(project: Path, tmp_path: Path) -> None:
+    """[lint failed, tests skipped] then a confirmation of lint alone used to land: the
+    tests, which fail on this tree, never ran."""
+    body = f"""
+[gates.lint]
+run = "{flaky_once(tmp_path)}"
+
+[gates.tests]
+run = "{BROKEN}"
+needs = ["lint"]
+"""
+    state, before, after = gated_once_each(project, tmp_path, body)
+    assert state == "gates-failed"
+    assert after == before
+
+
+def test_a_flaky_gate_never_lands_the_gates_its_failure_cancelled(
+    project: Path, tmp_path: Path
+) -> None:
+    """[a failed, b cancelled] (the tree's first failure stops the rest) then a confirmation
+    of a alone used to land: b, which fails on this tree, never finished."""
+    body = f"""
+[gates.a]
+run = "{flaky_once(tmp_path)}"
+
+[gates.b]
+run = "sleep 2; {BROKEN}"
+"""
+    state, before, after = gated_once_each(project, tmp_path, body)
+    assert state == "gates-failed"
+    assert after == before
+
+
+def test_an_honest_flake_lands_after_every_gate_passed_on_its_tree(
+    project: Path, tmp_path: Path
+) -> None:
+    """The confirmation ran the skipped gate too: the landed item's flaky gate is lint, and
+    its proof holds a pass of every gate of the manifest."""
+    ran = tmp_path / "tests-ran"
+    body = f"""
+[gates.lint]
+run = "{flaky_once(tmp_path)}"
+
+[gates.tests]
+run = "echo x >> '{ran}'; {BROKEN}"
+needs = ["lint"]
+"""
+    envelope = worker(project, "w1", lambda p: (p / "fine.txt").write_text("fine\n"))
+    submit(repo_info(project), [envelope])
+    result = integrate(repo=project, manifest=manifest(tmp_path, body), window=1, batch=1)
+    assert states(project) == {"w1": "landed"}
+    (landed,) = result.envelopes
+    assert landed.details.flaky_gates == ("lint",)
+    assert ran.read_text() == "x\n"  # once: on the confirmation, after lint passed there
+    note = git(project, "notes", "--ref", "refs/notes/dagrunner", "show", "main")
+    assert set(orjson.loads(note)["proof"]["gates"]) == {"lint", "tests"}
