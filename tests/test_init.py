@@ -445,7 +445,8 @@ def test_ruff_fix_true_is_checked_with_no_fix_and_ruff_format_where_used(
     )
     gates = gates_of(dry(capsys, repo))
     assert gates["lint"]["run"][:3] == ["ruff", "check", "--no-fix"]
-    assert gates["format"]["run"][:3] == ["ruff", "format", "--check"]
+    run = gates["format"]["run"]  # the hook's, replayed as a check (tests/test_init_hooks.py)
+    assert run[run.index("--") + 1 :] == ["ruff", "format", "--force-exclude", "--check"]
     (repo / "pyproject.toml").write_text("[tool.black]\n")
     (repo / "ruff.toml").write_text("fix = true\n")
     gates = gates_of(dry(capsys, repo))
@@ -511,13 +512,23 @@ def test_missing_programs_are_commented_out_and_pre_commit_overlaps_merged(
     assert "lint" not in gates and "hook ruff" in skipped["lint"]
     assert "spelling" not in gates and "hook codespell" in skipped["spelling"]
     assert gates["pre-commit"]["env"] == {}
-    # with them on PATH, their gates stay and pre-commit skips their hooks
+    # with them on PATH, their gates stay; pre-commit keeps hooks of a repository init does
+    # not know (it cannot tell what they check), and skips those its gates replay
     for name in ("ruff", "codespell"):
         (bare / name).write_text("#!/bin/sh\n")
         (bare / name).chmod(0o755)
     body = dry(capsys, repo)
     gates, skipped = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
-    assert gates["pre-commit"]["env"] == {"SKIP": "ruff,codespell"}
+    assert gates["pre-commit"]["env"] == {}
+    assert "the pre-commit gate keeps it" in skipped["pre-commit:ruff"]
+    url = "https://github.com/astral-sh/ruff-pre-commit"
+    (repo / ".pre-commit-config.yaml").write_text(
+        f"repos:\n- repo: {url}\n  hooks:\n  - id: ruff\n- repo: x\n  hooks:\n"
+        "  - id: codespell\n  - id: check-yaml\n"
+    )
+    body = dry(capsys, repo)
+    gates, skipped = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
+    assert gates["pre-commit"]["env"] == {"SKIP": "ruff"}
     assert "SKIP=ruff" in skipped["pre-commit:ruff"] and "'lint'" in skipped["pre-commit:ruff"]
     # a program missing from PATH: its gate is written commented out, with how to install it
     (bare / "ruff").unlink()

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from dagrunner.starter.checks import Check, Found, Skipped
+from dagrunner.starter.checks import WHOLE, Check, Found, Skipped
 from dagrunner.starter.ci import ci
 from dagrunner.starter.ecosystems import (
     go,
@@ -28,6 +28,7 @@ from dagrunner.starter.ecosystems import (
     pre_commit,
     rust,
 )
+from dagrunner.starter.hookgates import config, replay
 from dagrunner.starter.noxsessions import nox
 from dagrunner.starter.python import Uses, python
 from dagrunner.starter.readers import Project
@@ -44,6 +45,7 @@ NETWORK_ENV = (
 )
 # A matrix's env of the Python running init ("py312", "py3.12") is the one that can run here.
 THIS_PYTHON = re.compile(rf"(^|[-_])py3\.?{sys.version_info.minor}($|[-_])")
+PRE_COMMIT = ".pre-commit-config.yaml"
 # A pre-commit hook id -> the program and concern of the tool gate that runs the same check.
 HOOK_TOOLS = {
     "ruff": ("ruff", "lint"),
@@ -162,6 +164,7 @@ def _pre_commit_overlap(
     needs too: those go into a venv seed's build (the third value), and the gate says so."""
     if not any(c.id == "pre-commit" for c in checks):
         return checks, [], ()
+    settings = config(project)
     kept: list[Check] = []
     notes: list[Skipped] = []
     skip: list[str] = []
@@ -176,15 +179,36 @@ def _pre_commit_overlap(
             notes.append(Skipped(check.id, check.source, why))
         else:
             needs = hook_needs(project, hook, check.run[0])
+            notes_here: list[str] = []
             if len(needs) > 1:  # the hook installs packages beside its tool
                 extra += needs
                 said = f"pre-commit's {hook} hook gives {check.run[0]} {', '.join(needs[1:])}"
-                check = replace(check, note=f"{said}: a venv seed's build installs them too")
+                notes_here.append(f"{said}: a venv seed's build installs them too")
+            same_hooks = [h for h in listed if HOOK_TOOLS.get(h) == same]
+            found = replay(settings, hook) if len(same_hooks) == 1 else None
+            if found is None or not found.run:
+                why = found.why_not if found else f"hooks {', '.join(same_hooks)} run {same[0]}"
+                for each in same_hooks:
+                    said = f"gate {check.id!r} does not replace it, the pre-commit gate keeps it"
+                    notes.append(Skipped(f"pre-commit:{each}", PRE_COMMIT, f"{said}: {why}"))
+            else:
+                notes_here.append(
+                    f"runs what pre-commit's {hook} hook checks: the tracked files it selects, "
+                    "with its args (the pre-commit gate skips it)"
+                )
+                check = replace(
+                    check,
+                    run=found.run,
+                    program=check.run[0],
+                    inputs=WHOLE,  # it may select a script by its shebang, whatever its name
+                    source=f"{PRE_COMMIT} hook {hook}, in the stead of {check.source}",
+                )
+                skip.append(hook)
+                why = f"run by gate {check.id!r}; the pre-commit gate skips it (SKIP={hook})"
+                notes.append(Skipped(f"pre-commit:{hook}", PRE_COMMIT, why))
+            if notes_here:
+                check = replace(check, note="; ".join(notes_here))
             kept.append(check)
-            for each in (h for h in listed if HOOK_TOOLS.get(h) == same):
-                skip.append(each)
-                why = f"run by gate {check.id!r}; the pre-commit gate skips it (SKIP={each})"
-                notes.append(Skipped(f"pre-commit:{each}", ".pre-commit-config.yaml", why))
     if not skip:
         return kept, notes, tuple(extra)
     if not set(listed) - set(skip):

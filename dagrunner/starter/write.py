@@ -185,7 +185,7 @@ def _gate(check: Check, *, missing: bool, off: bool) -> list[str]:
         lines.append(f"# {check.note}")
     if check.inputs == WHOLE and not off:
         lines.append("# it may read any file: any change in the tree runs it again")
-    table = [f"[gates.{_key(check.id)}]", f"run = {_array(check.run)}"]
+    table = [f"[gates.{_key(check.id)}]", *f"run = {_array(check.run)}".splitlines()]
     table.append(f"inputs = {_array(check.inputs)}")
     table.append(f"tools = {_array(check.tools)}")
     table.append(f'estimate = "{check.estimate}"')
@@ -204,7 +204,17 @@ def _key(name: str) -> str:
 
 
 def _array(items: tuple[str, ...]) -> str:
-    return "[" + ", ".join(json.dumps(item) for item in items) + "]"
+    return "[" + ", ".join(_string(item) for item in items) + "]"
+
+
+def _string(item: str) -> str:
+    """A TOML string: a program of several lines (a hook gate's selector) as a multi-line
+    literal string, which reads as the program it is; anything else as a basic string."""
+    lines = item.splitlines()
+    plain = all(line.isprintable() for line in lines) and "\r" not in item
+    if "\n" in item and item.endswith("\n") and "'''" not in item and plain:
+        return "'''\n" + item + "'''"
+    return json.dumps(item)
 
 
 def _table(pairs: tuple[tuple[str, str], ...]) -> str:
