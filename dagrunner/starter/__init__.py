@@ -8,7 +8,6 @@
 - ``toxenvs``: tox envs from ``tox.ini``, ``[tool.tox]`` and ``tox.toml``.
 - ``noxsessions``: nox sessions from ``noxfile.py``.
 - ``ci``: what GitHub workflows run by name.
-- ``yamlish``: the plain YAML ``.pre-commit-config.yaml`` is written in, read without guessing.
 - ``hookgates``: a gate in a pre-commit hook's stead that checks exactly the hook's files.
 - ``ecosystems``: pre-commit, ``package.json`` scripts, ``Makefile`` targets, Go, Rust.
 - ``venvs``: a venv that imports the project in place, as a seed.

@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from dagrunner.starter.readers import Project
-from dagrunner.starter.yamlish import NotPlain, read
 
 # The definitions of the hooks init replaces, from each repository's .pre-commit-hooks.yaml
 # (newest): entry, types, types_or, args (the defaults a config's `args` replace).
@@ -131,9 +132,10 @@ def config(project: Project) -> Mapping[str, Any] | str:
     """``.pre-commit-config.yaml`` as a mapping, or why it cannot be read."""
     text = project.text(".pre-commit-config.yaml") or ""
     try:
-        found = read(text)
-    except NotPlain as error:
-        return f"init cannot read .pre-commit-config.yaml ({error})"
+        found = yaml.safe_load(text)  # as pre-commit reads it (safe: no tags, no objects)
+    except yaml.YAMLError as error:
+        why = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return f"init cannot read .pre-commit-config.yaml ({why})"
     if not isinstance(found, dict) or not isinstance(found.get("repos"), list):
         return "init cannot read .pre-commit-config.yaml (no list of repos)"
     return found
