@@ -1,0 +1,283 @@
+"""The pipeline fuzzer: seeded scenarios of the whole integration queue on a real repository,
+each checked against the landing invariant (docs/security.md) by an oracle that knows what
+every tree really fails.
+
+A scenario mixes gates that flake once on some trees, a ``needs`` chain, fail-fast
+cancellations (a slow gate beside a fast one), failures that name the culprit's file or name
+nothing, batches, conflicting pairs, a red target under either baseline, and hostile
+envelopes whose gate plants a hook in its tool cache (``PRE_COMMIT_HOME``) that later trees'
+gates run.  After ``integrate run`` (a subprocess, bounded: a hang is a broken invariant):
+
+- every landed commit fails nothing the oracle's check finds (what the target itself failed
+  at the start aside, under the differential baseline), and the target's tip passes a
+  trusted, uncached ``release-check`` of the same manifest (flakes and tool caches off);
+- no envelope whose tree passes alone on the target ends ``gates-failed``;
+- nothing is left queued, applying or gating.
+
+``tests/test_fuzz_pipeline.py`` runs a fixed set of seeds; ``scripts/fuzz_pipeline.py`` runs
+thousands.  The caller provides an isolated HOME and caches (``tests/conftest.py`` does).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.queue import Queue
+from dagrunner.integration.submit import submit
+from dagrunner.worktrees import allocate as wt
+from dagrunner.worktrees import export as exporting
+
+KINDS = ("good", "good", "good", "broken", "lintbad", "pair", "plant-pass", "plant-fail")
+MARKS = {"broken": "BROKEN", "lintbad": "LINTBAD"}
+FINAL = {"landed", "conflict", "gates-failed", "rejected"}
+HANG = 240.0  # seconds an integrator may take on a scenario before it is a hang
+
+
+@dataclass(frozen=True)
+class Worker:
+    name: str
+    kind: str  # good, broken (the check fails), lintbad (lint fails), pair (edits one line
+    # of shared.txt, as its twin does), plant-pass / plant-fail (hostile: plants a hook)
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int
+    workers: tuple[Worker, ...]
+    window: int
+    batch: str
+    baseline: str  # absolute | differential
+    named: bool  # the check prints the files it failed on (a failure that names its culprit)
+    chain: bool  # check needs lint: a failed lint skips it
+    slow: bool  # a slow gate beside: a fast failure cancels it (fail-fast)
+    flaky: tuple[str, ...]  # gates that fail the first run on about a third of trees
+    red: bool  # the target itself fails the docs gate
+    hostile: bool  # the check runs what its tool cache holds
+
+    @classmethod
+    def of(cls, seed: int) -> Scenario:
+        rng = random.Random(seed)
+        hostile = rng.random() < 0.3
+        kinds = [k for k in KINDS if hostile or not k.startswith("plant")]
+        workers: list[Worker] = []
+        for i in range(rng.randint(3, 7)):
+            kind = rng.choice(kinds)
+            workers.append(Worker(f"w{i:02d}", kind, f"{kind} {seed} {i}"))
+            if kind == "pair":
+                workers.append(Worker(f"w{i:02d}b", "pair", f"twin {seed} {i}"))
+        rng.shuffle(workers)
+        return cls(
+            seed=seed,
+            workers=tuple(workers),
+            window=rng.randint(1, 4),
+            batch=rng.choice(["1", "2", "3", "auto", "auto"]),
+            baseline=rng.choice(["absolute", "differential"]),
+            named=rng.random() < 0.5,
+            chain=rng.random() < 0.5,
+            slow=rng.random() < 0.4,
+            flaky=tuple(g for g in ("lint", "check") if rng.random() < 0.4),
+            red=rng.random() < 0.25,
+            hostile=hostile,
+        )
+
+    def manifest(self, state: Path) -> str:
+        """The target's manifest: every gate a function of the tree, but for its flakes."""
+
+        def flake(gate: str) -> str:
+            if gate not in self.flaky:
+                return ""
+            mark = f"{state}/flaked-{gate}-$t"
+            return (
+                f"t=$(git rev-parse 'HEAD^{{tree}}'); "
+                f"if [ ! -e '{state}/steady' ] && "
+                f'[ "$(printf %s "$t{gate}{self.seed}" | cksum | cut -c1)" -lt 4 ] && '
+                f"mkdir '{mark}' 2>/dev/null; then echo flaked; exit 1; fi; "
+            )
+
+        grep = "-rl" if self.named else "-rq"
+        hook = ""
+        if self.hostile:
+            # A tool that runs what its cache holds (a pre-commit hook environment): a hostile
+            # tree plants an answer there for the trees gated after it.
+            hook = (
+                'mkdir -p "$PRE_COMMIT_HOME"; h="$PRE_COMMIT_HOME/hook.sh"; '
+                "if [ -f PLANTPASS.txt ]; then printf '#!/bin/sh\\nexit 0\\n' > \"$h\"; fi; "
+                "if [ -f PLANTFAIL.txt ]; then printf '#!/bin/sh\\ncat victim\\nexit 1\\n' "
+                '> "$h"; cp PLANTFAIL.txt "$PRE_COMMIT_HOME/victim"; fi; '
+                'if [ -f "$h" ] && [ ! -f PLANTPASS.txt ] && [ ! -f PLANTFAIL.txt ]; then '
+                'cd "$PRE_COMMIT_HOME" && exec sh "$h"; fi; '
+            )
+
+        def gate(name: str, run: str, needs: str = "") -> str:  # a TOML literal string
+            return f"[gates.{name}]\nrun = '''{run}'''\n" + (
+                f'needs = ["{needs}"]\n' if needs else ""
+            )
+
+        gates = [
+            gate("lint", f"{flake('lint')}! grep -rq LINTBAD --include=*.txt ."),
+            gate(
+                "check",
+                f"{hook}{flake('check')}! grep {grep} BROKEN --include=*.txt .",
+                "lint" if self.chain else "",
+            ),
+        ]
+        if self.slow:
+            gates.append(gate("slow", "sleep 0.6; ! grep -rq BROKEN --include=*.txt ."))
+        if self.red:
+            gates.append(gate("docs", "! grep -rq REDMARK --include=*.txt ."))
+        head = f'[sandbox]\nwritable = ["{state}"]\n\n[integrate]\nbaseline = "{self.baseline}"\n'
+        return head + "\n" + "\n".join(gates)
+
+    def passes_alone(self, worker: Worker) -> bool:
+        """Whether the worker's tree, alone on the target, fails nothing the target does not."""
+        if self.red and self.baseline == "absolute":
+            return False  # the target fails docs: no tree on it passes
+        return worker.kind in ("good", "pair")
+
+    def change(self, worker: Worker, path: Path) -> None:
+        """What the worker does in its worktree."""
+        if worker.kind == "pair":  # both of a pair edit the same line: one conflicts
+            (path / "shared.txt").write_text(f"one\n{worker.text}\nthree\n")
+            return
+        plant = {"plant-pass": "PLANTPASS.txt", "plant-fail": "PLANTFAIL.txt"}.get(worker.kind)
+        if plant:
+            # hostile: it fails its own check (BROKEN), so it never lands, after planting; a
+            # failing hook names a victim's file, so that the victim is blamed
+            victim = next((w for w in self.workers if w.kind == "good"), worker)
+            (path / plant).write_text(f"BROKEN\n./{victim.name}.txt\n")
+            return
+        mark = MARKS.get(worker.kind, "")
+        (path / f"{worker.name}.txt").write_text(f"{worker.text}\n{mark}\n")
+
+
+@dataclass
+class Outcome:
+    seed: int
+    broken: list[str] = field(default_factory=list)  # each invariant broken, said
+    states: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.broken
+
+
+def git(repo: Path, *args: str, check: bool = True) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "f", "GIT_AUTHOR_EMAIL": "f@f"}
+    env |= {"GIT_COMMITTER_NAME": "f", "GIT_COMMITTER_EMAIL": "f@f"}
+    done = subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)}: {done.stderr}")
+    return done.stdout
+
+
+def dagrunner(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """The CLI as a user runs it, bounded: its exit code, stdout and stderr; -1 when it hung."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dagrunner", *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=HANG,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return -1, "", ""
+    return done.returncode, done.stdout, done.stderr
+
+
+def make_repo(scenario: Scenario, root: Path, state: Path) -> tuple[Path, str]:
+    repo = root / "repo"
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    (repo / ".gitignore").write_text("reports/\n")
+    (repo / "shared.txt").write_text("one\ntwo\nthree\n")
+    (repo / "README.txt").write_text("REDMARK\n" if scenario.red else "fine\n")
+    (repo / "manifests").mkdir()
+    (repo / "manifests" / "release.toml").write_text(scenario.manifest(state))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "project")
+    return repo, git(repo, "rev-parse", "HEAD").strip()
+
+
+def run(seed: int, root: Path) -> Outcome:
+    """One scenario in ``root`` (an empty folder): its outcome, with every broken invariant."""
+    import time
+
+    started = time.monotonic()
+    scenario = Scenario.of(seed)
+    outcome = Outcome(seed)
+    state = root / "state"
+    state.mkdir(parents=True)
+    repo, base = make_repo(scenario, root, state)
+    envelopes = []
+    for worker in scenario.workers:
+        made = wt.allocate(mission="fuzz", worker=worker.name, repo=repo, session=worker.name)
+        path = Path(made["path"])
+        scenario.change(worker, path)
+        out = root / f"{worker.name}.envelope.json"
+        exporting.export(f"fuzz/{worker.name}", output=out, repo=repo)
+        envelopes.append(out)
+    submit(repo_info(repo), envelopes)
+    args = ["integrate", "run", "--json", "--window", str(scenario.window)]
+    code, _, said = dagrunner(repo, *args, "--batch", scenario.batch)
+    if code == -1:
+        outcome.broken.append(f"integrate run hung (over {HANG:.0f} s)")
+    elif code not in (0, 1):
+        outcome.broken.append(f"integrate run exited {code}: {said[-2000:]}")
+    entries = Queue.of(repo_info(repo)).entries().values()
+    outcome.states = {e.id.split(".")[1]: str(e.state) for e in entries}
+    for worker in scenario.workers:
+        got = outcome.states.get(worker.name, "missing")
+        if got not in FINAL:
+            outcome.broken.append(f"{worker.name} ({worker.kind}) left {got}")
+        elif got == "gates-failed" and scenario.passes_alone(worker):
+            outcome.broken.append(f"{worker.name} ({worker.kind}) passes alone, ended gates-failed")
+    landed = git(repo, "rev-list", "--reverse", f"{base}..main").split()
+    for commit in landed:
+        for mark in ("BROKEN", "LINTBAD") + (
+            ("REDMARK",) if scenario.baseline == "absolute" else ()
+        ):
+            hit = git(repo, "grep", "-l", mark, commit, "--", "*.txt", check=False).strip()
+            if hit:
+                outcome.broken.append(f"landed {commit[:12]} fails on {mark}: {hit}")
+    if landed:
+        outcome.broken += oracle(scenario, repo, root, state)
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def oracle(scenario: Scenario, repo: Path, root: Path, state: Path) -> list[str]:
+    """A trusted, uncached release check of the target's tip (no flakes, fresh tool caches):
+    what it fails beyond what the target failed at the start."""
+    (state / "steady").touch()
+    tip = root / "tip"
+    git(repo, "worktree", "add", "-q", "--detach", str(tip), "main")
+    env = {**os.environ, "DAGRUNNER_TOOL_CACHE_DIR": str(root / "oracle-tools")}
+    report = root / "oracle-report"
+    args = ["release-check", "--no-cache", "--json", "--report-dir", str(report)]
+    code, out, said = dagrunner(tip, *args, env=env)
+    if code == -1:
+        return ["the oracle's release check hung"]
+    try:
+        summary = orjson.loads(out)
+    except orjson.JSONDecodeError:
+        return [f"the oracle's release check said no JSON (exit {code}): {said[-1000:]}"]
+    failed = {
+        g["id"] for g in summary.get("gates", []) if g.get("status") not in ("passed", "cached")
+    }
+    allowed = {"docs"} if scenario.red and scenario.baseline == "differential" else set()
+    if code not in (0, 1) or not summary.get("gates"):
+        return [f"the oracle's release check exited {code}: {said[-1000:]}"]
+    return [f"the target's tip fails {sorted(failed - allowed)}"] if failed - allowed else []

@@ -1,0 +1,34 @@
+"""The pipeline fuzzer's fixed seeds (``tests/fuzzing.py``): the whole queue on real
+repositories, each scenario checked against the landing invariant by an oracle.  The
+seeds that once found a broken invariant are kept here with what they found;
+``scripts/fuzz_pipeline.py`` runs thousands more."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fuzzing import Scenario, run
+
+# Chosen to cover every feature at least once (checked below), and the seeds that found
+# something (each with what it found, fixed since).
+SEEDS = [4, 6, 212, 240, 318]
+
+
+def test_the_fixed_seeds_cover_every_feature_of_a_scenario() -> None:
+    scenarios = [Scenario.of(seed) for seed in SEEDS]
+    kinds = {w.kind for s in scenarios for w in s.workers}
+    assert kinds >= {"good", "broken", "lintbad", "pair", "plant-pass", "plant-fail"}
+    assert {s.baseline for s in scenarios} == {"absolute", "differential"}
+    assert {s.batch for s in scenarios} >= {"1", "auto"} and len({s.batch for s in scenarios}) >= 3
+    for feature in ("named", "chain", "slow", "red", "hostile"):
+        assert any(getattr(s, feature) for s in scenarios), feature
+        assert not all(getattr(s, feature) for s in scenarios), feature
+    assert {g for s in scenarios for g in s.flaky} == {"lint", "check"}
+    assert {s.window for s in scenarios} >= {1, 2, 4}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_seeded_scenario_keeps_the_landing_invariant(seed: int, tmp_path: Path) -> None:
+    outcome = run(seed, tmp_path)
+    assert outcome.ok, (outcome.broken, outcome.states, Scenario.of(seed))
