@@ -45,6 +45,8 @@ GIT_ID = {
     "GIT_COMMITTER_EMAIL": "bench@localhost",
 }
 
+CLI = [sys.executable, "-m", "dagrunner"]
+
 # the model of pre-commit: install the hook environment once, run the hook with it
 HOOKS = """set -e
 env="$PRE_COMMIT_HOME/env"
@@ -88,8 +90,7 @@ def make_repo(root: Path, pre_commit: bool) -> None:
 def main_run(repo: Path) -> tuple[float, float, str]:
     """A release check of the main checkout: (run wall, gate attempt, the gate's log)."""
     done = subprocess.run(
-        [sys.executable, "-m", "dagrunner", "release-check", "manifests/release.toml"]
-        + ["--no-cache", "--json", "--quiet"],
+        [*CLI, "release-check", "manifests/release.toml", "--no-cache", "--json", "--quiet"],
         cwd=repo,
         capture_output=True,
         text=True,
@@ -138,25 +139,33 @@ def main() -> None:
         assert "installing" in log or args.pre_commit, log
         how = os.environ.get("DAGRUNNER_TOOL_SHARE") or "auto: reflink, overlay, copy"
         print(f"layers made by {how}")
-        print(f"cold: the trusted tier's first run installs: gate {cold:.2f} s "
-              f"(run {time.perf_counter() - start:.2f} s)")
+        print(
+            f"cold: the trusted tier's first run installs: gate {cold:.2f} s "
+            f"(run {time.perf_counter() - start:.2f} s)"
+        )
         mains, ints, reinstalled = [], [], 0
         for n in range(args.rounds):
             mains.append(main_run(repo)[:2])
             wall, attempt, log = integration_run(repo, n)
             ints.append((wall, attempt))
             reinstalled += "installing" in log
-            print(f"round {n + 1}: main checkout run {mains[-1][0]:.3f} s (gate "
-                  f"{mains[-1][1]:.3f}), integration tree run {wall:.3f} s (gate {attempt:.3f})")
+            print(
+                f"round {n + 1}: main checkout run {mains[-1][0]:.3f} s (gate "
+                f"{mains[-1][1]:.3f}), integration tree run {wall:.3f} s (gate {attempt:.3f})"
+            )
         main_wall = statistics.median(w for w, _ in mains)
         int_wall = statistics.median(w for w, _ in ints)
         main_gate = statistics.median(a for _, a in mains)
         int_gate = statistics.median(a for _, a in ints)
-        print(f"median run wall: main checkout {main_wall:.3f} s, integration tree "
-              f"{int_wall:.3f} s: {int_wall / main_wall:.2f}x (target <= 1.2x)")
-        print(f"median gate attempt: main {main_gate:.3f} s, integration {int_gate:.3f} s: "
-              f"{int_gate / main_gate:.2f}x; reinstalled in {reinstalled} of "
-              f"{args.rounds} integration runs; cold install {cold / main_gate:.1f}x a warm run")
+        print(
+            f"median run wall: main checkout {main_wall:.3f} s, integration tree "
+            f"{int_wall:.3f} s: {int_wall / main_wall:.2f}x (target <= 1.2x)"
+        )
+        print(
+            f"median gate attempt: main {main_gate:.3f} s, integration {int_gate:.3f} s: "
+            f"{int_gate / main_gate:.2f}x; reinstalled in {reinstalled} of "
+            f"{args.rounds} integration runs; cold install {cold / main_gate:.1f}x a warm run"
+        )
 
 
 if __name__ == "__main__":

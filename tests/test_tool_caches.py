@@ -169,3 +169,17 @@ def test_a_worker_worktrees_release_check_cannot_plant_what_the_main_checkouts_r
     assert list((tool_cache_root() / "private").glob("tree-*"))
     lifecycle.cleanup("m/w", force=True, repo=repo)
     assert list((tool_cache_root() / "private").glob("tree-*")) == []  # dropped with it
+
+
+def test_a_worktree_whose_git_file_names_the_main_git_dir_is_still_not_the_main_checkout(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hooked(repo)
+    path = Path(wt.allocate(mission="m", worker="w", repo=repo)["path"])
+    (path / "check.sh").write_text(planter("git branch planted; exit 1", then="exit 0"))
+    (path / ".git").write_text(f"gitdir: {repo / '.git'}\n")  # git now says: the main one
+    code, body, _ = check(capsys, path, HOOKED, "--no-cache")
+    assert code == 0, body
+    code, body, _ = check(capsys, repo, HOOKED, "--no-cache")
+    assert code == 0, body
+    assert git(repo, "branch", "--list", "planted").strip() == ""

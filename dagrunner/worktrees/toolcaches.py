@@ -51,12 +51,12 @@ class ToolCaches:
 
     def __init__(self, repo: Path, *, own: bool) -> None:
         self.repo = repo
-        dirs = _git_dirs(repo)
-        self.trusted = tool_cache_root() / _digest(dirs[1] if dirs else str(repo)) / "trusted"
+        common = _common_dir(repo)
+        self.trusted = tool_cache_root() / _digest(common or str(repo)) / "trusted"
         self.private = tool_cache_root() / "private"
         self.tier = "run"
         if own:
-            self.tier = "trusted" if not dirs or dirs[0] == dirs[1] else "tree"
+            self.tier = "trusted" if not common or _main_checkout(repo, common) else "tree"
         self.run: Path | None = None  # this run's folder, made at its first layer
         self.lock: int | None = None
         self.lock_held = threading.Lock()  # gates start in threads: one makes a folder at once
@@ -189,18 +189,23 @@ def _remove(layer: Path) -> None:
         shutil.rmtree(layer, ignore_errors=True)
 
 
-def _git_dirs(repo: Path) -> tuple[str, str] | None:
-    """``repo``'s own git dir and the common one (equal in the main checkout); None
-    outside git."""
-    found = git(
-        ["rev-parse", "--path-format=absolute", "--git-dir", "--git-common-dir"],
-        cwd=repo,
-        check=False,
-    )
-    lines = found.text.splitlines() if found.returncode == 0 else []
-    if len(lines) != 2:
-        return None
-    return lines[0], lines[1]
+def _common_dir(repo: Path) -> str | None:
+    """The git dir ``repo``'s worktrees share (what keys the trusted tier); None outside
+    git."""
+    found = git(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=repo, check=False)
+    return found.text if found.returncode == 0 and found.text else None
+
+
+def _main_checkout(repo: Path, common: str) -> bool:
+    """Whether ``repo`` is the main checkout of the git dir ``common``: its ``.git`` is that
+    very folder, not a link -- never decided by what git reads from the tree (a worker may
+    rewrite its worktree's ``.git`` file to name the main one, or a ``commondir`` in it)."""
+    dot = repo / ".git"
+    try:
+        real = dot.is_dir() and not dot.is_symlink()
+    except OSError:
+        return False
+    return real and os.path.realpath(dot) == os.path.realpath(common)
 
 
 def _digest(text: str) -> str:
