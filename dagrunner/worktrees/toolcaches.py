@@ -58,6 +58,7 @@ class ToolCaches:
         if own:
             self.tier = "trusted" if not common or _main_checkout(repo, common) else "tree"
         self.run: Path | None = None  # this run's folder, made at its first layer
+        self.kept: Path | None = None  # the worktree's kept layer, once used (unmounted at close)
         self.lock: int | None = None
         self.lock_held = threading.Lock()  # gates start in threads: one makes a folder at once
 
@@ -69,7 +70,7 @@ class ToolCaches:
             if root == self.repo and self.tier == "trusted":
                 return trusted
             if root == self.repo and self.tier == "tree":
-                layer = self.private / f"tree-{tree_id(root)}"
+                layer = self.kept = self.kept or self.private / f"tree-{tree_id(root)}"
                 if not (layer / OWNER).is_file():  # whose it is, for the sweep
                     layer.mkdir(parents=True, exist_ok=True)
                     (layer / OWNER).write_text(os.path.realpath(root))
@@ -95,10 +96,8 @@ class ToolCaches:
         """The run ended: its layers go; a worktree's kept layer is unmounted (mounted
         again on its own upper layer at its next run)."""
         with self.lock_held:
-            if self.tier == "tree":
-                layer = self.private / f"tree-{tree_id(self.repo)}"
-                if layer.is_dir():
-                    share.release(layer, NOT_A_LAYER)
+            if self.kept is not None and self.kept.is_dir():
+                share.release(self.kept, NOT_A_LAYER)
             if self.run is not None:
                 _remove(self.run)
                 self.run = None
