@@ -9,7 +9,6 @@ and a one-line reason.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 import shutil
@@ -29,13 +28,13 @@ from dagrunner.executors.base import Executor
 from dagrunner.executors.local import LocalExecutor
 from dagrunner.git import guard
 from dagrunner.git.command import git
-from dagrunner.git.repo import tool_cache_root
 from dagrunner.manifest.load import GateSpec
 from dagrunner.process.logs import redact_file
 from dagrunner.process.sandbox import AttemptResult, GateJob, tree_environment
 from dagrunner.records.run import Attempt, Status, TestRun
 from dagrunner.report.testresults import read_junit
 from dagrunner.units import format_duration
+from dagrunner.worktrees.toolcaches import ToolCaches
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
 
@@ -120,19 +119,19 @@ class GateRunner:
         self.snapshots: dict[Path, guard.TreeSnapshot | None] = {}
         self.guarding = trio.Lock()
         self.active: dict[Path, set[str]] = {}  # the guarded gates running in each tree
-        common = _common_dir(plan.repo)
-        self.repo_key = hashlib.sha256((common or (str(plan.repo),))[0].encode()).hexdigest()[:16]
+        # the trusted tier only for the caller's main checkout; a private layer elsewhere
+        self.tools = ToolCaches(plan.repo, own=not plan.read_only)
         self.suspects: dict[str, str] = {}  # gate -> what changed while it ran
 
-    def job(self, gate: GateSpec, attempt: int, root: Path) -> GateJob:
+    def job(self, gate: GateSpec, attempt: int, root: Path, tools: Path | None) -> GateJob:
+        """``tools``: the gate's tool cache folder (``ToolCaches``), when it has one."""
         argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
         env = tree_environment(
             self.plan.envs[gate.id], root, [s.path for s in self.plan.manifest.worktrees.seeds]
         )
         caches: tuple[str, ...] = ()
-        if gate.kind == "gate" and self.executor_of(gate).name == "local":
-            folder = self.tool_caches(gate.id, root)
-            env, caches = with_tool_caches(env, folder), (str(folder),)
+        if tools is not None:
+            env, caches = with_tool_caches(env, tools), (str(tools),)
         return GateJob(
             gate=gate.id,
             argv=argv,
@@ -159,14 +158,6 @@ class GateRunner:
             wait_for_workers=self.plan.manifest.executor.wait_for_workers,
             margin=self.plan.manifest.executor.margin,
         )
-
-    def tool_caches(self, gate: str, root: Path) -> Path:
-        """The gate's own tool caches, kept between runs, per repository, gate and trust
-        tier: what a gate of an envelope's tree wrote is never read by a trusted run."""
-        tier = "trusted" if root == self.plan.repo and not self.plan.read_only else "untrusted"
-        folder = tool_cache_root() / self.repo_key / tier / gate
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
 
     async def __call__(self, node: str, t0: float) -> Outcome:
         gate = spec(self.plan.graph, node)
@@ -239,9 +230,12 @@ class GateRunner:
         result = AttemptResult(exit_code=None)
         number = 0
         began = time.time()  # a JUnit file older than this is not this run's
+        tools = None
+        if gate.kind == "gate" and self.executor_of(gate).name == "local":
+            tools = await trio.to_thread.run_sync(self.tools.folder, gate.id, root)  # a copy
         try:
             for number in range(1, gate.retries + 2):
-                job = self.job(gate, number, root)
+                job = self.job(gate, number, root, tools)
                 if not Path(job.cwd).is_dir():
                     return Outcome(
                         status=Status.FAILED,

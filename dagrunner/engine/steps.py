@@ -214,6 +214,7 @@ async def schedule_step(
     finally:
         cache.land()  # whatever this run claimed and did not settle: its waiters look again
         shutil.rmtree(runner.sandbox_root, ignore_errors=True)
+        runner.tools.close()  # the run's private tool cache layers go with it
     return Scheduled(
         results=results,
         governor=governor,

@@ -16,4 +16,6 @@
 - ``prepare``: what a new worktree gets: ``.worktreeinclude`` files, seeds, ``--setup``.
 - ``seeds``: dependency folders (``[[worktrees.seed]]``) built once per key, stored, pruned;
   ``share``: how a worktree gets its own copy of one (reflink, overlay mount, copy).
+- ``toolcaches``: gates' tool caches: the trusted tier (the main checkout's runs alone write
+  it) and the private layers every other tree's gates get, made from it by ``share``.
 """

@@ -12,7 +12,7 @@ from pathlib import Path
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git.command import git
 from dagrunner.records.worktree import SeedUse
-from dagrunner.worktrees import seeds, share
+from dagrunner.worktrees import seeds, share, toolcaches
 
 SETUP_TAIL_LINES = 20
 
@@ -73,6 +73,7 @@ def release_seeds(root: Path, path: Path) -> None:
     their layers."""
     layers = seeds.seeds_dir(root) / "layers"
     share.release(path, layers)
+    toolcaches.drop_worktree(path)  # its gates' tool caches are nobody else's
     try:
         mine = layers / "+".join(path.relative_to(root).parts)
     except ValueError:
