@@ -10,9 +10,19 @@ from pathlib import Path
 import pytest
 from fuzzing import Scenario, run
 
-# Chosen to cover every feature at least once (checked below), and the seeds that found
-# something (each with what it found, fixed since).
+# Chosen to cover every feature at least once (checked below) ...
 SEEDS = [4, 6, 212, 240, 318]
+# ... and the seeds that found something, each with what it found (fixed since):
+FOUND = [
+    # a hostile envelope's check planted a passing hook in the tool cache its gate shared
+    # with every envelope: a later BROKEN envelope passed and landed (absolute baseline)
+    39,
+    # the same under the differential baseline on a red target: the target's head run read
+    # the planted hook too
+    32,
+    # a planted failing hook: three innocent envelopes after it ended gates-failed
+    2055,
+]
 
 
 def test_the_fixed_seeds_cover_every_feature_of_a_scenario() -> None:
@@ -28,7 +38,7 @@ def test_the_fixed_seeds_cover_every_feature_of_a_scenario() -> None:
     assert {s.window for s in scenarios} >= {1, 2, 4}
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", SEEDS + FOUND)
 def test_a_seeded_scenario_keeps_the_landing_invariant(seed: int, tmp_path: Path) -> None:
     outcome = run(seed, tmp_path)
     assert outcome.ok, (outcome.broken, outcome.states, Scenario.of(seed))
