@@ -201,12 +201,12 @@ def test_a_worker_bound_server_never_submits_as_urgent_nor_above_the_public_maxi
             result = await session.call_tool(
                 "dagrunner_submit", {"worktree": "m/mine", "priority": priority}
             )
-            said[priority] = error_code(result)
+            said[str(priority)] = error_code(result)
         said["public"] = await call(session, "dagrunner_submit", worktree="m/mine", priority=1000)
 
     with_server(project, body, "--worker", "m/mine", "--no-drive")
-    assert said[URGENT] == "urgent-refused", said
-    assert said[1001] == said[-1001] == "bad-priority", said
+    assert said[str(URGENT)] == "urgent-refused", said
+    assert said["1001"] == said["-1001"] == "bad-priority", said
     assert said["public"]["state"] == "queued", said["public"]
     assert priorities_of(project) == {"mine": 1000}
 

@@ -337,7 +337,7 @@ def test_integration_on_the_cluster_is_refused_until_remote_gates_have_what_loca
     _, status = run_json(capsys, "integrate", "status", *base)
     assert [e["state"] for e in status["envelopes"]] == ["queued"]
     assert git(repo, "rev-parse", "main").strip() == head
-    code, body, _ = check(capsys, repo, "[gates.ok]\nrun = \"true\"\n", "--executor", cluster.address)
+    code, body, _ = check(capsys, repo, '[gates.ok]\nrun = "true"\n', "--executor", cluster.address)
     assert code == 0, body
 
 

@@ -133,7 +133,7 @@ def test_sigterm_ends_a_wedged_integrator_within_10s_and_its_item_stays_queued(
         assert integrator.poll() is None, integrator.communicate()[1].decode()
         assert time.monotonic() < deadline, "the integrator never started applying"
         time.sleep(0.05)
-    time.sleep(0.5)  # into the open(2) the fault point makes (nothing to wait on from here)
+    # the open(2) is the next step after journaling: signalled before or in it, it wedges
     sent = time.monotonic()
     integrator.send_signal(signal.SIGTERM)
     try:

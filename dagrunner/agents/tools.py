@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.integration.queue import Queue, QueueEntry
+from dagrunner.integration.queue import URGENT, Queue, QueueEntry
 from dagrunner.names import is_safe_id
 from dagrunner.records.integration import FINAL
 from dagrunner.worktrees.allocate import check_slug, default_target, open_context, split_id
@@ -100,8 +100,6 @@ def submit(
     from dagrunner.git.repo import repo_info
     from dagrunner.integration.submit import submit as queue_it
     from dagrunner.worktrees.export import export_summary
-
-    from dagrunner.integration.queue import URGENT
 
     if priority == URGENT and not (b.urgent and b.worker is None):
         raise DagrunnerError(
