@@ -12,6 +12,8 @@ What a build writes holds the checkout's absolute path (a venv's ``pyvenv.cfg``,
 scripts' ``#!`` lines, an editable install's ``.pth``): the text files that hold it are
 listed when the seed is stored and rewritten in each worktree's copy to that worktree's
 path, so what runs there is that worktree's own code.  ``share`` says how the copy is made.
+What a build left is read as untrusted code's (a tree's build is): a FIFO, socket or device
+is dropped before the seed is stored, and every file is read through ``files.read_regular``.
 """
 
 from __future__ import annotations
