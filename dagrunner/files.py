@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import fcntl
 import os
 import signal
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -151,9 +153,58 @@ def mark_own_output(folder: Path) -> None:
 
 def crash_point(name: str) -> None:
     """Fault injection for the durability tests: SIGKILL ourselves at a named point
-    (``DAGRUNNER_CRASH_AT``: applying, gating, landing, landed-ref, allocating)."""
+    (``DAGRUNNER_CRASH_AT``: applying, gating, landing, landed-ref, allocating); or block
+    there in ``open(2)`` of a FIFO nobody writes (``DAGRUNNER_HANG_AT=point:fifo``), the
+    wedge no signal interrupts, for the tests of a bounded exit."""
     if os.environ.get("DAGRUNNER_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    point, _, fifo = os.environ.get("DAGRUNNER_HANG_AT", "").partition(":")
+    if point == name and fifo:
+        os.close(os.open(fifo, os.O_RDONLY))
+
+
+@contextlib.contextmanager
+def open_regular(
+    path: Path | str, *, dir_fd: int | None = None, follow: bool = False
+) -> Iterator[tuple[int, os.stat_result]]:
+    """A descriptor of ``path`` and its ``fstat``, read as a file of a tree that untrusted
+    code built: ``lstat`` first (``stat`` with ``follow``), so a FIFO, socket or device is
+    never opened; then ``O_NONBLOCK`` (a FIFO swapped in meanwhile never blocks the open)
+    and ``O_NOFOLLOW`` unless ``follow``; the opened file must be that regular file.
+    ``OSError`` for anything else."""
+    info = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags, dir_fd=dir_fd)
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (
+            info.st_dev,
+            info.st_ino,
+        ):
+            raise OSError(errno.EINVAL, "not the regular file seen a moment ago", str(path))
+        yield fd, opened
+    finally:
+        os.close(fd)
+
+
+def read_regular(
+    path: Path | str, *, limit: int, dir_fd: int | None = None, follow: bool = False
+) -> bytes:
+    """The bytes of the regular file ``path`` (``open_regular``), at most ``limit``:
+    ``OSError`` (``EFBIG``) for a larger one, which is never read in full."""
+    with open_regular(path, dir_fd=dir_fd, follow=follow) as (fd, info):
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        chunks, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    if len(data) > limit:  # it grew after the fstat
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+    return data
 
 
 def folder_beneath(root: Path, folders: list[str], mode: int = os.O_RDONLY) -> int:

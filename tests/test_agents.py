@@ -171,6 +171,79 @@ def test_a_worker_bound_server_refuses_another_workers_worktree(project: Path) -
     assert json.loads(text[text.index("{") :])["error"]["code"] == "worker-bound"
 
 
+def error_code(result: Any) -> str:
+    """The coded error of a tool call that failed (the SDK names the tool, then the object)."""
+    assert result.is_error is True, result.content
+    (content,) = result.content
+    assert isinstance(content, TextContent)
+    text = content.text
+    return str(json.loads(text[text.index("{") :])["error"]["code"])
+
+
+URGENT = 1 << 30  # the queue's internal "urgent" (integration/queue.URGENT)
+
+
+def priorities_of(repo: Path) -> dict[str, int]:
+    from dagrunner.integration.queue import Queue
+
+    return {e.id.split(".")[1]: e.priority for e in Queue.of(repo_info(repo)).entries().values()}
+
+
+def test_a_worker_bound_server_never_submits_as_urgent_nor_above_the_public_maximum(
+    project: Path,
+) -> None:
+    said: dict[str, Any] = {}
+
+    async def body(session: ClientSession) -> None:
+        mine = await call(session, "dagrunner_allocate", mission="m", worker="mine")
+        (Path(mine["path"]) / "mine.txt").write_text("mine\n")
+        for priority in (URGENT, 1001, -1001):
+            result = await session.call_tool(
+                "dagrunner_submit", {"worktree": "m/mine", "priority": priority}
+            )
+            said[str(priority)] = error_code(result)
+        said["public"] = await call(session, "dagrunner_submit", worktree="m/mine", priority=1000)
+
+    with_server(project, body, "--worker", "m/mine", "--no-drive")
+    assert said[str(URGENT)] == "urgent-refused", said
+    assert said["1001"] == said["-1001"] == "bad-priority", said
+    assert said["public"]["state"] == "queued", said["public"]
+    assert priorities_of(project) == {"mine": 1000}
+
+
+def test_an_unbound_server_submits_urgent_only_when_its_caller_allows_it(project: Path) -> None:
+    said: dict[str, Any] = {}
+
+    async def body(session: ClientSession) -> None:
+        mine = await call(session, "dagrunner_allocate", mission="m", worker="mine")
+        (Path(mine["path"]) / "mine.txt").write_text("mine\n")
+        said["urgent"] = await call(session, "dagrunner_submit", worktree="m/mine", priority=URGENT)
+
+    def refused(session: ClientSession) -> Awaitable[None]:
+        async def body() -> None:
+            mine = await call(session, "dagrunner_allocate", mission="m", worker="mine")
+            (Path(mine["path"]) / "mine.txt").write_text("mine\n")
+            result = await session.call_tool(
+                "dagrunner_submit", {"worktree": "m/mine", "priority": URGENT}
+            )
+            said["refused"] = error_code(result)
+
+        return body()
+
+    with_server(project, refused, "--no-drive")
+    assert said["refused"] == "urgent-refused"
+    with_server(project, body, "--no-drive", "--allow-urgent")
+    assert said["urgent"]["state"] == "queued", said["urgent"]
+    assert priorities_of(project) == {"mine": URGENT}
+    bound = subprocess.run(
+        [*CLI, "mcp", "--repo", str(project), "--worker", "m/w", "--allow-urgent", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert bound.returncode == 2 and '"bad-usage"' in bound.stdout, bound
+
+
 # -- integrate serve ---------------------------------------------------------------------
 
 
@@ -309,6 +382,9 @@ def test_serve_over_http_metrics_health_and_the_tools_behind_a_token(
                 ClientSession(read, write) as session,
             ):
                 await session.initialize()
+                # an agent over HTTP is not the operator: urgent is refused there too
+                urgent = {"envelope": inline, "priority": URGENT}
+                said["urgent"] = error_code(await session.call_tool("dagrunner_submit", urgent))
                 queued = await call(session, "dagrunner_submit", envelope=inline)
                 said.update(await until_final(session, queued["id"]))
 
@@ -316,7 +392,7 @@ def test_serve_over_http_metrics_health_and_the_tools_behind_a_token(
     finally:
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=15)
-    assert said["state"] == "landed", said
+    assert said["state"] == "landed" and said["urgent"] == "urgent-refused", said
     assert git(project, "cat-file", "-e", "main:remote.txt") == ""
 
 

@@ -307,36 +307,41 @@ def test_ctrl_c_ends_a_remote_tree_and_records_the_run(
     assert [g["status"] for g in run["gates"]] == ["interrupted"]
 
 
-def test_integration_gates_run_on_the_cluster(
+def test_integration_on_the_cluster_is_refused_until_remote_gates_have_what_local_ones_do(
     repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
 ) -> None:
-    """``integrate run --executor``: the integration worktree is shipped like any checkout;
-    the gate that judges an envelope fails there as it would here."""
-    commit_release_manifest(
-        repo, '[gates.check]\nrun = "! grep -rq BROKEN --include=*.txt ."\ncpu = 4\n'
-    )
+    """Remote gates lack the tree guard, the tool caches and the tree's own environment
+    (its seeds first on PATH): an integration gate there would judge the tree without its
+    dependencies, the false pass issue 35 fixed here. ``integrate run`` and ``integrate
+    serve`` refuse a Dask executor with a code, touching nothing; a release check on the
+    cluster still runs."""
+    commit_release_manifest(repo, '[gates.check]\nrun = "true"\n')
     base = ["--repo", str(repo)]
-    files = []
-    for name, text in (("good", "fine\n"), ("bad", "BROKEN\n")):
-        _, made = run_json(
-            capsys, "worktree", "allocate", "--mission", "m", "--worker", name, *base
-        )
-        (Path(made["path"]) / f"{name}.txt").write_text(text)
-        out = str(repo.parent / f"{name}.json")
-        run_json(capsys, "worktree", "export", f"m/{name}", "-o", out, *base)
-        files.append(out)
-    run_json(capsys, "integrate", "submit", *files, *base)
+    _, made = run_json(capsys, "worktree", "allocate", "--mission", "m", "--worker", "w", *base)
+    (Path(made["path"]) / "w.txt").write_text("w\n")
+    out = str(repo.parent / "w.json")
+    run_json(capsys, "worktree", "export", "m/w", "-o", out, *base)
+    run_json(capsys, "integrate", "submit", out, *base)
+    head = git(repo, "rev-parse", "main").strip()
     code, body = run_json(capsys, "integrate", "run", "--executor", cluster.address, *base)
-    assert code == 1
-    assert {e["worker"]: e["state"] for e in body["envelopes"]} == {
-        "good": "landed",
-        "bad": "gates-failed",
-    }
-    for run in sorted(Path(body["report_dir"]).glob("gates-*")):
-        check_gate = gate_results(run)["check"]
-        assert [a["worker"] for a in check_gate["attempts"]] == [cluster.hidden]
+    assert code == 2 and body["error"]["code"] == "dask-integration-unsupported", body
+    assert "--executor local" in body["error"]["hint"]
+    served = subprocess.run(
+        [*CLI, "integrate", "serve", "--executor", cluster.address, "--json", *base],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert served.returncode == 2, served
+    assert json.loads(served.stdout)["error"]["code"] == "dask-integration-unsupported"
+    _, status = run_json(capsys, "integrate", "status", *base)
+    assert [e["state"] for e in status["envelopes"]] == ["queued"]
+    assert git(repo, "rev-parse", "main").strip() == head
+    code, body, _ = check(capsys, repo, '[gates.ok]\nrun = "true"\n', "--executor", cluster.address)
+    assert code == 0, body
 
 
+@pytest.mark.xfail(strict=True, reason="dask-integration-unsupported: remote gates lack parity")
 def test_the_pipeline_gates_speculative_heads_on_the_cluster(
     repo: Path, capsys: pytest.CaptureFixture[str], cluster: Cluster
 ) -> None:

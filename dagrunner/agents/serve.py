@@ -23,7 +23,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from dagrunner.integration.queue import Queue
-from dagrunner.integration.run import Integrator, integrator_lock
+from dagrunner.integration.run import Integrator, check_integration_executor, integrator_lock
 from dagrunner.records.integration import IntegrationResult
 from dagrunner.worktrees.allocate import Context, default_target, open_context
 
@@ -56,6 +56,7 @@ def serve(
 ) -> Served:
     """Drain ``target``'s queue whenever it has work, until SIGTERM or SIGINT; with ``http``
     (``HOST:PORT``), ``/metrics``, ``/healthz`` and the tools at ``/mcp`` beside it."""
+    check_integration_executor(executor)
     env = os.environ if env is None else env
     ctx = open_context(repo, env)
     goal = target or default_target(ctx)

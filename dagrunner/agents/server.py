@@ -73,7 +73,8 @@ def build(binding: tools.Binding) -> MCPServer:
     ) -> dict[str, Any]:
         """Export WORKTREE (M/W) and queue its work: the queue item's id to wait on, its
         state, position, foreseen overlaps and provenance.  Or queue ENVELOPE, a patch
-        envelope's JSON text (from `dagrunner worktree export` on another machine)."""
+        envelope's JSON text (from `dagrunner worktree export` on another machine).
+        PRIORITY: -1000 to 1000, higher first (urgency is the operator's to give)."""
         text = orjson.dumps(envelope).decode() if isinstance(envelope, dict) else envelope
         return await _call(tools.submit, b, worktree, priority, text)
 

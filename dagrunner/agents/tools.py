@@ -4,7 +4,9 @@ overlaps, sync, cleanup, and a release check started in the background.
 
 Every value that arrives here is a worker's: it is validated as the CLI validates it (the
 same library calls), and a ``Binding`` to one worktree refuses every other worktree and
-every queue item that is not that worktree's (``worker-bound``, exit 4).
+every queue item that is not that worktree's (``worker-bound``, exit 4).  No agent submits
+as urgent (the queue's pre-emption, which resets what gates behind it) unless the caller
+that started an unbound server said so (``urgent-refused``, exit 4).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import orjson
 
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.integration.queue import Queue, QueueEntry
+from dagrunner.integration.queue import URGENT, Queue, QueueEntry
 from dagrunner.names import is_safe_id
 from dagrunner.records.integration import FINAL
 from dagrunner.worktrees.allocate import check_slug, default_target, open_context, split_id
@@ -39,6 +41,8 @@ class Binding:
     repo: Path | None = None
     worker: str | None = None
     drive: bool = True  # start an integrator after a submit when none runs
+    # urgency is the operator's: only an unbound server its caller started --allow-urgent
+    urgent: bool = False
     runs: dict[str, tuple[subprocess.Popen[bytes], Path]] = field(default_factory=dict)
 
     def own(self, wt_id: str) -> str:
@@ -97,6 +101,16 @@ def submit(
     from dagrunner.integration.submit import submit as queue_it
     from dagrunner.worktrees.export import export_summary
 
+    if priority == URGENT and not (b.urgent and b.worker is None):
+        raise DagrunnerError(
+            "urgent-refused",
+            "an agent's submit cannot be urgent: urgency pre-empts every item and resets what "
+            "gates behind it, and is the operator's to give",
+            key="priority",
+            exit_code=ExitCode.REFUSED,
+            hint="submit with a priority from -1000 to 1000; the operator can queue it "
+            "urgent with `dagrunner integrate submit ENVELOPE --priority urgent`",
+        )
     info = repo_info(b.repo)
     extra: dict[str, Any] = {}
     if envelope is not None:

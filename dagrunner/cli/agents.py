@@ -22,7 +22,17 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     if args.worker is not None:
         split_id(args.worker)  # a bad id is bad usage now, not at the first call
-    serve_stdio(Binding(repo=args.repo, worker=args.worker, drive=not args.no_drive))
+        if args.allow_urgent:
+            raise DagrunnerError(
+                "bad-usage",
+                "--allow-urgent is for an unbound server: a worker-bound one never submits "
+                "as urgent",
+                key="--allow-urgent",
+                hint="drop --allow-urgent, or --worker",
+            )
+    binding = Binding(repo=args.repo, worker=args.worker, drive=not args.no_drive)
+    binding.urgent = args.allow_urgent
+    serve_stdio(binding)
     return ExitCode.OK
 
 

@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="never start an integrator after a submit (one runs as a service)",
     )
+    mc.add_argument(
+        "--allow-urgent",
+        action="store_true",
+        help="let dagrunner_submit take priority urgent (unbound servers only; the caller's say)",
+    )
     mc.set_defaults(handler="cmd_mcp")
     am = sub.add_parser("agents-md", parents=[common], help="a section for AGENTS.md")
     am.set_defaults(handler="cmd_agents_md")

@@ -14,10 +14,12 @@ import bisect
 import hashlib
 import os
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dagrunner.files import read_regular
 from dagrunner.git.command import git, split_z, toplevel
 from dagrunner.manifest.globs import glob_regex, literal_prefix
 
@@ -33,7 +35,7 @@ def file_id(path: Path) -> str | None:
     try:
         if path.is_symlink():
             return blob_id(os.readlink(path).encode("utf-8", "surrogateescape"))
-        return blob_id(path.read_bytes())
+        return blob_id(read_regular(path, limit=sys.maxsize))  # never a FIFO a gate made
     except OSError:
         return None
 

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from dagrunner.files import open_regular, read_regular
+
 if TYPE_CHECKING:
     from dagrunner.engine.cache import Store
 
@@ -51,6 +53,7 @@ PYTHON_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "PY
 METADATA = (".dist-info", ".egg-info", ".egg-link", ".pth")
 
 TOOL_TIMEOUT = 30.0
+CONFIG_LIMIT = 1024 * 1024  # a pyvenv.cfg or .python-version larger than this is not read
 TOOL_TEXT_KEPT = 64 * 1024  # of a tool's output, kept beside its hash: explain says what differs
 
 Run = Callable[[], tuple[str, str]]
@@ -160,7 +163,7 @@ def _resolve(name: str, env: Mapping[str, str], cwd: Path, parts: list[Any]) -> 
 def _pyenv_target(shim: Path, env: Mapping[str, str], cwd: Path, parts: list[Any]) -> str | None:
     """The program a pyenv shim runs: the first selected version that has it."""
     root = shim.parent.parent
-    if not (root / "versions").is_dir() or b"pyenv" not in shim.read_bytes()[:4096]:
+    if not (root / "versions").is_dir() or b"pyenv" not in _head(shim, 4096):
         return None
     selected = env.get("PYENV_VERSION")
     source = "PYENV_VERSION"
@@ -168,7 +171,7 @@ def _pyenv_target(shim: Path, env: Mapping[str, str], cwd: Path, parts: list[Any
         for folder in [cwd, *cwd.parents]:
             candidate = folder / ".python-version"
             if candidate.is_file():
-                selected, source = candidate.read_text(), str(candidate)
+                selected, source = _text(candidate), str(candidate)
                 break
         else:
             global_file = root / "version"
@@ -187,12 +190,22 @@ def _pyenv_target(shim: Path, env: Mapping[str, str], cwd: Path, parts: list[Any
     return None
 
 
+def _head(path: Path, size: int) -> bytes:
+    """The first ``size`` bytes of the regular file ``path`` (a tree's venv may have built it:
+    ``open_regular``, never a FIFO)."""
+    with open_regular(path, follow=True) as (fd, _info):
+        return os.read(fd, size)
+
+
+def _text(path: Path) -> str:
+    return read_regular(path, limit=CONFIG_LIMIT, follow=True).decode("utf-8", "replace")
+
+
 def _interpreter(exe: str, env: Mapping[str, str], cwd: Path, parts: list[Any]) -> str | None:
     """``exe`` itself when it is a binary; the interpreter of its ``#!`` line when that is a
     Python; None otherwise (a shell script can depend on anything)."""
     try:
-        with open(exe, "rb") as handle:
-            head = handle.read(256)
+        head = _head(Path(exe), 256)  # a tree's venv may have built it
     except OSError:
         return None
     if head.startswith(b"\x7fELF"):
@@ -239,7 +252,7 @@ def _site_identity(interpreter: str) -> list[Any] | None:
         return [_listing(folder) for folder in folders]
     venv = Path(interpreter).parent.parent
     try:
-        config = (venv / "pyvenv.cfg").read_text()
+        config = _text(venv / "pyvenv.cfg")
     except OSError:
         return None
     settings = dict(

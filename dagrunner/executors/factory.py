@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import trio
 
-from dagrunner.errors import DagrunnerError
+from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors.base import Executor
 
 
@@ -40,4 +40,24 @@ def open_executor(spec: str) -> Executor:
         "bad-executor",
         f"unknown executor {spec!r}",
         hint="use --executor local or --executor dask://HOST:PORT (a Dask scheduler address)",
+    )
+
+
+def check_integration_executor(spec: str) -> None:
+    """``dask-integration-unsupported`` for an integrator (``integrate run``, ``serve``) on
+    any executor but ``local``: remote gates do not yet get what local ones do -- the tree
+    guard, the tool caches, and the tree's own environment (its seeds, built and relocated
+    in the tree, first on PATH) -- so a gate there would judge an integrated tree without
+    its dependencies (docs/distributed.md, "Integration")."""
+    if spec == "local":
+        return
+    raise DagrunnerError(
+        "dask-integration-unsupported",
+        f"integration does not run its gates on {spec}: remote gates lack the tree guard, "
+        "the tool caches and the tree's own environment (its seeds first on PATH) that "
+        "integration gates get here",
+        key="--executor",
+        exit_code=ExitCode.BAD_INPUT,
+        hint="integrate with --executor local (the default); release-check --executor "
+        "dask://... still runs on the cluster",
     )

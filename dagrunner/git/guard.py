@@ -153,7 +153,8 @@ def _parent(tree: Path, rel: str) -> Iterator[tuple[int, str]]:
 
 
 def _read(folder: int, leaf: str) -> bytes:
-    fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
+    # lstat said a regular file; O_NONBLOCK: a FIFO swapped in since never blocks the open
+    fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     with os.fdopen(fd, "rb") as handle:
         return handle.read()
 

@@ -5,11 +5,19 @@ integrator's own trailers) into ``landed`` and queues the rest again;
 ``preflight`` repairs a target checkout a landing left half-updated (or names
 it) and clears or names stale git locks -- so no gate run is spent on a ref
 that cannot move.
+
+``Deadline`` bounds an interrupted run: a thread blocked in a system call (an ``open`` of a
+FIFO, a hung filesystem) cannot be interrupted, and the run would wait for it forever
+holding the integrator lock; past the grace the queue is journaled as a crash would leave
+it (``recover``) and the process exits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -128,3 +136,52 @@ def last_landing(it: Integrator) -> StaleCheckout | None:
                 )
             return None
     return None
+
+
+GRACE = 6.0  # seconds from SIGTERM (or Ctrl-C) to a forced exit: the promise is 10
+SETTLE = 2.0  # for journaling the queue back, before the exit comes regardless
+
+
+class Deadline:
+    """Once armed (the run was interrupted), the process ends within ``GRACE + SETTLE``
+    seconds whatever its threads are blocked on: an orderly end disarms it first; past the
+    grace every pending item of the target is journaled back (``recover``: queued, or landed
+    where its commit is on the target already) and the process exits 130 without waiting
+    for any thread (``os._exit``; the lock is a ``flock``, released with the process)."""
+
+    def __init__(self, it: Integrator, grace: float = GRACE) -> None:
+        self.it = it
+        self.grace = grace
+        self.timer: threading.Timer | None = None
+        self.lock = threading.Lock()
+        self.disarmed = False
+
+    def arm(self) -> None:
+        with self.lock:
+            if self.timer is None and not self.disarmed:
+                self.timer = threading.Timer(self.grace, self.expire)
+                self.timer.daemon = True
+                self.timer.start()
+
+    def disarm(self) -> None:
+        with self.lock:
+            self.disarmed = True
+            if self.timer is not None:
+                self.timer.cancel()
+
+    def expire(self) -> None:
+        with self.lock:
+            if self.disarmed:  # the run ended as the grace did
+                return
+        hard = threading.Timer(SETTLE, os._exit, (ExitCode.INTERRUPTED,))
+        hard.daemon = True
+        hard.start()  # a journal or git that blocks too does not hold the exit
+        with contextlib.suppress(Exception):
+            recover(self.it)
+        with contextlib.suppress(OSError):
+            sys.stderr.write(
+                f"dagrunner: interrupted; a thread was still blocked {self.grace:g}s later, "
+                "so the integrator exits without it (its items are queued again)\n"
+            )
+            sys.stderr.flush()
+        os._exit(ExitCode.INTERRUPTED)

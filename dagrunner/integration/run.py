@@ -19,7 +19,7 @@ from typing import Any
 
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError
-from dagrunner.executors.factory import executor_for
+from dagrunner.executors.factory import check_integration_executor
 from dagrunner.git.command import git
 from dagrunner.git.repo import check_branch
 from dagrunner.integration.admission import trusted_manifest
@@ -39,6 +39,7 @@ __all__ = [
     "TRAILER",
     "IntegrationResult",
     "Integrator",
+    "check_integration_executor",
     "integrate",
     "integrator_lock",
     "overlaps",
@@ -65,11 +66,9 @@ def integrate(
     ``confirm_failures``: re-runs of failed gates before blame (default: the manifest's, 1)."""
     from dagrunner.engine.steps import new_run_id
 
+    check_integration_executor(executor)  # before anything is read or applied
     env = os.environ if env is None else env
     ctx = open_context(repo, env)
-    if executor != "local":  # an unreachable cluster fails now, before anything is applied
-        with executor_for(executor) as cluster:
-            cluster.machines()
     goal = target or default_target(ctx)
     lock = ctx.info.state_dir / f"integrate-{goal.replace('/', '--')}.lock"
     with integrator_lock(lock, wait=wait):

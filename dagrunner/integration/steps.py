@@ -110,7 +110,8 @@ class Integrator:
         self.meta: dict[str, QueueEntry] = {}  # the queue's entries, read when one is unknown
         self.protected: tuple[str, ...] = ()  # the target manifest's [integrate] protected
         self.judging: dict[str, tuple[str, ...]] = {}  # envelope -> files that judge work
-        self.stop = False
+        self.drain: Pipeline | None = None  # the run's, once it drains: its tally says why it stops
+        self.deadline, self.stop = recovery.Deadline(self), False
         self.cleaned: set[str] = set()  # envelopes whose worker worktree was seen to
         self.admins: dict[Path, Path | None] = {}  # integration worktree -> its admin folder
         # Held by whatever moves refs or worktree registrations (landing, a new integration
@@ -121,6 +122,16 @@ class Integrator:
         # integration worktree under test (``contain.jail``).  The user's checkout they do
         # not see at all (``Trees.gate``: concealed), where the machine can hide it.
         self.guarded: tuple[Path, ...] = (ctx.info.common_dir, ctx.root)
+
+    @property
+    def stop(self) -> bool:
+        return self._stop
+
+    @stop.setter
+    def stop(self, value: bool) -> None:  # on a signal: ends even with a thread stuck for good
+        self._stop = value
+        if value and self.drain is not None and self.drain.tally.interrupted:
+            self.deadline.arm()
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -223,9 +234,11 @@ class Integrator:
             confirm = manifest.integrate.confirm_failures
         with executor_for(self.executor) as executor:
             drain = Pipeline(self, executor, manifest, window=window, confirm=confirm)
+            self.drain = drain
             try:
                 trio.run(drain.run)
             finally:
+                self.deadline.disarm()
                 self.result.count(drain.tally)
         self.result.end = self.head()
         self.cleanup_landed_workers()

@@ -12,6 +12,8 @@ What a build writes holds the checkout's absolute path (a venv's ``pyvenv.cfg``,
 scripts' ``#!`` lines, an editable install's ``.pth``): the text files that hold it are
 listed when the seed is stored and rewritten in each worktree's copy to that worktree's
 path, so what runs there is that worktree's own code.  ``share`` says how the copy is made.
+What a build left is read as untrusted code's (a tree's build is): a FIFO, socket or device
+is dropped before the seed is stored, and every file is read through ``files.read_regular``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
@@ -30,7 +33,7 @@ from pathlib import Path
 import orjson
 
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.files import atomic_write, locked
+from dagrunner.files import atomic_write, locked, read_regular
 from dagrunner.git.command import git
 from dagrunner.manifest.globs import glob_regex
 from dagrunner.manifest.load import EnvSpec, Manifest
@@ -275,12 +278,13 @@ def _build(place: Builds, base: str, spec: SeedSpec, key: str) -> Seed:
                 details={"seed": spec.path, "output_tail": tail},
                 hint="last output lines: " + (" | ".join(tail[-5:]) or "(none)"),
             )
+        dropped = _drop_specials(made)
         relocate = _holding(made, str(checkout).encode())
         staged = store / f".{key}.{uuid.uuid4().hex[:8]}"
         staged.mkdir()
         made.rename(staged / "tree")
         meta = {"format": FORMAT, "built_in": str(checkout), "relocate": relocate}
-        meta |= {"path": spec.path, "base": base, "built": _now()}
+        meta |= {"path": spec.path, "base": base, "built": _now(), "dropped": dropped}
         atomic_write(staged / "seed.json", orjson.dumps(meta))
         staged.rename(store / key)
     finally:
@@ -288,8 +292,24 @@ def _build(place: Builds, base: str, spec: SeedSpec, key: str) -> Seed:
     return Seed(spec, key, store / key / "tree", str(checkout), tuple(relocate))
 
 
+def _drop_specials(tree: Path) -> list[str]:
+    """What is under ``tree`` besides files, folders and links (a FIFO, a socket, a device
+    a build left), removed -- a seed holds no such thing, and nothing outside the sandbox
+    ever opens one (``open`` of a FIFO waits for a writer forever); their paths."""
+    dropped = []
+    for folder, _dirs, names in os.walk(tree):
+        for name in names:
+            path = os.path.join(folder, name)
+            mode = os.lstat(path).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                os.unlink(path)
+                dropped.append(os.path.relpath(path, tree))
+    return sorted(dropped)
+
+
 def _holding(tree: Path, needle: bytes) -> list[str]:
-    """The text files (and links) under ``tree`` that hold ``needle``."""
+    """The text files (and links) under ``tree`` that hold ``needle``; each read as a file
+    untrusted code wrote (``read_regular``: never a FIFO, never past ``SCAN_LIMIT``)."""
     found = []
     for folder, _dirs, names in os.walk(tree):
         for name in names:
@@ -300,9 +320,7 @@ def _holding(tree: Path, needle: bytes) -> list[str]:
                     found.append(rel)
                 continue
             try:
-                if os.path.getsize(path) > SCAN_LIMIT:
-                    continue
-                data = Path(path).read_bytes()
+                data = read_regular(path, limit=SCAN_LIMIT)
             except OSError:
                 continue
             if needle in data and b"\0" not in data:
@@ -324,9 +342,13 @@ def provision(seed: Seed, worktree: Path, how: str, layer: Path, *, built: bool)
                 link = os.fsencode(os.readlink(target)).replace(old, new)
                 target.unlink()
                 os.symlink(link, target)
-            elif target.is_file():
-                mode = target.stat().st_mode
-                atomic_write(target, target.read_bytes().replace(old, new), durable=False)
+            else:
+                try:
+                    data = read_regular(target, limit=SCAN_LIMIT)
+                except OSError:
+                    continue  # no longer a regular file of a size we read: left as it is
+                mode = target.lstat().st_mode
+                atomic_write(target, data.replace(old, new), durable=False)
                 os.chmod(target, mode & 0o7777)
 
     share.place(seed.tree, worktree, seed.spec.path, how, layer, relocate)

@@ -24,13 +24,14 @@ import fcntl
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.files import folder_beneath
+from dagrunner.files import folder_beneath, open_regular
 
 HOW = ("reflink", "overlay", "copy")
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
@@ -93,9 +94,9 @@ def _probe(how: str, folder: str) -> bool:
 
 def _clone(source: Path, dest: Path) -> bool:
     """Whether ``dest`` was made as a reflink of ``source`` (False: the filesystem cannot)."""
-    with source.open("rb") as src, dest.open("wb") as dst:
+    with open_regular(source) as (src, _info), dest.open("wb") as dst:
         try:
-            fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
+            fcntl.ioctl(dst.fileno(), FICLONE, src)
         except OSError as exc:
             if exc.errno in (
                 errno.EOPNOTSUPP,
@@ -110,10 +111,23 @@ def _clone(source: Path, dest: Path) -> bool:
     return True
 
 
-def _reflink_copy(source: str, dest: str) -> None:
-    if not _clone(Path(source), Path(dest)):
-        shutil.copyfile(source, dest)
-    shutil.copystat(source, dest)
+def _copy_file(source: str, dest: str, *, reflink: bool) -> None:
+    """``source``, a file of a stored seed, copied to ``dest`` (new) -- read as untrusted
+    code's file (``open_regular``): what is not a regular file (a FIFO, a socket, a device a
+    seed stored before they were dropped) is skipped, never opened."""
+    if not stat.S_ISREG(os.lstat(source).st_mode):
+        return
+    if reflink and _clone(Path(source), Path(dest)):
+        shutil.copystat(source, dest, follow_symlinks=False)
+        return
+    with open_regular(source) as (src, _info):
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            while os.sendfile(out, src, None, 1 << 24):
+                pass
+        finally:
+            os.close(out)
+    shutil.copystat(source, dest, follow_symlinks=False)
 
 
 def place(
@@ -145,7 +159,7 @@ def place(
             )
         staged = layer.parent / f".{layer.name}.{uuid.uuid4().hex[:8]}"  # same filesystem
         staged.parent.mkdir(parents=True, exist_ok=True)
-        copy = _reflink_copy if how == "reflink" else shutil.copy2
+        copy = functools.partial(_copy_file, reflink=how == "reflink")
         try:
             shutil.copytree(tree, staged, symlinks=True, copy_function=copy)
             ready(staged)
@@ -154,7 +168,8 @@ def place(
             except OSError as exc:
                 if exc.errno != errno.EXDEV:
                     raise
-                shutil.copytree(staged, worktree / rel, symlinks=True)  # another filesystem
+                # another filesystem
+                shutil.copytree(staged, worktree / rel, symlinks=True, copy_function=copy)
         finally:
             shutil.rmtree(staged, ignore_errors=True)
 
