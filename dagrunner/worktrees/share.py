@@ -110,7 +110,7 @@ def _clone(source: Path, dest: Path) -> bool:
     return True
 
 
-def _reflink_copy(source: str, dest: str) -> None:
+def clone_or_copy(source: str, dest: str) -> None:
     if not _clone(Path(source), Path(dest)):
         shutil.copyfile(source, dest)
     shutil.copystat(source, dest)
@@ -145,7 +145,7 @@ def place(
             )
         staged = layer.parent / f".{layer.name}.{uuid.uuid4().hex[:8]}"  # same filesystem
         staged.parent.mkdir(parents=True, exist_ok=True)
-        copy = _reflink_copy if how == "reflink" else shutil.copy2
+        copy = clone_or_copy if how == "reflink" else shutil.copy2
         try:
             shutil.copytree(tree, staged, symlinks=True, copy_function=copy)
             ready(staged)
