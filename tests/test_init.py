@@ -699,3 +699,18 @@ def test_what_pre_commits_mypy_hook_installs_for_it_goes_into_the_seed(
     )
     (seed,) = dry(capsys, repo)["seeds"]
     assert seed["build"].endswith(f"{pins} mypy attrs 'pydantic>=2'"), seed
+
+
+def test_a_venv_ignored_only_by_its_own_gitignore_is_no_active_seed(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``uv venv`` writes ``.venv/.gitignore`` (``*``); the seed's build (``python -m venv``)
+    may not, so only a committed rule makes the seed usable: else the line to add is said
+    (found on a real project: the first allocation refused the seed init wrote active)."""
+    python_project(repo)
+    fake_venv(repo)
+    (repo / ".venv" / ".gitignore").write_text("*\n")
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "m.toml"))
+    assert code == 0 and body["seeds"][0]["active"] is False
+    text = (repo / "m.toml").read_text()
+    assert "# add .venv/ to .gitignore" in text and "\n# [[worktrees.seed]]\n" in text

@@ -15,7 +15,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import commit_release_manifest, git
+from conftest import commit_release_manifest, git, run_json
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.run import integrate
@@ -80,8 +80,14 @@ run = ["pnpm", "run", "check"]
 
 @pytest.fixture
 def workspace(repo: Path, tmp_path: Path) -> Path:
+    pnpm_workspace(repo, tmp_path)
+    commit_release_manifest(repo, PNPM_SEED)
+    return repo
+
+
+def pnpm_workspace(repo: Path, tmp_path: Path) -> None:
     """A pnpm workspace: the root and package ``a`` run ``faketool`` (a local tarball), ``a``
-    depends on the workspace's ``b``; its lockfile committed."""
+    depends on the workspace's ``b``; its lockfile written."""
     tool_tarball(repo / "vendor" / "faketool-1.0.0.tgz", "faketool", "faketool ran")
     tool_tarball(repo / "vendor" / "othertool-1.0.0.tgz", "othertool", "othertool ran")
     (repo / ".gitignore").write_text("reports/\nnode_modules/\n")
@@ -106,8 +112,6 @@ def workspace(repo: Path, tmp_path: Path) -> Path:
         (repo / "packages" / name / "package.json").write_text(json.dumps(body, indent=2))
     store = tmp_path / "lock-store"
     run(repo, "pnpm", "install", "--lockfile-only", "--store-dir", str(store), home=tmp_path)
-    commit_release_manifest(repo, PNPM_SEED)
-    return repo
 
 
 def files_under(folder: Path) -> set[str]:
@@ -230,3 +234,67 @@ def test_npm_and_yarn_seeds_give_each_worktree_and_gate_the_projects_programs(
     submit(repo_info(repo), [out])
     result = integrate(repo=repo, window=1)
     assert [o.state for o in result.envelopes] == ["landed"], result
+
+
+def test_init_proposes_the_workspaces_seed_from_its_lockfile_and_the_gate_passes_in_a_worktree(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a pnpm monorepo init proposed no seed: every integration gate failed ``command not
+    found`` or pnpm installed everything in every gate.  Now the seed is init's, whole."""
+    pnpm_workspace(repo, tmp_path)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a workspace")
+    out = repo / "dagrunner.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    (seed,) = body["seeds"]
+    assert seed["path"] == "node_modules" and seed["also"] == ["packages/*/node_modules"]
+    assert seed["store"] == "pnpm" and seed["active"] is True
+    assert seed["build"] == 'pnpm install --frozen-lockfile --store-dir "$DAGRUNNER_SEED_STORE"'
+    for name in ("pnpm-lock.yaml", "package.json", "packages/*/package.json"):
+        assert name in seed["key"]
+    assert "pnpm-workspace.yaml" in seed["key"]
+    git(repo, "add", "dagrunner.toml")
+    git(repo, "commit", "-qm", "init's manifest, as written")
+    path = Path(wt.allocate(mission="m", worker="w", repo=repo)["path"])
+    assert (path / "packages" / "a" / "node_modules" / ".bin" / "faketool").exists()
+    code, body = run_json(capsys, "release-check", "--repo", str(path), "--no-cache")
+    assert code == 0, body
+
+
+@pytest.mark.parametrize(
+    ("files", "build", "active"),
+    [
+        ({"package-lock.json": "{}"}, "npm ci --no-audit --no-fund --cache", True),
+        ({"yarn.lock": "# yarn lockfile v1\n"}, "yarn install --frozen-lockfile", True),
+        (
+            {"yarn.lock": "__metadata:\n  version: 8\n", ".yarnrc.yml": "nodeLinker: node-modules\n"},
+            "yarn install --immutable",
+            True,
+        ),
+        ({"yarn.lock": "__metadata:\n  version: 8\n"}, "yarn install --immutable", False),
+    ],
+)
+def test_init_reads_the_package_manager_from_the_lockfile(
+    repo: Path,
+    capsys: pytest.CaptureFixture[str],
+    files: dict[str, str],
+    build: str,
+    active: bool,
+) -> None:
+    body = {"name": "p", "scripts": {"test": "node --test"}, "workspaces": ["libs/*", "!libs/x"]}
+    (repo / "package.json").write_text(json.dumps(body))
+    (repo / ".gitignore").write_text("node_modules\n")
+    for name, text in files.items():
+        (repo / name).write_text(text)
+    code, said = run_json(capsys, "init", "--repo", str(repo), "--dry-run")
+    assert code == 0, said
+    (seed,) = said["seeds"]
+    assert build in seed["build"] and seed["active"] is active, seed
+    assert seed["also"] == ["libs/*/node_modules"] and "libs/*/package.json" in seed["key"]
+    if not active:  # Plug'n'Play: no node_modules to seed, and what to set is said
+        code, said = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "m.toml"))
+        assert "set `nodeLinker: node-modules`" in (repo / "m.toml").read_text()
+    (repo / ".gitignore").write_text("reports/\n")
+    code, said = run_json(capsys, "init", "--repo", str(repo), "--dry-run")
+    assert said["seeds"][0]["active"] is False  # git would see node_modules: said, not used

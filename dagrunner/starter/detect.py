@@ -29,6 +29,7 @@ from dagrunner.starter.ecosystems import (
     rust,
 )
 from dagrunner.starter.hookgates import config, replay
+from dagrunner.starter.nodeseeds import node_seed
 from dagrunner.starter.noxsessions import nox
 from dagrunner.starter.python import Uses, python
 from dagrunner.starter.readers import Project
@@ -87,10 +88,10 @@ def detect(root: Path) -> Found:
     # Bytecode written beside the sources would change the tree the next gate is keyed by.
     env_set = (("PYTHONDONTWRITEBYTECODE", "1"),) if "python" in languages else ()
     left_out = (*project.refused, *tox_skipped, *nox_skipped, *skipped, *overlaps)
-    seed = venv_seed(root, extra=extra) if "python" in languages else None
-    return Found(
-        tuple(checks), left_out, languages, _env_pass(languages), env_set, (seed,) if seed else ()
-    )
+    venv = venv_seed(root, extra=extra) if "python" in languages else None
+    node = node_seed(project) if "js" in languages else None
+    seeds = tuple(s for s in (venv, node) if s is not None)
+    return Found(tuple(checks), left_out, languages, _env_pass(languages), env_set, seeds)
 
 
 def _one_per_concern(
