@@ -714,3 +714,32 @@ def test_a_venv_ignored_only_by_its_own_gitignore_is_no_active_seed(
     assert code == 0 and body["seeds"][0]["active"] is False
     text = (repo / "m.toml").read_text()
     assert "# add .venv/ to .gitignore" in text and "\n# [[worktrees.seed]]\n" in text
+
+
+def test_gates_that_need_the_network_are_marked_and_say_why(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Docs built with intersphinx and a nox session that runs pre-commit (which clones its
+    hooks) fail offline with pages of log: init marks them ``network = "host"``, with why."""
+    python_project(repo)
+    (repo / "docs").mkdir()
+    (repo / "docs" / "conf.py").write_text('extensions = ["sphinx.ext.intersphinx"]\n')
+    (repo / "noxfile.py").write_text(
+        "import nox\n\n@nox.session\ndef lint(session):\n"
+        "    session.run('pre-commit', 'run', '--all-files')\n\n"
+        "@nox.session\ndef docs(session):\n"
+        "    session.run('sphinx-build', '-W', 'docs', 'build/docs')\n"
+    )
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text("steps:\n- run: nox -s lint docs\n")
+    out = repo / "m.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    gates = gates_of(body)
+    assert "clones its hooks' repositories" in gates["nox-lint"]["network"]
+    assert "intersphinx (docs/conf.py)" in gates["nox-docs"]["network"]
+    assert gates["tests"]["network"] is None
+    text = out.read_text()
+    table = text[text.index("[gates.nox-docs]") :].split("\n\n")[0]
+    assert 'network = "host"' in table
+    assert "# needs the network: sphinx's intersphinx" in text

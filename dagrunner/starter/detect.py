@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from dagrunner.starter import network
 from dagrunner.starter.checks import WHOLE, Check, Found, Skipped
 from dagrunner.starter.ci import ci
 from dagrunner.starter.ecosystems import (
@@ -84,6 +85,7 @@ def detect(root: Path) -> Found:
     checks, overlaps, extra = _pre_commit_overlap(checks, listed, project)
     ids = {c.id for c in checks}
     checks = [replace(c, needs=tuple(n for n in c.needs if n in ids)) for c in checks]
+    checks = network.mark(project, checks)
     languages = tuple(sorted({c.concern.partition(":")[0] for c in checks}))
     # Bytecode written beside the sources would change the tree the next gate is keyed by.
     env_set = (("PYTHONDONTWRITEBYTECODE", "1"),) if "python" in languages else ()

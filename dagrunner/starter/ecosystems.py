@@ -93,7 +93,6 @@ def pre_commit(project: Project) -> list[Check]:
     if not project.is_file(".pre-commit-config.yaml"):
         return []
     listed = hooks(project)
-    note = "pre-commit installs its hook environments on first use (that needs the network)"
     return [
         Check(
             id="pre-commit",
@@ -103,7 +102,6 @@ def pre_commit(project: Project) -> list[Check]:
             tools=("pre-commit --version",),
             estimate="1m",
             memory="1G",
-            note=note,
             commands=tuple((h,) for h in listed),
             runner=True,
         )

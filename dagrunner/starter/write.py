@@ -59,6 +59,7 @@ class Started:
                     "memory": c.memory,
                     "junit": c.junit or None,
                     "env": dict(c.env_set),
+                    "network": c.network or None,
                     "commented_out": c.needs_program in self.missing
                     and _commented(self.found, self.missing),
                 }
@@ -192,6 +193,8 @@ def _gate(check: Check, *, missing: bool, off: bool) -> list[str]:
         )
     if check.note:
         lines.append(f"# {check.note}")
+    if check.network:
+        lines.append(f"# needs the network: {check.network}")
     if check.inputs == WHOLE and not off:
         lines.append("# it may read any file: any change in the tree runs it again")
     table = [f"[gates.{_key(check.id)}]", *f"run = {_array(check.run)}".splitlines()]
@@ -199,6 +202,8 @@ def _gate(check: Check, *, missing: bool, off: bool) -> list[str]:
     table.append(f"tools = {_array(check.tools)}")
     table.append(f'estimate = "{check.estimate}"')
     table.append(f'memory = "{check.memory}"')
+    if check.network:
+        table.append('network = "host"  # it needs the network (above): offline it fails')
     if check.junit:
         table.append(f"junit = {json.dumps(check.junit)}")
     if check.env_set:
