@@ -743,3 +743,37 @@ def test_gates_that_need_the_network_are_marked_and_say_why(
     table = text[text.index("[gates.nox-docs]") :].split("\n\n")[0]
     assert 'network = "host"' in table
     assert "# needs the network: sphinx's intersphinx" in text
+
+
+def test_a_session_that_runs_every_hook_is_not_doubled_by_the_hook_gates(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make lint`` runs ``pre-commit run --all-files``: the pre-commit gate and the ruff
+    and mypy gates (hooks of that config) would run the same hooks again; they are left out
+    with why.  With the session's runner missing (nox), they stay and it says what to drop."""
+    python_project(repo)
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: https://github.com/astral-sh/ruff-pre-commit\n  rev: v0.6.0\n"
+        "  hooks:\n  - id: ruff\n- repo: https://github.com/pre-commit/mirrors-mypy\n"
+        "  rev: v1.13.0\n  hooks:\n  - id: mypy\n"
+    )
+    (repo / "Makefile").write_text("lint:\n\tpre-commit run --all-files\n")
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text("steps:\n- run: make lint\n")
+    body = dry(capsys, repo)
+    gates = gates_of(body)
+    assert "make-lint" in gates and not {"pre-commit", "lint", "types"} & set(gates), gates
+    why = {s["id"]: s["why"] for s in body["skipped"]}
+    assert why["pre-commit"] == why["types"] == (
+        "its hooks are run by 'make-lint' (pre-commit run, every hook): not twice"
+    )
+    (repo / "Makefile").unlink()
+    (repo / "noxfile.py").write_text(
+        "import nox\n\n@nox.session\ndef lint(session):\n"
+        "    session.run('pre-commit', 'run', '--all-files')\n"
+    )
+    (repo / ".github" / "workflows" / "ci.yml").write_text("steps:\n- run: nox -s lint\n")
+    out = repo / "m.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert gates_of(body)["nox-lint"]["commented_out"] is True
+    assert "# it runs every pre-commit hook: once uncommented, remove gates" in out.read_text()

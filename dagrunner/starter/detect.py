@@ -82,6 +82,8 @@ def detect(root: Path) -> Found:
         *rust(project),
     ]
     checks, skipped = _one_per_concern(candidates, runs.gate_ids())
+    checks, twice = _hooks_once(checks, listed)
+    skipped += twice
     checks, overlaps, extra = _pre_commit_overlap(checks, listed, project)
     ids = {c.id for c in checks}
     checks = [replace(c, needs=tuple(n for n in c.needs if n in ids)) for c in checks]
@@ -156,6 +158,44 @@ def _one_per_concern(
             seen.add(check.id)
             checks.append(replace(check, note=notes[id(check)]) if id(check) in notes else check)
     return checks, skipped
+
+
+def _all_hooks(check: Check) -> bool:
+    """Whether a session runs every pre-commit hook (``pre-commit run`` naming none)."""
+    for command in check.commands:
+        words = list(command)
+        if "pre-commit" in words and words[words.index("pre-commit") + 1 :][:1] == ["run"]:
+            rest = words[words.index("pre-commit") + 2 :]
+            if not [w for w in rest if not w.startswith("-")]:
+                return True
+    return False
+
+
+def _hooks_once(checks: list[Check], listed: tuple[str, ...]) -> tuple[list[Check], list[Skipped]]:
+    """No hook run twice: where a session runs every pre-commit hook (``nox -s lint``), the
+    pre-commit gate and each tool gate that runs a listed hook's tool are left out, with
+    why; while the session's runner is missing here they stay (they run the hooks
+    meanwhile) and the session says which to drop once it is uncommented."""
+    runner = next((c for c in checks if c.runner and _all_hooks(c)), None)
+    if runner is None:
+        return checks, []
+    same = {HOOK_TOOLS[h] for h in listed if h in HOOK_TOOLS}
+    twice = [
+        c
+        for c in checks
+        if c is not runner
+        and (c.id == "pre-commit" or (not c.runner and (c.run[0], c.concern.partition(":")[2]) in same))
+    ]
+    if not twice:
+        return checks, []
+    if not runnable(runner.needs_program):
+        drop = ", ".join(c.id for c in twice)
+        note = (
+            f"it runs every pre-commit hook: once uncommented, remove gates {drop} (the same hooks)"
+        )
+        return [replace(c, note=note) if c is runner else c for c in checks], []
+    why = f"its hooks are run by {runner.id!r} (pre-commit run, every hook): not twice"
+    return [c for c in checks if all(c is not t for t in twice)], [Skipped(c.id, c.source, why) for c in twice]
 
 
 def _pre_commit_overlap(
