@@ -777,3 +777,33 @@ def test_a_session_that_runs_every_hook_is_not_doubled_by_the_hook_gates(
     code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
     assert gates_of(body)["nox-lint"]["commented_out"] is True
     assert "# it runs every pre-commit hook: once uncommented, remove gates" in out.read_text()
+
+
+def test_a_variant_or_an_env_whose_python_is_missing_is_never_the_test_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a tox 4 project init made ``tests-min`` (CPython 3.99, minimum pins: a variant)
+    the test gate and dropped ``py3.11`` as "run by tox-tests-min": the project's tests never
+    ran.  The default env of an installed Python is the gate; the others say the truth."""
+    python_project(repo)
+    (repo / "tox.ini").write_text(
+        textwrap.dedent(
+            """\
+            [tox]
+            envlist = py3.{99,11}, tests-min, tests-nightly
+            [testenv]
+            commands = pytest --cov --cov-fail-under=90 {posargs}
+            [testenv:tests-min]
+            base_python = python3.99
+            [testenv:tests-nightly]
+            """
+        )
+    )
+    body = dry(capsys, repo)
+    gates = gates_of(body)
+    why = {s["id"]: s["why"] for s in body["skipped"]}
+    assert "tox-py3.11" in gates and "tox-tests-min" not in gates, gates
+    assert why["tox-tests-min"].startswith("it needs python3.99, which is not installed here")
+    assert why["tox-py3.99"].startswith("it needs python3.99, which is not installed here")
+    assert why["tox-tests-nightly"].startswith("a variant ('nightly'"), why
+    assert "'tox-py3.11'" in why["tox-tests-nightly"]

@@ -29,6 +29,7 @@ class Check:
     commands: tuple[tuple[str, ...], ...] = ()
     runner: bool = False  # a tox env, nox session, script or target (not a tool table)
     program: str = ""  # what must be on PATH, when ``run`` starts with a shell
+    python: str = ""  # the interpreter a tox env needs (python3.14), "" for any
     network: str = ""  # why it needs the network (written `network = "host"`, and said)
 
     @property

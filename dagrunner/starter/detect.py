@@ -34,7 +34,7 @@ from dagrunner.starter.nodeseeds import node_seed
 from dagrunner.starter.noxsessions import nox
 from dagrunner.starter.python import Uses, python
 from dagrunner.starter.readers import Project
-from dagrunner.starter.sessions import does_more, runnable
+from dagrunner.starter.sessions import does_more, has_interpreter, runnable, variant
 from dagrunner.starter.toxenvs import tox
 from dagrunner.starter.venvs import venv_seed
 
@@ -119,11 +119,17 @@ def _one_per_concern(
             key = next((k for k in groups if k.endswith(f":{concern}")), key)
         groups.setdefault(key, []).append(check)
 
-    def order(check: Check) -> tuple[int, bool]:  # an env of this Python first among equals
-        return rank(check)[0], not (check.runner and THIS_PYTHON.search(check.id.partition("-")[2]))
+    def order(check: Check) -> tuple[bool, bool, int, bool]:
+        # an interpreter this machine has, then no variant (tests-min), then the rank; an
+        # env of this Python first among equals
+        name = check.id.partition("-")[2]
+        this = check.runner and THIS_PYTHON.search(name)
+        return not has_interpreter(check.python), bool(variant(name)), rank(check)[0], not this
 
     best = {key: min(group, key=order) for key, group in groups.items()}
     winners = {id(c) for c in best.values()}
+    for group in groups.values():  # each session CI runs by name is a check of its own
+        winners |= {id(c) for c in group if c.id in by_ci and has_interpreter(c.python)}
     notes: dict[int, str] = {}
     for key, group in groups.items():  # the tests' gate is written commented out (its runner
         # is missing here): the best one this machine can run checks them meanwhile
@@ -144,11 +150,7 @@ def _one_per_concern(
         for check in group:
             if id(check) in winners:
                 continue
-            because = f" ({why})" if why else ""
-            concern = key.partition(":")[2]
-            skipped.append(
-                Skipped(check.id, check.source, f"{concern} is run by {chosen.id!r}{because}")
-            )
+            skipped.append(Skipped(check.id, check.source, _why_not(check, chosen, key, why)))
     seen: set[str] = set()
     for check in candidates:
         if id(check) in winners:
@@ -158,6 +160,20 @@ def _one_per_concern(
             seen.add(check.id)
             checks.append(replace(check, note=notes[id(check)]) if id(check) in notes else check)
     return checks, skipped
+
+
+def _why_not(check: Check, chosen: Check, key: str, why: str) -> str:
+    """The true reason ``check`` is left out for ``chosen``."""
+    concern = key.partition(":")[2]
+    name = check.id.partition("-")[2]
+    if not has_interpreter(check.python):
+        return f"it needs {check.python}, which is not installed here; {chosen.id!r} runs the {concern}"
+    if word := variant(name):
+        return (
+            f"a variant ({word!r}: other versions of its dependencies or Python), not the "
+            f"project's own {concern} run; {chosen.id!r} is"
+        )
+    return f"{concern} is run by {chosen.id!r}" + (f" ({why})" if why else "")
 
 
 def _all_hooks(check: Check) -> bool:
@@ -184,7 +200,10 @@ def _hooks_once(checks: list[Check], listed: tuple[str, ...]) -> tuple[list[Chec
         c
         for c in checks
         if c is not runner
-        and (c.id == "pre-commit" or (not c.runner and (c.run[0], c.concern.partition(":")[2]) in same))
+        and (
+            c.id == "pre-commit"
+            or (not c.runner and (c.run[0], c.concern.partition(":")[2]) in same)
+        )
     ]
     if not twice:
         return checks, []
@@ -195,7 +214,9 @@ def _hooks_once(checks: list[Check], listed: tuple[str, ...]) -> tuple[list[Chec
         )
         return [replace(c, note=note) if c is runner else c for c in checks], []
     why = f"its hooks are run by {runner.id!r} (pre-commit run, every hook): not twice"
-    return [c for c in checks if all(c is not t for t in twice)], [Skipped(c.id, c.source, why) for c in twice]
+    return [c for c in checks if all(c is not t for t in twice)], [
+        Skipped(c.id, c.source, why) for c in twice
+    ]
 
 
 def _pre_commit_overlap(
