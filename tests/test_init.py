@@ -764,8 +764,10 @@ def test_a_session_that_runs_every_hook_is_not_doubled_by_the_hook_gates(
     gates = gates_of(body)
     assert "make-lint" in gates and not {"pre-commit", "lint", "types"} & set(gates), gates
     why = {s["id"]: s["why"] for s in body["skipped"]}
-    assert why["pre-commit"] == why["types"] == (
-        "its hooks are run by 'make-lint' (pre-commit run, every hook): not twice"
+    assert (
+        why["pre-commit"]
+        == why["types"]
+        == ("its hooks are run by 'make-lint' (pre-commit run, every hook): not twice")
     )
     (repo / "Makefile").unlink()
     (repo / "noxfile.py").write_text(
@@ -775,7 +777,7 @@ def test_a_session_that_runs_every_hook_is_not_doubled_by_the_hook_gates(
     (repo / ".github" / "workflows" / "ci.yml").write_text("steps:\n- run: nox -s lint\n")
     out = repo / "m.toml"
     code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
-    assert gates_of(body)["nox-lint"]["commented_out"] is True
+    assert code == 0 and gates_of(body)["nox-lint"]["commented_out"] is True
     assert "# it runs every pre-commit hook: once uncommented, remove gates" in out.read_text()
 
 
@@ -807,3 +809,13 @@ def test_a_variant_or_an_env_whose_python_is_missing_is_never_the_test_gate(
     assert why["tox-py3.99"].startswith("it needs python3.99, which is not installed here")
     assert why["tox-tests-nightly"].startswith("a variant ('nightly'"), why
     assert "'tox-py3.11'" in why["tox-tests-nightly"]
+
+
+def test_a_scripts_memory_is_its_heaviest_tools(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`check` runs tsc (through another script): it peaked at 1 GiB where 256M was declared."""
+    scripts = {"check": "npm run types && biome ci .", "types": "tsc --noEmit", "lint": "x"}
+    (repo / "package.json").write_text(json.dumps({"name": "p", "scripts": scripts}))
+    gates = gates_of(dry(capsys, repo))
+    assert gates["js-check"]["memory"] == "2G" and gates["js-lint"]["memory"] == "256M"

@@ -161,7 +161,7 @@ def test_an_untrusted_lockfile_change_builds_with_a_private_store_and_both_land(
     run(dep, "pnpm", "install", "--lockfile-only", "--store-dir", str(lock_store), home=tmp_path)
     before = files_under(store)
     envelopes = []
-    for worker, path in (("good", good), ("dep", dep)):
+    for worker in ("good", "dep"):
         out = tmp_path / f"{worker}.json"
         exporting.export(f"m/{worker}", output=out, repo=workspace)
         envelopes.append(out)
