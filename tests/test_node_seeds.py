@@ -99,13 +99,17 @@ def pnpm_workspace(repo: Path, tmp_path: Path) -> None:
         "devDependencies": {"faketool": "file:vendor/faketool-1.0.0.tgz"},
     }
     (repo / "package.json").write_text(json.dumps(root, indent=2))
-    for name, body in {
+    packages: dict[str, dict[str, object]] = {
         "a": {
             "scripts": {"check": "faketool"},
-            "dependencies": {"b": "workspace:*", "faketool": "file:../../vendor/faketool-1.0.0.tgz"},
+            "dependencies": {
+                "b": "workspace:*",
+                "faketool": "file:../../vendor/faketool-1.0.0.tgz",
+            },
         },
         "b": {"scripts": {"check": "node -e \"require('fs').statSync('index.js')\""}},
-    }.items():
+    }
+    for name, body in packages.items():
         (repo / "packages" / name).mkdir(parents=True)
         (repo / "packages" / name / "index.js").write_text(f"module.exports = {name!r};\n")
         body = {"name": name, "version": "1.0.0", **body}
@@ -268,7 +272,10 @@ def test_init_proposes_the_workspaces_seed_from_its_lockfile_and_the_gate_passes
         ({"package-lock.json": "{}"}, "npm ci --no-audit --no-fund --cache", True),
         ({"yarn.lock": "# yarn lockfile v1\n"}, "yarn install --frozen-lockfile", True),
         (
-            {"yarn.lock": "__metadata:\n  version: 8\n", ".yarnrc.yml": "nodeLinker: node-modules\n"},
+            {
+                "yarn.lock": "__metadata:\n  version: 8\n",
+                ".yarnrc.yml": "nodeLinker: node-modules\n",
+            },
             "yarn install --immutable",
             True,
         ),
