@@ -158,8 +158,8 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
 
 def _check_seeds(report: Report, root: Path, env: Mapping[str, str]) -> None:
     """How dependency seeds ([[worktrees.seed]]) reach worktrees on this machine."""
+    from dagrunner.process.share import choose
     from dagrunner.worktrees.seeds import seeds_dir
-    from dagrunner.worktrees.share import choose
 
     try:
         how = choose(seeds_dir(root), env)

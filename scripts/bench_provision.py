@@ -28,7 +28,7 @@ from pathlib import Path
 
 import orjson
 
-from dagrunner.worktrees import share
+from dagrunner.process import share
 from dagrunner.worktrees.disk import measure
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from dagrunner.cli.main import run_cli
+from dagrunner.process import share
 from dagrunner.report.rundir import default_runs
-from dagrunner.worktrees import share
 
 PY = sys.executable
 CLI = [sys.executable, "-m", "dagrunner"]  # the command line, as a user runs it

@@ -699,3 +699,123 @@ def test_what_pre_commits_mypy_hook_installs_for_it_goes_into_the_seed(
     )
     (seed,) = dry(capsys, repo)["seeds"]
     assert seed["build"].endswith(f"{pins} mypy attrs 'pydantic>=2'"), seed
+
+
+def test_a_venv_ignored_only_by_its_own_gitignore_is_no_active_seed(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``uv venv`` writes ``.venv/.gitignore`` (``*``); the seed's build (``python -m venv``)
+    may not, so only a committed rule makes the seed usable: else the line to add is said
+    (found on a real project: the first allocation refused the seed init wrote active)."""
+    python_project(repo)
+    fake_venv(repo)
+    (repo / ".venv" / ".gitignore").write_text("*\n")
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "m.toml"))
+    assert code == 0 and body["seeds"][0]["active"] is False
+    text = (repo / "m.toml").read_text()
+    assert "# add .venv/ to .gitignore" in text and "\n# [[worktrees.seed]]\n" in text
+
+
+def test_gates_that_need_the_network_are_marked_and_say_why(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Docs built with intersphinx and a nox session that runs pre-commit (which clones its
+    hooks) fail offline with pages of log: init marks them ``network = "host"``, with why."""
+    python_project(repo)
+    (repo / "docs").mkdir()
+    (repo / "docs" / "conf.py").write_text('extensions = ["sphinx.ext.intersphinx"]\n')
+    (repo / "noxfile.py").write_text(
+        "import nox\n\n@nox.session\ndef lint(session):\n"
+        "    session.run('pre-commit', 'run', '--all-files')\n\n"
+        "@nox.session\ndef docs(session):\n"
+        "    session.run('sphinx-build', '-W', 'docs', 'build/docs')\n"
+    )
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text("steps:\n- run: nox -s lint docs\n")
+    out = repo / "m.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    gates = gates_of(body)
+    assert "clones its hooks' repositories" in gates["nox-lint"]["network"]
+    assert "intersphinx (docs/conf.py)" in gates["nox-docs"]["network"]
+    assert gates["tests"]["network"] is None
+    text = out.read_text()
+    table = text[text.index("[gates.nox-docs]") :].split("\n\n")[0]
+    assert 'network = "host"' in table
+    assert "# needs the network: sphinx's intersphinx" in text
+
+
+def test_a_session_that_runs_every_hook_is_not_doubled_by_the_hook_gates(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make lint`` runs ``pre-commit run --all-files``: the pre-commit gate and the ruff
+    and mypy gates (hooks of that config) would run the same hooks again; they are left out
+    with why.  With the session's runner missing (nox), they stay and it says what to drop."""
+    python_project(repo)
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: https://github.com/astral-sh/ruff-pre-commit\n  rev: v0.6.0\n"
+        "  hooks:\n  - id: ruff\n- repo: https://github.com/pre-commit/mirrors-mypy\n"
+        "  rev: v1.13.0\n  hooks:\n  - id: mypy\n"
+    )
+    (repo / "Makefile").write_text("lint:\n\tpre-commit run --all-files\n")
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text("steps:\n- run: make lint\n")
+    body = dry(capsys, repo)
+    gates = gates_of(body)
+    assert "make-lint" in gates and not {"pre-commit", "lint", "types"} & set(gates), gates
+    why = {s["id"]: s["why"] for s in body["skipped"]}
+    assert (
+        why["pre-commit"]
+        == why["types"]
+        == ("its hooks are run by 'make-lint' (pre-commit run, every hook): not twice")
+    )
+    (repo / "Makefile").unlink()
+    (repo / "noxfile.py").write_text(
+        "import nox\n\n@nox.session\ndef lint(session):\n"
+        "    session.run('pre-commit', 'run', '--all-files')\n"
+    )
+    (repo / ".github" / "workflows" / "ci.yml").write_text("steps:\n- run: nox -s lint\n")
+    out = repo / "m.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0 and gates_of(body)["nox-lint"]["commented_out"] is True
+    assert "# it runs every pre-commit hook: once uncommented, remove gates" in out.read_text()
+
+
+def test_a_variant_or_an_env_whose_python_is_missing_is_never_the_test_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a tox 4 project init made ``tests-min`` (CPython 3.99, minimum pins: a variant)
+    the test gate and dropped ``py3.11`` as "run by tox-tests-min": the project's tests never
+    ran.  The default env of an installed Python is the gate; the others say the truth."""
+    python_project(repo)
+    (repo / "tox.ini").write_text(
+        textwrap.dedent(
+            """\
+            [tox]
+            envlist = py3.{99,11}, tests-min, tests-nightly
+            [testenv]
+            commands = pytest --cov --cov-fail-under=90 {posargs}
+            [testenv:tests-min]
+            base_python = python3.99
+            [testenv:tests-nightly]
+            """
+        )
+    )
+    body = dry(capsys, repo)
+    gates = gates_of(body)
+    why = {s["id"]: s["why"] for s in body["skipped"]}
+    assert "tox-py3.11" in gates and "tox-tests-min" not in gates, gates
+    assert why["tox-tests-min"].startswith("it needs python3.99, which is not installed here")
+    assert why["tox-py3.99"].startswith("it needs python3.99, which is not installed here")
+    assert why["tox-tests-nightly"].startswith("a variant ('nightly'"), why
+    assert "'tox-py3.11'" in why["tox-tests-nightly"]
+
+
+def test_a_scripts_memory_is_its_heaviest_tools(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`check` runs tsc (through another script): it peaked at 1 GiB where 256M was declared."""
+    scripts = {"check": "npm run types && biome ci .", "types": "tsc --noEmit", "lint": "x"}
+    (repo / "package.json").write_text(json.dumps({"name": "p", "scripts": scripts}))
+    gates = gates_of(dry(capsys, repo))
+    assert gates["js-check"]["memory"] == "2G" and gates["js-lint"]["memory"] == "256M"

@@ -20,8 +20,9 @@ import pytest
 from conftest import CLI, can_mount, commit_release_manifest, git
 
 from dagrunner.errors import DagrunnerError
+from dagrunner.process import share
 from dagrunner.worktrees import allocate as wt
-from dagrunner.worktrees import lifecycle, seeds, share
+from dagrunner.worktrees import lifecycle, seeds, seedstores
 
 PY = sys.executable
 
@@ -393,7 +394,7 @@ def test_a_seed_built_from_a_workers_base_never_serves_the_targets_allocations(
     script.write_text(script.read_text().replace("shared library", "POISONED"))
     git(worker, "commit", "-qam", "a build that poisons")
     branch = git(worker, "rev-parse", "--abbrev-ref", "HEAD").strip()
-    seeds.prune(Path(wt.open_context(venv_project).root), 0)  # the store has no seed yet
+    seedstores.prune(Path(wt.open_context(venv_project).root), 0)  # the store has no seed yet
     poisoned = wt.allocate(mission="m", worker="on-evil", repo=venv_project, base=branch)
     assert (Path(poisoned["path"]) / "deps" / "lib.txt").read_text() == "POISONED\n"
     clean = wt.allocate(mission="m", worker="from-main", repo=venv_project)

@@ -36,7 +36,7 @@ from dagrunner.records.run import RunStatus
 from dagrunner.report.ci import commands_off, publish
 
 if TYPE_CHECKING:
-    from dagrunner.worktrees.seeds import Pruned
+    from dagrunner.worktrees.seedstores import Pruned
 from dagrunner.swarm.release import release_check
 from dagrunner.units import format_duration
 
@@ -235,7 +235,7 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
 def _prune_seeds(limit: int, *, dry_run: bool) -> Pruned | None:
     """This repository's dependency seeds bounded by ``limit`` too (None outside a repository)."""
     from dagrunner.worktrees.allocate import open_context
-    from dagrunner.worktrees.seeds import prune
+    from dagrunner.worktrees.seedstores import prune
 
     try:
         ctx = open_context(None)

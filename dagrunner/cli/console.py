@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import sys
 import threading
@@ -271,9 +270,6 @@ def speed_lines(speed: Speed, waits: list[float]) -> list[str]:
     ]
 
 
-_NOT_FOUND = re.compile(r"([^\s:]+): (?:command )?not found\s*$", re.M)  # dash and bash
-
-
 def _failed_tests(gate: GateResult, most: int = 10) -> list[str]:
     """The failed test cases of a gate that wrote a JUnit file: read before its log."""
     tests = gate.tests
@@ -293,9 +289,15 @@ def _failed_tests(gate: GateResult, most: int = 10) -> list[str]:
     return lines
 
 
-def failure_tails(record: RunRecord, run_dir: Path, *, tail_lines: int = 20) -> list[str]:
-    """For each failed or timed-out gate: why (a missing command named), the last lines of its
-    log, and the log's path -- what an engineer reads first, like pytest's short summary."""
+def failure_tails(
+    record: RunRecord, run_dir: Path, *, tail_lines: int = 20, checkout: Path | None = None
+) -> list[str]:
+    """For each failed or timed-out gate: why (a missing command named, with the seed that
+    would bring it; a host it could not reach), the last lines of its log, and the log's
+    path -- what an engineer reads first, like pytest's short summary.  ``checkout``: the
+    caller's (default: where dagrunner runs), where a missing program may be found."""
+    from dagrunner.report.diagnose import diagnose
+
     lines: list[str] = []
     for gate in failures_first(record.gates):
         if gate.status not in (Status.FAILED, Status.TIMED_OUT) or not gate.attempts:
@@ -305,9 +307,8 @@ def failure_tails(record: RunRecord, run_dir: Path, *, tail_lines: int = 20) -> 
         tail = [line for line in text.splitlines() if not line.startswith("[dagrunner: ")]
         lines.append("")
         header = f"--- {gate.id} ({gate.status}): {gate.reason}"
-        missing = _NOT_FOUND.findall(text)
-        if gate.attempts[-1].exit_code == 127 and missing:
-            header += f"; command not found: {missing[-1]}"
+        if said := diagnose(text, gate.attempts[-1].exit_code, checkout or Path.cwd()):
+            header += f"; {said}"
         lines.append(header)
         lines += _failed_tests(gate)
         lines += [f"    {line}"[:300] for line in tail[-tail_lines:]] or ["    (no output)"]

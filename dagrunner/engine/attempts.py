@@ -31,10 +31,10 @@ from dagrunner.git.command import git
 from dagrunner.manifest.load import GateSpec
 from dagrunner.process.logs import redact_file
 from dagrunner.process.sandbox import AttemptResult, GateJob, tree_environment
+from dagrunner.process.toolcaches import ToolCaches
 from dagrunner.records.run import Attempt, Status, TestRun
 from dagrunner.report.testresults import read_junit
 from dagrunner.units import format_duration
-from dagrunner.worktrees.toolcaches import ToolCaches
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
 

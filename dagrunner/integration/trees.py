@@ -21,10 +21,11 @@ from dagrunner.git.repo import cache_root, remove_worktrees
 from dagrunner.integration import proofs
 from dagrunner.integration.items import Finished, GateRun, Item
 from dagrunner.manifest.load import Manifest
+from dagrunner.process import share
 from dagrunner.records.integration import PipelineTally, Speculation, Verdict
 from dagrunner.records.run import RunRecord, RunStatus, Status
 from dagrunner.starter.venvs import in_place
-from dagrunner.worktrees import seeds, share
+from dagrunner.worktrees import seeds
 from dagrunner.worktrees.prepare import provision_seeds, release_seeds
 
 if TYPE_CHECKING:

@@ -80,6 +80,12 @@ FRAGMENTS: dict[Callable[[Any], Any], dict[str, Any]] = {
                 },
                 "timeout": _DURATION,
                 "tools": {**_STRINGS, "description": "commands whose output keys the seed"},
+                "also": {**_STRINGS, "description": "globs of more folders the build makes"},
+                "store": {
+                    "type": "string",
+                    "pattern": "^[a-z0-9][a-z0-9._-]{0,39}$",
+                    "description": "a package manager's store that outlives builds",
+                },
             },
             "required": ["path", "key", "build"],
             "additionalProperties": False,

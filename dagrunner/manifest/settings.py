@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,7 +113,7 @@ def read_integrate_settings(table: Table) -> IntegrateSpec:
     )
 
 
-SEED_KEYS = ("path", "key", "build", "timeout", "tools")
+SEED_KEYS = ("path", "key", "build", "timeout", "tools", "also", "store")
 SEED_TIMEOUT = 600.0
 MAX_SEEDS = 16
 
@@ -126,6 +127,11 @@ class SeedSpec:
     build: tuple[str, ...] | str  # argv, or text run by sh -c, in a clean checkout of the base
     timeout: float = SEED_TIMEOUT
     tools: tuple[str, ...] = ()  # commands whose output keys the seed too (python --version)
+    # globs of more folders the same build makes (each workspace's node_modules), stored and
+    # placed with ``path``
+    also: tuple[str, ...] = ()
+    # a package manager's store that outlives the builds ("pnpm"): $DAGRUNNER_SEED_STORE
+    store: str = ""
 
 
 def seed_path(raw: Any) -> str:
@@ -137,6 +143,20 @@ def seed_path(raw: Any) -> str:
     if parts[0] in (".git", ".dagrunner") or ".git" in parts:
         raise ValueError(f"{show(text)} is dagrunner's or git's own; a seed cannot live there")
     return path
+
+
+def seed_store(raw: Any) -> str:
+    text = string(raw)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,39}", text):
+        raise ValueError(f"{show(text)} is not a store's name (lowercase letters, digits, . _ -)")
+    return text
+
+
+def seed_also(raw: Any) -> tuple[str, ...]:
+    patterns = globs(raw)
+    for pattern in patterns:
+        seed_path(pattern)  # neither the tree itself nor git's own
+    return patterns
 
 
 def seeds(raw: Any) -> tuple[SeedSpec, ...]:
@@ -162,6 +182,8 @@ def seeds(raw: Any) -> tuple[SeedSpec, ...]:
             build=build,
             timeout=timeout(item["timeout"]) if "timeout" in item else SEED_TIMEOUT,
             tools=string_list(item.get("tools", [])),
+            also=seed_also(item.get("also", [])),
+            store=seed_store(item["store"]) if "store" in item else "",
         )
         if not spec.key:
             raise ValueError(f"seed {n}: key is empty; name the lockfiles that key the seed")

@@ -7,6 +7,10 @@
 - ``cgroups``: the cgroup hierarchies this process may use.
 - ``tree``: a gate's process tree: sampled, swept, ended.
 - ``logs``: the bounded log and redaction.
+- ``share``: how a tree gets its own copy of a shared folder (a seed, a tool cache): a
+  reflink copy, an overlay mount, else a plain copy.
+- ``toolcaches``: gates' tool caches: the trusted tier (the main checkout's runs alone write
+  it) and the private layers every other tree's gates get, made from it by ``share``.
 - ``command``: the door for non-gate commands (worker setup, tool fingerprints).
 - ``prove``: the sandbox's escape suite, run as a real gate (``doctor --prove``);
   ``escapes``: the suite itself, a script the gate runs (never imported).

@@ -36,7 +36,7 @@ class SeedUse:
 
     path: str
     key: str
-    how: str  # reflink, overlay or copy (worktrees/share.py)
+    how: str  # reflink, overlay or copy (process/share.py)
     built: bool = False  # this allocation built it (the store had no seed of that key)
 
     def to_json(self) -> dict[str, Any]:

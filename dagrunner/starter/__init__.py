@@ -11,6 +11,8 @@
 - ``hookgates``: a gate in a pre-commit hook's stead that checks exactly the hook's files.
 - ``ecosystems``: pre-commit, ``package.json`` scripts, ``Makefile`` targets, Go, Rust.
 - ``venvs``: a venv that imports the project in place, as a seed.
+- ``nodeseeds``: a lockfile's ``node_modules`` (every workspace's), as a seed.
+- ``network``: the checks that need the network, and why.
 - ``detect``: every source read, one check per concern, the rest skipped with why.
 - ``write``: the checks rendered as a commented manifest, validated, written only where no
   file is.

@@ -4,10 +4,6 @@ out (and why), and everything found in one project."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from dagrunner.starter.venvs import Seed
 
 WHOLE = ("**",)
 
@@ -33,10 +29,29 @@ class Check:
     commands: tuple[tuple[str, ...], ...] = ()
     runner: bool = False  # a tox env, nox session, script or target (not a tool table)
     program: str = ""  # what must be on PATH, when ``run`` starts with a shell
+    python: str = ""  # the interpreter a tox env needs (python3.14), "" for any
+    network: str = ""  # why it needs the network (written `network = "host"`, and said)
 
     @property
     def needs_program(self) -> str:
         return self.program or self.run[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Seed:
+    """A ``[[worktrees.seed]]`` to be: a venv (``venvs``) or a package manager's
+    ``node_modules`` (``nodeseeds``)."""
+
+    path: str  # relative to the root
+    key: tuple[str, ...]
+    build: str
+    ignored: bool  # the committed ignore rules cover the folder: the seed can be active
+    note: str = ""  # what to know (distributions that cannot be pinned)
+    tools: tuple[str, ...] = ("python3 --version",)
+    also: tuple[str, ...] = ()  # more folders the build makes (each workspace's node_modules)
+    store: str = ""  # the package manager's store that outlives the build
+    why_off: str = ""  # written commented out, and why (besides the ignore rules)
+    said: tuple[str, ...] = ()  # the comment above it
 
 
 @dataclass(frozen=True)
@@ -53,4 +68,4 @@ class Found:
     languages: tuple[str, ...]
     env_pass: tuple[str, ...] = field(default=("PATH",))
     env_set: tuple[tuple[str, str], ...] = ()
-    seeds: tuple[Seed, ...] = ()  # a venv that imports the project in place (``venvs``)
+    seeds: tuple[Seed, ...] = ()  # a venv that imports the project in place, node_modules

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from dagrunner.starter import network
 from dagrunner.starter.checks import WHOLE, Check, Found, Skipped
 from dagrunner.starter.ci import ci
 from dagrunner.starter.ecosystems import (
@@ -29,10 +30,11 @@ from dagrunner.starter.ecosystems import (
     rust,
 )
 from dagrunner.starter.hookgates import config, replay
+from dagrunner.starter.nodeseeds import node_seed
 from dagrunner.starter.noxsessions import nox
 from dagrunner.starter.python import Uses, python
 from dagrunner.starter.readers import Project
-from dagrunner.starter.sessions import does_more, runnable
+from dagrunner.starter.sessions import does_more, has_interpreter, runnable, variant
 from dagrunner.starter.toxenvs import tox
 from dagrunner.starter.venvs import venv_seed
 
@@ -80,17 +82,20 @@ def detect(root: Path) -> Found:
         *rust(project),
     ]
     checks, skipped = _one_per_concern(candidates, runs.gate_ids())
+    checks, twice = _hooks_once(checks, listed)
+    skipped += twice
     checks, overlaps, extra = _pre_commit_overlap(checks, listed, project)
     ids = {c.id for c in checks}
     checks = [replace(c, needs=tuple(n for n in c.needs if n in ids)) for c in checks]
+    checks = network.mark(project, checks)
     languages = tuple(sorted({c.concern.partition(":")[0] for c in checks}))
     # Bytecode written beside the sources would change the tree the next gate is keyed by.
     env_set = (("PYTHONDONTWRITEBYTECODE", "1"),) if "python" in languages else ()
     left_out = (*project.refused, *tox_skipped, *nox_skipped, *skipped, *overlaps)
-    seed = venv_seed(root, extra=extra) if "python" in languages else None
-    return Found(
-        tuple(checks), left_out, languages, _env_pass(languages), env_set, (seed,) if seed else ()
-    )
+    venv = venv_seed(root, extra=extra) if "python" in languages else None
+    node = node_seed(project) if "js" in languages else None
+    seeds = tuple(s for s in (venv, node) if s is not None)
+    return Found(tuple(checks), left_out, languages, _env_pass(languages), env_set, seeds)
 
 
 def _one_per_concern(
@@ -114,11 +119,17 @@ def _one_per_concern(
             key = next((k for k in groups if k.endswith(f":{concern}")), key)
         groups.setdefault(key, []).append(check)
 
-    def order(check: Check) -> tuple[int, bool]:  # an env of this Python first among equals
-        return rank(check)[0], not (check.runner and THIS_PYTHON.search(check.id.partition("-")[2]))
+    def order(check: Check) -> tuple[bool, bool, int, bool]:
+        # an interpreter this machine has, then no variant (tests-min), then the rank; an
+        # env of this Python first among equals
+        name = check.id.partition("-")[2]
+        this = check.runner and THIS_PYTHON.search(name)
+        return not has_interpreter(check.python), bool(variant(name)), rank(check)[0], not this
 
     best = {key: min(group, key=order) for key, group in groups.items()}
     winners = {id(c) for c in best.values()}
+    for group in groups.values():  # each session CI runs by name is a check of its own
+        winners |= {id(c) for c in group if c.id in by_ci and has_interpreter(c.python)}
     notes: dict[int, str] = {}
     for key, group in groups.items():  # the tests' gate is written commented out (its runner
         # is missing here): the best one this machine can run checks them meanwhile
@@ -139,11 +150,7 @@ def _one_per_concern(
         for check in group:
             if id(check) in winners:
                 continue
-            because = f" ({why})" if why else ""
-            concern = key.partition(":")[2]
-            skipped.append(
-                Skipped(check.id, check.source, f"{concern} is run by {chosen.id!r}{because}")
-            )
+            skipped.append(Skipped(check.id, check.source, _why_not(check, chosen, key, why)))
     seen: set[str] = set()
     for check in candidates:
         if id(check) in winners:
@@ -153,6 +160,63 @@ def _one_per_concern(
             seen.add(check.id)
             checks.append(replace(check, note=notes[id(check)]) if id(check) in notes else check)
     return checks, skipped
+
+
+def _why_not(check: Check, chosen: Check, key: str, why: str) -> str:
+    """The true reason ``check`` is left out for ``chosen``."""
+    concern = key.partition(":")[2]
+    name = check.id.partition("-")[2]
+    if not has_interpreter(check.python):
+        return f"it needs {check.python}, which is not installed here; {chosen.id!r} runs the {concern}"
+    if word := variant(name):
+        return (
+            f"a variant ({word!r}: other versions of its dependencies or Python), not the "
+            f"project's own {concern} run; {chosen.id!r} is"
+        )
+    return f"{concern} is run by {chosen.id!r}" + (f" ({why})" if why else "")
+
+
+def _all_hooks(check: Check) -> bool:
+    """Whether a session runs every pre-commit hook (``pre-commit run`` naming none)."""
+    for command in check.commands:
+        words = list(command)
+        if "pre-commit" in words and words[words.index("pre-commit") + 1 :][:1] == ["run"]:
+            rest = words[words.index("pre-commit") + 2 :]
+            if not [w for w in rest if not w.startswith("-")]:
+                return True
+    return False
+
+
+def _hooks_once(checks: list[Check], listed: tuple[str, ...]) -> tuple[list[Check], list[Skipped]]:
+    """No hook run twice: where a session runs every pre-commit hook (``nox -s lint``), the
+    pre-commit gate and each tool gate that runs a listed hook's tool are left out, with
+    why; while the session's runner is missing here they stay (they run the hooks
+    meanwhile) and the session says which to drop once it is uncommented."""
+    runner = next((c for c in checks if c.runner and _all_hooks(c)), None)
+    if runner is None:
+        return checks, []
+    same = {HOOK_TOOLS[h] for h in listed if h in HOOK_TOOLS}
+    twice = [
+        c
+        for c in checks
+        if c is not runner
+        and (
+            c.id == "pre-commit"
+            or (not c.runner and (c.run[0], c.concern.partition(":")[2]) in same)
+        )
+    ]
+    if not twice:
+        return checks, []
+    if not runnable(runner.needs_program):
+        drop = ", ".join(c.id for c in twice)
+        note = (
+            f"it runs every pre-commit hook: once uncommented, remove gates {drop} (the same hooks)"
+        )
+        return [replace(c, note=note) if c is runner else c for c in checks], []
+    why = f"its hooks are run by {runner.id!r} (pre-commit run, every hook): not twice"
+    return [c for c in checks if all(c is not t for t in twice)], [
+        Skipped(c.id, c.source, why) for c in twice
+    ]
 
 
 def _pre_commit_overlap(

@@ -38,6 +38,23 @@ LOCKFILES = (
     ("package-lock.json", "npm"),
 )
 MEMORY = {"tests": "1G", "types": "2G", "build": "1G"}  # a concern's memory (else 256M)
+# The heaviest tools a script may call: its memory is theirs, whatever its name (tsc in
+# `check` peaked at 1 GiB on a real project whose gate declared 256M).
+TOOL_MEMORY = {
+    **dict.fromkeys(("tsc", "vue-tsc", "svelte-check", "jest", "vitest", "webpack"), "2G"),
+    **dict.fromkeys(("next", "nuxt", "mypy", "pyright", "playwright", "cypress"), "2G"),
+    **dict.fromkeys(("eslint", "vite", "rollup", "esbuild", "biome", "mocha", "tsx"), "1G"),
+}
+
+
+def memory_of(concern: str, text: str, scripts: dict[str, object]) -> str:
+    """A script's memory: its concern's, or the heaviest tool it (or a script it runs by
+    ``npm run X`` / ``pnpm X``) calls, whichever is more."""
+    words = set(re.findall(r"[\w@/.-]+", text))
+    for other in words & set(scripts):
+        words |= set(re.findall(r"[\w@/.-]+", str(scripts[other])))
+    sizes = [MEMORY.get(concern, "256M"), *(TOOL_MEMORY[w] for w in words if w in TOOL_MEMORY)]
+    return max(sizes, key=lambda m: float(m[:-1]) * (1024 if m.endswith("G") else 1))
 
 
 def hooks(project: Project) -> tuple[str, ...]:
@@ -93,7 +110,6 @@ def pre_commit(project: Project) -> list[Check]:
     if not project.is_file(".pre-commit-config.yaml"):
         return []
     listed = hooks(project)
-    note = "pre-commit installs its hook environments on first use (that needs the network)"
     return [
         Check(
             id="pre-commit",
@@ -103,7 +119,6 @@ def pre_commit(project: Project) -> list[Check]:
             tools=("pre-commit --version",),
             estimate="1m",
             memory="1G",
-            note=note,
             commands=tuple((h,) for h in listed),
             runner=True,
         )
@@ -136,7 +151,7 @@ def package_json(project: Project, by_ci: frozenset[str] = frozenset()) -> list[
             # .eslintrc*, ignore files): only the whole tree keys it safely
             inputs=WHOLE,
             tools=("node --version", f"{manager} --version"),
-            memory=MEMORY.get(concern, "256M"),
+            memory=memory_of(concern, text, scripts),
             needs=("js-build",) if concern == "tests" else (),
             commands=(_words(text),),
             runner=True,

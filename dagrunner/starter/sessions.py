@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import zlib
 from collections.abc import Iterable
 
@@ -88,6 +89,41 @@ def does_more(commands: tuple[tuple[str, ...], ...]) -> str:
     return ""
 
 
+# Words of a session name that say it is a variant of the tests (pinned minimum versions,
+# development versions of its dependencies), not the project's own test run.
+VARIANT_WORDS = frozenset(
+    {"min", "minimum", "mindeps", "lowest", "oldest", "dev", "devdeps", "pre", "prerelease"}
+    | {"nightly", "latest", "upstream", "main", "master", "head", "future", "nogil", "ft"}
+)
+
+
+def variant(name: str) -> str:
+    """The word that makes a session a variant (``tests-min``: "min"), or ""."""
+    words = set(re.split(r"[-_:.]", name.lower())) - {""}
+    return next(iter(sorted(words & VARIANT_WORDS)), "")
+
+
+def interpreter(name: str, base_python: str = "") -> str:
+    """The interpreter a tox env needs: its ``base_python``, else its name's factor
+    (``py3.14``, ``py314`` -> ``python3.14``; ``pypy3`` -> ``pypy3``); "" for any."""
+    if base_python:
+        text = base_python.strip().split()[0]
+        found = re.fullmatch(r"(?:python|py)?3\.?(\d+)", text)
+        return f"python3.{found[1]}" if found else text
+    for factor in re.split(r"[-_]", name.lower()):
+        if found := re.fullmatch(r"py(?:thon)?3\.?(\d+)", factor):
+            return f"python3.{found[1]}"
+        if re.fullmatch(r"pypy3(\.?\d+)?", factor):
+            return factor if "." in factor or factor == "pypy3" else f"pypy3.{factor[5:]}"
+    return ""
+
+
+def has_interpreter(python: str) -> bool:
+    """Whether ``python`` ("" is any) is the one running, or on PATH."""
+    this = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return not python or python == this or shutil.which(python) is not None
+
+
 def gate_id(prefix: str, name: str) -> str:
     """A safe gate id for a session name (characters a gate id may not hold become -)."""
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "session"
@@ -110,6 +146,7 @@ def session(
     tools: tuple[str, ...],
     estimate: str = "2m",
     memory: str = "1G",
+    python: str = "",
 ) -> Check:
     """A tox env's or nox session's check (it makes its own virtualenv: minutes, 1G)."""
     return Check(
@@ -122,4 +159,5 @@ def session(
         memory=memory,
         commands=commands,
         runner=True,
+        python=python,
     )

@@ -11,12 +11,12 @@ import configparser
 import re
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagrunner.starter.checks import Check, Skipped
 from dagrunner.starter.readers import Project, ini_text
-from dagrunner.starter.sessions import gate_id, session, task
+from dagrunner.starter.sessions import gate_id, interpreter, session, task
 
 MAX_ENVS = 256  # a brace product larger than this is cut (and said so)
 
@@ -26,6 +26,7 @@ class Envs:
     source: str
     env_list: tuple[str, ...]
     commands: Mapping[str, tuple[tuple[str, ...], ...]]  # every env defined, and its commands
+    pythons: Mapping[str, str] = field(default_factory=dict)  # an env's own base_python
 
 
 def expand(envlist: str | Iterable[str]) -> list[str]:
@@ -81,14 +82,20 @@ def read(project: Project, pyproject: Mapping[str, Any]) -> Envs | None:
 def _from_ini(ini: configparser.ConfigParser, source: str) -> Envs:
     envlist = ini.get("tox", "envlist", fallback="") or ini.get("tox", "env_list", fallback="")
     base = _ini_commands(ini.get("testenv", "commands", fallback=""))
-    commands = {}
+    commands, pythons = {}, {}
     for section in ini.sections():
         if section.startswith("testenv:"):
             text = ini.get(section, "commands", fallback=None)
+            python = ini.get(section, "base_python", fallback="") or ini.get(
+                section, "basepython", fallback=""
+            )
             for name in expand(section.removeprefix("testenv:")):
                 commands[name] = base if text is None else _ini_commands(text)
+                if python and "{" not in python:
+                    pythons[name] = python
     names = expand(envlist)
-    return Envs(source, tuple(names), {n: commands.get(n, base) for n in [*names, *commands]})
+    every = {n: commands.get(n, base) for n in [*names, *commands]}
+    return Envs(source, tuple(names), every, pythons)
 
 
 def _ini_commands(text: str) -> tuple[tuple[str, ...], ...]:
@@ -109,12 +116,17 @@ def _from_toml(table: Mapping[str, Any], source: str) -> Envs:
     base_table = table.get("env_run_base")
     base = _toml_commands(base_table.get("commands") if isinstance(base_table, dict) else None)
     envs = table.get("env")
-    commands = {}
+    commands, pythons = {}, {}
     if isinstance(envs, dict):
         for name, env in envs.items():
             given = env.get("commands") if isinstance(env, dict) else None
             commands[str(name)] = base if given is None else _toml_commands(given)
-    return Envs(source, tuple(names), {n: commands.get(n, base) for n in [*names, *commands]})
+            python = env.get("base_python") if isinstance(env, dict) else None
+            python = python[0] if isinstance(python, list) and python else python
+            if isinstance(python, str) and "{" not in python:
+                pythons[str(name)] = python
+    every = {n: commands.get(n, base) for n in [*names, *commands]}
+    return Envs(source, tuple(names), every, pythons)
 
 
 def _strings(value: Any) -> list[str]:
@@ -148,9 +160,16 @@ def tox(
         elif name in envs.env_list or name in asked:
             run = ("tox", "-e", name)
             tools = ("tox --version",)
+            python = interpreter(name, envs.pythons.get(name, ""))
             found.append(
                 session(
-                    prefix="tox", name=name, run=run, source=where, commands=commands, tools=tools
+                    prefix="tox",
+                    name=name,
+                    run=run,
+                    source=where,
+                    commands=commands,
+                    tools=tools,
+                    python=python,
                 )
             )
         else:

@@ -20,26 +20,17 @@ import re
 import shlex
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from dagrunner.git.command import git
+from dagrunner.starter.checks import Seed
 
 NAMES = (".venv", "venv")
 KEYS = ("pyproject.toml", "setup.cfg", "setup.py", "uv.lock", "poetry.lock", "pdm.lock")
 TOOLING = {"pip", "setuptools", "wheel"}  # the venv's own: `python -m venv` brings pip
 MAX_DISTS = 2000
-
-
-@dataclass(frozen=True, kw_only=True)
-class Seed:
-    path: str  # relative to the root
-    key: tuple[str, ...]
-    build: str
-    ignored: bool  # git ignores the folder: the seed can be written active
-    note: str = ""  # distributions that cannot be pinned
 
 
 def venv_seed(
@@ -133,7 +124,22 @@ def _seed(
     build += "".join(f" {p}" for p in pinned)
     has = {_name(p) for p in (*pinned, *unpinned)}
     build += "".join(f" {shlex.quote(e)}" for e in dict.fromkeys(extra) if _name(e) not in has)
-    ignored = git(["check-ignore", "-q", f"{rel}/"], cwd=root, check=False).returncode == 0
     note = f"installed from elsewhere, not pinned here: {', '.join(unpinned)}" if unpinned else ""
     key = tuple(k for k in KEYS if (root / k).is_file()) or ("pyproject.toml",)
-    return Seed(path=rel, key=key, build=build, ignored=ignored, note=note)
+    said = (
+        f"from {rel}: it imports this project in place; each worktree and integration",
+        "tree gets its own venv built so (docs/worktrees.md), or their gates cannot import it",
+    )
+    ignored = ignored_by_rules(root, rel)
+    return Seed(path=rel, key=key, build=build, ignored=ignored, note=note, said=said)
+
+
+def ignored_by_rules(root: Path, rel: str) -> bool:
+    """Whether the ignore rules a fresh checkout has cover the folder ``rel``: not a
+    ``.gitignore`` inside the folder itself (what ``uv venv`` writes), which the seed's
+    build may not make (``python -m venv`` before 3.13 writes none) -- the first allocation
+    would refuse the seed as not ignored."""
+    rel = rel.removeprefix("./")
+    said = git(["check-ignore", "-v", "--", f"{rel}/"], cwd=root, check=False)
+    source = said.text.partition(":")[0]
+    return said.returncode == 0 and not source.startswith(f"{rel}/")

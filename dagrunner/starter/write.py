@@ -13,10 +13,9 @@ from typing import Any
 from dagrunner.errors import DagrunnerError
 from dagrunner.files import atomic_write
 from dagrunner.manifest.load import STARTER_MANIFEST, load_manifest
-from dagrunner.starter.checks import WHOLE, Check, Found
+from dagrunner.starter.checks import WHOLE, Check, Found, Seed
 from dagrunner.starter.detect import detect
 from dagrunner.starter.sessions import runnable
-from dagrunner.starter.venvs import Seed
 
 PIP = "python -m pip install {0}"
 INSTALL = {  # a program -> how to get it (else: the project's own docs)
@@ -60,6 +59,7 @@ class Started:
                     "memory": c.memory,
                     "junit": c.junit or None,
                     "env": dict(c.env_set),
+                    "network": c.network or None,
                     "commented_out": c.needs_program in self.missing
                     and _commented(self.found, self.missing),
                 }
@@ -69,7 +69,14 @@ class Started:
             "missing_tools": list(self.missing),
             "env_pass": list(self.found.env_pass),
             "seeds": [
-                {"path": s.path, "key": list(s.key), "build": s.build, "active": s.ignored}
+                {
+                    "path": s.path,
+                    "also": list(s.also),
+                    "key": list(s.key),
+                    "build": s.build,
+                    "store": s.store or None,
+                    "active": s.ignored and not s.why_off,
+                }
                 for s in self.found.seeds
             ],
         }
@@ -148,27 +155,30 @@ def render(found: Found, missing: tuple[str, ...] = ()) -> str:
 
 
 def _seed(seed: Seed) -> list[str]:
-    """The venv as a seed: every worktree and integration tree gets its own, with the project
-    installed in it (integration gates never see the checkout's)."""
-    off = "" if seed.ignored else "# "
-    lines = [
-        f"# from {seed.path}: it imports this project in place; each worktree and integration",
-        "# tree gets its own venv built so (docs/worktrees.md), or their gates cannot import it",
-    ]
+    """A seed: every worktree and integration tree gets its own (integration gates never see
+    the checkout's); commented out, with what to do, where it cannot be used as it is."""
+    off = "" if seed.ignored and not seed.why_off else "# "
+    lines = [f"# {line}" for line in seed.said]
     if not seed.ignored:
-        lines.append(f"# add {seed.path}/ to .gitignore (a seed's folder must be), then uncomment")
+        lines.append(
+            f"# add {seed.path}/ to .gitignore (a seed's folder must be ignored by a committed "
+            "rule), then uncomment"
+        )
+    if seed.why_off:
+        lines.append(f"# {seed.why_off}")
     if seed.note:
         lines.append(f"# {seed.note}")
-    return [
-        *lines,
-        f"{off}[[worktrees.seed]]",
-        f"{off}path = {json.dumps(seed.path)}",
-        f"{off}key = {_array(seed.key)}",
-        f"{off}build = {json.dumps(seed.build)}",
-        f'{off}tools = ["python3 --version"]',
-        f'{off}timeout = "15m"',
-        "",
+    table = [
+        "[[worktrees.seed]]",
+        f"path = {json.dumps(seed.path)}",
+        *([f"also = {_array(seed.also)}"] if seed.also else []),
+        f"key = {_array(seed.key)}",
+        f"build = {_string(seed.build)}",
+        *([f"store = {json.dumps(seed.store)}"] if seed.store else []),
+        f"tools = {_array(seed.tools)}",
+        'timeout = "15m"',
     ]
+    return [*lines, *(f"{off}{line}" for line in table), ""]
 
 
 def _gate(check: Check, *, missing: bool, off: bool) -> list[str]:
@@ -183,6 +193,8 @@ def _gate(check: Check, *, missing: bool, off: bool) -> list[str]:
         )
     if check.note:
         lines.append(f"# {check.note}")
+    if check.network:
+        lines.append(f"# needs the network: {check.network}")
     if check.inputs == WHOLE and not off:
         lines.append("# it may read any file: any change in the tree runs it again")
     table = [f"[gates.{_key(check.id)}]", *f"run = {_array(check.run)}".splitlines()]
@@ -190,6 +202,8 @@ def _gate(check: Check, *, missing: bool, off: bool) -> list[str]:
     table.append(f"tools = {_array(check.tools)}")
     table.append(f'estimate = "{check.estimate}"')
     table.append(f'memory = "{check.memory}"')
+    if check.network:
+        table.append('network = "host"  # it needs the network (above): offline it fails')
     if check.junit:
         table.append(f"junit = {json.dumps(check.junit)}")
     if check.env_set:

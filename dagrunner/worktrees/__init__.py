@@ -14,8 +14,7 @@
   the worktrees hold on disk, and the budget an allocation keeps (``max_disk``).
 - ``base``: the manifest at an allocation's base commit (``[worktrees]``).
 - ``prepare``: what a new worktree gets: ``.worktreeinclude`` files, seeds, ``--setup``.
-- ``seeds``: dependency folders (``[[worktrees.seed]]``) built once per key, stored, pruned;
-  ``share``: how a worktree gets its own copy of one (reflink, overlay mount, copy).
-- ``toolcaches``: gates' tool caches: the trusted tier (the main checkout's runs alone write
-  it) and the private layers every other tree's gates get, made from it by ``share``.
+- ``seeds``: dependency folders (``[[worktrees.seed]]``) built once per key and stored;
+  ``seedstores``: package managers' stores that outlive builds, and pruning the store
+  (how a worktree gets its own copy of a seed is ``process/share``).
 """

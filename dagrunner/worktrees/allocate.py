@@ -24,8 +24,9 @@ from dagrunner.git.command import git, is_dirty
 from dagrunner.git.repo import RepoInfo, cache_root, checkout_branch, repo_info, worktree_root
 from dagrunner.manifest.settings import WorktreesSpec
 from dagrunner.names import RULE, is_safe_name
+from dagrunner.process import share
 from dagrunner.records.worktree import Allocation, SeedUse, as_json
-from dagrunner.worktrees import seeds, share
+from dagrunner.worktrees import seeds
 from dagrunner.worktrees.base import base_manifest
 from dagrunner.worktrees.disk import check_budget
 from dagrunner.worktrees.ledger import Ledger, WorktreeRecord

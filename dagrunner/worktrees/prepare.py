@@ -11,8 +11,9 @@ from pathlib import Path
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git.command import git
+from dagrunner.process import share, toolcaches
 from dagrunner.records.worktree import SeedUse
-from dagrunner.worktrees import seeds, share, toolcaches
+from dagrunner.worktrees import seeds
 
 SETUP_TAIL_LINES = 20
 
@@ -49,12 +50,13 @@ def provision_seeds(
     root: Path, wt_id: str, path: Path, built: Sequence[tuple[seeds.Seed, bool]], how: str
 ) -> tuple[SeedUse, ...]:
     """Each seed in the new worktree ``path`` (a clean checkout of the base)."""
-    uses = []
-    for n, (seed, fresh) in enumerate(built):
-        seeds.check_ignored(path, seed.spec)
-        layer = seeds.layer_of(root, wt_id, n)
-        uses.append(seeds.provision(seed, path, how, layer, built=fresh))
-        seeds.check_ignored(path, seed.spec)  # placed: ignored here too (its own .gitignore)
+    uses: list[SeedUse] = []
+    for seed, fresh in built:
+        for folder in seed.folders:  # its path, then the folders of its ``also``
+            seeds.check_ignored(path, folder.path)
+            layer = seeds.layer_of(root, wt_id, len(uses))
+            uses.append(seeds.provision(seed, folder, path, how, layer, built=fresh))
+            seeds.check_ignored(path, folder.path)  # placed: ignored here too
     return tuple(uses)
 
 
@@ -63,7 +65,7 @@ def remount_seeds(root: Path, wt_id: str, path: Path, uses: Sequence[SeedUse]) -
     on their own layers."""
     for n, use in enumerate(uses):
         if use.how == "overlay":
-            tree = seeds.seeds_dir(root) / use.key / "tree"
+            tree = seeds.stored_tree(root, use)
             if tree.is_dir():
                 share.remount(tree, path, use.path, seeds.layer_of(root, wt_id, n))
 

@@ -11,9 +11,12 @@ and its ``[env]`` come from the base's manifest (trusted), never from a worker.
 What a build writes holds the checkout's absolute path (a venv's ``pyvenv.cfg``, its
 scripts' ``#!`` lines, an editable install's ``.pth``): the text files that hold it are
 listed when the seed is stored and rewritten in each worktree's copy to that worktree's
-path, so what runs there is that worktree's own code.  ``share`` says how the copy is made.
+path, so what runs there is that worktree's own code.  ``process/share`` says how the copy is made.
 What a build left is read as untrusted code's (a tree's build is): a FIFO, socket or device
 is dropped before the seed is stored, and every file is read through ``files.read_regular``.
+A seed's ``also`` globs name more folders its one build makes (each workspace's
+``node_modules``), stored and placed beside ``path``; its ``store`` is a package manager's
+store that outlives the build (``seedstores``).
 """
 
 from __future__ import annotations
@@ -38,26 +41,37 @@ from dagrunner.git.command import git
 from dagrunner.manifest.globs import glob_regex
 from dagrunner.manifest.load import EnvSpec, Manifest
 from dagrunner.manifest.settings import SeedSpec
+from dagrunner.process import share
 from dagrunner.records.worktree import SeedUse
-from dagrunner.worktrees import share
-from dagrunner.worktrees.disk import size_of
-from dagrunner.worktrees.ledger import SEED_KEY
+from dagrunner.worktrees.seedstores import SEEDS_DIR, build_store, made_also
 
-SEEDS_DIR = ".seeds"
 FORMAT = 1
 TAIL_LINES = 20
 SCAN_LIMIT = 64 * 1024 * 1024  # files larger than this are never rewritten (nor read)
 
 
 @dataclass(frozen=True)
+class Folder:
+    """One folder of a built seed: where it goes in a worktree, where it is stored, and its
+    text files (relative to it) that hold the path of the checkout it was built in."""
+
+    path: str
+    tree: Path
+    relocate: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Seed:
-    """A built seed in the store."""
+    """A built seed in the store: its ``path`` first, then the ``also`` folders it made."""
 
     spec: SeedSpec
     key: str
-    tree: Path
     built_in: str  # the absolute path of the checkout it was built in
-    relocate: tuple[str, ...]  # its text files (relative to tree) that hold ``built_in``
+    folders: tuple[Folder, ...]
+
+    @property
+    def tree(self) -> Path:
+        return self.folders[0].tree
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,7 @@ class Builds:
     env: Mapping[str, str]
     hide: Path | None = None
     writable: tuple[str, ...] = ()
+    trusted: bool = True  # may write the shared package stores (``seedstores``)
 
 
 def seeds_dir(root: Path) -> Path:
@@ -99,6 +114,8 @@ def key_of(repo: Path, base: str, spec: SeedSpec, fingerprints: Sequence[str]) -
         "tools": list(fingerprints),
         "platform": [sys.platform, platform.machine(), *platform.libc_ver()],
     }
+    if spec.also or spec.store:  # (absent otherwise: the keys of seeds built before stay)
+        parts |= {"also": list(spec.also), "store": spec.store}
     return hashlib.sha256(orjson.dumps(parts)).hexdigest()[:32]
 
 
@@ -135,7 +152,7 @@ def ensure(
         return []  # the process door (trio) is imported only where seeds are
     store, env = _store_and_env(root, repo, base, manifest, caller)
     # the sandbox's writable places: an npm or pip cache the build may fill and read
-    place = Builds(store, repo, env, hide, manifest.sandbox.writable)
+    place = Builds(store, repo, env, hide, manifest.sandbox.writable, trusted)
     found = []
     for spec in manifest.worktrees.seeds:
         key = key_of(repo, base, spec, _fingerprints(spec, env, store))
@@ -169,7 +186,7 @@ def for_tree(
     store, env = _store_and_env(root, repo, trusted, manifest, caller)
     writable = manifest.sandbox.writable
     trusted_builds = Builds(store, repo, env, None, writable)
-    contained = Builds(store, repo, env, hide, writable)
+    contained = Builds(store, repo, env, hide, writable, trusted=False)
     found = []
     for spec in manifest.worktrees.seeds:
         prints = _fingerprints(spec, env, store)
@@ -208,29 +225,38 @@ def load(store: Path, key: str, spec: SeedSpec) -> Seed | None:
         return None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         return None
-    relocate = tuple(r for r in meta.get("relocate", ()) if isinstance(r, str))
-    return Seed(spec, key, store / key / "tree", str(meta.get("built_in", "")), relocate)
+    folders = [Folder(spec.path, store / key / "tree", _strings(meta.get("relocate")))]
+    for also in meta.get("also", ()):
+        rel = also.get("path") if isinstance(also, dict) else None
+        if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
+            return None  # not what this module writes: built again
+        folders.append(Folder(rel, store / key / "also" / rel, _strings(also.get("relocate"))))
+    return Seed(spec, key, str(meta.get("built_in", "")), tuple(folders))
 
 
-def check_ignored(checkout: Path, spec: SeedSpec) -> None:
-    """``seed-not-ignored`` when git would see the seed's folder in ``checkout``: tracked at
+def _strings(value: object) -> tuple[str, ...]:
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+
+
+def check_ignored(checkout: Path, path: str) -> None:
+    """``seed-not-ignored`` when git would see a seed's folder ``path`` in ``checkout``: tracked at
     the base, or (once built or placed) holding a file git does not ignore -- which the
     first ``git add -A`` would commit.  A folder ignored by its own ``.gitignore`` (what
     ``python -m venv`` and ``uv`` write: ``*``) is ignored."""
-    tracked = git(["ls-files", "--", spec.path], cwd=checkout).text
+    tracked = git(["ls-files", "--", path], cwd=checkout).text
     seen = ""
-    if not tracked and (checkout / spec.path).is_dir():
+    if not tracked and (checkout / path).is_dir():
         seen = git(
-            ["ls-files", "--others", "--exclude-standard", "--", spec.path],
+            ["ls-files", "--others", "--exclude-standard", "--", path],
             cwd=checkout,
         ).text
     if tracked or seen:
         raise DagrunnerError(
             "seed-not-ignored",
-            f"the seed {spec.path!r} is "
+            f"the seed {path!r} is "
             + ("tracked at the base" if tracked else "not ignored by git at the base"),
             key="worktrees.seed.path",
-            hint=f"add /{spec.path}/ to .gitignore (a seed is a git-ignored folder)",
+            hint=f"add /{path}/ to .gitignore (a seed is a git-ignored folder)",
         )
 
 
@@ -249,23 +275,25 @@ def _build(place: Builds, base: str, spec: SeedSpec, key: str) -> Seed:
     checkout.parent.mkdir(parents=True, exist_ok=True)
     git(["worktree", "add", "-q", "--detach", str(checkout), base], cwd=repo)
     try:
-        check_ignored(checkout, spec)
+        check_ignored(checkout, spec.path)
         argv = ["sh", "-c", spec.build] if isinstance(spec.build, str) else list(spec.build)
-        done = run_command(
-            argv,
-            cwd=checkout,
-            env=place.env,
-            timeout=spec.timeout,
-            own_home=True,
-            hide=place.hide,
-            writable=place.writable,
-        )
+        with build_store(store, spec.store, place.env, trusted=place.trusted) as (env, mine):
+            done = run_command(
+                argv,
+                cwd=checkout,
+                env=env,
+                timeout=spec.timeout,
+                own_home=True,
+                hide=place.hide,
+                writable=(*place.writable, *mine),
+            )
         made = checkout / spec.path
         why = done.why
         if not why and (made.is_symlink() or not made.is_dir()):
             why = f"it ended well but made no folder {spec.path}"
-        if not why:
-            check_ignored(checkout, spec)  # now with what the build wrote (its own .gitignore)
+        also = [] if why else made_also(checkout, spec)
+        for rel in () if why else (spec.path, *also):
+            check_ignored(checkout, rel)  # now with what the build wrote (its own .gitignore)
         if why:
             log = store / f"{key}.log"
             atomic_write(log, done.output)
@@ -279,17 +307,29 @@ def _build(place: Builds, base: str, spec: SeedSpec, key: str) -> Seed:
                 hint="last output lines: " + (" | ".join(tail[-5:]) or "(none)"),
             )
         dropped = _drop_specials(made)
-        relocate = _holding(made, str(checkout).encode())
+        needle = str(checkout).encode()
+        relocate = _holding(made, needle)
         staged = store / f".{key}.{uuid.uuid4().hex[:8]}"
         staged.mkdir()
         made.rename(staged / "tree")
+        folders = [Folder(spec.path, store / key / "tree", tuple(relocate))]
+        listed = []
+        for rel in also:
+            moved = staged / "also" / rel
+            moved.parent.mkdir(parents=True, exist_ok=True)
+            dropped += [f"{rel}/{d}" for d in _drop_specials(checkout / rel)]
+            holding = _holding(checkout / rel, needle)
+            (checkout / rel).rename(moved)
+            folders.append(Folder(rel, store / key / "also" / rel, tuple(holding)))
+            listed.append({"path": rel, "relocate": holding})
         meta = {"format": FORMAT, "built_in": str(checkout), "relocate": relocate}
         meta |= {"path": spec.path, "base": base, "built": _now(), "dropped": dropped}
+        meta["also"] = listed
         atomic_write(staged / "seed.json", orjson.dumps(meta))
         staged.rename(store / key)
     finally:
         remove_checkout(repo, checkout)
-    return Seed(spec, key, store / key / "tree", str(checkout), tuple(relocate))
+    return Seed(spec, key, str(checkout), tuple(folders))
 
 
 def _drop_specials(tree: Path) -> list[str]:
@@ -328,15 +368,18 @@ def _holding(tree: Path, needle: bytes) -> list[str]:
     return sorted(found)
 
 
-def provision(seed: Seed, worktree: Path, how: str, layer: Path, *, built: bool) -> SeedUse:
-    """``seed`` in ``worktree`` (its folder must not exist), its paths made the worktree's."""
-    dest = safe_dest(worktree, seed.spec.path)
+def provision(
+    seed: Seed, folder: Folder, worktree: Path, how: str, layer: Path, *, built: bool
+) -> SeedUse:
+    """``folder`` of ``seed`` in ``worktree`` (it must not exist there), its paths made the
+    worktree's."""
+    dest = safe_dest(worktree, folder.path)
     if dest.exists() or dest.is_symlink():
         raise _occupied(dest)
     old, new = seed.built_in.encode(), str(worktree).encode()
 
     def relocate(copy: Path) -> None:  # the copy's paths made the worktree's
-        for rel in seed.relocate:
+        for rel in folder.relocate:
             target = copy / rel
             if target.is_symlink():
                 link = os.fsencode(os.readlink(target)).replace(old, new)
@@ -351,8 +394,14 @@ def provision(seed: Seed, worktree: Path, how: str, layer: Path, *, built: bool)
                 atomic_write(target, data.replace(old, new), durable=False)
                 os.chmod(target, mode & 0o7777)
 
-    share.place(seed.tree, worktree, seed.spec.path, how, layer, relocate)
-    return SeedUse(path=seed.spec.path, key=seed.key, how=how, built=built)
+    share.place(folder.tree, worktree, folder.path, how, layer, relocate)
+    return SeedUse(path=folder.path, key=seed.key, how=how, built=built)
+
+
+def stored_tree(root: Path, use: SeedUse) -> Path:
+    """Where the folder a worktree's ``use`` placed is stored."""
+    also = seeds_dir(root) / use.key / "also" / use.path
+    return also if also.is_dir() else seeds_dir(root) / use.key / "tree"
 
 
 def safe_dest(worktree: Path, rel: str) -> Path:
@@ -379,45 +428,3 @@ def _occupied(path: Path) -> DagrunnerError:
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-@dataclass(frozen=True)
-class Pruned:
-    """What ``prune`` removed from the store, what it kept because a worktree stands on it."""
-
-    removed: tuple[str, ...]
-    in_use_kept: int
-    size_after: int
-
-    def to_json(self) -> dict[str, object]:
-        body = {"removed": list(self.removed), "in_use_kept": self.in_use_kept}
-        return {**body, "size_after": self.size_after}
-
-
-def prune(root: Path, max_size: int, *, dry_run: bool = False) -> Pruned:
-    """Stored seeds least recently used first, until they hold at most ``max_size`` bytes;
-    a seed an overlay mount stands on is never removed."""
-    store = seeds_dir(root)
-    keys = [p for p in store.iterdir() if SEED_KEY.fullmatch(p.name)] if store.is_dir() else []
-    sizes = {p: size_of(p) for p in keys}
-    busy = share.lower_in_use({p / "tree" for p in keys})
-    total = sum(sizes.values())
-    removed, kept = [], 0
-    for path in sorted(keys, key=_last_used):
-        if total <= max_size:
-            break
-        if path / "tree" in busy:
-            kept += 1
-            continue
-        removed.append(path.name)
-        total -= sizes[path]
-        if not dry_run:
-            shutil.rmtree(path, ignore_errors=True)
-    return Pruned(tuple(removed), kept, total)
-
-
-def _last_used(path: Path) -> float:
-    try:
-        return (path / "used").stat().st_mtime
-    except OSError:
-        return 0.0

@@ -130,6 +130,12 @@ def _copy_file(source: str, dest: str, *, reflink: bool) -> None:
     shutil.copystat(source, dest, follow_symlinks=False)
 
 
+def clone_or_copy(source: str, dest: str) -> None:
+    """A reflink of ``source`` where the filesystem can make one, else a copy (regular files
+    only: ``_copy_file``)."""
+    _copy_file(source, dest, reflink=True)
+
+
 def place(
     tree: Path, worktree: Path, rel: str, how: str, layer: Path, ready: Callable[[Path], None]
 ) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from dagrunner.errors import DagrunnerError
 from dagrunner.git.command import git
 from dagrunner.git.repo import tool_cache_root
-from dagrunner.worktrees import share
+from dagrunner.process import share
 
 HOW = ("reflink", "overlay", "copy")
 LAYERS = ".layers"  # a layer's overlay upper and work folders, one per gate (no gate starts with .)

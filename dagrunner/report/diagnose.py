@@ -1,0 +1,74 @@
+"""One line that says why a gate failed when its log says more than its exit code: a program
+not found that the checkout's ``node_modules/.bin`` holds (a missing seed), or a host it
+could not reach (no network), read from the log's tail in the common tools' words (pip,
+npm, pnpm, yarn, git, curl, sphinx's intersphinx, pre-commit)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+NOT_FOUND = re.compile(r"([^\s:'\"]+): (?:command )?not found\s*$", re.M)  # dash and bash
+# Where a tool names the host it could not reach; the first group is the host (or a URL).
+HOSTS = (
+    re.compile(r"Could not resolve host(?:name)?:?\s+'?([\w.-]+)"),
+    re.compile(r"\b(?:ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ETIMEDOUT|ENETUNREACH)\s+([\w.-]+\.\w+)"),
+    re.compile(r"host='([\w.-]+)'"),
+    re.compile(r"network request to (https?://[^\s'\"]+) failed"),
+    re.compile(r"inventory '(https?://[^\s']+)' not fetchable"),
+    re.compile(r"unable to access '(https?://[^\s']+)'"),
+    re.compile(r"Failed to connect to ([\w.-]+)"),
+)
+OFFLINE = re.compile(
+    r"Temporary failure in name resolution|Name or service not known|Network is unreachable"
+    r"|No route to host|getaddrinfo|Could not resolve host|NewConnectionError"
+    r"|not fetchable due to|ERR_SOCKET_TIMEOUT|Connection refused|connection timed out",
+    re.IGNORECASE,
+)
+TAIL = 200  # lines of the log's end read
+
+
+def seed_hint(program: str, checkout: Path | None) -> str:
+    """'' or which seed to add: ``program`` is in a ``node_modules/.bin`` of ``checkout``
+    (the caller's), which the tree the gate ran in did not have."""
+    if checkout is None or "/" in program:
+        return ""
+    for bin_dir in [checkout / "node_modules" / ".bin", *checkout.glob("*/*/node_modules/.bin")]:
+        if (bin_dir / program).exists():
+            where = bin_dir.relative_to(checkout).as_posix()
+            return (
+                f"`{program}` is in {where} of your checkout, which the gate's tree lacks: add a "
+                "node_modules seed ([[worktrees.seed]], `dagrunner init --dry-run` proposes it; "
+                "docs/worktrees.md)"
+            )
+    return ""
+
+
+def unreachable(text: str) -> str:
+    """The host the log says could not be reached, '' when it says no such thing."""
+    lines = text.splitlines()[-TAIL:]
+    for line in reversed(lines):
+        if not OFFLINE.search(line) and not any(p.search(line) for p in HOSTS[3:]):
+            continue
+        for pattern in HOSTS:
+            if found := pattern.search(line):
+                host = found[1]
+                if "://" in host:
+                    host = host.split("://", 1)[1].split("/", 1)[0]
+                return host.split(":")[0].strip("'\".")
+        return "the network"
+    return ""
+
+
+def diagnose(text: str, exit_code: int | None, checkout: Path | None = None) -> str:
+    """One line for a failed gate's log ``text``, '' when there is nothing to add."""
+    missing = NOT_FOUND.findall(text)
+    if exit_code == 127 and missing:
+        said = f"command not found: {missing[-1]}"
+        hint = seed_hint(missing[-1], checkout)
+        return f"{said}; {hint}" if hint else said
+    host = unreachable(text)
+    if host:
+        where = "reach the network" if host == "the network" else f"reach {host}"
+        return f'needs the network: could not {where} (mark it network = "host" and run it online)'
+    return ""

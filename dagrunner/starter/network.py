@@ -1,0 +1,41 @@
+"""Which checks need the network, and why: ``init`` marks them (``network = "host"`` and a
+comment), so a release check run offline names them rather than leaving pages of log.
+
+pre-commit clones each hook's repository and installs its environment on first use; a
+session that runs pre-commit does the same; a Sphinx build with ``intersphinx`` fetches the
+inventories of other projects' documentation.  (Installing a session's own environment from
+the package index is not counted: every tox and nox session does that.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dagrunner.starter.checks import Check
+from dagrunner.starter.readers import Project
+
+CONF_PY = ("docs/conf.py", "doc/conf.py", "docs/source/conf.py", "doc/source/conf.py")
+HOOKS = "pre-commit clones its hooks' repositories and installs their environments"
+
+
+def intersphinx(project: Project) -> str:
+    """The conf.py that loads ``sphinx.ext.intersphinx`` ('' when none does)."""
+    for name in CONF_PY:
+        if "sphinx.ext.intersphinx" in (project.text(name, errors="replace") or ""):
+            return name
+    return ""
+
+
+def mark(project: Project, checks: list[Check]) -> list[Check]:
+    """``checks``, each that needs the network with why."""
+    docs = intersphinx(project)
+    marked = []
+    for check in checks:
+        words = [" ".join(c) for c in (check.run, *check.commands)]
+        why = ""
+        if check.id == "pre-commit" or any("pre-commit" in w for w in words):
+            why = HOOKS if check.id == "pre-commit" else f"it runs pre-commit: {HOOKS}"
+        elif docs and (check.concern.endswith(":docs") or any("sphinx-build" in w for w in words)):
+            why = f"sphinx's intersphinx ({docs}) fetches other projects' inventories"
+        marked.append(replace(check, network=why) if why else check)
+    return marked

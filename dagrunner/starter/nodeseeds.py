@@ -1,0 +1,123 @@
+"""A JavaScript project's ``node_modules`` as a seed, proposed from its lockfile: without one,
+worktrees have no ``node_modules`` and every integration gate fails ``command not found``
+(``tsc``, exit 127), or the package manager installs everything inside every gate.
+
+The lockfile names the package manager (``pnpm-lock.yaml``, ``yarn.lock`` -- berry when
+``.yarnrc.yml`` is there or the lockfile has ``__metadata`` -- and ``package-lock.json``);
+the workspaces (``pnpm-workspace.yaml``'s ``packages``, ``package.json``'s ``workspaces``)
+name every other ``node_modules`` the one install makes (``also``).  The build installs
+exactly the lockfile, with the package manager's store in ``$DAGRUNNER_SEED_STORE``, a folder
+that outlives the build (docs/worktrees.md, "Node seeds").  Yarn berry's Plug'n'Play makes
+no ``node_modules``: its seed is written commented out, with what to set.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from typing import Any
+
+import yaml
+
+from dagrunner.starter.checks import Seed
+from dagrunner.starter.readers import Project
+from dagrunner.starter.venvs import ignored_by_rules
+
+STORE = '"$DAGRUNNER_SEED_STORE"'
+BUILDS = {
+    "pnpm": f"pnpm install --frozen-lockfile --store-dir {STORE}",
+    "npm": f"npm ci --no-audit --no-fund --cache {STORE}",
+    "yarn": f"yarn install --frozen-lockfile --non-interactive --cache-folder {STORE}",
+    # berry: its global cache is the store (enableGlobalCache is its default since 4)
+    "yarn-berry": f"YARN_GLOBAL_FOLDER={STORE} YARN_ENABLE_GLOBAL_CACHE=true "
+    "yarn install --immutable",
+}
+LOCKS = (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"), ("package-lock.json", "npm"))
+CONFIGS = (".npmrc", ".pnpmfile.cjs", ".yarnrc", ".yarnrc.yml", "pnpm-workspace.yaml")
+MAX_WORKSPACES = 64
+
+
+def node_seed(project: Project) -> Seed | None:
+    """The ``node_modules`` seed of the project's lockfile, if it has ``package.json`` and
+    one; None otherwise (a project without a lockfile cannot install the same twice)."""
+    body = project.json("package.json")
+    if not isinstance(body, dict):
+        return None
+    lock, manager = next(((f, m) for f, m in LOCKS if project.is_file(f)), ("", ""))
+    if not lock:
+        return None
+    why_off = ""
+    if manager == "yarn" and _berry(project, lock):
+        manager = "yarn-berry"
+        linker = re.search(
+            r"^nodeLinker:\s*['\"]?([\w-]+)", project.text(".yarnrc.yml") or "", re.M
+        )
+        if linker is None or linker[1] != "node-modules":
+            why_off = (
+                "yarn berry's Plug'n'Play makes no node_modules: set `nodeLinker: node-modules` "
+                "in .yarnrc.yml to use this seed"
+            )
+    workspaces = _workspaces(project, body, manager)
+    also = tuple(f"{w.rstrip('/')}/node_modules" for w in workspaces)
+    key = (
+        lock,
+        "package.json",
+        *(f"{w.rstrip('/')}/package.json" for w in workspaces),
+        *(c for c in CONFIGS if project.is_file(c)),
+        *(f"{d}/**" for d in ("patches", ".yarn/patches") if project.files(f"{d}/*")),
+    )
+    program = manager.partition("-")[0]
+    ignored = all(
+        ignored_by_rules(project.root, f"{d}/node_modules")
+        for d in [".", *_folders(project, workspaces)]
+    )
+    said = (
+        f"from {lock}: each worktree and integration tree gets its own node_modules"
+        + (" (every workspace's)" if also else ""),
+        f"installed once per lockfile by {program}, its store kept outside the tree, so gates",
+        f"run the tree's programs and {program} installs nothing in them (docs/worktrees.md)",
+    )
+    return Seed(
+        path="node_modules",
+        key=tuple(dict.fromkeys(key)),
+        build=BUILDS[manager],
+        ignored=ignored,
+        tools=("node --version", f"{program} --version"),
+        also=also,
+        store=program,
+        why_off=why_off,
+        said=said,
+    )
+
+
+def _berry(project: Project, lock: str) -> bool:
+    head = (project.text(lock, errors="replace") or "")[:4096]
+    return project.is_file(".yarnrc.yml") or "__metadata:" in head
+
+
+def _workspaces(project: Project, body: dict[str, Any], manager: str) -> list[str]:
+    """The workspace globs, negations left out (``!**/test/**``)."""
+    found: Any = None
+    if manager == "pnpm":
+        try:
+            said = yaml.safe_load(project.text("pnpm-workspace.yaml") or "") or {}
+        except yaml.YAMLError:
+            said = {}
+        found = said.get("packages") if isinstance(said, dict) else None
+    else:
+        found = body.get("workspaces")
+        if isinstance(found, dict):
+            found = found.get("packages")
+    if not isinstance(found, list):
+        return []
+    kept = [w.removeprefix("./") for w in found if isinstance(w, str) and w.strip()]
+    kept = [w for w in kept if not w.startswith(("!", "/")) and ".." not in w and w != "."]
+    return list(dict.fromkeys(kept))[:MAX_WORKSPACES]
+
+
+def _folders(project: Project, workspaces: list[str]) -> list[str]:
+    """The workspace folders there are now (each one's ``node_modules`` must be ignored)."""
+    found: list[str] = []
+    for pattern in workspaces:
+        found += sorted(glob.glob(pattern, root_dir=project.root))[:MAX_WORKSPACES]
+    return [f for f in found if (project.root / f).is_dir()]

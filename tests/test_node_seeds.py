@@ -1,0 +1,307 @@
+"""Node seeds (issue 44): a pnpm workspace's, npm's and yarn's ``node_modules`` -- every
+workspace's -- built once per key with the package manager's store outside the tree, on real
+package managers installing real (local, offline) packages: each worktree and integration
+tree gets its own, gates run the tree's programs without installing anything, and a build
+from a tree that is not trusted never writes the store trusted builds read."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import commit_release_manifest, git, run_json
+
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
+from dagrunner.worktrees import allocate as wt
+from dagrunner.worktrees import export as exporting
+from dagrunner.worktrees import seeds, seedstores
+
+MANAGERS = {m: shutil.which(m) for m in ("node", "npm", "pnpm", "yarn")}
+pytestmark = pytest.mark.skipif(
+    not all(MANAGERS.values()),
+    reason="node, npm, pnpm and yarn are installed by .ci/run (apt-get, npm i -g)",
+)
+
+
+def tool_tarball(path: Path, name: str, said: str) -> None:
+    """A real npm package tarball of a program ``name`` that prints ``said``."""
+    files = {
+        "package/package.json": json.dumps(
+            {"name": name, "version": "1.0.0", "bin": {name: "bin.js"}}
+        ).encode(),
+        "package/bin.js": f"#!/usr/bin/env node\nconsole.log({said!r});\n".encode(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        for member, data in files.items():
+            info = tarfile.TarInfo(member)
+            info.size, info.mode, info.mtime = len(data), 0o755, 1700000000
+            tar.addfile(info, io.BytesIO(data))
+
+
+def quiet_env(home: Path) -> dict[str, str]:
+    """A user's shell with nothing of CI about it (pnpm asks before it removes a folder
+    when it has no terminal and is not in CI: exactly what must never happen in a gate)."""
+    env = {k: v for k, v in os.environ.items() if k != "CI" and not k.startswith("npm_")}
+    return {**env, "HOME": str(home), "npm_config_update_notifier": "false"}
+
+
+def run(cwd: Path, *argv: str, home: Path) -> str:
+    done = subprocess.run(
+        argv, cwd=cwd, env=quiet_env(home), capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+PNPM_SEED = """
+[env]
+pass = ["PATH"]
+
+[[worktrees.seed]]
+path = "node_modules"
+also = ["packages/*/node_modules"]
+key = ["pnpm-lock.yaml", "package.json", "packages/*/package.json", "pnpm-workspace.yaml"]
+build = 'pnpm install --frozen-lockfile --store-dir "$DAGRUNNER_SEED_STORE"'
+store = "pnpm"
+
+[gates.check]
+run = ["pnpm", "run", "check"]
+"""
+
+
+@pytest.fixture
+def workspace(repo: Path, tmp_path: Path) -> Path:
+    pnpm_workspace(repo, tmp_path)
+    commit_release_manifest(repo, PNPM_SEED)
+    return repo
+
+
+def pnpm_workspace(repo: Path, tmp_path: Path) -> None:
+    """A pnpm workspace: the root and package ``a`` run ``faketool`` (a local tarball), ``a``
+    depends on the workspace's ``b``; its lockfile written."""
+    tool_tarball(repo / "vendor" / "faketool-1.0.0.tgz", "faketool", "faketool ran")
+    tool_tarball(repo / "vendor" / "othertool-1.0.0.tgz", "othertool", "othertool ran")
+    (repo / ".gitignore").write_text("reports/\nnode_modules/\n")
+    (repo / "pnpm-workspace.yaml").write_text('packages:\n  - "packages/*"\n')
+    root = {
+        "name": "root",
+        "private": True,
+        "scripts": {"check": "faketool && pnpm -r run check"},
+        "devDependencies": {"faketool": "file:vendor/faketool-1.0.0.tgz"},
+    }
+    (repo / "package.json").write_text(json.dumps(root, indent=2))
+    packages: dict[str, dict[str, object]] = {
+        "a": {
+            "scripts": {"check": "faketool"},
+            "dependencies": {
+                "b": "workspace:*",
+                "faketool": "file:../../vendor/faketool-1.0.0.tgz",
+            },
+        },
+        "b": {"scripts": {"check": "node -e \"require('fs').statSync('index.js')\""}},
+    }
+    for name, body in packages.items():
+        (repo / "packages" / name).mkdir(parents=True)
+        (repo / "packages" / name / "index.js").write_text(f"module.exports = {name!r};\n")
+        body = {"name": name, "version": "1.0.0", **body}
+        (repo / "packages" / name / "package.json").write_text(json.dumps(body, indent=2))
+    store = tmp_path / "lock-store"
+    run(repo, "pnpm", "install", "--lockfile-only", "--store-dir", str(store), home=tmp_path)
+
+
+def files_under(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")} if folder.is_dir() else set()
+
+
+def test_a_pnpm_workspace_seed_covers_every_node_modules_and_pnpm_runs_without_installing(
+    workspace: Path, tmp_path: Path
+) -> None:
+    first = wt.allocate(mission="m", worker="a", repo=workspace)
+    second = wt.allocate(mission="m", worker="b", repo=workspace)
+    placed = [(s["path"], s["built"]) for s in first["seeds"]]
+    assert placed == [("node_modules", True), ("packages/a/node_modules", True)]
+    assert [s["built"] for s in second["seeds"]] == [False, False]
+    root = Path(first["root"])
+    store = seedstores.shared_store(seeds.seeds_dir(root), "pnpm")
+    for allocated in (first, second):
+        path = Path(allocated["path"])
+        # pnpm recorded the store that outlives the build, not the build's temporary HOME
+        modules = (path / "node_modules" / ".modules.yaml").read_text()
+        assert f'"storeDir": "{store}' in modules or f"storeDir: {store}" in modules
+        # a user's shell with no terminal and no CI: pnpm would ask to remove node_modules
+        # (ERR_PNPM_ABORTED_REMOVE_MODULES_DIR_NO_TTY) or install, were the seed not whole
+        said = run(path, "pnpm", "run", "check", home=tmp_path / f"home-{path.name}")
+        assert said.count("faketool ran") == 2, said
+        assert "Packages:" not in said and "recreated" not in said, said
+        assert git(path, "status", "--porcelain") == ""
+    assert files_under(store)  # it outlived the build
+
+
+def test_an_untrusted_lockfile_change_builds_with_a_private_store_and_both_land(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """Integration trees get the seeds; an envelope that changes the lockfile has its seed
+    built from its tree with a private copy of the store: the shared store is unchanged."""
+    allocated = wt.allocate(mission="m", worker="good", repo=workspace)
+    root, good = Path(allocated["root"]), Path(allocated["path"])
+    store = seedstores.shared_store(seeds.seeds_dir(root), "pnpm")
+    (good / "packages" / "b" / "index.js").write_text("module.exports = 'b, better';\n")
+    dep = Path(wt.allocate(mission="m", worker="dep", repo=workspace)["path"])
+    manifest = dep / "packages" / "b" / "package.json"
+    body = json.loads(manifest.read_text())
+    body["dependencies"] = {"othertool": "file:../../vendor/othertool-1.0.0.tgz"}
+    body["scripts"]["check"] = "othertool"
+    manifest.write_text(json.dumps(body, indent=2))
+    lock_store = tmp_path / "worker-store"
+    run(dep, "pnpm", "install", "--lockfile-only", "--store-dir", str(lock_store), home=tmp_path)
+    before = files_under(store)
+    envelopes = []
+    for worker in ("good", "dep"):
+        out = tmp_path / f"{worker}.json"
+        exporting.export(f"m/{worker}", output=out, repo=workspace)
+        envelopes.append(out)
+    submit(repo_info(workspace), envelopes)
+    result = integrate(repo=workspace, window=1)
+    assert {o.worker: o.state for o in result.envelopes} == {"good": "landed", "dep": "landed"}
+    assert not [w for w in result.warnings if "without its seeds" in w], result.warnings
+    assert files_under(store) == before  # the untrusted build wrote its private copy only
+    assert not files_under(seeds.seeds_dir(root) / "stores" / ".private")  # and it is gone
+
+
+NPM_SEED = """
+[env]
+pass = ["PATH"]
+
+[[worktrees.seed]]
+path = "node_modules"
+key = ["package-lock.json", "package.json"]
+build = 'npm ci --no-audit --no-fund --cache "$DAGRUNNER_SEED_STORE"'
+store = "npm"
+
+[gates.check]
+run = ["npm", "run", "check"]
+"""
+
+YARN_SEED = """
+[env]
+pass = ["PATH"]
+
+[[worktrees.seed]]
+path = "node_modules"
+key = ["yarn.lock", "package.json"]
+build = 'yarn install --frozen-lockfile --non-interactive --cache-folder "$DAGRUNNER_SEED_STORE"'
+store = "yarn"
+
+[gates.check]
+run = ["yarn", "run", "check"]
+"""
+
+
+@pytest.mark.parametrize(
+    ("manager", "manifest", "lock"),
+    [
+        ("npm", NPM_SEED, ["npm", "install", "--package-lock-only", "--no-audit"]),
+        ("yarn", YARN_SEED, ["yarn", "install", "--non-interactive"]),
+    ],
+)
+def test_npm_and_yarn_seeds_give_each_worktree_and_gate_the_projects_programs(
+    repo: Path, tmp_path: Path, manager: str, manifest: str, lock: list[str]
+) -> None:
+    tool_tarball(repo / "vendor" / "faketool-1.0.0.tgz", "faketool", "faketool ran")
+    (repo / ".gitignore").write_text("reports/\nnode_modules/\n")
+    body = {
+        "name": "proj",
+        "version": "1.0.0",
+        "scripts": {"check": "faketool"},
+        "devDependencies": {"faketool": "file:vendor/faketool-1.0.0.tgz"},
+    }
+    (repo / "package.json").write_text(json.dumps(body, indent=2))
+    run(repo, *lock, home=tmp_path)
+    shutil.rmtree(repo / "node_modules", ignore_errors=True)
+    commit_release_manifest(repo, manifest)
+    path = Path(wt.allocate(mission="m", worker="w", repo=repo)["path"])
+    assert "faketool ran" in run(path, manager, "run", "check", home=tmp_path / "home")
+    store = seedstores.shared_store(seeds.seeds_dir(Path(wt.open_context(repo).root)), manager)
+    assert files_under(store)  # the package manager's cache outlived the build
+    (path / "index.js").write_text("// a change\n")
+    out = tmp_path / "w.json"
+    exporting.export("m/w", output=out, repo=repo)
+    submit(repo_info(repo), [out])
+    result = integrate(repo=repo, window=1)
+    assert [o.state for o in result.envelopes] == ["landed"], result
+
+
+def test_init_proposes_the_workspaces_seed_from_its_lockfile_and_the_gate_passes_in_a_worktree(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a pnpm monorepo init proposed no seed: every integration gate failed ``command not
+    found`` or pnpm installed everything in every gate.  Now the seed is init's, whole."""
+    pnpm_workspace(repo, tmp_path)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a workspace")
+    out = repo / "dagrunner.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    (seed,) = body["seeds"]
+    assert seed["path"] == "node_modules" and seed["also"] == ["packages/*/node_modules"]
+    assert seed["store"] == "pnpm" and seed["active"] is True
+    assert seed["build"] == 'pnpm install --frozen-lockfile --store-dir "$DAGRUNNER_SEED_STORE"'
+    for name in ("pnpm-lock.yaml", "package.json", "packages/*/package.json"):
+        assert name in seed["key"]
+    assert "pnpm-workspace.yaml" in seed["key"]
+    git(repo, "add", "dagrunner.toml")
+    git(repo, "commit", "-qm", "init's manifest, as written")
+    path = Path(wt.allocate(mission="m", worker="w", repo=repo)["path"])
+    assert (path / "packages" / "a" / "node_modules" / ".bin" / "faketool").exists()
+    code, body = run_json(capsys, "release-check", "--repo", str(path), "--no-cache")
+    assert code == 0, body
+
+
+@pytest.mark.parametrize(
+    ("files", "build", "active"),
+    [
+        ({"package-lock.json": "{}"}, "npm ci --no-audit --no-fund --cache", True),
+        ({"yarn.lock": "# yarn lockfile v1\n"}, "yarn install --frozen-lockfile", True),
+        (
+            {
+                "yarn.lock": "__metadata:\n  version: 8\n",
+                ".yarnrc.yml": "nodeLinker: node-modules\n",
+            },
+            "yarn install --immutable",
+            True,
+        ),
+        ({"yarn.lock": "__metadata:\n  version: 8\n"}, "yarn install --immutable", False),
+    ],
+)
+def test_init_reads_the_package_manager_from_the_lockfile(
+    repo: Path,
+    capsys: pytest.CaptureFixture[str],
+    files: dict[str, str],
+    build: str,
+    active: bool,
+) -> None:
+    body = {"name": "p", "scripts": {"test": "node --test"}, "workspaces": ["libs/*", "!libs/x"]}
+    (repo / "package.json").write_text(json.dumps(body))
+    (repo / ".gitignore").write_text("node_modules\n")
+    for name, text in files.items():
+        (repo / name).write_text(text)
+    code, said = run_json(capsys, "init", "--repo", str(repo), "--dry-run")
+    assert code == 0, said
+    (seed,) = said["seeds"]
+    assert build in seed["build"] and seed["active"] is active, seed
+    assert seed["also"] == ["libs/*/node_modules"] and "libs/*/package.json" in seed["key"]
+    if not active:  # Plug'n'Play: no node_modules to seed, and what to set is said
+        code, said = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "m.toml"))
+        assert "set `nodeLinker: node-modules`" in (repo / "m.toml").read_text()
+    (repo / ".gitignore").write_text("reports/\n")
+    code, said = run_json(capsys, "init", "--repo", str(repo), "--dry-run")
+    assert said["seeds"][0]["active"] is False  # git would see node_modules: said, not used
