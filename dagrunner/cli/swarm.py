@@ -305,8 +305,8 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             why += f" (tests: {', '.join(tests[:5])}{' ...' if tests[5:] else ''})" if tests else ""
             print(f"{entry.id:<50} {entry.state}" + (f"  {why}" if why else ""))
         for goal, red in red_targets(queue).items():
-            said = red.get("said") or f"{goal} itself fails {', '.join(red['fails'])}"
-            print(f"target {goal} is red since {str(red['since'])[:12]}: {said}")
+            line = red.get("said") or f"{goal} itself fails {', '.join(red['fails'])}"
+            print(f"target {goal} is red since {str(red['since'])[:12]}: {line}")
         return ExitCode.OK
     shown = None if args.json or args.quiet else _queue_status(args.repo, args.target)
     try:

@@ -5,4 +5,5 @@
 - ``junit``: ``junit.xml``.  ``ci``: annotations and summaries on CI.  ``ansi``: terminal
   colours in logs.  ``logtail``: the tail of a log for display.
 - ``testresults``: a gate's own JUnit file read back, bounded (where the attempt ran).
+- ``testnames``: a failed gate's failing tests named from its output, where it has no JUnit.
 """
