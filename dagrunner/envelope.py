@@ -279,6 +279,8 @@ def _check_fields(fields: dict[str, Any], where: str | None) -> None:
                 where,
                 f"names are {RULE}; re-export it from a worktree dagrunner allocated",
             )
+    if not isinstance(fields.get("subject", ""), str):  # its text is cleaned where it is used
+        raise _reject("envelope-field", "subject is not a string", where, "re-export it")
     session = fields.get("session")
     if session is not None and not is_safe_name(session):
         raise _reject(

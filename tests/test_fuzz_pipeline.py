@@ -22,6 +22,9 @@ FOUND = [
     32,
     # a planted failing hook: three innocent envelopes after it ended gates-failed
     2055,
+    # a conflicting front went while a suspect behind it was waiting for its confirmation,
+    # which was never launched: the integrator waited for a run that never came (a hang)
+    80,
 ]
 
 

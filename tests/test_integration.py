@@ -196,8 +196,10 @@ def test_batch_bisects_to_the_culprit(project: Path) -> None:
     assert states(project) == {"b1": "landed", "b2": "landed", "b3": "landed", "b4": "gates-failed"}
     # [b1..b4] fails and is split at once; [b1 b2] passes; [b3 b4] on it is the very tree
     # that failed (not gated), so it is split too: [b3] passes, and [b4] on it is that tree
-    # again -- blamed after its one confirmation, the only one of the run
-    assert result.gate_runs == 4 and result.confirm_runs == 1
+    # again -- blamed after its one confirmation, the only one of the run; and the target's
+    # head is gated once, after the first failure: it passes, so the failure is not its own
+    assert result.gate_runs == 5 and result.confirm_runs == 1
+    assert [str(r.verdict) for r in result.pipeline if not r.envelopes] == ["passed"]
     assert sorted(t.split(".")[1] for t in trailers(project)) == ["b1", "b2", "b3"]
     # the culprit's worktree is kept, and its outcome says so
     (b4,) = (e for e in result.envelopes if e.worker == "b4")

@@ -33,6 +33,7 @@ INTEGRATE_KEYS = [
     "confirm_runs", "resets", "window", "interrupted", "pipeline",
     "gates_reused", "gates_waited", "warnings",  # with reuse and landed proofs
     "gate_cpu", "batches", "target_red",  # batches that size themselves, differential
+    "held",  # items a red target holds (absolute baseline)
 ]  # fmt: skip
 
 

@@ -153,22 +153,35 @@ def test_differential_lands_what_adds_no_failure_and_names_what_is_new(project: 
     assert all(r.gates == ("tests",) for r in head_runs), result.pipeline
     assert "RED" in git(project, "show", "main:known.txt")  # the target is no worse
     shown = queue_status(repo=project)["target_red"]
+    said = (
+        "main itself fails tests: items are blamed only for what they add (baseline = differential)"
+    )
     assert shown == {"main": {"fails": ["tests::suite::test_known"], "since": red_since,
-                              "at": red[0].at}}  # fmt: skip
+                              "at": red[0].at, "said": said}}  # fmt: skip
 
 
-def test_absolute_is_todays_behaviour_every_item_fails_on_a_red_target(project: Path) -> None:
+def test_absolute_a_red_target_holds_every_item_but_one_that_adds_a_failure(
+    project: Path,
+) -> None:
+    """Absolute: nothing lands on a red target; an item is blamed only for what it adds
+    (e3's test_new), the rest stay queued (held), and the target's red is said."""
     red_target(project, "")
     before = git(project, "rev-parse", "main").strip()
     submit(repo_info(project), five_envelopes(project))
     result = integrate(repo=project)
-    assert set(states(project).values()) == {"gates-failed"}
+    assert states(project) == {
+        "e1": "queued",
+        "e2": "queued",
+        "e3": "gates-failed",
+        "e4": "queued",
+        "e5": "queued",
+    }
     assert git(project, "rev-parse", "main").strip() == before
-    assert not [e for e in watch(repo=project, follow=False) if e.event == "target-red"]
-    # every failure is blamed, and named by test case
+    red = [e for e in watch(repo=project, follow=False) if e.event == "target-red"]
+    assert len(red) == 1 and red[0].details.target_red == ("tests::suite::test_known",)
     named = {e.worker: e.details.failed_tests for e in result.envelopes}
-    assert named["e3"] == ("tests::suite::test_known", "tests::suite::test_new"), named
-    assert named["e1"] == ("tests::suite::test_known",), named
+    assert named == {"e3": ("tests::suite::test_new",)}, named  # not the target's own
+    assert len(result.held) == 4
 
 
 def test_a_red_target_that_a_landing_fixes_turns_green(project: Path) -> None:
@@ -330,14 +343,16 @@ def test_the_envelope_a_failure_names_is_gated_first_apart_from_the_rest(
     """The gate says ./n05.txt:1 broke it: n05 is gated alone on the batch's base and the
     rest at the same time, built without it; n05 fails the gate its batch failed and the
     rest passes without it: that is its confirmation (no re-run); it is blamed, the rest
-    lands.  Three runs in all, where halving 8 takes five, one after another."""
+    lands.  Three runs of envelopes in all, where halving 8 takes five, one after another
+    (and one of the target's head, once: does it fail the gate too?)."""
     base = git(project, "rev-parse", "main").strip()
     submit(repo_info(project), breaking(project, 8, {5: "BROKEN\n"}))
     result = integrate(repo=project, manifest=naming_gate(tmp_path, "-n"), batch=8, window=2)
     final = states(project)
     assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
-    runs = {(len(r.envelopes), str(r.verdict)): r for r in result.pipeline}
+    runs = {(len(r.envelopes), str(r.verdict)): r for r in result.pipeline if r.envelopes}
     assert sorted(runs) == [(1, "failed"), (7, "passed"), (8, "failed")]
+    assert [str(r.verdict) for r in result.pipeline if not r.envelopes] == ["passed"]
     assert result.confirm_runs == 0
     alone, rest = runs[1, "failed"], runs[7, "passed"]
     assert alone.envelopes[0].split(".")[1] == "n05" and alone.head == base == rest.head
@@ -496,7 +511,8 @@ def test_with_a_window_of_one_a_named_envelope_is_confirmed_by_a_rerun(
     final = states(project)
     assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
     runs = [(len(r.envelopes), str(r.verdict)) for r in result.pipeline]
-    assert runs == [(8, "failed"), (1, "failed"), (1, "confirmed"), (7, "passed")], runs
+    # the target's head, once, after the first failure: it passes, the failure is theirs
+    assert runs == [(8, "failed"), (0, "passed"), (1, "failed"), (1, "confirmed"), (7, "passed")]
     assert all(a.end <= b.start for a, b in itertools.pairwise(result.pipeline))
 
 

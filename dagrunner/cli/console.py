@@ -278,7 +278,8 @@ def _failed_tests(gate: GateResult, most: int = 10) -> list[str]:
     if tests.problem:
         return [f"    tests: {tests.problem}"]
     failed = tests.failed
-    lines = [f"    failed tests ({len(failed)} of {tests.tests}):"] if failed else []
+    counted = f"{len(failed)} of {tests.tests}" if tests.source == "junit" else "from its output"
+    lines = [f"    failed tests ({counted}):"] if failed else []
     for case in failed[:most]:
         where = f"{case.suite}::{case.name}" if case.suite else case.name
         lines.append(

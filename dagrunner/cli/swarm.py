@@ -299,12 +299,14 @@ def cmd_integrate(args: argparse.Namespace) -> int:
 
         queue = Queue.of(repo_info(args.repo))
         for entry in queue.entries().values():
-            print(f"{entry.id:<50} {entry.state}")
+            said = entry.details  # what failed it, or why it waits
+            why = ", ".join(said.failed_gates or ()) if entry.state == "gates-failed" else ""
+            tests = said.failed_tests if entry.state == "gates-failed" else None
+            why += f" (tests: {', '.join(tests[:5])}{' ...' if tests[5:] else ''})" if tests else ""
+            print(f"{entry.id:<50} {entry.state}" + (f"  {why}" if why else ""))
         for goal, red in red_targets(queue).items():
-            print(
-                f"target {goal} is red since {str(red['since'])[:12]}: it fails "
-                f"{', '.join(red['fails'])} (items are blamed only for what they add)"
-            )
+            line = red.get("said") or f"{goal} itself fails {', '.join(red['fails'])}"
+            print(f"target {goal} is red since {str(red['since'])[:12]}: {line}")
         return ExitCode.OK
     shown = None if args.json or args.quiet else _queue_status(args.repo, args.target)
     try:

@@ -33,10 +33,13 @@ from dagrunner.process.logs import redact_file
 from dagrunner.process.sandbox import AttemptResult, GateJob, tree_environment
 from dagrunner.process.toolcaches import ToolCaches
 from dagrunner.records.run import Attempt, Status, TestRun
+from dagrunner.report.logtail import read_log
+from dagrunner.report.testnames import from_output
 from dagrunner.report.testresults import read_junit
 from dagrunner.units import format_duration
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
+OUTPUT_READ = 1 << 20  # the last bytes of a failed gate's log its failing tests are named from
 
 
 # The variables that point common tools' caches somewhere (each under the gate's folder),
@@ -257,8 +260,13 @@ class GateRunner:
             return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
         attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")
         outcome = replace(judge(gate, tuple(attempts), command), cache=self.cache.miss_proof(node))
-        if gate.junit is None:
-            return outcome
+        if gate.junit is None:  # a failure's tests named from its output, where it says them
+            if outcome.status is not Status.FAILED:
+                return outcome
+            log = await trio.to_thread.run_sync(
+                lambda: read_log(self.run_dir, f"logs/{node}.log", limit=OUTPUT_READ)
+            )
+            return replace(outcome, tests=from_output(log))
         if self.executor_of(gate).name != "local":  # read where it ran, and sent back
             tests = result.tests or TestRun(
                 problem="no JUnit file came back: the attempt did not run to its end on a worker"

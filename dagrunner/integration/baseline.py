@@ -1,17 +1,22 @@
-"""What an item is blamed for: ``[integrate] baseline``.
+"""What an item is blamed for: ``[integrate] baseline``; and the target's own failures,
+under either baseline.
 
-``absolute`` (the default): every failure of its tree.  ``differential``: only the failures
-the target's own head does not have -- per JUnit test case where the gate writes JUnit
-(``junit = ...``) and the file was read, else per gate.  An item whose failures are all the
-target's lands (the target is no worse); one that adds a failure is ``gates-failed``, naming
-what it adds (``failed_tests``).
+``absolute`` (the default): every failure of its tree -- but never the target's own: an
+item whose run failed only gates the target's head fails too is *held* (``theirs``: queued
+again, not ``gates-failed``; nothing can land on a red target under this baseline, and its
+own failures, if any, are judged once the target is green).  ``differential``: only the
+failures the target's own head does not have -- per JUnit test case where the gate writes
+JUnit (``junit = ...``) and the file was read, else per gate.  An item whose failures are
+all the target's lands (the target is no worse); one that adds a failure is
+``gates-failed``, naming what it adds (``failed_tests``).
 
 The head's own verdict is known once per head and shared by every item: the first time an
-item fails on a head, the head itself is gated once (``Baseline.of``); a commit that lands
-under a differential verdict passes its verdict on (``landed``), so a run gates the head at
-most once plus once per foreign move of the target.  The first time the target is seen red,
-a ``target-red`` event names what it fails and since which head; ``target-green`` when a
-later head fails nothing (``integrate status`` shows the colour in between).
+item fails on a head, the head itself is gated once (``Baseline.of``: a trusted run, its
+failures confirmed by one more); a commit that lands passes its verdict on (``landed``), so
+a run gates the head at most once plus once per foreign move of the target.  The first time
+the target is seen red, a ``target-red`` event names what it fails and since which head,
+with one line for people (``line``); ``target-green`` when a later head fails nothing
+(``integrate status`` shows the colour in between).
 """
 
 from __future__ import annotations
@@ -22,11 +27,11 @@ from typing import Any
 
 import trio
 
-from dagrunner.integration.items import Finished
+from dagrunner.integration.items import Finished, Item
 from dagrunner.integration.queue import Queue
-from dagrunner.records.failures import WHOLE, Failures
-from dagrunner.records.integration import Details, EnvelopeState
-from dagrunner.records.run import RunRecord
+from dagrunner.records.failures import WHOLE, Failures, named
+from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
+from dagrunner.records.run import RunRecord, Status
 
 
 class Baseline:
@@ -38,20 +43,28 @@ class Baseline:
         gate_head: Callable[[str, tuple[str, ...]], Awaitable[RunRecord]],
         queue: Queue | None = None,
         target: str = "",
+        tally: PipelineTally | None = None,
     ) -> None:
         self.differential = mode == "differential"
         self.gate_head = gate_head  # one gate run of a head's tree (only those gates): its record
         self.known: dict[str, Failures] = {}
+        # the gates each known head was gated on (None: all of them; an absolute baseline
+        # asks only about the gates an item failed)
+        self.covered: dict[str, frozenset[str] | None] = {}
         self.pending: dict[str, trio.Event] = {}
         self.head_runs = 0
+        self.queue, self.target = queue, target
+        self.tally = tally or PipelineTally()  # its target_red: the colour last said
         # the first head seen red ('' while green); a red an earlier run said, from the journal
-        said = red_targets(queue).get(target, {}) if queue is not None and self.differential else {}
+        said = red_targets(queue).get(target, {}) if queue is not None else {}
         self.red_since: str = said.get("since") or ""
         self.red: tuple[str, ...] = tuple(said.get("fails", ()))  # what it failed, last said
+        self.tally.target_red = self.red
 
-    async def of(self, head: str) -> Failures:
-        """``head``'s failures: known, being found by another item, or found now."""
-        while head not in self.known:
+    async def of(self, head: str, gates: tuple[str, ...] = ()) -> Failures:
+        """``head``'s failures (of ``gates`` and what they need, when given; else of every
+        gate): known, being found by another item, or found now."""
+        while (want := self.unknown(head, gates)) is not None:
             if head in self.pending:
                 await self.pending[head].wait()
                 continue
@@ -59,16 +72,29 @@ class Baseline:
             try:
                 # its failures are confirmed as an item's are: only what fails twice is
                 # the target's (a flake of the head's own run would excuse a real break)
-                first = Failures.of(await self.gate_head(head, ()))
+                first = Failures.of(await self.gate_head(head, want))
                 if first.gates:
                     again = Failures.of(await self.gate_head(head, tuple(first.gates)))
                     first = first.confirmed_by(again)
                 self.head_runs += 1
-                self.known[head] = first
+                had = self.known.get(head, Failures())
+                self.known[head] = Failures({**had.gates, **first.gates}, had.hard | first.hard)
+                covered = self.covered.get(head, frozenset())
+                self.covered[head] = None if not want or covered is None else covered | set(want)
             finally:
                 del self.pending[head]
                 done.set()
         return self.known[head]
+
+    def unknown(self, head: str, gates: tuple[str, ...]) -> tuple[str, ...] | None:
+        """What of ``gates`` (() : all of them) ``head`` is still to be gated on (() : all);
+        None: nothing, its verdict on them is known."""
+        covered = self.covered.get(head, frozenset())
+        if covered is None:
+            return None
+        if not gates:
+            return ()
+        return tuple(g for g in gates if g not in covered) or None
 
     async def judge(self, done: Finished, head: str) -> tuple[Finished, Failures]:
         """A failed run judged against ``head``: passed when it adds nothing, else failing
@@ -80,37 +106,75 @@ class Baseline:
             return replace(done, passed=True, failing=()), new
         return replace(done, failing=tuple(g for g in done.failing if g in new.gates)), new
 
-    async def rejudge(self, failures: Failures | None, on: str, head: str) -> Failures | None:
-        """Failures excused on head ``on``, judged again on ``head`` (an item ahead may have
-        fixed them since): what is new there, or None when nothing is (or nothing changed)."""
+    async def weigh(self, item: Item, done: Finished, head: str) -> Finished | None:
+        """A failed run of ``item`` judged against the target's ``head`` (its verdict found
+        once: ``of``), and what the item is blamed for (``item.new_failures``).  Differential:
+        passed when it adds nothing, else failing only what it adds.  Absolute: None when
+        every gate it failed (ran and failed: not skipped or cancelled by its first failure)
+        fails the same way on ``head`` -- the target's own, and ``item`` is held -- else as
+        it is.  A change of the target's colour is announced on ``item``'s line."""
+        if self.differential:
+            done, new = await self.judge(done, head)
+            item.new_failures = named(done.record, new)
+            item.excused_on = head if done.passed else ""
+        elif done.record is not None:
+            record = done.record
+            failed = [g for g in record.gates if g.status in (Status.FAILED, Status.TIMED_OUT)]
+            ran = {g.id for g in failed}
+            asked = tuple(sorted({g.shard_of or g.id for g in failed}))
+            mine = Failures.of(record)
+            new = mine.without(set(mine.gates) - ran).beyond(await self.of(head, asked))
+            if ran and not new.gates:
+                self.announce(item.ids[0], EnvelopeState.GATING, head)
+                return None
+            item.new_failures = tuple(n for n in named(record, new) if "::" in n)
+        self.announce(item.ids[0], EnvelopeState.GATING, head)
+        return done
+
+    async def rejudged(self, front: Item, head: str) -> tuple[str, ...]:
+        """The failures excused on ``front`` on an earlier head, judged again on ``head`` (an
+        item ahead may have fixed them since): the gates with something new there (named in
+        ``front.new_failures``), or () when nothing is (or nothing changed)."""
+        on, failures = front.excused_on, front.failures
+        front.excused_on = head if on else ""
         if not on or on == head or failures is None:
-            return None
+            return ()
         new = failures.beyond(await self.of(head))
-        return new if new.gates else None
+        front.new_failures = new.names()
+        return tuple(new.gates)
 
     def landed(self, commit: str, failures: Failures | None) -> None:
-        """``commit`` landed with these failures (the target's, excused): the new head's."""
-        if self.differential and failures is not None:
-            self.known[commit] = failures
+        """``commit`` landed with these failures (the target's, excused; none under an
+        absolute baseline, where every gate passed on it): the new head's."""
+        if failures is not None:
+            self.known[commit], self.covered[commit] = failures, None
 
-    def announce(
-        self, queue: Queue, item: str, state: EnvelopeState, head: str
-    ) -> tuple[str, ...] | None:
-        """A change of colour at ``head`` journaled on ``item``'s line (``colour``); what
-        the target fails now (() when it turned green; None when nothing changed)."""
-        news = self.colour(head) if self.differential else None
-        if news is None:
-            return None
+    def announce(self, item: str, state: EnvelopeState, head: str) -> None:
+        """A change of colour at ``head`` journaled on ``item``'s line (``colour``), and
+        what the target fails now in the tally (() when it turned green)."""
+        news = self.colour(head)
+        if news is None or self.queue is None:
+            return
         event, failures = news
-        queue.record(
+        fails = failures.names()
+        note = self.line(fails) if fails else f"on {head}"
+        self.queue.record(
             item,
             state,
-            Details(
-                target_red=failures.names(), red_since=self.red_since or None, note=f"on {head}"
-            ),
+            Details(target_red=fails, red_since=self.red_since or None, note=note),
             event=event,
         )
-        return failures.names()
+        self.tally.target_red = fails
+
+    def line(self, fails: tuple[str, ...]) -> str:
+        """The one line a red target is said in: what it fails, and what that means."""
+        gates = ", ".join(dict.fromkeys(name.split("::", 1)[0] for name in fails))
+        means = (
+            "items are blamed only for what they add (baseline = differential)"
+            if self.differential
+            else "nothing can land until they pass (or see baseline = differential)"
+        )
+        return f"{self.target or 'the target'} itself fails {gates}: {means}"
 
     def colour(self, head: str) -> tuple[str, Failures] | None:
         """A change of the target's colour to announce: ('target-red', what it fails) the
@@ -138,6 +202,7 @@ def red_targets(queue: Queue) -> dict[str, dict[str, Any]]:
                 "fails": list(line.details.target_red or ()),
                 "since": line.details.red_since,
                 "at": line.at,
+                "said": line.details.note or "",
             }
         elif line.event == "target-green":
             red.pop(goal, None)

@@ -33,7 +33,7 @@ POLL = 0.1  # seconds between looks at the journal while following it
 # events that are not a state of their own
 NAMED = (
     *("flaky", "speculation-reset", "overlap"),
-    *("batch-size", "target-red", "target-green", "gate-run", "named"),
+    *("batch-size", "target-red", "target-green", "gate-run", "named", "held"),
 )
 
 # What each final state means to ``integrate submit --wait`` (docs/integration.md).

@@ -52,6 +52,7 @@ class Item:
     manifest: Path | None = None
     applied: list[tuple[Envelope, str]] = field(default_factory=list)
     confirms: int = 0
+    certain: bool = False  # its last run failed as any re-run would (``Failures.rerunnable``)
     failing: tuple[str, ...] = ()
     flaky: tuple[str, ...] = ()
     # the landing invariant's (``proofs.py``): the gates with a pass on its tree, from any
@@ -168,6 +169,15 @@ class GateRun:
             slot=item.slot,
             tree=item.tree,
         )
+
+    def account(self, queue: Queue, said: Speculation, finished: Finished | None) -> None:
+        """What the run cost, for ``integrate stats``: one ``gate-run`` line per run of an
+        item (a run of the target's head has none)."""
+        if self.ids:
+            cpu = round(finished.cpu, 3) if finished is not None else 0.0
+            note = "cancelled" if said.verdict is Verdict.CANCELLED else None
+            details = Details(gate_run=self.number, gate_cpu=cpu, note=note)
+            queue.record(self.ids[0], EnvelopeState.GATING, details, event="gate-run")
 
     def speculation(
         self, finished: Finished | None, start: float, end: float, report: str

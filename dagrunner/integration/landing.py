@@ -10,7 +10,10 @@ says why -- the envelopes stay queued and no user file is touched.
 The trailers the integrator writes on each commit, and reading them back strictly.
 
 ``Dagrunner-Envelope`` names the envelope and ``Dagrunner-Envelope-Sha256`` its
-diff's hash.  Recovery after a crash counts an envelope as landed only when a
+diff's hash.  They are always the message's last paragraph, after the target's
+``[integrate] message`` template; the worker's own subject line it may hold (``{subject}``)
+is the envelope's, so untrusted: one line of printable text, bounded (``subject_of``),
+which can never become a paragraph of its own, let alone the trailers'.  Recovery after a crash counts an envelope as landed only when a
 commit on the target carries exactly one of each and the hash matches the
 queued envelope: text that anyone else wrote into a message proves nothing.
 """
@@ -18,6 +21,7 @@ queued envelope: text that anyone else wrote into a message proves nothing.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +30,7 @@ import trio
 from dagrunner.files import crash_point
 from dagrunner.git.command import git, is_dirty
 from dagrunner.integration import target_checkout as checkouts
+from dagrunner.manifest.fields import DEFAULT_MESSAGE
 from dagrunner.names import is_safe_id
 from dagrunner.records.integration import (
     Details,
@@ -132,10 +137,29 @@ TRAILER = "Dagrunner-Envelope"
 SHA_TRAILER = "Dagrunner-Envelope-Sha256"
 
 
-def commit_message(envelope: Envelope) -> str:
-    """The integrator's commit message for a (validated) envelope."""
+MAX_SUBJECT = 200  # characters of a worker's subject line kept in a landed commit's message
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")  # newlines, escapes
+
+
+def subject_of(envelope: Envelope) -> str:
+    """The worker's own subject line (the envelope's ``subject``), as one line: control
+    characters and line breaks each a space, blanks collapsed, at most ``MAX_SUBJECT``
+    characters; ``mission/worker`` when it has none."""
+    raw = envelope.fields.get("subject")
+    text = " ".join(_UNPRINTABLE.sub(" ", raw).split()) if isinstance(raw, str) else ""
+    if len(text) > MAX_SUBJECT:
+        text = text[: MAX_SUBJECT - 1].rstrip() + "\u2026"
+    return text or f"{envelope.mission}/{envelope.worker}"
+
+
+def commit_message(envelope: Envelope, template: str = DEFAULT_MESSAGE) -> str:
+    """The integrator's commit message for a (validated) envelope: the target's template
+    (validated at manifest load: only these three placeholders), then the trailers."""
+    said = template.format(
+        mission=envelope.mission, worker=envelope.worker, subject=subject_of(envelope)
+    )
     return (
-        f"dagrunner: integrate {envelope.mission}/{envelope.worker}\n\n"
+        f"{said.strip()}\n\n"
         f"{TRAILER}: {envelope.id}\nDagrunner-Mission: {envelope.mission}\n"
         f"Dagrunner-Worker: {envelope.worker}\nDagrunner-Base: {envelope.base}\n"
         f"{SHA_TRAILER}: {envelope.diff_sha256}\n"

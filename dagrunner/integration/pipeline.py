@@ -14,8 +14,10 @@ compare-and-swap, as soon as it and every item ahead of it passed.
   (``confirm_failures``).  All passing marks the failed ones ``flaky``; a confirmed failure
   halves the window (never below 2), and it is ``gates-failed`` at the front.
 - Nothing lands without a pass of every gate on exactly its tree (``proofs``).
-- ``[integrate] baseline = "differential"``: a failure the target's head has too is not the
-  item's (``baseline``).
+- A failure the target's head has too is never the item's (``baseline``): under
+  ``[integrate] baseline = "differential"`` it is excused; under the absolute one the item
+  is held (queued again, gated again once the target's head moves).  A failure a re-run
+  cannot change (a missing program: ``Failures.rerunnable``) is not confirmed.
 - A conflict on the target's head is final; behind the front or a batch sibling, it waits.
 - The window grows by one after each landing; an urgent item pre-empts (``batching``).
 
@@ -43,13 +45,12 @@ from dagrunner.integration.batching import Intake, Sizer, coalesce, resolve
 from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window, journal
 from dagrunner.integration.trees import Trees
 from dagrunner.manifest.load import Manifest
-from dagrunner.records.failures import Failures
+from dagrunner.records.failures import Failures, named, rerunnable
 from dagrunner.records.integration import (
     Details,
     EnvelopeState,
     LandOutcome,
     PipelineTally,
-    Verdict,
 )
 
 if TYPE_CHECKING:
@@ -89,8 +90,9 @@ class Pipeline:
         self.intake = Intake(it, self.sizer)
         self.namer = batching.Namer(it.queue)
         head_run = lambda head, only: self.trees.gate_head(head, self.tally, self.t0, only)  # noqa: E731
-        self.baseline = Baseline(manifest.integrate.baseline, head_run, it.queue, it.target)
-        self.tally.target_red = self.baseline.red
+        mode = manifest.integrate.baseline
+        self.baseline = Baseline(mode, head_run, it.queue, it.target, self.tally)
+        self.held: list[Item] = []  # failing only as the target's head does (absolute)
         # trees a gate run failed on in this run: an item built to the very same tree has
         # its verdict without a run (the second half of a failed batch, on its first half)
         self.failed_trees: dict[str, tuple[tuple[str, ...], str]] = {}
@@ -101,8 +103,7 @@ class Pipeline:
         self.t0 = trio.current_time()
         send, self.receive = trio.open_memory_channel[Finished | None](math.inf)
         self.send = send
-        # Landed workers are cleaned while later items are gated; those cleanups are
-        # finished (never cancelled) before the run returns.
+        # Landed workers are cleaned while later items are gated, all before the run returns.
         async with trio.open_nursery() as cleaners:
             self.cleaners = cleaners
             async with trio.open_nursery() as nursery:
@@ -117,15 +118,21 @@ class Pipeline:
                     self.preempt()
                     self.confirm_next()
                     await self.fill()
+                    self.confirm_next()  # fill may have put a suspect at the front
                     if not self.items:
                         break
                     if self.items[0].stage in DECIDED:
                         continue  # fill settled what was at the front: settle what is now
+                    # nothing gating and nothing decided would wait forever: a bug, not a hang
+                    assert self.in_flight or self.receive.statistics().current_buffer_used
                     done = await self.receive.receive()
                     if done is not None:  # None: a priority item was submitted
                         await self.take(done)
                 nursery.cancel_scope.cancel()
         self.intake.requeue(self.items, self.tally)
+        self.tally.held = [i for item in self.held for i in item.ids]
+        if self.tally.target_red:
+            self.tally.warnings.append(self.baseline.line(self.tally.target_red))
         self.tally.warnings.extend(self.trees.warnings)
         # Slots an earlier, wider run made and this one did not use: nothing is kept there.
         await trio.to_thread.run_sync(self.trees.remove_unused)
@@ -145,10 +152,11 @@ class Pipeline:
         """Land or judge at the front while the front is decided."""
         while self.items and not self.it.stop:
             front = self.items[0]
-            if front.stage is Stage.PASSED and await self.rejudged(front):
-                continue
-            if front.stage is Stage.PASSED:
-                await self.land(front)
+            if front.stage is Stage.PASSED:  # an excused front may add failures on this head
+                if new := await self.baseline.rejudged(front, self.head):
+                    self.failed(front, new, front.report, inferred=True)
+                else:
+                    await self.land(front)
             elif front.stage is Stage.FAILED:
                 self.blame(front)
             elif front.stage is Stage.DEFERRED:
@@ -272,11 +280,7 @@ class Pipeline:
         self.in_flight -= 1
         said = run.speculation(finished, start, trio.current_time() - self.t0, str(run_dir))
         self.tally.pipeline.append(said)
-        if run.ids:  # what the run cost, for ``integrate stats`` (one line per run)
-            cpu = round(finished.cpu, 3) if finished is not None else 0.0
-            note = "cancelled" if said.verdict is Verdict.CANCELLED else None
-            details = Details(gate_run=run.number, gate_cpu=cpu, note=note)
-            self.it.queue.record(run.ids[0], EnvelopeState.GATING, details, event="gate-run")
+        run.account(self.it.queue, said, finished)
         if finished is not None:
             self.send.send_nowait(finished)
 
@@ -289,16 +293,16 @@ class Pipeline:
         seen = Failures.of(done.record) if done.record is not None else Failures()
         item.passed |= done.passes  # a run of exactly its tree (the generation says so)
         item.proven = {**item.proven, **done.proven}
-        if not done.passed:  # what failed, by JUnit test case
+        if not done.passed:  # what failed, by test case
             item.seen = seen if not done.confirm else item.seen
-            item.new_failures = tuple(n for n in seen.names() if "::" in n)
-        if not done.passed and self.baseline.differential:
-            done, new = await self.baseline.judge(done, self.head)
-            item.new_failures = new.names()
-            item.excused_on = self.head if done.passed else ""
-            self.announce(item, EnvelopeState.GATING)
+            item.new_failures = tuple(n for n in named(done.record) if "::" in n)
+        if not done.passed:  # the target's head's own failures are not the item's
+            judged = await self.baseline.weigh(item, done, self.head)
             if done.generation != item.generation or item not in self.items:
                 return  # reset while the target's head was gated
+            if judged is None:
+                return self.hold(item)
+            done = judged
         if done.passed:
             item.failures = seen  # its own failures are all the target's (or none)
             item.excused |= proofs.failures(done.record)  # judged so: the target's own
@@ -317,6 +321,7 @@ class Pipeline:
         if done.tree:
             self.failed_trees[done.tree] = (done.failing, done.report)
         await self.namer.name(item, done)
+        item.certain = done.record is not None and not rerunnable(done.record)
         self.failed(item, done.failing, done.report)
 
     def failed(
@@ -326,7 +331,8 @@ class Pipeline:
         or its verdict no longer holds on the target's head)."""
         item.failing, item.report = failing, report
         item.rerun = proofs.rerun(item.manifest, item.passed)  # not only what failed
-        if len(item.envelopes) == 1 and item.confirms < self.confirm:
+        certain, item.certain = item.certain and not inferred, False  # a re-run: no use
+        if len(item.envelopes) == 1 and item.confirms < self.confirm and not certain:
             # Confirmed only when every item ahead passed: until then the failure may be
             # theirs, and a re-run would be spent on it.  A batch is not confirmed: it is
             # split, and the envelope it is narrowed down to is.
@@ -393,6 +399,22 @@ class Pipeline:
         if reset:
             crash_point("speculation-reset")
 
+    def hold(self, item: Item) -> None:
+        """Its tree failed only as the target's head does (absolute baseline): not blamed,
+        queued again (a ``held`` event) and gated again once the target's head moves."""
+        index = self.items.index(item)
+        self.items.pop(index)
+        self.trees.give(item.reset())
+        self.held.append(item)
+        self.reset_from(index, cause=item)  # what was built on it is built without it
+        said = Details(target_red=self.tally.target_red, note="the target's own failure")
+        journal(self.it.queue, item, said, EnvelopeState.QUEUED, event="held")
+
+    def unhold(self) -> None:
+        """The target's head moved: what was held is gated again, after what is in flight."""
+        self.items.extend(self.held)
+        self.held.clear()
+
     def blame(self, front: Item) -> None:
         """A confirmed failure at the front: judge the one envelope (a batch was split)."""
         self.items.pop(0)
@@ -406,20 +428,13 @@ class Pipeline:
         required = await trio.to_thread.run_sync(proofs.required, front.manifest)
         if missing := proofs.gaps(required, front.passed, front.excused):
             return self.failed(front, missing, front.report, inferred=True)
-
-        def land() -> LandOutcome:
-            with it.git_lock:
-                landed = it.land(front.base, front.applied, front.commit, flaky=front.flaky)
-                if landed is LandOutcome.LANDED and (said := self.trees.prove(front)):
-                    self.tally.warnings.append(said)
-                return landed
-
-        outcome = await trio.to_thread.run_sync(land)
+        outcome = await trio.to_thread.run_sync(self.trees.land, front)
         if outcome is LandOutcome.LANDED:
             self.baseline.landed(front.commit, front.failures)
             self.items.pop(0)
             self.head, self.moves = front.commit, 0
-            self.announce(front, EnvelopeState.LANDED)
+            self.baseline.announce(front.ids[0], EnvelopeState.LANDED, self.head)
+            self.unhold()
             self.window = min(self.ceiling, self.window + 1)
             self.cleaners.start_soon(landing.clean, self.it, [e.id for e in front.envelopes])
         elif outcome is LandOutcome.MOVED:
@@ -431,20 +446,5 @@ class Pipeline:
             self.tally.rebuilds += 1
             self.head = it.head()
             self.reset_from(0, cause=None)
+            self.unhold()
         # BLOCKED: landing.block said why, queued the front again and stopped the run
-
-    async def rejudged(self, front: Item) -> bool:
-        """An excused front that adds failures on the head it lands on is failed (True)."""
-        new = await self.baseline.rejudge(front.failures, front.excused_on, self.head)
-        front.excused_on = self.head if front.excused_on else ""
-        if new is None:
-            return False
-        front.new_failures = new.names()
-        self.failed(front, tuple(new.gates), front.report, inferred=True)
-        return True
-
-    def announce(self, item: Item, state: EnvelopeState) -> None:
-        """The target's colour changed: said once, on ``item``'s first envelope's line."""
-        said = self.baseline.announce(self.it.queue, item.ids[0], state, self.head)
-        if said is not None:
-            self.tally.target_red = said

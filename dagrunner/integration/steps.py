@@ -39,6 +39,7 @@ from dagrunner.integration.landing import commit_message
 from dagrunner.integration.needs import Batch
 from dagrunner.integration.pipeline import Pipeline
 from dagrunner.integration.queue import Queue, QueueEntry
+from dagrunner.manifest.fields import DEFAULT_MESSAGE
 from dagrunner.manifest.load import load_manifest
 from dagrunner.records.integration import (
     Details,
@@ -109,6 +110,7 @@ class Integrator:
         self.outcomes: dict[str, EnvelopeOutcome] = {}
         self.meta: dict[str, QueueEntry] = {}  # the queue's entries, read when one is unknown
         self.protected: tuple[str, ...] = ()  # the target manifest's [integrate] protected
+        self.message = DEFAULT_MESSAGE  # and its [integrate] message: a landed commit's
         self.judging: dict[str, tuple[str, ...]] = {}  # envelope -> files that judge work
         self.drain: Pipeline | None = None  # the run's, once it drains: its tally says why it stops
         self.deadline, self.stop = recovery.Deadline(self), False
@@ -228,6 +230,7 @@ class Integrator:
         # a bad or missing manifest fails before anything is applied
         manifest = load_manifest(self.trusted_manifest(start))
         self.protected = manifest.integrate.protected
+        self.message = manifest.integrate.message
         window = self.window or manifest.integrate.window
         confirm = self.confirm_failures
         if confirm is None:
@@ -326,7 +329,7 @@ class Integrator:
             patch.unlink(missing_ok=True)
         if result.returncode == 0:
             self.judging[envelope.id] = judging_files(envelope.touched, self.manifest_rel())
-            message = commit_message(envelope)
+            message = commit_message(envelope, self.message)
             git(
                 # no automatic gc/maintenance here: it would repack refs under a landing
                 [

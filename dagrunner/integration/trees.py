@@ -22,7 +22,7 @@ from dagrunner.integration import proofs
 from dagrunner.integration.items import Finished, GateRun, Item
 from dagrunner.manifest.load import Manifest
 from dagrunner.process import share
-from dagrunner.records.integration import PipelineTally, Speculation, Verdict
+from dagrunner.records.integration import LandOutcome, PipelineTally, Speculation, Verdict
 from dagrunner.records.run import RunRecord, RunStatus, Status
 from dagrunner.starter.venvs import in_place
 from dagrunner.worktrees import seeds
@@ -230,6 +230,15 @@ class Trees:
             )
         )
         return record
+
+    def land(self, front: Item) -> LandOutcome:
+        """Move the target to ``front``'s tree (``Integrator.land``, under the git lock); its
+        landed proof written once it is there (a warning when it could not be)."""
+        with self.it.git_lock:
+            landed = self.it.land(front.base, front.applied, front.commit, flaky=front.flaky)
+            if landed is LandOutcome.LANDED and (said := self.prove(front)):
+                self.warnings.append(said)
+            return landed
 
     def prove(self, landed: Item) -> str | None:
         """The landed commit's proof in refs/notes/dagrunner; a warning when not written."""

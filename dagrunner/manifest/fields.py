@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from string import Formatter
 from typing import Any, TypeVar
 
 from dagrunner.diagnostics import Problems
@@ -193,6 +194,37 @@ def baseline(raw: Any) -> str:
         raise TypeMismatch("a string")
     if raw not in BASELINES:
         raise ValueError(f"{raw!r} is not one of {', '.join(BASELINES)}")
+    return raw
+
+
+MESSAGE_FIELDS = ("mission", "worker", "subject")
+DEFAULT_MESSAGE = "dagrunner: integrate {mission}/{worker}"
+MAX_MESSAGE = 1000
+
+
+def message_template(raw: Any) -> str:
+    """A landed commit's message above its trailers: text with ``{mission}``, ``{worker}``
+    and ``{subject}`` (``{{``/``}}`` for braces); nothing else is substituted."""
+    if not isinstance(raw, str):
+        raise TypeMismatch("a string")
+    if not raw.strip() or len(raw) > MAX_MESSAGE:
+        raise ValueError(f"must be 1 to {MAX_MESSAGE} characters, not only spaces")
+    try:
+        parts = list(Formatter().parse(raw))
+    except ValueError as exc:  # a lone brace
+        raise ValueError(f"{show(raw)} is not a template: {exc} (write {{{{ for a brace)") from None
+    for _, name, spec, conversion in parts:
+        if name is not None and (name not in MESSAGE_FIELDS or spec or conversion):
+            shown = (
+                "{"
+                + name
+                + (f"!{conversion}" if conversion else "")
+                + (f":{spec}" if spec else "")
+                + "}"
+            )
+            raise ValueError(
+                f"unknown placeholder {shown}; use {', '.join('{' + f + '}' for f in MESSAGE_FIELDS)}"
+            )
     return raw
 
 

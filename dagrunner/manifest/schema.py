@@ -51,6 +51,12 @@ FRAGMENTS: dict[Callable[[Any], Any], dict[str, Any]] = {
     f.retries: {"type": "integer", "minimum": 0, "maximum": f.MAX_RETRIES},
     f.batch: {"type": "integer", "minimum": 1, "maximum": f.MAX_BATCH},
     f.baseline: {"enum": list(f.BASELINES)},
+    f.message_template: {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": f.MAX_MESSAGE,
+        "description": "a landed commit's message: text with {mission}, {worker}, {subject}",
+    },
     f.writable_paths: {
         **_STRINGS,
         "description": "absolute paths, or paths relative to the repository, a gate may write",

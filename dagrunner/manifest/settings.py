@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagrunner.manifest.fields import (
+    DEFAULT_MESSAGE,
     Table,
     TypeMismatch,
     auto,
@@ -20,6 +21,7 @@ from dagrunner.manifest.fields import (
     globs,
     inside_repository,
     is_empty,
+    message_template,
     port_count,
     port_range,
     show,
@@ -90,6 +92,8 @@ class IntegrateSpec:
     signing_key: str | None = None
     batch: int | None = None  # envelopes gated together; None: sized from the outcomes (auto)
     baseline: str = "absolute"  # or "differential": blame only what the target lacks
+    # a landed commit's message above its trailers ({mission}, {worker}, {subject})
+    message: str = DEFAULT_MESSAGE
 
 
 INTEGRATE_SETTINGS = (
@@ -99,6 +103,7 @@ INTEGRATE_SETTINGS = (
     "signing_key",
     "batch",
     "baseline",
+    "message",
 )
 
 
@@ -110,6 +115,7 @@ def read_integrate_settings(table: Table) -> IntegrateSpec:
         signing_key=table.take("signing_key", string, None),
         batch=table.take("batch", auto(batch), None),
         baseline=table.take("baseline", baseline, "absolute"),
+        message=table.take("message", message_template, DEFAULT_MESSAGE),
     )
 
 

@@ -37,7 +37,9 @@ class Failures:
                 and "tree-modified" not in gate.reason
             )
             tests = gate.tests
-            failed = tests.failed if tests is not None and not tests.problem else ()
+            if tests is not None and (tests.problem or tests.source != "junit"):
+                tests = None  # names read from a log are never a complete list
+            failed = tests.failed if tests is not None else ()
             complete = (
                 bool(failed) and tests is not None and len(failed) == tests.failures + tests.errors
             )
@@ -95,3 +97,40 @@ class Failures:
             elif cases and theirs and (extra := cases - theirs):
                 new[gate] = extra
         return Failures(new, frozenset(g for g in self.hard if g in new))
+
+
+def rerunnable(record: RunRecord) -> bool:
+    """Whether a re-run of ``record``'s failed gates could end otherwise: not when each of
+    them failed for a program that is not there (could not start, or the shell's exit 127,
+    ``command not found``) -- the same tree, seeds and PATH fail the same way."""
+    failed = [g for g in record.gates if g.status in (Status.FAILED, Status.TIMED_OUT)]
+    return not failed or not all(
+        gate.attempts
+        and (
+            gate.attempts[-1].exit_code == 127
+            or gate.attempts[-1].error.startswith("could not start ")
+        )
+        for gate in failed
+    )
+
+
+def named(record: RunRecord | None, within: Failures | None = None) -> tuple[str, ...]:
+    """The failing tests ``record``'s gates name (their JUnit files, or read from their
+    output), as ``gate::suite::case``, sorted.  ``within``: only what is there -- the
+    failures a baseline found new: its cases, and for a gate it judges whole, ``gate``
+    and the cases its output names."""
+    out: set[str] = set()
+    for gate in record.gates if record is not None else ():
+        tests = gate.tests
+        if gate.status.ok or tests is None or tests.problem:
+            continue
+        cases = {f"{c.suite}::{c.name}" for c in tests.failed}
+        if within is not None:
+            wanted = within.gates.get(gate.id)
+            if wanted is None or (not wanted and tests.source == "junit"):
+                continue
+            cases = cases & wanted if wanted else cases
+        out.update(f"{gate.id}::{c}" for c in cases)
+    if within is not None:
+        out.update(within.names())
+    return tuple(sorted(out))

@@ -286,7 +286,8 @@ class PipelineTally:
     warnings: list[str] = field(default_factory=list)  # a landed proof not written, ...
     gate_cpu: float = 0.0  # CPU-seconds of every gate process tree run (reused ones: none)
     batches: list[int] = field(default_factory=list)  # the batch sizes chosen, in order
-    target_red: tuple[str, ...] = ()  # differential: what the target's head failed, last seen
+    target_red: tuple[str, ...] = ()  # what the target's head failed, last seen
+    held: list[str] = field(default_factory=list)  # queued again: failing only as the target does
 
 
 @dataclass
@@ -312,7 +313,8 @@ class IntegrationResult:
     checkout_stale: StaleCheckout | None = None  # landed, but the checkout could not follow
     gate_cpu: float = 0.0  # CPU-seconds of every gate process tree the run ran
     batches: list[int] = field(default_factory=list)  # the batch sizes it chose, in order
-    target_red: tuple[str, ...] = ()  # differential: what the target's head failed, last seen
+    target_red: tuple[str, ...] = ()  # what the target's head failed, last seen
+    held: list[str] = field(default_factory=list)  # queued again: failing only as the target does
 
     @property
     def gates_failed(self) -> bool:
@@ -328,6 +330,7 @@ class IntegrationResult:
             and not self.target_moving
             and not self.checkout_stale
             and not self.gates_failed
+            and not self.held
         )
 
     @property
@@ -370,4 +373,5 @@ class IntegrationResult:
             "gate_cpu": round(self.gate_cpu, 3),
             "batches": self.batches,
             "target_red": list(self.target_red),
+            "held": self.held,
         }

@@ -85,7 +85,9 @@ class TestCase:
 @dataclass(frozen=True, kw_only=True)
 class TestRun:
     """What a gate's JUnit file says (``testresults.py``): counts, and the cases that did not
-    pass; or why it could not be read (``problem``)."""
+    pass; or why it could not be read (``problem``).  ``source`` "output": a gate without a
+    JUnit file whose failing tests were read from its log (``report/testnames.py``): names
+    for people, never a complete list (a baseline judges such a gate as a whole)."""
 
     __test__ = False  # not a pytest class
 
@@ -97,6 +99,7 @@ class TestRun:
     problem: str = ""
     # seconds per test file (a case's ``file``, else its ``classname``): how a split is balanced
     seconds: Mapping[str, float] = field(default_factory=dict)
+    source: str = "junit"  # junit | output
 
     @property
     def failed(self) -> tuple[TestCase, ...]:
@@ -123,6 +126,7 @@ class TestRun:
             skipped=count("skipped"),
             cases=cases,
             problem=str(body.get("problem", "")),
+            source="output" if body.get("source") == "output" else "junit",
             seconds={
                 str(k): float(v)
                 for k, v in (body.get("seconds") or {}).items()

@@ -6,4 +6,5 @@
   colours in logs.  ``logtail``: the tail of a log for display.
 - ``testresults``: a gate's own JUnit file read back, bounded (where the attempt ran).
 - ``diagnose``: a failed gate's one line of why (a missing seed's program, an unreachable host).
+- ``testnames``: a failed gate's failing tests named from its output, where it has no JUnit.
 """

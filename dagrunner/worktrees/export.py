@@ -141,6 +141,9 @@ def export_worktree(
         changed = changed_files(path, base, state.env, diff)
     head = git(["rev-parse", "HEAD"], cwd=path).text
     branch = git(["symbolic-ref", "--short", "-q", "HEAD"], cwd=path, check=False).text
+    # the worker's own subject line (its newest commit since the base), for the message a
+    # landed commit may carry ([integrate] message); '' when it committed nothing
+    subject = git(["log", "-1", "--format=%s", f"{base}..HEAD"], cwd=path, check=False).text
     base_tree = git(["rev-parse", f"{base}^{{tree}}"], cwd=path).text
     try:
         text, encoding = diff.decode("utf-8"), "utf-8"
@@ -157,6 +160,7 @@ def export_worktree(
         "head": head,
         "tree": tree,
         "branch": branch,
+        "subject": subject,
         "status": [entry for entry in status if entry],
         "changed_files": changed,
         "empty": tree == base_tree,

@@ -1,0 +1,153 @@
+"""Failing tests named from a gate's output for every common runner (a gate without a JUnit
+file), and named where people look: the outcome's ``failed_tests``, ``integrate status``
+and the terminal.
+
+pytest, unittest and ``node --test`` (both its TAP and spec reporters) are run for real
+here.  vitest, jest, mocha, go test and cargo test cannot be installed offline on the test
+machine: their samples in ``tests/fixtures/runner-output/`` were written by hand in each
+runner's documented output format (vitest 1.x, jest 29, mocha 10 spec reporter, go test
+-v, cargo test), not captured from a run."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import commit_release_manifest, git
+from test_integration import states, worker
+
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
+from dagrunner.report.testnames import from_output
+
+FIXTURES = Path(__file__).parent / "fixtures" / "runner-output"
+
+SUITE = """import unittest
+
+
+class Calc(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(1 + 1, 2)
+
+    def test_sub(self):
+        self.assertEqual(2 - 1, int(open("answer.txt").read()))
+
+    def test_err(self):
+        if open("answer.txt").read().strip() != "1":
+            raise RuntimeError("boom")
+
+
+def test_plain():
+    assert 1 == 2
+"""
+
+
+def names(text: str) -> list[str]:
+    found = from_output(text)
+    assert found is None or found.source == "output"
+    return [f"{c.suite}::{c.name}" if c.suite else c.name for c in found.cases] if found else []
+
+
+def ran(cwd: Path, *argv: str) -> str:
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    assert done.returncode != 0, done.stdout
+    return done.stdout + done.stderr
+
+
+@pytest.fixture
+def suite(tmp_path: Path) -> Path:
+    (tmp_path / "test_m.py").write_text(SUITE)
+    (tmp_path / "answer.txt").write_text("3\n")
+    return tmp_path
+
+
+def test_pytest_short_summary(suite: Path) -> None:
+    out = ran(suite, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_m.py")
+    assert names(out) == ["test_m.py::Calc::test_err", "test_m.py::Calc::test_sub",
+                          "test_m.py::test_plain"]  # fmt: skip
+
+
+def test_unittest_fail_and_error_lines(suite: Path) -> None:
+    out = ran(suite, sys.executable, "-m", "unittest", "test_m")
+    assert sorted(names(out)) == ["test_m.Calc::test_err", "test_m.Calc::test_sub"]
+
+
+NODE_SUITE = """const test = require('node:test');
+const assert = require('node:assert');
+test('adds numbers', () => { assert.strictEqual(1 + 1, 2); });
+test('subtracts numbers', () => { assert.strictEqual(2 - 1, 3); });
+test('a suite', async (t) => {
+  await t.test('inner passes', () => {});
+  await t.test('inner fails', () => { throw new Error('boom'); });
+});
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@pytest.mark.parametrize("reporter", ["tap", "spec"])
+def test_node_test_runner(tmp_path: Path, reporter: str) -> None:
+    (tmp_path / "a.test.js").write_text(NODE_SUITE)
+    out = ran(tmp_path, "node", "--test", f"--test-reporter={reporter}", "a.test.js")
+    # the parent "a suite" failed only for its subtest: not a test of its own
+    expected = {"tap": ["subtracts numbers", "a suite::inner fails"],
+                "spec": ["subtracts numbers", "inner fails"]}  # fmt: skip
+    assert names(out) == expected[reporter], out
+
+
+@pytest.mark.parametrize(
+    ("runner", "expected"),
+    [
+        ("vitest", ["src/sum.test.ts::sum > adds 1 + 2 to equal 4",
+                    "src/sum.test.ts::divide by zero throws"]),
+        ("jest", ["sum \u203a adds 1 + 2 to equal 4", "divide by zero throws"]),
+        ("mocha", ["Array > #indexOf()::should return -1 when the value is not present",
+                   "sum::adds 1 + 2 to equal 4"]),
+        ("go", ["TestDivide", "TestTable/negative"]),
+        ("cargo", ["tests::divides_by_zero", "tests::table::negative"]),
+    ],
+)  # fmt: skip
+def test_runner_output_samples(runner: str, expected: list[str]) -> None:
+    assert names((FIXTURES / f"{runner}.txt").read_text()) == expected
+
+
+def test_nothing_named_where_no_runner_speaks() -> None:
+    assert from_output("error: lint failed\nsrc/a.py:3: E501 line too long\n") is None
+
+
+def test_hostile_output_is_bounded_and_printable() -> None:
+    out = "".join(f"FAILED t.py::test_{i}\x1b[31m{'x' * 500} - no\n" for i in range(1000))
+    found = from_output(out)
+    assert found is not None and len(found.cases) == 200
+    assert all(len(c.name) <= 300 and "\x1b" not in c.name for c in found.cases)
+
+
+def test_an_item_failing_unittest_without_junit_is_blamed_by_test_name(project: Path) -> None:
+    """The gate writes no JUnit file: its failing tests are read from its output, named in
+    the outcome (``failed_tests``), and ``integrate status`` says them."""
+    (project / "test_m.py").write_text(SUITE)
+    (project / "answer.txt").write_text("1\n")
+    git(project, "add", "test_m.py", "answer.txt")
+    commit_release_manifest(
+        project, '[gates.tests]\nrun = ["python3", "-m", "unittest", "test_m.Calc"]\n'
+    )
+    bad = worker(project, "bad", lambda p: (p / "answer.txt").write_text("3\n"))
+    submit(repo_info(project), [bad])
+    result = integrate(repo=project)
+    assert states(project) == {"bad": "gates-failed"}
+    (outcome,) = result.envelopes
+    assert outcome.details.failed_tests == (
+        "tests::test_m.Calc::test_err",
+        "tests::test_m.Calc::test_sub",
+    )
+    shown = subprocess.run(
+        [sys.executable, "-m", "dagrunner", "integrate", "status"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "gates-failed  tests (tests: tests::test_m.Calc::test_err" in shown, shown
