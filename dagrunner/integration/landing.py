@@ -155,7 +155,7 @@ def subject_of(envelope: Envelope) -> str:
 def commit_message(envelope: Envelope, template: str = DEFAULT_MESSAGE) -> str:
     """The integrator's commit message for a (validated) envelope: the target's template
     (validated at manifest load: only these three placeholders), then the trailers."""
-    said = template.format(
+    said = (template or DEFAULT_MESSAGE).format(
         mission=envelope.mission, worker=envelope.worker, subject=subject_of(envelope)
     )
     return (

@@ -39,7 +39,6 @@ from dagrunner.integration.landing import commit_message
 from dagrunner.integration.needs import Batch
 from dagrunner.integration.pipeline import Pipeline
 from dagrunner.integration.queue import Queue, QueueEntry
-from dagrunner.manifest.fields import DEFAULT_MESSAGE
 from dagrunner.manifest.load import load_manifest
 from dagrunner.records.integration import (
     Details,
@@ -104,13 +103,12 @@ class Integrator:
         self.executor = executor
         self.window = window  # None: the manifest's [integrate] window, else adaptive
         self.confirm_failures = confirm_failures  # None: the manifest's (default 1)
-        self.result = IntegrationResult(
-            target=target, start="", end="", report_dir=str(self.reports)
-        )
+        reports = str(self.reports)
+        self.result = IntegrationResult(target=target, start="", end="", report_dir=reports)
         self.outcomes: dict[str, EnvelopeOutcome] = {}
         self.meta: dict[str, QueueEntry] = {}  # the queue's entries, read when one is unknown
         self.protected: tuple[str, ...] = ()  # the target manifest's [integrate] protected
-        self.message = DEFAULT_MESSAGE  # and its [integrate] message: a landed commit's
+        self.message = ""  # and its [integrate] message ('': the default)
         self.judging: dict[str, tuple[str, ...]] = {}  # envelope -> files that judge work
         self.drain: Pipeline | None = None  # the run's, once it drains: its tally says why it stops
         self.deadline, self.stop = recovery.Deadline(self), False
@@ -447,7 +445,6 @@ class Integrator:
 
     def note_workers(self, kept: dict[str, str]) -> None:
         for envelope_id, worktree in kept.items():
-            self.outcomes[envelope_id] = dataclasses.replace(
-                self.outcomes[envelope_id], worktree=worktree
-            )
+            outcome = self.outcomes[envelope_id]
+            self.outcomes[envelope_id] = dataclasses.replace(outcome, worktree=worktree)
         self.result.envelopes = list(self.outcomes.values())
