@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import os
 import shutil
 import sys
@@ -40,7 +41,11 @@ def one(seed: int, keep: bool) -> tuple[int, list[str], dict[str, str], float, s
         outcome = fuzzing.run(seed, root / "scenario")
     except Exception as exc:  # the scenario itself could not be set up: say so, go on
         outcome = fuzzing.Outcome(seed, [f"scenario failed: {type(exc).__name__}: {exc}"])
-    if not keep:
+    if not keep:  # a scenario's folders may hold read-only ones (a gate's view made them so)
+        for folder, dirs, _ in os.walk(root):
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(folder, name), 0o700)
         shutil.rmtree(root, ignore_errors=True)
     return seed, outcome.broken, outcome.states, outcome.seconds, str(root)
 
@@ -56,8 +61,10 @@ def main() -> int:
     t0 = time.monotonic()
     with concurrent.futures.ProcessPoolExecutor(args.jobs, max_tasks_per_child=1) as pool:
         futures = [pool.submit(one, seed, args.keep) for seed in range(start, stop)]
-        for future in concurrent.futures.as_completed(futures):
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             seed, said, states, seconds, root = future.result()
+            if done % 50 == 0:
+                print(f"{done} scenarios done, {broken} broke an invariant so far")
             if said:
                 broken += 1
                 print(f"seed {seed}: {said} {states}" + (f" ({root})" if args.keep else ""))
