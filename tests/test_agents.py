@@ -315,7 +315,7 @@ def test_serve_lands_what_arrives_while_it_runs_and_stops_on_sigterm(project: Pa
         assert git(project, "cat-file", "-e", "main:second.txt") == ""
         server.send_signal(signal.SIGTERM)
         out, err = server.communicate(timeout=15)
-        assert server.returncode == 0, err
+        assert server.returncode == 130, err
         assert "stopped (SIGTERM) after 2 run(s)" in out, out
     finally:
         server.kill()
@@ -330,7 +330,7 @@ def test_sigterm_during_a_gate_ends_serve_and_the_item_stays_queued(project: Pat
         begun = time.monotonic()
         server.send_signal(signal.SIGTERM)
         out, err = server.communicate(timeout=15)
-        assert time.monotonic() - begun < 15 and server.returncode == 0, (out, err)
+        assert time.monotonic() - begun < 15 and server.returncode == 130, (out, err)
         assert states_of(project)["waits"] == "queued"
     finally:
         server.kill()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dagrunner.cli.output import emit_json
-from dagrunner.errors import ExitCode
+from dagrunner.errors import DagrunnerError, ExitCode
 
 if TYPE_CHECKING:
     from dagrunner.cli.console import QueueStatus
@@ -272,6 +272,16 @@ def cmd_integrate(args: argparse.Namespace) -> int:
                 emit_json({"submitted": submitted})
             return ExitCode.OK
         return _wait([item.id for item in queued], submitted, args)
+    if action == "withdraw":
+        from dagrunner.git.repo import repo_info
+        from dagrunner.integration.submit import withdraw
+
+        taken = withdraw(repo_info(args.repo), args.item)
+        if args.json:
+            emit_json(taken)
+        else:
+            print(f"{taken['id']}: withdrawn" + (" (already)" if taken["already"] else ""))
+        return ExitCode.OK
     if action == "watch":
         from dagrunner.integration.events import watch
 
@@ -296,10 +306,14 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         from dagrunner.git.repo import repo_info
         from dagrunner.integration.baseline import red_targets
         from dagrunner.integration.queue import Queue
+        from dagrunner.records.integration import FINAL
 
         queue = Queue.of(repo_info(args.repo))
         for entry in queue.entries().values():
             print(f"{entry.id:<50} {entry.state}")
+            if entry.details.stuck and entry.state not in FINAL:
+                print(f"  stuck ({entry.details.stuck}): {entry.details.note or ''}")
+                print(f"  what to do: {entry.details.hint or ''}")
         for goal, red in red_targets(queue).items():
             print(
                 f"target {goal} is red since {str(red['since'])[:12]}: it fails "
@@ -405,7 +419,14 @@ def _serve(args: argparse.Namespace) -> int:
         states = ", ".join(f"{o.id} {o.state}" for o in result.envelopes) or "nothing to do"
         print(f"{result.target}: {result.start[:12]} -> {result.end[:12]}: {states}", flush=True)
 
+    def failed(exc: DagrunnerError) -> None:
+        if args.json:
+            emit_json({"error": exc.to_json()})
+        else:
+            print(f"stuck: {exc.render()}", flush=True)
+
     served = serve(
+        on_error=failed,
         repo=args.repo,
         target=args.target,
         on_run=said,
@@ -416,4 +437,5 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if not args.json:
         print(f"stopped ({served.stopped_by or 'done'}) after {len(served.runs)} run(s)")
-    return ExitCode.OK
+    # stopped by a signal, as `integrate run` is: 130 (a service stops no other way)
+    return ExitCode.INTERRUPTED if served.stopped_by else ExitCode.OK
