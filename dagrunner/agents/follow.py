@@ -98,6 +98,8 @@ def wait(
             if event.id == item:
                 seen.append(event.to_json())
                 news = news or event.event == "stuck"
+                if event.final:  # it ended between the two reads: answer it final now
+                    entry = queue.entries()[item]
         left = deadline - time.monotonic()
         if entry.state in FINAL or (news and cause(entry)) or left <= 0 or stop.is_set():
             break

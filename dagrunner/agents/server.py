@@ -69,9 +69,9 @@ WAITS_AT_ONCE = 16  # waits hold a thread each, up to 50 s: never all of them
 
 
 def answer(body: dict[str, Any]) -> CallToolResult:
+    text = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS).decode()  # enum keys: counts
     return CallToolResult(
-        content=[TextContent(type="text", text=orjson.dumps(body).decode())],
-        structured_content=body,
+        content=[TextContent(type="text", text=text)], structured_content=orjson.loads(text)
     )
 
 

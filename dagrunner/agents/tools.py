@@ -48,15 +48,19 @@ class Binding:
     driven: dict[str, dict[str, Any]] = field(default_factory=dict)  # target -> its last run
 
     def drive_integrator(self, target: str) -> None:
-        """An integrator for ``target`` in the background, when none holds its lock (the
-        queue drains without anyone running ``integrate run``; ``integrate serve`` does it
-        for good).  Its answer is read when it ends: a coded error it could not journal
-        itself is journaled as ``stuck`` on the target's items; ``status`` reports it."""
+        """An integrator for ``target`` in the background (the queue drains without anyone
+        running ``integrate run``; ``integrate serve`` does it for good): one per target at
+        a time, which waits for the lock when another integrator holds it, and is started
+        again when it ends with items still pending (they arrived as it finished).  Its
+        answer is read when it ends: a coded error it could not journal itself is journaled
+        as ``stuck`` on the target's items; ``status`` reports it."""
+        if self.driven.get(target, {}).get("running"):
+            return
         state_dir = open_context(self.repo).info.state_dir
         out = state_dir / "agent-runs" / f"integrator-{target.replace('/', '--')}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "dagrunner", "integrate", "run", "--target", target]
-        command += ["--no-wait", "--json", *(["--repo", str(self.repo)] if self.repo else [])]
+        command += ["--json", *(["--repo", str(self.repo)] if self.repo else [])]
         with out.open("wb") as sink:
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sink,
                                        stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
@@ -74,11 +78,16 @@ class Binding:
             said = {}
         error = said.get("error") if isinstance(said, dict) else None
         run.update(running=False, exit_code=code, error=error)
-        if isinstance(error, dict) and error.get("code") not in (None, "integrator-busy"):
-            with contextlib.suppress(OSError, DagrunnerError):
-                Queue.of(open_context(self.repo).info, target=target).stuck(
-                    str(error["code"]), str(error.get("message", "")), str(error.get("hint", ""))
-                )
+        queue = Queue.of(open_context(self.repo).info, target=target)
+        with contextlib.suppress(OSError, DagrunnerError):
+            if isinstance(error, dict):  # journaled once per cause: never started again here
+                queue.stuck(str(error.get("code")), str(error.get("message", "")),
+                            str(error.get("hint", "")))  # fmt: skip
+            elif any(
+                e.state not in FINAL and e.target in (None, target) and not e.details.stuck
+                for e in queue.entries().values()
+            ):
+                self.drive_integrator(target)
 
     def own(self, wt_id: str) -> str:
         """``wt_id`` when this server may act on it; ``worker-bound`` otherwise."""

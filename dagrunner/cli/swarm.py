@@ -109,7 +109,7 @@ def cmd_worktree(args: argparse.Namespace) -> int:
     elif action == "sync":
         from dagrunner.worktrees.sync import sync
 
-        body = sync(args.id, repo=args.repo, target=args.target)
+        body = sync(args.id, repo=args.repo, target=args.target, markers=args.markers)
     elif action == "claim":
         body = wt.claim(args.id, session=args.session, force=args.force, repo=args.repo)
     elif action == "release":

@@ -49,6 +49,11 @@ def add_worktree(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         help="onto the target's tip, its commits, staged, unstaged and untracked work carried",
     )
     sy.add_argument("id", help="MISSION/WORKER")
+    sy.add_argument(
+        "--markers",
+        action="store_true",
+        help="on a conflict, merge anyway and leave markers (landed / yours) in the files",
+    )
     wt_sub.add_parser(
         "overlaps",
         parents=[common, repo_opt, target_opt],
