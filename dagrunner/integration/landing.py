@@ -40,7 +40,7 @@ from dagrunner.records.integration import (
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
     from dagrunner.integration.needs import IntegratorLike as Integrator
-    from dagrunner.integration.pipeline import Pipeline
+    from dagrunner.integration.trees import Trees
 
 Applied = list[tuple["Envelope", str]]
 
@@ -94,11 +94,11 @@ def land(
     return Landing(outcome=LandOutcome.LANDED)
 
 
-def remains(pipeline: Pipeline, front: Item) -> list[Item]:
+def remains(it: Integrator, trees: Trees, front: Item) -> list[Item]:
     """``front`` had envelopes withdrawn while it gated: it never lands.  What of it was not
     withdrawn, as an item to build again (none when nothing); its slot is given back."""
-    pipeline.trees.give(front.reset())
-    entries = pipeline.it.queue.entries()
+    trees.give(front.reset())
+    entries = it.queue.entries()
     kept = [e for e in front.envelopes if entries[e.id].state is not EnvelopeState.WITHDRAWN]
     return [Item(kept, priority=front.priority)] if kept else []
 

@@ -430,7 +430,7 @@ class Pipeline:
             self.head = it.head()
             self.reset_from(0, cause=None)
         elif outcome is LandOutcome.WITHDRAWN:  # (BLOCKED: landing.block said why, stopped)
-            self.items[0:1] = await trio.to_thread.run_sync(landing.remains, self, front)
+            self.items[0:1] = await trio.to_thread.run_sync(landing.remains, it, self.trees, front)
             self.reset_from(0, cause=None, why=f"rebuilt without the withdrawn {front.ids[0]}")
 
     async def rejudged(self, front: Item) -> bool:
