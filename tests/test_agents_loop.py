@@ -72,7 +72,7 @@ def test_every_tool_answers_a_coded_error_as_structured_content(project: Path) -
     errors: dict[str, dict[str, Any]] = {}
 
     async def body(session: ClientSession) -> None:
-        tries = {
+        tries: dict[str, tuple[str, dict[str, Any]]] = {
             "unknown": ("dagrunner_wait", {"id": "m.w.0123456789ab"}),
             "climbing": ("dagrunner_wait", {"id": "../../x"}),
             "huge": ("dagrunner_wait", {"id": "x" * 1_000_000}),
@@ -92,7 +92,9 @@ def test_every_tool_answers_a_coded_error_as_structured_content(project: Path) -
     assert errors["unknown"]["code"] == errors["why"]["code"] == "envelope-unknown", errors
     for name in ("climbing", "huge", "cursor", "timeout", "extra", "form", "mission"):
         assert errors[name]["code"] == "bad-argument", (name, errors[name])
-    assert "requeu" in errors["extra"]["message"] and "not an argument" in errors["extra"]["message"]
+    assert (
+        "requeu" in errors["extra"]["message"] and "not an argument" in errors["extra"]["message"]
+    )
     assert all(e["size"] < 2000 for e in errors.values()), {k: e["size"] for k, e in errors.items()}
 
 
@@ -127,7 +129,9 @@ def test_cancelled_waits_free_their_slots_at_once(project: Path) -> None:
 
         async def cancelled() -> None:
             with anyio.move_on_after(1):
-                await session.call_tool("dagrunner_wait", {"id": queued["id"], "timeout_seconds": 40})
+                await session.call_tool(
+                    "dagrunner_wait", {"id": queued["id"], "timeout_seconds": 40}
+                )
 
         async with anyio.create_task_group() as group:
             for _ in range(20):
@@ -267,7 +271,7 @@ def test_serve_backs_off_a_refused_landing_until_the_checkout_changes(project: P
             mine = await call(session, "dagrunner_allocate", mission="m", worker="w")
             (Path(mine["path"]) / "w.txt").write_text("w\n")
             queued = await call(session, "dagrunner_submit", worktree="m/w")
-            cursor, events = 0, []
+            cursor, events = 0, list[dict[str, Any]]()
             for _ in range(20):
                 answer = await call(
                     session, "dagrunner_wait", id=queued["id"], timeout_seconds=5, cursor=cursor
