@@ -197,7 +197,7 @@ def test_a_worker_bound_server_never_submits_as_urgent_nor_above_the_public_maxi
     async def body(session: ClientSession) -> None:
         mine = await call(session, "dagrunner_allocate", mission="m", worker="mine")
         (Path(mine["path"]) / "mine.txt").write_text("mine\n")
-        for priority in (URGENT, 1001, -1001):
+        for priority in ("urgent", URGENT, 1001, -1001):
             result = await session.call_tool(
                 "dagrunner_submit", {"worktree": "m/mine", "priority": priority}
             )
@@ -205,8 +205,8 @@ def test_a_worker_bound_server_never_submits_as_urgent_nor_above_the_public_maxi
         said["public"] = await call(session, "dagrunner_submit", worktree="m/mine", priority=1000)
 
     with_server(project, body, "--worker", "m/mine", "--no-drive")
-    assert said[str(URGENT)] == "urgent-refused", said
-    assert said["1001"] == said["-1001"] == "bad-priority", said
+    assert said["urgent"] == "urgent-refused", said
+    assert said[str(URGENT)] == said["1001"] == said["-1001"] == "bad-priority", said
     assert said["public"]["state"] == "queued", said["public"]
     assert priorities_of(project) == {"mine": 1000}
 
@@ -217,14 +217,16 @@ def test_an_unbound_server_submits_urgent_only_when_its_caller_allows_it(project
     async def body(session: ClientSession) -> None:
         mine = await call(session, "dagrunner_allocate", mission="m", worker="mine")
         (Path(mine["path"]) / "mine.txt").write_text("mine\n")
-        said["urgent"] = await call(session, "dagrunner_submit", worktree="m/mine", priority=URGENT)
+        said["urgent"] = await call(
+            session, "dagrunner_submit", worktree="m/mine", priority="urgent"
+        )
 
     def refused(session: ClientSession) -> Awaitable[None]:
         async def body() -> None:
             mine = await call(session, "dagrunner_allocate", mission="m", worker="mine")
             (Path(mine["path"]) / "mine.txt").write_text("mine\n")
             result = await session.call_tool(
-                "dagrunner_submit", {"worktree": "m/mine", "priority": URGENT}
+                "dagrunner_submit", {"worktree": "m/mine", "priority": "urgent"}
             )
             said["refused"] = error_code(result)
 
@@ -315,7 +317,7 @@ def test_serve_lands_what_arrives_while_it_runs_and_stops_on_sigterm(project: Pa
         assert git(project, "cat-file", "-e", "main:second.txt") == ""
         server.send_signal(signal.SIGTERM)
         out, err = server.communicate(timeout=15)
-        assert server.returncode == 0, err
+        assert server.returncode == 130, err
         assert "stopped (SIGTERM) after 2 run(s)" in out, out
     finally:
         server.kill()
@@ -330,7 +332,7 @@ def test_sigterm_during_a_gate_ends_serve_and_the_item_stays_queued(project: Pat
         begun = time.monotonic()
         server.send_signal(signal.SIGTERM)
         out, err = server.communicate(timeout=15)
-        assert time.monotonic() - begun < 15 and server.returncode == 0, (out, err)
+        assert time.monotonic() - begun < 15 and server.returncode == 130, (out, err)
         assert states_of(project)["waits"] == "queued"
     finally:
         server.kill()
@@ -383,7 +385,7 @@ def test_serve_over_http_metrics_health_and_the_tools_behind_a_token(
             ):
                 await session.initialize()
                 # an agent over HTTP is not the operator: urgent is refused there too
-                urgent = {"envelope": inline, "priority": URGENT}
+                urgent = {"envelope": inline, "priority": "urgent"}
                 said["urgent"] = error_code(await session.call_tool("dagrunner_submit", urgent))
                 queued = await call(session, "dagrunner_submit", envelope=inline)
                 said.update(await until_final(session, queued["id"]))

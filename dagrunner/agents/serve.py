@@ -6,6 +6,11 @@ change -- inotify on the queue's folder where the kernel has it, a stat of the j
 every half second where not -- and drains again.  SIGTERM or SIGINT stops it within
 seconds: a run in flight is interrupted by the pipeline's own handler (its items are queued
 again, never lost or failed) and the service ends; the next ``serve`` or ``run`` takes them.
+
+It never spins: a run that cannot start (no manifest on the target, an integration worktree
+it cannot use) is a ``stuck`` event on the target's items and waits until the target or the
+queue changes; a refused landing (the target's checkout dirty) was said on its items once,
+and nothing is gated again until the checkout or the target changes.
 """
 
 from __future__ import annotations
@@ -22,8 +27,14 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from dagrunner.errors import DagrunnerError
 from dagrunner.integration.queue import Queue
-from dagrunner.integration.run import Integrator, check_integration_executor, integrator_lock
+from dagrunner.integration.run import (
+    Integrator,
+    check_integration_executor,
+    integrator_lock,
+    stuck_on_error,
+)
 from dagrunner.records.integration import IntegrationResult
 from dagrunner.worktrees.allocate import Context, default_target, open_context
 
@@ -41,6 +52,7 @@ class Served:
     target: str
     runs: list[IntegrationResult] = field(default_factory=list)
     stopped_by: str = ""
+    errors: list[DagrunnerError] = field(default_factory=list)  # runs that could not start
 
 
 def serve(
@@ -53,6 +65,7 @@ def serve(
     http: str | None = None,
     token_file: Path | None = None,
     on_ready: Callable[[str], None] | None = None,
+    on_error: Callable[[DagrunnerError], None] | None = None,
 ) -> Served:
     """Drain ``target``'s queue whenever it has work, until SIGTERM or SIGINT; with ``http``
     (``HOST:PORT``), ``/metrics``, ``/healthz`` and the tools at ``/mcp`` beside it."""
@@ -74,7 +87,7 @@ def serve(
         if on_ready is not None:  # the lock is held: a second integrator is refused from now
             on_ready(goal)
         try:
-            _drain(ctx, goal, queue, env, executor, on_run, served, stop, gauges)
+            _drain(ctx, goal, queue, env, executor, on_run, on_error, served, stop, gauges)
         finally:
             if stop_http is not None:
                 stop_http()
@@ -89,6 +102,7 @@ def _drain(
     env: Mapping[str, str],
     executor: str,
     on_run: Callable[[IntegrationResult], None] | None,
+    on_error: Callable[[DagrunnerError], None] | None,
     served: Served,
     stop: list[str],
     gauges: Gauges | None,
@@ -96,25 +110,78 @@ def _drain(
     from dagrunner.engine.steps import new_run_id
 
     while not stop:
-        if queue.pending():
-            integrator = Integrator(
-                ctx, target=goal, manifest=None, batch=None, env=env, run_id=new_run_id(),
-                executor=executor,
-            )  # fmt: skip
-            if gauges is not None:
-                gauges.in_flight = 1
-            try:
-                result = integrator.run()
-            finally:
-                if gauges is not None:
-                    gauges.in_flight, gauges.runs = 0, gauges.runs + 1
-            served.runs.append(result)
-            if on_run is not None:
-                on_run(result)
-            if result.interrupted:
-                stop.append("signal")
+        if not queue.pending():
+            _wait_for_change(queue.journal, stop)
             continue
-        _wait_for_change(queue.journal, stop)
+        if gauges is not None:
+            gauges.in_flight = 1
+        try:
+            with stuck_on_error(queue):  # its items say why, to every waiter
+                result = Integrator(
+                    ctx, target=goal, manifest=None, batch=None, env=env, run_id=new_run_id(),
+                    executor=executor,
+                ).run()  # fmt: skip
+        except DagrunnerError as exc:
+            served.errors.append(exc)
+            if on_error is not None:
+                on_error(exc)
+            # the target cannot be gated: not again until something changes
+            _back_off(lambda: _state_of(ctx, goal, queue.journal), stop, STUCK_BACKOFF)
+            continue
+        finally:
+            if gauges is not None:
+                gauges.in_flight, gauges.runs = 0, gauges.runs + 1
+        served.runs.append(result)
+        if on_run is not None:
+            on_run(result)
+        if result.interrupted:
+            stop.append("signal")
+        elif result.land_blocked is not None:
+            # landing was refused (the target's checkout dirty, its ref unwritable): the
+            # run said so on its items once; gating again before the cause changes would
+            # only be refused again, so wait for the checkout or the target to change
+            _back_off(lambda: _checkout_state(ctx, goal), stop, REFUSED_BACKOFF)
+
+
+STUCK_BACKOFF = 300.0  # seconds a stuck target waits, at most, when nothing it reads changes
+REFUSED_BACKOFF = 600.0  # the same for a refused landing
+
+
+def _back_off(state: Callable[[], object], stop: list[str], most: float) -> None:
+    """Until ``state()`` changes, a stop is requested, or ``most`` seconds passed."""
+    before, deadline = state(), time.monotonic() + most
+    while not stop and time.monotonic() < deadline and state() == before:
+        time.sleep(IDLE_TICK * 2)
+
+
+def _ref(ctx: Context, goal: str) -> str:
+    from dagrunner.git.command import git
+
+    return git(["rev-parse", "-q", "--verify", f"refs/heads/{goal}"], cwd=ctx.info.root,
+               check=False).text  # fmt: skip
+
+
+def _state_of(ctx: Context, goal: str, journal: Path) -> object:
+    """What a stuck integrator's cause may depend on: the target (a manifest committed) and
+    the queue (an item withdrawn or submitted)."""
+    return _ref(ctx, goal), _stamp(journal)
+
+
+def _checkout_state(ctx: Context, goal: str) -> object:
+    """What a refused landing depends on: the target, and its checkout's HEAD, index and
+    whether it is dirty (cleaned, committed or stashed: each changes it)."""
+    from dagrunner.git.command import is_dirty
+    from dagrunner.integration.target_checkout import checkout_of
+
+    checkout = checkout_of(ctx.info.root, f"refs/heads/{goal}")
+    if checkout is None:
+        return _ref(ctx, goal)
+    from dagrunner.git.command import git
+
+    # the index's entries, not its file's time: ``git status`` refreshes that by itself
+    staged = git(["ls-files", "--stage", "-z"], cwd=checkout, check=False).stdout
+    head = git(["rev-parse", "-q", "--verify", "HEAD"], cwd=checkout, check=False).text
+    return _ref(ctx, goal), is_dirty(checkout), hash(staged), head
 
 
 @contextlib.contextmanager

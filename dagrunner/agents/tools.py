@@ -1,6 +1,7 @@
 """What an agent can do, as plain library calls whose answers are the CLI's ``--json``
-answers: allocate, submit (export and queue), wait (bounded, resumable), why, status,
-overlaps, sync, cleanup, and a release check started in the background.
+answers: allocate, submit (export and queue; requeue), withdraw, overlaps, sync (conflicts
+left as markers), cleanup, and a release check started in the background; following an
+item (wait, why, status) is ``follow``'s.
 
 Every value that arrives here is a worker's: it is validated as the CLI validates it (the
 same library calls), and a ``Binding`` to one worktree refuses every other worktree and
@@ -15,19 +16,19 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
+import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.integration.queue import URGENT, Queue, QueueEntry
 from dagrunner.names import is_safe_id
-from dagrunner.records.integration import FINAL
+from dagrunner.records.integration import FINAL, EnvelopeState
 from dagrunner.worktrees.allocate import check_slug, default_target, open_context, split_id
 
 MAX_WAIT = 50.0  # seconds a wait may take: under every agent harness's tool-call limit
@@ -44,6 +45,49 @@ class Binding:
     # urgency is the operator's: only an unbound server its caller started --allow-urgent
     urgent: bool = False
     runs: dict[str, tuple[subprocess.Popen[bytes], Path]] = field(default_factory=dict)
+    driven: dict[str, dict[str, Any]] = field(default_factory=dict)  # target -> its last run
+
+    def drive_integrator(self, target: str) -> None:
+        """An integrator for ``target`` in the background (the queue drains without anyone
+        running ``integrate run``; ``integrate serve`` does it for good): one per target at
+        a time, which waits for the lock when another integrator holds it, and is started
+        again when it ends with items still pending (they arrived as it finished).  Its
+        answer is read when it ends: a coded error it could not journal itself is journaled
+        as ``stuck`` on the target's items; ``status`` reports it."""
+        if self.driven.get(target, {}).get("running"):
+            return
+        state_dir = open_context(self.repo).info.state_dir
+        out = state_dir / "agent-runs" / f"integrator-{target.replace('/', '--')}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "dagrunner", "integrate", "run", "--target", target]
+        command += ["--json", *(["--repo", str(self.repo)] if self.repo else [])]
+        with out.open("wb") as sink:
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sink,
+                                       stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        run = {"pid": process.pid, "running": True, "exit_code": None, "error": None}
+        self.driven[target] = run
+        threading.Thread(target=self._reap, args=(target, process, out, run), daemon=True).start()
+
+    def _reap(
+        self, target: str, process: subprocess.Popen[bytes], out: Path, run: dict[str, Any]
+    ) -> None:
+        code = process.wait()
+        try:
+            said = orjson.loads(out.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            said = {}
+        error = said.get("error") if isinstance(said, dict) else None
+        run.update(running=False, exit_code=code, error=error)
+        queue = Queue.of(open_context(self.repo).info, target=target)
+        with contextlib.suppress(OSError, DagrunnerError):
+            if isinstance(error, dict):  # journaled once per cause: never started again here
+                queue.stuck(str(error.get("code")), str(error.get("message", "")),
+                            str(error.get("hint", "")))  # fmt: skip
+            elif any(
+                e.state not in FINAL and e.target in (None, target) and not e.details.stuck
+                for e in queue.entries().values()
+            ):
+                self.drive_integrator(target)
 
     def own(self, wt_id: str) -> str:
         """``wt_id`` when this server may act on it; ``worker-bound`` otherwise."""
@@ -90,18 +134,29 @@ def allocate(
 
 
 def submit(
-    b: Binding, worktree: str | None, priority: int = 0, envelope: str | None = None
+    b: Binding,
+    worktree: str | None,
+    priority: int | str = 0,
+    envelope: str | None = None,
+    requeue: bool = False,
 ) -> dict[str, Any]:
     """Export ``worktree`` and queue its envelope: ``{id, state, position, overlaps,
     provenance}`` and the rest of the submit answer, the export's summary under ``export``.
     Or queue ``envelope``, given inline (a worker on another machine): validated as
-    ``integrate submit`` validates a file, and a bound server takes only its worker's."""
+    ``integrate submit`` validates a file, and a bound server takes only its worker's.
+    ``requeue``: the same work whose item ended gates-failed, rejected or withdrawn is
+    queued again as a new item.  Work that changes nothing is refused (``envelope-empty``):
+    the queue would only reject it, after everything queued ahead of it."""
     from dagrunner.envelope import parse_envelope
     from dagrunner.git.repo import repo_info
     from dagrunner.integration.submit import submit as queue_it
     from dagrunner.worktrees.export import export_summary
 
-    if priority == URGENT and not (b.urgent and b.worker is None):
+    level = URGENT if priority == "urgent" else priority
+    if not isinstance(level, int) or isinstance(level, bool):
+        raise DagrunnerError("bad-priority", "priority is a number or urgent", key="priority",
+                             hint="give a whole number from -1000 to 1000")  # fmt: skip
+    if level == URGENT and not (b.urgent and b.worker is None):
         raise DagrunnerError(
             "urgent-refused",
             "an agent's submit cannot be urgent: urgency pre-empts every item and resets what "
@@ -117,12 +172,14 @@ def submit(
         raw = envelope.encode("utf-8", "surrogateescape")
         parsed = parse_envelope(raw, where="the inline envelope")  # size, hashes, paths
         b.own(f"{parsed.mission}/{parsed.worker}")
+        _refuse_empty(parsed.empty, f"{parsed.mission}/{parsed.worker}")
         inbox = info.state_dir / "inbox"
         inbox.mkdir(parents=True, exist_ok=True)
         file = inbox / f"{uuid.uuid4().hex}.json"
         file.write_bytes(raw)
     elif worktree is not None:
         exported = export_summary(b.own(worktree), repo=b.repo)
+        _refuse_empty(exported.empty, worktree)
         file, extra = Path(exported.file), {"export": exported.to_json()}
     else:
         raise DagrunnerError(
@@ -130,141 +187,31 @@ def submit(
             "dagrunner_submit needs a worktree, or an envelope given inline",
             hint="pass worktree: M/W (the one dagrunner_allocate made)",
         )
-    (queued,) = queue_it(info, [file], priority=priority)
+    (queued,) = queue_it(info, [file], priority=level, requeue=requeue)
     if b.drive and queued.state not in FINAL:
-        _drive(b, queued.target)
+        b.drive_integrator(queued.target)
     return {**queued.to_json(), **extra}
 
 
-def _drive(b: Binding, target: str) -> None:
-    """An integrator for ``target`` in the background, when none holds its lock (the queue
-    drains without anyone running ``integrate run``; ``integrate serve`` does it for good)."""
-    command = [sys.executable, "-m", "dagrunner", "integrate", "run", "--target", target]
-    command += ["--no-wait", "--quiet", *(["--repo", str(b.repo)] if b.repo else [])]
-    subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
-def wait(
-    b: Binding,
-    item: str,
-    timeout_seconds: float,
-    cursor: int = 0,
-    progress: Callable[[float, str], None] | None = None,
-) -> dict[str, Any]:
-    """Within ``timeout_seconds`` (at most ``MAX_WAIT``): ``{id, state, final, cursor,
-    events, eta_seconds}``; call again with the answer's ``cursor`` until ``final``."""
-    if item.startswith(HANDLE_PREFIX):
-        return _wait_run(b, item, timeout_seconds, progress)
-    b.own_item(item)
-    from dagrunner.integration.events import watch
-
-    bound = max(0.0, min(float(timeout_seconds), MAX_WAIT))
-    deadline = time.monotonic() + bound
-    seen: list[dict[str, Any]] = []
-    entry = b.own_item(item)
-    while True:
-        for event in watch(repo=b.repo, since=cursor, follow=False):
-            cursor = event.cursor
-            if event.id == item:
-                seen.append(event.to_json())
-        entry = Queue.of(open_context(b.repo).info).entries()[item]
-        left = deadline - time.monotonic()
-        if entry.state in FINAL or left <= 0:
-            break
-        if progress is not None:
-            progress(bound - left, f"{item}: {entry.state}")
-        time.sleep(min(0.5, left))
-    return {
-        "id": item,
-        "state": str(entry.state),
-        "final": entry.state in FINAL,
-        "cursor": cursor,
-        "events": seen,
-        "eta_seconds": _eta(b, item) if entry.state not in FINAL else 0,
-    }
-
-
-def _eta(b: Binding, item: str) -> float | None:
-    from dagrunner.integration.run import queue_status
-
-    for entry in queue_status(repo=b.repo).get("envelopes", []):
-        if entry.get("id") == item:
-            eta = entry.get("eta_seconds")
-            return float(eta) if isinstance(eta, int | float) else None
-    return None
-
-
-def why(b: Binding, item: str) -> dict[str, Any]:
-    """Why ``item`` did not land: its failed gates with their reasons, failed tests and log
-    tails, or its conflicting paths and hunks; and what to do next."""
-    entry = b.own_item(item)
-    said = entry.details
-    body: dict[str, Any] = {"id": item, "state": str(entry.state)}
-    if said.failed_gates:
-        body["failed_gates"] = _failures(Path(said.report)) if said.report else []
-        body["next"] = (
-            "fix what the failed gates say in your worktree, export and submit again; if the "
-            "failure is the machine's, not your change's, submit again with requeue"
+def _refuse_empty(empty: bool, who: str) -> None:
+    if empty:
+        raise DagrunnerError(
+            "envelope-empty",
+            f"{who} changes nothing: its worktree is its base",
+            exit_code=ExitCode.REFUSED,
+            hint="edit files in the worktree first (dagrunner_allocate answered its path), "
+            "then submit",
         )
-    elif said.conflicts:
-        body |= {"conflicts": list(said.conflicts), "hunks": said.hunks, "reason": said.reason}
-        body["next"] = "dagrunner_sync your worktree onto the target, resolve, then submit again"
-    elif entry.state in FINAL:
-        body["reason"] = said.reason or ("landed" if said.commit else "")
-        body["next"] = "nothing: it landed" if said.commit else "read reason"
-    else:
-        body["next"] = "it is not final yet: dagrunner_wait"
-    return body
 
 
-def _failures(run_dir: Path) -> list[dict[str, Any]]:
-    from dagrunner.records.run import Status
-    from dagrunner.report.logtail import failure_excerpt, read_log, strip_ansi
-    from dagrunner.report.rundir import read_run_dir
+def withdraw(b: Binding, item: str) -> dict[str, Any]:
+    """Take queue item ``item`` back while it is queued or gating (``submit.withdraw``)."""
+    from dagrunner.git.repo import repo_info
+    from dagrunner.integration.submit import withdraw as take_back
 
-    try:
-        record = read_run_dir(run_dir)
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    found = []
-    for gate in record.gates:
-        if gate.status not in (Status.FAILED, Status.TIMED_OUT) or not gate.attempts:
-            continue
-        log = strip_ansi(read_log(run_dir, gate.attempts[-1].log, limit=64 * 1024))
-        tests = [
-            {"test": f"{c.suite}::{c.name}" if c.suite else c.name, "message": c.message}
-            for c in (gate.tests.failed if gate.tests else ())
-        ]
-        found.append(
-            {
-                "gate": gate.id,
-                "reason": gate.reason,
-                "failed_tests": tests,
-                "log_excerpt": failure_excerpt(log).splitlines()[-60:],
-                "log": str(run_dir / gate.attempts[-1].log),
-            }
-        )
-    return found
-
-
-def status(b: Binding) -> dict[str, Any]:
-    from dagrunner.integration.run import queue_status
-
-    body = queue_status(repo=b.repo)
-    if b.worker is not None:
-        mission, worker = split_id(b.worker)
-        body["envelopes"] = [
-            e
-            for e in body.get("envelopes", [])
-            if (e.get("mission"), e.get("worker")) == (mission, worker)
-        ]
-    return body
+    entry = b.own_item(item)
+    who = f"{entry.mission}/{entry.worker}" if b.worker else "an agent"
+    return take_back(repo_info(b.repo), item, by=who)
 
 
 def overlaps(b: Binding, target: str | None = None) -> dict[str, Any]:
@@ -275,15 +222,32 @@ def overlaps(b: Binding, target: str | None = None) -> dict[str, Any]:
 
 
 def sync(b: Binding, worktree: str, target: str | None = None) -> dict[str, Any]:
+    """The worktree onto the target's tip; a conflict leaves markers (``sync.marked``)."""
     from dagrunner.worktrees.sync import sync as move
 
-    return move(b.own(worktree), repo=b.repo, target=target)
+    said = move(b.own(worktree), repo=b.repo, target=target, markers=True)
+    return {"conflicts": [], **said}
 
 
 def cleanup(b: Binding, worktree: str) -> dict[str, Any]:
+    """The worktree removed once its work landed; success when it is gone already because
+    the integrator removed it after its work landed (the integrator cleans landed workers)."""
     from dagrunner.worktrees.lifecycle import cleanup as clean
 
-    return clean(b.own(worktree), repo=b.repo)
+    try:
+        return clean(b.own(worktree), repo=b.repo)
+    except DagrunnerError as exc:
+        if exc.code != "unknown-worktree" or not _landed_and_gone(b, worktree):
+            raise
+    return {"id": worktree, "action": "already-removed",
+            "reason": "its work landed and the integrator removed it"}  # fmt: skip
+
+
+def _landed_and_gone(b: Binding, worktree: str) -> bool:
+    mission, worker = split_id(worktree)
+    entries = Queue.of(open_context(b.repo).info).entries().values()
+    mine = [e for e in entries if (e.mission, e.worker) == (mission, worker)]
+    return bool(mine) and mine[-1].state is EnvelopeState.LANDED
 
 
 def release_check(b: Binding) -> dict[str, Any]:
@@ -310,37 +274,35 @@ def release_check(b: Binding) -> dict[str, Any]:
     return {"id": handle, "state": "running", "final": False, "target": default_target(ctx)}
 
 
-def _wait_run(
-    b: Binding, handle: str, timeout_seconds: float, progress: Callable[[float, str], None] | None
-) -> dict[str, Any]:
-    if handle not in b.runs:
-        raise DagrunnerError(
-            "envelope-unknown",
-            f"no release check {handle!r} of this server",
-            hint="the handle is the one dagrunner_release_check answered, to this server",
+ECHO = 300  # characters of any text an error gives back: it may quote the caller's input
+
+
+def error_body(exc: DagrunnerError) -> dict[str, Any]:
+    """The coded error object, as the CLI's ``--json`` prints it, with every text bounded
+    (a 100,000-character mission is not sent back whole)."""
+    body = exc.to_json()
+    for key in ("message", "hint", "file", "key"):
+        value = body.get(key)
+        if isinstance(value, str) and len(value) > ECHO:
+            body[key] = f"{value[:ECHO]}... ({len(value)} characters)"
+    if len(orjson.dumps(body.get("details", {}))) > 8 * ECHO:
+        body["details"] = {"truncated": True}
+    return {"error": body}
+
+
+def bad_arguments(tool: str, exc: ValidationError) -> DagrunnerError:
+    """Arguments the schema refuses, as one coded error naming each argument and its rule
+    (never its value)."""
+    said = []
+    for error in exc.errors(include_input=False, include_url=False):
+        where = ".".join(str(p) for p in error["loc"] if not isinstance(p, int)) or "arguments"
+        rule = (
+            "not an argument of this tool" if error["type"] == "extra_forbidden" else error["msg"]
         )
-    process, out = b.runs[handle]
-    bound = max(0.0, min(float(timeout_seconds), MAX_WAIT))
-    began = time.monotonic()
-    while process.poll() is None and time.monotonic() - began < bound:
-        if progress is not None:
-            progress(time.monotonic() - began, f"{handle}: running")
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=min(1.0, max(0.0, bound - (time.monotonic() - began))))
-    if process.poll() is None:
-        return {"id": handle, "state": "running", "final": False, "cursor": 0, "events": []}
-    try:
-        summary = orjson.loads(out.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        summary = {"error": {"code": "internal-error", "message": "no summary was written"}}
-    state = str(summary.get("status", "failed")) if isinstance(summary, dict) else "failed"
-    return {"id": handle, "state": state, "final": True, "cursor": 0, "events": [],
-            "summary": summary, "exit_code": process.returncode}  # fmt: skip
-
-
-def error_json(exc: DagrunnerError) -> str:
-    """The coded error object, as the CLI's ``--json`` prints it."""
-    return orjson.dumps({"error": exc.to_json()}).decode()
+        said.append(f"{where}: {rule}"[:ECHO])
+    code = "bad-priority" if any(s.startswith("priority") for s in said) else "bad-argument"
+    return DagrunnerError(code, f"{tool}: " + "; ".join(dict.fromkeys(said)), key=None,
+                          hint="see the tool's input schema (tools/list)")  # fmt: skip
 
 
 def env_repo() -> Path | None:

@@ -143,7 +143,7 @@ class QueueStatus:
     from the queue's journal (``read``: each item's state) every ``tick`` seconds."""
 
     ACTIVE = frozenset({"applying", "applied", "gating", "landing"})
-    FINAL = frozenset({"landed", "conflict", "gates-failed", "rejected"})
+    FINAL = frozenset({"landed", "conflict", "gates-failed", "rejected", "withdrawn"})
 
     def __init__(
         self, read: Callable[[], Mapping[str, str]], stream: TextIO | None = None, tick: float = 0.5

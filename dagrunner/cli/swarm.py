@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dagrunner.cli.output import emit_json
-from dagrunner.errors import ExitCode
+from dagrunner.errors import DagrunnerError, ExitCode
 
 if TYPE_CHECKING:
     from dagrunner.cli.console import QueueStatus
@@ -109,7 +109,7 @@ def cmd_worktree(args: argparse.Namespace) -> int:
     elif action == "sync":
         from dagrunner.worktrees.sync import sync
 
-        body = sync(args.id, repo=args.repo, target=args.target)
+        body = sync(args.id, repo=args.repo, target=args.target, markers=args.markers)
     elif action == "claim":
         body = wt.claim(args.id, session=args.session, force=args.force, repo=args.repo)
     elif action == "release":
@@ -272,6 +272,16 @@ def cmd_integrate(args: argparse.Namespace) -> int:
                 emit_json({"submitted": submitted})
             return ExitCode.OK
         return _wait([item.id for item in queued], submitted, args)
+    if action == "withdraw":
+        from dagrunner.git.repo import repo_info
+        from dagrunner.integration.submit import withdraw
+
+        taken = withdraw(repo_info(args.repo), args.item)
+        if args.json:
+            emit_json(taken)
+        else:
+            print(f"{taken['id']}: withdrawn" + (" (already)" if taken["already"] else ""))
+        return ExitCode.OK
     if action == "watch":
         from dagrunner.integration.events import watch
 
@@ -296,6 +306,7 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         from dagrunner.git.repo import repo_info
         from dagrunner.integration.baseline import red_targets
         from dagrunner.integration.queue import Queue
+        from dagrunner.records.integration import FINAL
 
         queue = Queue.of(repo_info(args.repo))
         for entry in queue.entries().values():
@@ -304,6 +315,9 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             tests = said.failed_tests if entry.state == "gates-failed" else None
             why += f" (tests: {', '.join(tests[:5])}{' ...' if tests[5:] else ''})" if tests else ""
             print(f"{entry.id:<50} {entry.state}" + (f"  {why}" if why else ""))
+            if entry.details.stuck and entry.state not in FINAL:
+                print(f"  stuck ({entry.details.stuck}): {entry.details.note or ''}")
+                print(f"  what to do: {entry.details.hint or ''}")
         for goal, red in red_targets(queue).items():
             line = red.get("said") or f"{goal} itself fails {', '.join(red['fails'])}"
             print(f"target {goal} is red since {str(red['since'])[:12]}: {line}")
@@ -407,7 +421,14 @@ def _serve(args: argparse.Namespace) -> int:
         states = ", ".join(f"{o.id} {o.state}" for o in result.envelopes) or "nothing to do"
         print(f"{result.target}: {result.start[:12]} -> {result.end[:12]}: {states}", flush=True)
 
+    def failed(exc: DagrunnerError) -> None:
+        if args.json:
+            emit_json({"error": exc.to_json()})
+        else:
+            print(f"stuck: {exc.render()}", flush=True)
+
     served = serve(
+        on_error=failed,
         repo=args.repo,
         target=args.target,
         on_run=said,
@@ -418,4 +439,5 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if not args.json:
         print(f"stopped ({served.stopped_by or 'done'}) after {len(served.runs)} run(s)")
-    return ExitCode.OK
+    # stopped by a signal, as `integrate run` is: 130 (a service stops no other way)
+    return ExitCode.INTERRUPTED if served.stopped_by else ExitCode.OK

@@ -49,6 +49,11 @@ def add_worktree(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         help="onto the target's tip, its commits, staged, unstaged and untracked work carried",
     )
     sy.add_argument("id", help="MISSION/WORKER")
+    sy.add_argument(
+        "--markers",
+        action="store_true",
+        help="on a conflict, merge anyway and leave markers (landed / yours) in the files",
+    )
     wt_sub.add_parser(
         "overlaps",
         parents=[common, repo_opt, target_opt],
@@ -98,7 +103,8 @@ def add_integrate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     sb.add_argument(
         "--requeue",
         action="store_true",
-        help="queue again an envelope whose item ended gates-failed or rejected (a new item; "
+        help="queue again an envelope whose item ended gates-failed, rejected or withdrawn (a "
+        "new item; "
         "the old one keeps its verdict)",
     )
     sb.add_argument(
@@ -185,6 +191,10 @@ def add_integrate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         help="/mcp answers only 'Authorization: Bearer <F's content>' (no file: no /mcp)",
     )
     ig_sub.add_parser("status", parents=[common, repo_opt], help="every envelope's state")
+    wd = ig_sub.add_parser(
+        "withdraw", parents=[common, repo_opt], help="take a queue item back before it lands"
+    )
+    wd.add_argument("item", metavar="ID", help="the queue item (as submit answered it)")
     stats = ig_sub.add_parser("stats", parents=[common, repo_opt], help="how the queue does")
     stats.add_argument("--since", type=duration, metavar="DUR", help="only the last DUR (1h, 7d)")
     stats.add_argument("--format", choices=["text", "prometheus"], default="text", help="(text)")

@@ -26,6 +26,7 @@ class Merged:
     tree: str | None  # the merged tree; None when it conflicts or git failed
     conflicts: tuple[str, ...]  # the conflicting paths
     failed: str = ""  # git's message when merge-tree itself failed
+    marked: str | None = None  # when it conflicts: the tree with conflict markers in them
 
 
 def merge_commits(common: Path, ours: str, theirs: str) -> Merged:
@@ -36,7 +37,7 @@ def merge_commits(common: Path, ours: str, theirs: str) -> Merged:
         done = git([*where, "merge-tree", *how, ours, theirs], cwd=Path(empty), check=False)
     fields = split_z(done.stdout)
     if done.returncode == 1:
-        return Merged(None, tuple(sorted(set(fields[1:]))))
+        return Merged(None, tuple(sorted(set(fields[1:]))), marked=fields[0] if fields else None)
     if done.returncode != 0 or not fields:
         return Merged(None, (), failed=done.message)
     return Merged(fields[0], ())

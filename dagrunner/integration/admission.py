@@ -116,11 +116,14 @@ def trusted_manifest(
     if blob.returncode != 0 and given is None:  # no manifests/release.toml: what init wrote
         blob = git(["show", f"{head}:{STARTER_MANIFEST.as_posix()}"], cwd=repo, check=False)
     if blob.returncode != 0:
+        tried = rel.as_posix() + (f" (nor {STARTER_MANIFEST.as_posix()})" if given is None else "")
         raise DagrunnerError(
             "manifest-not-found",
-            f"the target {target!r} has no {rel.as_posix()} at {head[:12]}",
+            f"the target {target!r} has no {tried} at {head[:12]}",
             key="--manifest",
-            hint="commit the manifest on the target branch, or pass --manifest /absolute/path",
+            hint=f"commit a manifest on the target branch ({rel.as_posix()}, or "
+            f"{STARTER_MANIFEST.as_posix()}: `dagrunner init` writes one), or pass --manifest "
+            "/absolute/path",
         )
     atomic_write(dest, blob.stdout)  # whole or absent: a reused partial file would drop gates
     return dest

@@ -9,7 +9,8 @@ appended to, so a cursor stays valid.
 
 Event names are the envelope's state, except ``submitted`` (its first
 ``queued`` line), ``flaky`` and ``speculation-reset`` (``pipeline.py``), and ``overlap``
-(``foresight.py``: at submit, it conflicts with an item queued ahead of it).
+(``foresight.py``: at submit, it conflicts with an item queued ahead of it), and ``stuck``
+(the queue cannot move it now: an integrator that cannot start, a refused landing).
 Their JSON shape is ``docs/integration-event.schema.json``.
 """
 
@@ -32,7 +33,7 @@ from dagrunner.records.integration import FINAL, Details, EnvelopeState
 POLL = 0.1  # seconds between looks at the journal while following it
 # events that are not a state of their own
 NAMED = (
-    *("flaky", "speculation-reset", "overlap"),
+    *("flaky", "speculation-reset", "overlap", "stuck"),
     *("batch-size", "target-red", "target-green", "gate-run", "named", "held"),
 )
 
@@ -42,6 +43,7 @@ WAIT_EXIT: dict[EnvelopeState, ExitCode] = {
     EnvelopeState.GATES_FAILED: ExitCode.FAILED,
     EnvelopeState.REJECTED: ExitCode.BAD_INPUT,
     EnvelopeState.CONFLICT: ExitCode.REFUSED,
+    EnvelopeState.WITHDRAWN: ExitCode.REFUSED,
 }
 
 

@@ -30,6 +30,7 @@ import trio
 from dagrunner.files import crash_point
 from dagrunner.git.command import git, is_dirty
 from dagrunner.integration import target_checkout as checkouts
+from dagrunner.integration.items import Item
 from dagrunner.manifest.fields import DEFAULT_MESSAGE
 from dagrunner.names import is_safe_id
 from dagrunner.records.integration import (
@@ -44,6 +45,7 @@ from dagrunner.records.integration import (
 if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
     from dagrunner.integration.needs import IntegratorLike as Integrator
+    from dagrunner.integration.trees import Trees
 
 Applied = list[tuple["Envelope", str]]
 
@@ -69,8 +71,14 @@ def land(
             "target-checkout-dirty",
             "the target branch is checked out there with uncommitted changes",
         )
-    for envelope, _ in applied:
-        it.queue.record(envelope.id, EnvelopeState.LANDING, Details(old=old, new=new))
+    # Under the queue's lock, as ``withdraw`` decides: an envelope withdrawn before this
+    # line never lands, and one journaled ``landing`` can no longer be withdrawn.
+    with it.queue.lock():
+        entries = it.queue.entries()
+        if any(entries[e.id].state is EnvelopeState.WITHDRAWN for e, _ in applied):
+            return Landing(outcome=LandOutcome.WITHDRAWN)
+        for envelope, _ in applied:
+            it.queue.record(envelope.id, EnvelopeState.LANDING, Details(old=old, new=new))
     crash_point("landing")
     moved = git(
         ["update-ref", "-m", f"dagrunner: land {len(applied)} envelope(s)", it.ref, new, old],
@@ -89,6 +97,15 @@ def land(
             return failed_sync(it, applied, checkout, old, new, synced.message)
     it.landed(applied, old, new, flaky)
     return Landing(outcome=LandOutcome.LANDED)
+
+
+def remains(it: Integrator, trees: Trees, front: Item) -> list[Item]:
+    """``front`` had envelopes withdrawn while it gated: it never lands.  What of it was not
+    withdrawn, as an item to build again (none when nothing); its slot is given back."""
+    trees.give(front.reset())
+    entries = it.queue.entries()
+    kept = [e for e in front.envelopes if entries[e.id].state is not EnvelopeState.WITHDRAWN]
+    return [Item(kept, priority=front.priority)] if kept else []
 
 
 def failed_sync(
@@ -122,10 +139,21 @@ def failed_sync(
         return Landing(outcome=LandOutcome.BLOCKED, blocked=disk, stale=left, stops=True)
 
 
+REFUSED_HINTS = {  # what is done about a refused landing: the operator's, never the item's
+    "target-checkout-dirty": "the operator commits, stashes or discards the uncommitted "
+    "changes in the target's checkout; it is gated and lands then, nothing for its worker to do",
+    "target-ref-unwritable": "the operator frees the target's ref (a stale lock, a full disk)",
+}
+
+
 def block(it: Integrator, applied: Applied, checkout: Path, code: str, why: str) -> Landing:
     """Landing refused: leave the envelopes queued, saying why; the run stops."""
+    hint = REFUSED_HINTS.get(code, "the operator must fix it; the item lands then") + (
+        f" ({checkout})"
+    )
+    said = Details(stuck=code, note=why, hint=hint)
     for envelope, _ in applied:
-        it.queue.record(envelope.id, EnvelopeState.QUEUED, Details(note=f"{code}: {why}"))
+        it.queue.record(envelope.id, EnvelopeState.QUEUED, said, event="stuck")
         it.outcome(
             envelope.id, EnvelopeState.QUEUED, Details(reason=f"landing refused ({code}): {why}")
         )

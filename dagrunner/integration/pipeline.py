@@ -2,9 +2,8 @@
 
 An item is a batch of envelopes (``batching``: sized from the queue's outcomes, or fixed).
 The first ``window`` items are each applied, in their own integration worktree, on the
-speculative head "target + every item ahead of it still expected to land", and their gates
-run at the same time under one governor.  Items land strictly in queue order, each by
-compare-and-swap, as soon as it and every item ahead of it passed.
+speculative head "target + every item ahead of it still expected to land", gated at once
+under one governor, and landed in queue order by compare-and-swap when all ahead passed.
 
 - A failed batch is split where it stands, at once (``batching.pieces``): what its failure
   names first, the rest built without it; else halves, where a tree that failed once in the
@@ -13,17 +12,16 @@ compare-and-swap, as soon as it and every item ahead of it passed.
   gate without a pass on its tree is re-run there once every item ahead passed
   (``confirm_failures``).  All passing marks the failed ones ``flaky``; a confirmed failure
   halves the window (never below 2), and it is ``gates-failed`` at the front.
-- Nothing lands without a pass of every gate on exactly its tree (``proofs``).
+- Nothing lands without a pass of every gate on exactly its tree (``proofs``); nothing
+  withdrawn while it gated lands (``landing.land`` checks, under the queue's lock).
 - A failure the target's head has too is never the item's (``baseline``): under
   ``[integrate] baseline = "differential"`` it is excused; under the absolute one the item
   is held (queued again, gated again once the target's head moves).  A failure a re-run
   cannot change (a missing program: ``Failures.rerunnable``) is not confirmed.
 - A conflict on the target's head is final; behind the front or a batch sibling, it waits.
-- The window grows by one after each landing; an urgent item pre-empts (``batching``).
-
+  The window grows by one after each landing; an urgent item pre-empts (``batching``).
 Every step is journaled before it takes effect (``queue.py``); after a crash,
-``recovery.recover`` discards the speculation (only commits on the target count), so a
-rerun ends with each envelope in one final state.
+``recovery.recover`` discards the speculation (only commits on the target count).
 """
 
 from __future__ import annotations
@@ -447,4 +445,6 @@ class Pipeline:
             self.head = it.head()
             self.reset_from(0, cause=None)
             self.unhold()
-        # BLOCKED: landing.block said why, queued the front again and stopped the run
+        elif outcome is LandOutcome.WITHDRAWN:  # (BLOCKED: landing.block said why, stopped)
+            self.items[0:1] = await trio.to_thread.run_sync(landing.remains, it, self.trees, front)
+            self.reset_from(0, cause=None, why=f"rebuilt without the withdrawn {front.ids[0]}")

@@ -200,6 +200,21 @@ class Queue:
         line.update(details.to_json())
         append_line(self.journal, orjson.dumps(line))
 
+    def stuck(self, code: str, message: str, hint: str) -> list[str]:
+        """Journal a ``stuck`` event on each item of this target not yet final: the queue
+        cannot move it now (an integrator that cannot start, a refused landing), with the
+        coded error's code, message (bounded: it may quote input) and hint.  An item whose
+        last line says this cause already is left alone: one event per cause."""
+        said = []
+        for item, entry in self.entries().items():
+            if entry.state in FINAL or entry.target not in (None, self.target):
+                continue
+            if entry.details.stuck != code:
+                details = Details(stuck=code, note=message[:500], hint=hint[:500])
+                self.record(item, entry.state, details, event="stuck")
+                said.append(item)
+        return said
+
     def lines(self) -> list[JournalLine]:
         """The journal's lines, oldest first."""
         return [line for raw in read_lines(self.journal) if (line := JournalLine.from_json(raw))]

@@ -13,7 +13,7 @@ import contextlib
 import math
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,7 @@ def integrate(
     ctx = open_context(repo, env)
     goal = target or default_target(ctx)
     lock = ctx.info.state_dir / f"integrate-{goal.replace('/', '--')}.lock"
-    with integrator_lock(lock, wait=wait):
+    with integrator_lock(lock, wait=wait), stuck_on_error(Queue.of(ctx.info, target=goal)):
         return Integrator(
             ctx,
             target=goal,
@@ -84,6 +84,20 @@ def integrate(
             window=window,
             confirm_failures=confirm_failures,
         ).run()
+
+
+@contextlib.contextmanager
+def stuck_on_error(queue: Queue) -> Iterator[None]:
+    """A coded error that ends an integrator's run (it could not start: no manifest on the
+    target, an integration worktree it cannot use; a gate run that could not start) is a
+    ``stuck`` event on every item of its target: each waiter reads the cause and what to do
+    in the journal, whoever started the integrator."""
+    try:
+        yield
+    except DagrunnerError as exc:
+        with contextlib.suppress(OSError, DagrunnerError):
+            queue.stuck(exc.code, exc.message, exc.hint or "")
+        raise
 
 
 def queue_status(*, repo: Path | None = None) -> dict[str, Any]:

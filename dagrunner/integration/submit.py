@@ -285,7 +285,7 @@ def submit(
     return results
 
 
-AGAIN = (EnvelopeState.GATES_FAILED, EnvelopeState.REJECTED)  # what --requeue queues again
+AGAIN = (EnvelopeState.GATES_FAILED, EnvelopeState.REJECTED, EnvelopeState.WITHDRAWN)  # --requeue
 
 
 def _latest(item: str, known: dict[str, QueueEntry]) -> str:
@@ -328,3 +328,38 @@ def submit_files(
         repo_info(repo), files, target=target, allow_protected=allow_protected, priority=priority
     )
     return [s.to_json() for s in submitted]
+
+
+WITHDRAWABLE = (EnvelopeState.QUEUED, EnvelopeState.APPLYING, EnvelopeState.APPLIED,
+                EnvelopeState.GATING)  # fmt: skip
+
+
+def withdraw(info: RepoInfo, item: str, *, by: str = "the operator") -> dict[str, Any]:
+    """Take queue item ``item`` back before it lands: journaled final ``withdrawn`` under
+    the queue's lock, which the integrator takes to journal ``landing`` (``landing.land``):
+    an item withdrawn while it gates never lands, and one already landing cannot be
+    withdrawn.  Withdrawing a withdrawn item again answers the same."""
+    queue = Queue.of(info)
+    queue.envelope_path(item)  # a safe id, or envelope-name
+    with queue.lock():
+        entry = queue.entries().get(item)
+        if entry is None:
+            raise DagrunnerError(
+                "envelope-unknown",
+                f"no queue item {item!r}",
+                hint="the id is the one submit answered (integrate status lists them)",
+            )
+        if entry.state not in WITHDRAWABLE and entry.state is not EnvelopeState.WITHDRAWN:
+            raise DagrunnerError(
+                "withdraw-too-late",
+                f"{item} is {entry.state}: only an item that has not started landing can be "
+                "withdrawn",
+                exit_code=ExitCode.REFUSED,
+                hint="a landed change is undone by a new change that reverts it; a final "
+                "item needs no withdrawing",
+            )
+        already = entry.state is EnvelopeState.WITHDRAWN
+        if not already:
+            queue.record(item, EnvelopeState.WITHDRAWN, Details(reason=f"withdrawn by {by}"))
+    return {"id": item, "state": str(EnvelopeState.WITHDRAWN), "final": True,
+            "was": str(entry.state), "already": already}  # fmt: skip

@@ -31,6 +31,7 @@ class EnvelopeState(enum.StrEnum):
     CONFLICT = "conflict"
     GATES_FAILED = "gates-failed"
     REJECTED = "rejected"
+    WITHDRAWN = "withdrawn"  # taken back by its worker (or the operator) before it landed
 
 
 class LandOutcome(enum.StrEnum):
@@ -39,6 +40,7 @@ class LandOutcome(enum.StrEnum):
     LANDED = "landed"  # the target moved to the gated commit (and its checkout followed)
     MOVED = "moved"  # somebody else moved the target first: rebuild on the new head
     BLOCKED = "blocked"  # refused or impossible; ``land_blocked`` says why
+    WITHDRAWN = "withdrawn"  # an envelope of it was withdrawn while it gated: never lands
 
 
 FINAL: frozenset[EnvelopeState] = frozenset(
@@ -47,6 +49,7 @@ FINAL: frozenset[EnvelopeState] = frozenset(
         EnvelopeState.CONFLICT,
         EnvelopeState.GATES_FAILED,
         EnvelopeState.REJECTED,
+        EnvelopeState.WITHDRAWN,
     }
 )
 
@@ -99,6 +102,10 @@ class Details:
     target_red: tuple[str, ...] | None = None
     red_since: str | None = None  # target-red: the first head seen failing them
     gate_cpu: float | None = None  # gate-run: the CPU-seconds its gates' processes took
+    # stuck: why the queue cannot move it now (an integrator that cannot start, a refused
+    # landing), as a coded error's code and hint; ``note`` holds its message
+    stuck: str | None = None
+    hint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -136,20 +143,23 @@ class Details:
             failed_tests=_texts(data.get("failed_tests")),
             target_red=_texts(data.get("target_red")),
             red_since=text_of(data.get("red_since")),
+            stuck=text_of(data.get("stuck")),
+            hint=text_of(data.get("hint")),
             gate_cpu=float(cpu)
             if isinstance(cpu, int | float) and not isinstance(cpu, bool)
             else None,
         )
 
     def merged(self, newer: Details) -> Details:
-        """These details with every field ``newer`` sets taken from it; ``note`` speaks of
-        one line only (a speculative reset's note does not follow the envelope to its end)."""
+        """These details with every field ``newer`` sets taken from it; ``note``, ``stuck``
+        and ``hint`` speak of one line only (a speculative reset's note does not follow the
+        envelope to its end; a cause that was removed is not one any more)."""
         changes = {
             f.name: v
             for f in dataclasses.fields(newer)
             if (v := getattr(newer, f.name)) is not None
         }
-        return dataclasses.replace(self, **{"note": None, **changes})
+        return dataclasses.replace(self, **{"note": None, "stuck": None, "hint": None, **changes})
 
 
 NO_DETAILS = Details()

@@ -223,6 +223,17 @@ def export_summary(
             where=str(path),
             hint="nothing to export; `worktree prune` drops the record",
         )
+    from dagrunner.worktrees.sync import unresolved
+
+    if left := unresolved(path):  # a sync's markers never travel as work either
+        raise DagrunnerError(
+            "export-unresolved",
+            f"{wt_id} still has the conflict markers sync left in {', '.join(left[:20])}",
+            exit_code=ExitCode.REFUSED,
+            details={"paths": left},
+            hint="edit those files: keep what is right of the landed and the yours sides, "
+            "remove the <<<<<<< landed / ======= / >>>>>>> yours lines, then export again",
+        )
     envelope = export_worktree(
         path, mission=mission, worker=worker, base=state.base, session=state.session
     )

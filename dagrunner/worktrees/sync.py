@@ -10,10 +10,17 @@ full state is saved on ``refs/dagrunner/backup/<id>/<time>`` first, then its bra
 and files are set in three plumbing steps (no hook, no filter, no merge driver runs:
 ``git/drivers.py``), and the ledger records the tip as its new base.  No other worktree is
 read or written.
+
+``markers`` (what an agent's ``dagrunner_sync`` asks, and ``worktree sync --markers``): on a
+conflict, the worktree's whole state is merged with the tip anyway, its state from before
+saved on the backup ref first; the conflicting files get markers (``<<<<<<< landed`` /
+``>>>>>>> yours``), the branch moves to the tip, nothing is staged, and an export is refused
+(``export-unresolved``) while a marker is left in one of those files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +29,16 @@ from typing import Any
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git.command import IDENTITY, git, split_z
 from dagrunner.git.link import pin_gitfile
-from dagrunner.git.merge import commit_tree, merge_commits
+from dagrunner.git.merge import Merged, commit_tree, merge_commits
 from dagrunner.git.repo import check_branch
 from dagrunner.git.statetree import state_tree
-from dagrunner.worktrees.allocate import default_target, open_context, recorded_state, split_id
+from dagrunner.worktrees.allocate import (
+    Context,
+    default_target,
+    open_context,
+    recorded_state,
+    split_id,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,9 +108,12 @@ def _refuse(code: str, message: str, hint: str) -> DagrunnerError:
     return DagrunnerError(code, message, exit_code=ExitCode.REFUSED, hint=hint)
 
 
-def sync(wt_id: str, *, repo: Path | None = None, target: str | None = None) -> dict[str, Any]:
+def sync(
+    wt_id: str, *, repo: Path | None = None, target: str | None = None, markers: bool = False
+) -> dict[str, Any]:
     """Bring worktree ``wt_id`` onto ``target``'s tip (default: the main checkout's branch)
-    with all of its work; see the module doc."""
+    with all of its work; see the module doc.  ``markers``: where the work conflicts with
+    the tip, merge anyway and leave conflict markers (``marked``) instead of refusing."""
     split_id(wt_id)
     ctx = open_context(repo)
     goal = target or default_target(ctx)
@@ -137,23 +153,25 @@ def sync(wt_id: str, *, repo: Path | None = None, target: str | None = None) -> 
                 f"{wt_id}'s history since its base has a merge commit",
                 "sync replays a straight line of commits; rebase it by hand",
             )
+        index_tree = git(["write-tree"], cwd=path).text
+        full_tree = state_tree(path)
+        staged = commit_tree(root, index_tree, head, b"dagrunner sync: staged\n")
+        everything = commit_tree(root, full_tree, staged, b"dagrunner sync: worktree\n")
+        if markers:
+            whole = merge_commits(common, tip, everything)
+            if whole.conflicts and whole.marked is not None:
+                return marked(ctx, wt_id, path, branch, head, tip, everything, whole, goal)
         # 1. everything computed first: the commits replayed, then the index, then the rest
         new = tip
         for commit, _parent in commits:
             env, message = _author(root, commit)
             tree = _merge(common, new, commit, f"commit {commit[:12]}")
             new = commit_tree(root, tree, new, message, env)
-        index_tree = git(["write-tree"], cwd=path).text
-        full_tree = state_tree(path)
-        staged = commit_tree(root, index_tree, head, b"dagrunner sync: staged\n")
-        everything = commit_tree(root, full_tree, staged, b"dagrunner sync: worktree\n")
         new_index = _merge(common, new, staged, "the staged work")
         new_files = _merge(common, new, everything, "the unstaged and untracked work")
         carried = _carried(path, head, index_tree, full_tree)
         # 2. the worktree moves: backup, branch, files, index
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        backup = f"refs/dagrunner/backup/{wt_id}/{stamp}"
-        git(["update-ref", backup, everything], cwd=root)
+        backup = _backup(root, wt_id, everything)
         try:
             git(["update-ref", branch, new, head], cwd=path)
             git(["read-tree", "-u", "--reset", new_files], cwd=path)
@@ -195,3 +213,70 @@ def _restore(path: Path, branch: str, head: str, index_tree: str, full_tree: str
     git(["read-tree", "-u", "--reset", full_tree], cwd=path, check=False)
     git(["read-tree", index_tree], cwd=path, check=False)
     git(["update-index", "-q", "--refresh"], cwd=path, check=False)
+
+
+def _backup(root: Path, wt_id: str, everything: str) -> str:
+    """The worktree's full state kept on a ref of its own; the ref's name."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    backup = f"refs/dagrunner/backup/{wt_id}/{stamp}"
+    git(["update-ref", backup, everything], cwd=root)
+    return backup
+
+
+CONFLICTS_FILE = "dagrunner-sync-conflicts"  # in the worktree's git dir: what sync marked
+LANDED, YOURS = "<<<<<<< landed", ">>>>>>> yours"
+
+
+def marked(
+    ctx: Context, wt_id: str, path: Path, branch: str, head: str, tip: str, everything: str,
+    merged: Merged, goal: str,
+) -> dict[str, Any]:  # fmt: skip
+    """The worktree's whole state merged with the tip, conflicts left as markers: its state
+    from before on a backup ref, its branch at the tip, the merged files in its folder with
+    the sides named ``landed`` (the target's) and ``yours``, nothing staged; the paths are
+    remembered so that an export with a marker left is refused (``unresolved``)."""
+    root = ctx.info.root
+    backup = _backup(root, wt_id, everything)
+    git(["update-ref", branch, tip, head], cwd=path)
+    git(["read-tree", "-u", "--reset", str(merged.marked)], cwd=path)
+    git(["read-tree", tip], cwd=path)
+    for name in merged.conflicts:
+        file = path / name
+        if file.is_file() and not file.is_symlink():
+            text = file.read_bytes()
+            text = text.replace(f"<<<<<<< {tip}".encode(), LANDED.encode())
+            file.write_bytes(text.replace(f">>>>>>> {everything}".encode(), YOURS.encode()))
+    git(["update-index", "-q", "--refresh"], cwd=path, check=False)
+    git_dir = Path(git(["rev-parse", "--absolute-git-dir"], cwd=path).text)
+    (git_dir / CONFLICTS_FILE).write_text("".join(f"{n}\n" for n in merged.conflicts))
+    ctx.ledger.append("synced", wt_id, base=tip, head=tip, backup=backup)
+    return {
+        "id": wt_id,
+        "target": goal,
+        "old_head": head,
+        "new_base": tip,
+        "head": tip,
+        "backup": backup,
+        "conflicts": list(merged.conflicts),
+        "next": "edit each conflicting file: keep what is right of the landed and the yours "
+        "sides and remove the markers, then submit",
+    }
+
+
+def unresolved(path: Path) -> list[str]:
+    """The paths a marking sync left conflicted that still hold a marker (none left: the
+    record goes)."""
+    git_dir = Path(git(["rev-parse", "--absolute-git-dir"], cwd=path).text)
+    record = git_dir / CONFLICTS_FILE
+    if not record.is_file():
+        return []
+    left = []
+    for name in record.read_text().splitlines():
+        file = path / name
+        with contextlib.suppress(OSError):
+            lines = file.read_bytes().splitlines()
+            if LANDED.encode() in lines or YOURS.encode() in lines:
+                left.append(name)
+    if not left:
+        record.unlink(missing_ok=True)
+    return left
