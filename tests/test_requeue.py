@@ -24,7 +24,9 @@ def test_requeue_asks_again_for_a_verdict_the_environment_caused(
     and the old item keeps its verdict.  Without --requeue it is only 'already queued'."""
     (repo / "manifests").mkdir()
     (repo / "manifests" / "release.toml").write_text(
-        '[env]\npass = ["NEEDED"]\n[gates.env]\nrun = "test -n \\"$NEEDED\\""\n'
+        # the target's head passes it (no new.txt): the failure is the envelope's tree's in
+        # this environment, not the target's own (which would hold the item, not fail it)
+        '[env]\npass = ["NEEDED"]\n[gates.env]\nrun = "test -n \\"$NEEDED\\" || ! test -f new.txt"\n'
     )
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "gate")
