@@ -11,7 +11,10 @@ import orjson
 from conftest import git
 from test_integration import breaks_gate, states, worker
 
+from dagrunner.engine.plan import RunOptions
+from dagrunner.engine.steps import release_check
 from dagrunner.git.repo import repo_info
+from dagrunner.integration import proofs
 from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
 
@@ -96,3 +99,37 @@ needs = ["lint"]
     assert ran.read_text() == "x\n"  # once: on the confirmation, after lint passed there
     note = git(project, "notes", "--ref", "refs/notes/dagrunner", "show", "main")
     assert set(orjson.loads(note)["proof"]["gates"]) == {"lint", "tests"}
+
+
+def test_what_a_run_passed_and_what_a_confirmation_runs(repo: Path, tmp_path: Path) -> None:
+    """From a real run's record: a gate skipped behind a failed need, or cancelled, has no
+    pass; a split gate passes only when every shard did; what a confirmation runs is every
+    gate of the manifest without a pass, in the manifest's order."""
+    path = manifest(
+        tmp_path,
+        """
+[gates.lint]
+run = "exit 1"
+
+[gates.tests]
+run = "true"
+needs = ["lint"]
+
+[gates.docs]
+run = "true"
+
+[gates.split]
+run = "cat {files}"
+split = { files = ["*.txt"], shards = 2 }
+""",
+    )
+    (repo / "a.txt").write_text("a\n")
+    (repo / "b.txt").write_text("b\n")
+    record, _ = release_check(RunOptions(repo=repo, manifest=path, report_dir=tmp_path / "r"))
+    assert {g.id for g in record.gates} == {"lint", "tests", "docs", "split-1", "split-2"}
+    assert proofs.passes(record) == {"docs", "split"}
+    assert proofs.failures(record) == {"lint", "tests"}
+    assert proofs.rerun(path, proofs.passes(record)) == ("lint", "tests")
+    assert proofs.gaps(proofs.required(path), {"lint", "tests", "docs"}) == ("split",)
+    assert proofs.gaps(proofs.required(path), {"lint", "docs", "split"}, {"tests"}) == ()
+    assert proofs.required(None) == ("(no manifest)",)  # never built: can never land
