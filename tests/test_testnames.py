@@ -151,3 +151,41 @@ def test_an_item_failing_unittest_without_junit_is_blamed_by_test_name(project: 
         check=True,
     ).stdout
     assert "gates-failed  tests (tests: tests::test_m.Calc::test_err" in shown, shown
+
+
+RED_SUITE = """import unittest
+
+
+class Calc(unittest.TestCase):
+    def test_known(self):
+        self.assertEqual(open("known.txt").read(), "fixed\\n")
+
+    def test_new(self):
+        self.assertEqual(open("answer.txt").read(), "1\\n")
+"""
+
+
+def test_a_new_failing_test_in_a_gate_the_red_target_fails_whole_is_blamed(
+    project: Path,
+) -> None:
+    """Differential baseline, a gate without JUnit that the target itself fails (test_known):
+    an envelope that breaks another test of it (test_new) is blamed, not excused as the
+    target's own failure -- its output names a failing test the target's does not.  (On a
+    real yarn workspace, a test-breaking worker landed so.)  One that breaks nothing new
+    lands."""
+    (project / "test_red.py").write_text(RED_SUITE)
+    (project / "known.txt").write_text("broken\n")
+    (project / "answer.txt").write_text("1\n")
+    git(project, "add", "test_red.py", "known.txt", "answer.txt")
+    commit_release_manifest(
+        project,
+        '[integrate]\nbaseline = "differential"\n\n'
+        '[gates.tests]\nrun = ["python3", "-m", "unittest", "test_red.Calc"]\n',
+    )
+    bad = worker(project, "bad", lambda p: (p / "answer.txt").write_text("2\n"))
+    fine = worker(project, "fine", lambda p: (p / "other.txt").write_text("x\n"))
+    submit(repo_info(project), [bad, fine])
+    result = integrate(repo=project, batch=1)
+    assert states(project) == {"bad": "gates-failed", "fine": "landed"}
+    (blamed,) = [o for o in result.envelopes if o.state == "gates-failed"]
+    assert "tests::test_red.Calc::test_new" in (blamed.details.failed_tests or ())

@@ -78,7 +78,8 @@ class Baseline:
                     first = first.confirmed_by(again)
                 self.head_runs += 1
                 had = self.known.get(head, Failures())
-                self.known[head] = Failures({**had.gates, **first.gates}, had.hard | first.hard)
+                gates, said = {**had.gates, **first.gates}, {**had.said, **first.said}
+                self.known[head] = Failures(gates, had.hard | first.hard, said)
                 covered = self.covered.get(head, frozenset())
                 self.covered[head] = None if not want or covered is None else covered | set(want)
             finally:

@@ -20,14 +20,20 @@ class Failures:
 
     gates: Mapping[str, frozenset[str]] = field(default_factory=dict)
     hard: frozenset[str] = frozenset()
+    # for a gate judged whole: the failing tests its output names (``report/testnames``),
+    # never a complete list, so never what excuses -- only what tells two wholes apart
+    said: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, record: RunRecord) -> Failures:
         gates: dict[str, frozenset[str]] = {}
         hard: set[str] = set()
+        said: dict[str, frozenset[str]] = {}
         for gate in record.gates:
             if gate.status.ok:
                 continue
+            if gate.tests is not None and gate.tests.source == "output" and gate.tests.failed:
+                said[gate.id] = frozenset(f"{c.suite}::{c.name}" for c in gate.tests.failed)
             last = gate.attempts[-1] if gate.attempts else None
             plain = (
                 gate.status is Status.FAILED
@@ -48,19 +54,21 @@ class Failures:
             )
             if not plain:
                 hard.add(gate.id)
-        return cls(gates, frozenset(hard))
+        return cls(gates, frozenset(hard), said)
 
     def without(self, gates: Iterable[str]) -> Failures:
         """These failures but for ``gates`` (passed since: a flake)."""
         drop = set(gates)
         kept = {g: c for g, c in self.gates.items() if g not in drop}
-        return Failures(kept, frozenset(self.hard - drop))
+        said = {g: c for g, c in self.said.items() if g not in drop}
+        return Failures(kept, frozenset(self.hard - drop), said)
 
     def rerun(self, again: Failures, gates: Iterable[str]) -> Failures:
         """These failures, with ``gates`` as a re-run of them found them (``again``): what
         a tree fails once a re-run of some of its gates passed (a flake's landing)."""
         kept = self.without(gates)
-        return Failures({**kept.gates, **again.gates}, kept.hard | again.hard)
+        said = {**kept.said, **again.said}
+        return Failures({**kept.gates, **again.gates}, kept.hard | again.hard, said)
 
     def confirmed_by(self, again: Failures) -> Failures:
         """What failed both here and ``again`` (a re-run): a gate in both, with the cases in
@@ -72,7 +80,10 @@ class Failures:
                 continue
             if not cases or (cases := cases & other):
                 kept[gate] = cases
-        return Failures(kept, frozenset(g for g in self.hard & again.hard if g in kept))
+        # what both runs' output named (a test named once only is no known failure)
+        said = {g: c & again.said.get(g, c) for g, c in self.said.items() if g in kept}
+        hard = frozenset(g for g in self.hard & again.hard if g in kept)
+        return Failures(kept, hard, said)
 
     def names(self) -> tuple[str, ...]:
         """``gate`` or ``gate::suite::case``, sorted."""
@@ -87,16 +98,19 @@ class Failures:
     def beyond(self, base: Failures) -> Failures:
         """What fails here and not at ``base``: a gate that passed there, or failed hard
         on either side; a case that did not fail there; a gate judged as a whole here
-        where ``base`` lists its cases (two wholes: the same failure, per gate)."""
+        where ``base`` lists its cases; two wholes are the same failure, per gate, unless
+        this output names a failing test that ``base``'s does not (then it is new)."""
         new: dict[str, frozenset[str]] = {}
         for gate, cases in self.gates.items():
             theirs = base.gates.get(gate)
             hard = gate in self.hard or gate in base.hard
-            if theirs is None or hard or (not cases and theirs):
+            named = self.said.get(gate, WHOLE) - base.said.get(gate, WHOLE)
+            if theirs is None or hard or (not cases and theirs) or (not cases and named):
                 new[gate] = cases
             elif cases and theirs and (extra := cases - theirs):
                 new[gate] = extra
-        return Failures(new, frozenset(g for g in self.hard if g in new))
+        said = {g: c for g, c in self.said.items() if g in new}
+        return Failures(new, frozenset(g for g in self.hard if g in new), said)
 
 
 def rerunnable(record: RunRecord) -> bool:
