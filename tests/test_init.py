@@ -819,3 +819,49 @@ def test_a_scripts_memory_is_its_heaviest_tools(
     (repo / "package.json").write_text(json.dumps({"name": "p", "scripts": scripts}))
     gates = gates_of(dry(capsys, repo))
     assert gates["js-check"]["memory"] == "2G" and gates["js-lint"]["memory"] == "256M"
+
+
+def test_a_project_that_runs_its_tests_with_unittest_gets_a_unittest_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real library (tomli): CI and tox run ``python -m unittest``, pytest is named
+    nowhere, yet init wrote ``python -m pytest``, which the project's venv seed (the project
+    editable, nothing else) cannot run: the tests gate failed ``No module named pytest`` on
+    the target itself.  The gate runs what the project runs; a failure is named from its
+    output.  A project that names pytest anywhere keeps the pytest gate."""
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "__init__.py").write_text("def add(a, b):\n    return a + b\n")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "__init__.py").write_text("")
+    (repo / "tests" / "test_add.py").write_text(
+        "import unittest\n\nfrom pkg import add\n\n\nclass TestAdd(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(1, 2), 3)\n"
+    )
+    (repo / "pyproject.toml").write_text(
+        '[project]\nname = "pkg"\nversion = "0.1"\n\n[tool.tox]\nenv_list = ["3.11"]\n\n'
+        '[tool.tox.env_run_base]\ncommands = [["python", "-m", "unittest"]]\n'
+    )
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  t:\n    steps:\n    - run: pip install .\n    - run: python -m unittest\n"
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a unittest project")
+    out = repo / "dagrunner.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    tests = gates_of(body)["tests"]
+    assert tests["run"] == ["python", "-m", "unittest"] and tests["junit"] is None, tests
+    git(repo, "add", "dagrunner.toml")
+    git(repo, "commit", "-q", "-m", "manifest")
+    code, run = run_json(capsys, "release-check", "--repo", str(repo), "--only", "tests")
+    assert code == 0, run
+    (repo / "pkg" / "__init__.py").write_text("def add(a, b):\n    return a - b\n")
+    code, run = run_json(capsys, "release-check", "--repo", str(repo), "--only", "tests")
+    assert code == 1, run
+    (gate,) = run["gates"]
+    assert [c["name"] for c in gate["tests"]["cases"]] == ["test_add"], gate["tests"]
+    (repo / "requirements-dev.txt").write_text("pytest\n")
+    out.unlink()
+    code, body = run_json(capsys, "init", "--repo", str(repo), "--dry-run")
+    assert "pytest" in gates_of(body)["tests"]["run"]
