@@ -701,6 +701,32 @@ def test_what_pre_commits_mypy_hook_installs_for_it_goes_into_the_seed(
     assert seed["build"].endswith(f"{pins} mypy attrs 'pydantic>=2'"), seed
 
 
+def test_a_hooks_pinned_tool_is_said_and_goes_into_the_seed(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real project (pypa/installer): the ruff gate written in the ruff-check
+    hook's stead ran the ruff on PATH (0.17), the hook pins v0.15.22, and the target's own
+    lint was red (3 rules new in the later ruff) with nothing said.  The pinned version now
+    goes into a venv seed's build, and the gate says which version, and what to install
+    without a seed."""
+    python_project(repo)
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: https://github.com/astral-sh/ruff-pre-commit\n  rev: v0.15.22\n"
+        "  hooks:\n  - id: ruff-check\n"
+    )
+    out = repo / "m.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    text = out.read_text()
+    said = "# the hook runs ruff==0.15.22: a venv seed's build installs that version; with none"
+    assert said in text and text.index(said) < text.index("[gates.lint]"), text
+    assert "pip install 'ruff==0.15.22'" in text
+    fake_venv(repo)
+    (repo / ".gitignore").write_text(".venv/\n")
+    (seed,) = dry(capsys, repo)["seeds"]
+    assert seed["build"].endswith("pytest==8.3.5 ruff==0.15.22"), seed
+
+
 def test_a_venv_ignored_only_by_its_own_gitignore_is_no_active_seed(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
