@@ -251,9 +251,9 @@ def _pre_commit_overlap(
             if needs and "==" in needs[0]:  # another version finds other faults (or misses)
                 extra += needs[:1] if len(needs) == 1 else []
                 notes_here.append(
-                    f"the hook runs {needs[0]}: a venv seed's build installs that version; "
-                    f"with none, install it (pip install '{needs[0]}'), or this gate and the "
-                    "hook may disagree"
+                    f"the hook runs {needs[0]}: install it (pip install '{needs[0]}', in "
+                    "your checkout's venv if it has one; a venv seed's build installs it for "
+                    "worktrees), or this gate and the hook may disagree"
                 )
             same_hooks = [h for h in listed if HOOK_TOOLS.get(h) == same]
             found = replay(settings, hook) if len(same_hooks) == 1 else None
