@@ -889,3 +889,24 @@ def test_a_project_that_runs_its_tests_with_unittest_gets_a_unittest_gate(
     out.unlink()
     code, body = run_json(capsys, "init", "--repo", str(repo), "--dry-run")
     assert "pytest" in gates_of(body)["tests"]["run"]
+
+
+def test_a_program_ci_runs_through_yarn_gets_its_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real yarn workspace (manypkg): CI runs ``yarn tsc``, a program of
+    node_modules/.bin, not a script; init made no gate of it and did not list it, so type
+    errors landed unchecked.  It is a gate now; a name that is no program there is not."""
+    body = {"name": "root", "private": True, "scripts": {"test": "vitest"}}
+    (repo / "package.json").write_text(json.dumps(body))
+    (repo / "yarn.lock").write_text("# yarn lockfile v1\n")
+    (repo / ".gitignore").write_text("node_modules/\n")
+    (repo / "node_modules" / ".bin").mkdir(parents=True)
+    (repo / "node_modules" / ".bin" / "tsc").write_text("#!/bin/sh\n")
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  t:\n    steps:\n    - run: yarn test\n    - run: yarn tsc\n    - run: yarn knip\n"
+    )
+    gates = gates_of(dry(capsys, repo))
+    assert gates["js-tsc"]["run"] == ["yarn", "tsc"], gates
+    assert "js-knip" not in gates  # no such program in node_modules/.bin

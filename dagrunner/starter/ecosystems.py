@@ -157,6 +157,31 @@ def package_json(project: Project, by_ci: frozenset[str] = frozenset()) -> list[
             runner=True,
         )
         found.append(_node_test(project, check, text))
+    return found + _ci_programs(project, manager, by_ci - set(scripts))
+
+
+def _ci_programs(project: Project, manager: str, names: frozenset[str]) -> list[Check]:
+    """What CI runs as ``yarn X`` / ``pnpm X`` where ``X`` is no script but a program of
+    ``node_modules/.bin`` (``yarn tsc``): a gate of its own, or the check is lost unsaid."""
+    found = []
+    for name in sorted(names) if manager in ("yarn", "pnpm") else ():
+        if not re.fullmatch(r"[a-z][\w.-]*", name) or not project.is_file(
+            f"node_modules/.bin/{name}"
+        ):
+            continue
+        concern = CHECK_SCRIPTS.get(name) or "check"
+        found.append(
+            Check(
+                id=f"js-{name}",
+                concern=f"js:{concern}",
+                run=(manager, name),
+                source=f"`{manager} {name}` in CI (node_modules/.bin/{name}; {manager}: "
+                f"{_lock_for(manager)})",
+                inputs=WHOLE,
+                tools=("node --version", f"{manager} --version"),
+                memory=memory_of(concern, name, {}),
+            )
+        )
     return found
 
 
