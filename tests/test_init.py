@@ -906,7 +906,10 @@ def test_a_program_ci_runs_through_yarn_gets_its_gate(
     (repo / ".github" / "workflows").mkdir(parents=True)
     (repo / ".github" / "workflows" / "ci.yml").write_text(
         "jobs:\n  t:\n    steps:\n    - run: yarn test\n    - run: yarn tsc\n    - run: yarn knip\n"
+        "    - run: yarn changeset publish --tag latest\n"
     )
+    (repo / "node_modules" / ".bin" / "changeset").write_text("#!/bin/sh\n")
     gates = gates_of(dry(capsys, repo))
     assert gates["js-tsc"]["run"] == ["yarn", "tsc"], gates
     assert "js-knip" not in gates  # no such program in node_modules/.bin
+    assert "js-changeset" not in gates  # a task (publish), not a check

@@ -76,7 +76,7 @@ def detect(root: Path) -> Found:
         *tox_checks,
         *nox_checks,
         *pre_commit(project),
-        *package_json(project, runs.scripts),
+        *package_json(project, runs.scripts, runs.lines),
         *makefile(project),
         *go(project),
         *rust(project),
