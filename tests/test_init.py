@@ -701,6 +701,30 @@ def test_what_pre_commits_mypy_hook_installs_for_it_goes_into_the_seed(
     assert seed["build"].endswith(f"{pins} mypy attrs 'pydantic>=2'"), seed
 
 
+def test_a_hooks_pinned_tool_is_said_and_goes_into_the_seed(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real project (pypa/installer): the ruff gate written in the ruff-check
+    hook's stead ran the ruff on PATH (0.17), the hook pins v0.15.22, and the target's own
+    lint was red (3 rules new in the later ruff) with nothing said.  The gate says which
+    version to install, and a venv seed's build installs it."""
+    python_project(repo)
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: https://github.com/astral-sh/ruff-pre-commit\n  rev: v0.15.22\n"
+        "  hooks:\n  - id: ruff-check\n"
+    )
+    out = repo / "m.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    text = out.read_text()
+    said = "# the hook runs ruff==0.15.22: install it (pip install 'ruff==0.15.22', in your"
+    assert said in text and text.index(said) < text.index("[gates.lint]"), text
+    fake_venv(repo)
+    (repo / ".gitignore").write_text(".venv/\n")
+    (seed,) = dry(capsys, repo)["seeds"]
+    assert seed["build"].endswith("pytest==8.3.5 ruff==0.15.22"), seed
+
+
 def test_a_venv_ignored_only_by_its_own_gitignore_is_no_active_seed(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -819,3 +843,73 @@ def test_a_scripts_memory_is_its_heaviest_tools(
     (repo / "package.json").write_text(json.dumps({"name": "p", "scripts": scripts}))
     gates = gates_of(dry(capsys, repo))
     assert gates["js-check"]["memory"] == "2G" and gates["js-lint"]["memory"] == "256M"
+
+
+def test_a_project_that_runs_its_tests_with_unittest_gets_a_unittest_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real library (tomli): CI and tox run ``python -m unittest``, pytest is named
+    nowhere, yet init wrote ``python -m pytest``, which the project's venv seed (the project
+    editable, nothing else) cannot run: the tests gate failed ``No module named pytest`` on
+    the target itself.  The gate runs what the project runs; a failure is named from its
+    output.  A project that names pytest anywhere keeps the pytest gate."""
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "__init__.py").write_text("def add(a, b):\n    return a + b\n")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "__init__.py").write_text("")
+    (repo / "tests" / "test_add.py").write_text(
+        "import unittest\n\nfrom pkg import add\n\n\nclass TestAdd(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(1, 2), 3)\n"
+    )
+    (repo / "pyproject.toml").write_text(
+        '[project]\nname = "pkg"\nversion = "0.1"\n\n[tool.tox]\nenv_list = ["3.11"]\n\n'
+        '[tool.tox.env_run_base]\ncommands = [["python", "-m", "unittest"]]\n'
+    )
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  t:\n    steps:\n    - run: pip install .\n    - run: python -m unittest\n"
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a unittest project")
+    out = repo / "dagrunner.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    tests = gates_of(body)["tests"]
+    assert tests["run"] == ["python", "-m", "unittest"] and tests["junit"] is None, tests
+    git(repo, "add", "dagrunner.toml")
+    git(repo, "commit", "-q", "-m", "manifest")
+    code, run = run_json(capsys, "release-check", "--repo", str(repo), "--only", "tests")
+    assert code == 0, run
+    (repo / "pkg" / "__init__.py").write_text("def add(a, b):\n    return a - b\n")
+    code, run = run_json(capsys, "release-check", "--repo", str(repo), "--only", "tests")
+    assert code == 1, run
+    (gate,) = run["gates"]
+    assert [c["name"] for c in gate["tests"]["cases"]] == ["test_add"], gate["tests"]
+    (repo / "requirements-dev.txt").write_text("pytest\n")
+    out.unlink()
+    code, body = run_json(capsys, "init", "--repo", str(repo), "--dry-run")
+    assert "pytest" in gates_of(body)["tests"]["run"]
+
+
+def test_a_program_ci_runs_through_yarn_gets_its_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real yarn workspace (manypkg): CI runs ``yarn tsc``, a program of
+    node_modules/.bin, not a script; init made no gate of it and did not list it, so type
+    errors landed unchecked.  It is a gate now; a name that is no program there is not."""
+    body = {"name": "root", "private": True, "scripts": {"test": "vitest"}}
+    (repo / "package.json").write_text(json.dumps(body))
+    (repo / "yarn.lock").write_text("# yarn lockfile v1\n")
+    (repo / ".gitignore").write_text("node_modules/\n")
+    (repo / "node_modules" / ".bin").mkdir(parents=True)
+    (repo / "node_modules" / ".bin" / "tsc").write_text("#!/bin/sh\n")
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  t:\n    steps:\n    - run: yarn test\n    - run: yarn tsc\n    - run: yarn knip\n"
+        "    - run: yarn changeset publish --tag latest\n"
+    )
+    (repo / "node_modules" / ".bin" / "changeset").write_text("#!/bin/sh\n")
+    gates = gates_of(dry(capsys, repo))
+    assert gates["js-tsc"]["run"] == ["yarn", "tsc"], gates
+    assert "js-knip" not in gates  # no such program in node_modules/.bin
+    assert "js-changeset" not in gates  # a task (publish), not a check

@@ -81,6 +81,25 @@ def test_a_type_error_in_tests_fails_the_gate_init_writes_in_the_mypy_hooks_stea
     assert {g["id"]: g["status"] for g in run["gates"]} == {"types": "failed"}
 
 
+def test_a_gate_in_a_hooks_stead_is_not_marked_as_needing_the_network(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real project: the mypy gate init writes in the hook's stead runs mypy
+    alone, offline, yet was marked ``network = "host"`` ("it runs pre-commit"), because its
+    inline selector script says "as pre-commit would pass them"; the pre-commit gate, which
+    clones its hooks, stays marked."""
+    django_library(repo)
+    out = repo / "dagrunner.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    gates = gates_of(body)
+    assert "mypy" in gates["types"]["run"]
+    assert gates["types"]["network"] is None
+    assert "clones its hooks' repositories" in gates["pre-commit"]["network"]
+    table = out.read_text().split("[gates.types]")[1].split("\n\n")[0]
+    assert "network" not in table
+
+
 def select(repo: Path, *options: str) -> list[str]:
     """The files the gate's selector passes to its tool (a program that prints them)."""
     from dagrunner.starter.hookgates import SELECT

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import commit_release_manifest, git, run_json
 
+from dagrunner.cli.main import run_cli
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
@@ -305,3 +306,47 @@ def test_init_reads_the_package_manager_from_the_lockfile(
     (repo / ".gitignore").write_text("reports/\n")
     code, said = run_json(capsys, "init", "--repo", str(repo), "--dry-run")
     assert said["seeds"][0]["active"] is False  # git would see node_modules: said, not used
+
+
+def test_an_npm_project_without_a_lockfile_gets_its_seed_commented_out_with_why(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real npm workspace (``package-lock=false`` in ``.npmrc``): init proposed no
+    seed and said nothing, every integration gate failed ``command not found: tsc``, and the
+    hint said "``init --dry-run`` proposes it" while it did not.  Now the seed is written
+    commented out, with why and the edit, and uncommented it gives a worktree the programs."""
+    tool_tarball(repo / "vendor" / "faketool-1.0.0.tgz", "faketool", "faketool ran")
+    (repo / ".gitignore").write_text("reports/\nnode_modules/\n")
+    (repo / ".npmrc").write_text("package-lock=false\n")
+    body = {
+        "name": "proj",
+        "version": "1.0.0",
+        "private": True,
+        "workspaces": ["packages/a"],
+        "scripts": {"check": "faketool"},
+        "devDependencies": {"faketool": "file:vendor/faketool-1.0.0.tgz"},
+    }
+    (repo / "package.json").write_text(json.dumps(body, indent=2))
+    (repo / "packages" / "a").mkdir(parents=True)
+    (repo / "packages" / "a" / "package.json").write_text('{"name": "a", "version": "1.0.0"}')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "an npm workspace without a lockfile")
+    out = repo / "dagrunner.toml"
+    code, said = run_json(capsys, "init", "--repo", str(repo), "--dry-run")
+    assert code == 0, said
+    (seed,) = said["seeds"]
+    assert seed["active"] is False and "--no-package-lock" in seed["build"], seed
+    assert ".npmrc" in seed["key"] and "packages/a/package.json" in seed["key"]
+    assert run_cli(["init", "--repo", str(repo)]) == 0
+    assert "seed node_modules written commented out" in capsys.readouterr().out
+    text = out.read_text()
+    assert "# no lockfile (npm, package-lock=false)" in text
+    lines = text.split("\n")  # uncommented: the seed's lines, up to the next blank one
+    start = lines.index("# [[worktrees.seed]]")
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("# "))
+    lines[start:end] = [line.removeprefix("# ") for line in lines[start:end]]
+    out.write_text("\n".join(lines))
+    git(repo, "add", "dagrunner.toml")
+    git(repo, "commit", "-qm", "init's manifest, its seed uncommented as it says")
+    path = Path(wt.allocate(mission="m", worker="w", repo=repo)["path"])
+    assert (path / "node_modules" / ".bin" / "faketool").exists()

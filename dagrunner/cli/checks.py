@@ -140,6 +140,10 @@ def cmd_init(args: argparse.Namespace) -> int:
             print(
                 f"not on PATH here (those gates fail until installed): {', '.join(started.missing)}"
             )
+        for seed in started.found.seeds:
+            if not seed.ignored or seed.why_off:  # written commented out: the edit is theirs
+                why = seed.why_off or f"no committed ignore rule covers {seed.path}/"
+                print(f"seed {seed.path} written commented out (its comment says more): {why}")
         print("next: dagrunner release-check --dry-run, then dagrunner release-check")
     return ExitCode.OK
 

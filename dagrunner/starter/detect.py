@@ -76,7 +76,7 @@ def detect(root: Path) -> Found:
         *tox_checks,
         *nox_checks,
         *pre_commit(project),
-        *package_json(project, runs.scripts),
+        *package_json(project, runs.scripts, runs.lines),
         *makefile(project),
         *go(project),
         *rust(project),
@@ -248,6 +248,13 @@ def _pre_commit_overlap(
                 extra += needs
                 said = f"pre-commit's {hook} hook gives {check.run[0]} {', '.join(needs[1:])}"
                 notes_here.append(f"{said}: a venv seed's build installs them too")
+            if needs and "==" in needs[0]:  # another version finds other faults (or misses)
+                extra += needs[:1] if len(needs) == 1 else []
+                notes_here.append(
+                    f"the hook runs {needs[0]}: install it (pip install '{needs[0]}', in "
+                    "your checkout's venv if it has one; a venv seed's build installs it for "
+                    "worktrees), or this gate and the hook may disagree"
+                )
             same_hooks = [h for h in listed if HOOK_TOOLS.get(h) == same]
             found = replay(settings, hook) if len(same_hooks) == 1 else None
             if found is None or not found.run:

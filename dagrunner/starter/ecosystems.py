@@ -30,6 +30,8 @@ CHECK_SCRIPTS = {  # package.json script / Makefile target -> its concern
     "build": "build",
     "docs": "docs",
 }
+# checkers CI may run as ``yarn X`` / ``pnpm X`` (a program of node_modules/.bin) -> concern
+CI_PROGRAMS = {"tsc": "types", "vue-tsc": "types", "eslint": "lint", "knip": "check"}
 LOCKFILES = (
     ("pnpm-lock.yaml", "pnpm"),
     ("yarn.lock", "yarn"),
@@ -125,7 +127,9 @@ def pre_commit(project: Project) -> list[Check]:
     ]
 
 
-def package_json(project: Project, by_ci: frozenset[str] = frozenset()) -> list[Check]:
+def package_json(
+    project: Project, by_ci: frozenset[str] = frozenset(), ci_lines: tuple[str, ...] = ()
+) -> list[Check]:
     """A gate for each script that is a check: by its name, or because CI runs it (its
     concern then read from the name's start: ``test-ci`` tests, ``lint:md`` lint)."""
     body = project.json("package.json")
@@ -157,6 +161,35 @@ def package_json(project: Project, by_ci: frozenset[str] = frozenset()) -> list[
             runner=True,
         )
         found.append(_node_test(project, check, text))
+    return found + _ci_programs(project, manager, by_ci - set(scripts), ci_lines)
+
+
+def _ci_programs(
+    project: Project, manager: str, names: frozenset[str], ci_lines: tuple[str, ...]
+) -> list[Check]:
+    """What CI runs as ``yarn X`` / ``pnpm X`` where ``X`` is no script but a check program
+    of ``node_modules/.bin`` (``yarn tsc``): a gate of its own, with CI's words, or the check
+    is lost unsaid.  Only known checkers: ``yarn changeset publish`` is a task."""
+    found = []
+    for name in sorted(names & set(CI_PROGRAMS)) if manager in ("yarn", "pnpm") else ():
+        words = next((w for w in map(_words, ci_lines) if w[:2] == (manager, name)), ())
+        if not words or any(re.search(r"[;&|<>$`]", w) for w in words):
+            continue
+        if not project.is_file(f"node_modules/.bin/{name}"):
+            continue
+        concern = CI_PROGRAMS[name]
+        found.append(
+            Check(
+                id=f"js-{name}",
+                concern=f"js:{concern}",
+                run=words,
+                source=f"`{' '.join(words)}` in CI (node_modules/.bin/{name}; {manager}: "
+                f"{_lock_for(manager)})",
+                inputs=WHOLE,
+                tools=("node --version", f"{manager} --version"),
+                memory=memory_of(concern, name, {}),
+            )
+        )
     return found
 
 

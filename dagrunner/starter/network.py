@@ -9,6 +9,7 @@ the package index is not counted: every tox and nox session does that.)
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from dagrunner.starter.checks import Check
@@ -26,6 +27,20 @@ def intersphinx(project: Project) -> str:
     return ""
 
 
+def runs_pre_commit(command: tuple[str, ...]) -> bool:
+    """Whether ``command`` starts pre-commit: a word of it (a shell line's words too) is the
+    program.  An inline script (after ``-c``) is program text, not a command: the gate
+    written in a hook's stead carries one that says "as pre-commit would pass them", and
+    runs the tool alone, offline."""
+    for i, arg in enumerate(command):
+        if i and command[i - 1] == "-c":
+            continue
+        for word in re.split(r"[\s;&|()]+", arg):
+            if word.rpartition("/")[2] == "pre-commit" or word == "pre_commit":
+                return True
+    return False
+
+
 def mark(project: Project, checks: list[Check]) -> list[Check]:
     """``checks``, each that needs the network with why."""
     docs = intersphinx(project)
@@ -33,7 +48,7 @@ def mark(project: Project, checks: list[Check]) -> list[Check]:
     for check in checks:
         words = [" ".join(c) for c in (check.run, *check.commands)]
         why = ""
-        if check.id == "pre-commit" or any("pre-commit" in w for w in words):
+        if check.id == "pre-commit" or any(map(runs_pre_commit, (check.run, *check.commands))):
             why = HOOKS if check.id == "pre-commit" else f"it runs pre-commit: {HOOKS}"
         elif docs and (check.concern.endswith(":docs") or any("sphinx-build" in w for w in words)):
             why = f"sphinx's intersphinx ({docs}) fetches other projects' inventories"

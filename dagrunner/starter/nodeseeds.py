@@ -28,6 +28,8 @@ BUILDS = {
     "pnpm": f"pnpm install --frozen-lockfile --store-dir {STORE}",
     "npm": f"npm ci --no-audit --no-fund --cache {STORE}",
     "yarn": f"yarn install --frozen-lockfile --non-interactive --cache-folder {STORE}",
+    # no lockfile (``package-lock=false``): what package.json allows, resolved at the build
+    "npm-unlocked": f"npm install --no-audit --no-fund --no-package-lock --cache {STORE}",
     # berry: its global cache is the store (enableGlobalCache is its default since 4)
     "yarn-berry": f"YARN_GLOBAL_FOLDER={STORE} YARN_ENABLE_GLOBAL_CACHE=true "
     "yarn install --immutable",
@@ -39,14 +41,22 @@ MAX_WORKSPACES = 64
 
 def node_seed(project: Project) -> Seed | None:
     """The ``node_modules`` seed of the project's lockfile, if it has ``package.json`` and
-    one; None otherwise (a project without a lockfile cannot install the same twice)."""
+    one.  An npm project without one (``package-lock=false``) cannot install the same twice:
+    its seed is written commented out, with why; None otherwise."""
     body = project.json("package.json")
     if not isinstance(body, dict):
         return None
     lock, manager = next(((f, m) for f, m in LOCKS if project.is_file(f)), ("", ""))
-    if not lock:
-        return None
     why_off = ""
+    if not lock:
+        if not _npm_unlocked(project, body):
+            return None
+        lock, manager = "package.json", "npm-unlocked"
+        why_off = (
+            "no lockfile (npm, package-lock=false): each build installs what package.json "
+            "allows on that day, so a tree may get other versions than your checkout; "
+            "uncomment to use it, or commit a lockfile"
+        )
     if manager == "yarn" and _berry(project, lock):
         manager = "yarn-berry"
         linker = re.search(
@@ -74,7 +84,8 @@ def node_seed(project: Project) -> Seed | None:
     said = (
         f"from {lock}: each worktree and integration tree gets its own node_modules"
         + (" (every workspace's)" if also else ""),
-        f"installed once per lockfile by {program}, its store kept outside the tree, so gates",
+        f"installed once per {'lockfile' if lock != 'package.json' else 'package.json set'} by "
+        f"{program}, its store kept outside the tree, so gates",
         f"run the tree's programs and {program} installs nothing in them (docs/worktrees.md)",
     )
     return Seed(
@@ -88,6 +99,14 @@ def node_seed(project: Project) -> Seed | None:
         why_off=why_off,
         said=said,
     )
+
+
+def _npm_unlocked(project: Project, body: dict[str, Any]) -> bool:
+    """An npm project that installs dependencies but keeps no lockfile (another package
+    manager always writes one, and committing it is its projects' habit)."""
+    wanted = any(body.get(k) for k in ("dependencies", "devDependencies", "optionalDependencies"))
+    other = str(body.get("packageManager") or "npm").partition("@")[0]
+    return wanted and other == "npm"
 
 
 def _berry(project: Project, lock: str) -> bool:

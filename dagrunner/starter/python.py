@@ -4,6 +4,7 @@ inputs, memory and JUnit file each tool's own configuration implies."""
 from __future__ import annotations
 
 import configparser
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -13,6 +14,9 @@ from dagrunner.starter.readers import Project
 
 PY_CONFIG = ("pyproject.toml", "setup.cfg", "tox.ini", "ruff.toml", ".ruff.toml", "mypy.ini")
 JUNIT_DIRS = ("build", "reports", "out")  # the first one git ignores holds the JUnit files
+# ``python -m unittest`` as a CI line, a Makefile recipe or a tox TOML command list
+UNITTEST = re.compile(r"""-m["',\s]+unittest\b""")
+RUNNER_FILES = ("pyproject.toml", "setup.cfg", "setup.py", "tox.ini", "noxfile.py", "Makefile")
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,13 @@ def python(project: Project, pyproject: Mapping[str, Any], uses: Uses) -> list[C
         run = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={path}")
         # A test may read any file (fixtures, docs): its inputs stay the whole tree.
         tests = _py("tests", "python -m pytest", run, source, WHOLE, "1m", "1G")
+        if source.endswith("(test_*.py files)") and _unittest_only(project, uses):
+            source = f"{source[:-1]}; the project runs them with python -m unittest)"
+            run, path = ("python", "-m", "unittest"), ""  # its failures are read from its output
+            note = "coverage is configured ([tool.coverage]): gate on it with coverage run" * (
+                "coverage" in tool
+            )
+            tests = _py("tests", "python", run, source, WHOLE, "1m", "1G")
         found.append(replace(tests, note=note, junit=path))
     return found
 
@@ -157,6 +168,15 @@ def _pytest_source(
         if any(p.startswith(f"{folder}/") for p in project.files("test_*.py")):
             return f"{folder}/ (test_*.py files)"
     return None
+
+
+def _unittest_only(project: Project, uses: Uses) -> bool:
+    """Whether the project runs its tests with ``python -m unittest`` (CI, tox, nox, make)
+    and names pytest nowhere: a pytest gate would need what the project never installs (a
+    venv seed of the project has no pytest), and its tests may rely on unittest alone."""
+    names = [*RUNNER_FILES, *project.files("requirements*.txt", "*/requirements*.txt")]
+    said = "\n".join([*uses.ci_lines, *(project.text(n, errors="replace") or "" for n in names)])
+    return "pytest" not in said and UNITTEST.search(said) is not None
 
 
 def _packages(project: Project) -> list[str]:
