@@ -161,25 +161,31 @@ def wait(
     events, eta_seconds}``; call again with the answer's ``cursor`` until ``final``."""
     if item.startswith(HANDLE_PREFIX):
         return _wait_run(b, item, timeout_seconds, progress)
-    b.own_item(item)
-    from dagrunner.integration.events import watch
+    entry = b.own_item(item)
+    from dagrunner.integration.events import JournalReader
 
+    # One shared index of the journal per process and a reader that starts at the cursor:
+    # a look costs what was appended since, and the waiters sleep until this process
+    # appends (or a cheap stat shows another did) -- no parse of the whole journal, no git.
+    queue = Queue.of(open_context(b.repo).info)
+    index = queue.index()
+    reader = JournalReader(queue.journal, since=cursor, index=index)
     bound = max(0.0, min(float(timeout_seconds), MAX_WAIT))
     deadline = time.monotonic() + bound
     seen: list[dict[str, Any]] = []
-    entry = b.own_item(item)
+    generation = index.generation
     while True:
-        for event in watch(repo=b.repo, since=cursor, follow=False):
+        for event in reader.read():
             cursor = event.cursor
             if event.id == item:
                 seen.append(event.to_json())
-        entry = Queue.of(open_context(b.repo).info).entries()[item]
+        entry = index.entries.get(item, entry)
         left = deadline - time.monotonic()
         if entry.state in FINAL or left <= 0:
             break
         if progress is not None:
             progress(bound - left, f"{item}: {entry.state}")
-        time.sleep(min(0.5, left))
+        generation = index.wait_change(generation, left)
     return {
         "id": item,
         "state": str(entry.state),

@@ -130,15 +130,4 @@ class Baseline:
 def red_targets(queue: Queue) -> dict[str, dict[str, Any]]:
     """Each target last said red (``target-red``, not ``target-green`` since): what it fails
     and since which head (``integrate status``; the next run starts from it)."""
-    red: dict[str, dict[str, Any]] = {}
-    for line in queue.lines():
-        goal = line.target or ""
-        if line.event == "target-red":
-            red[goal] = {
-                "fails": list(line.details.target_red or ()),
-                "since": line.details.red_since,
-                "at": line.at,
-            }
-        elif line.event == "target-green":
-            red.pop(goal, None)
-    return red
+    return queue.index().red_targets()

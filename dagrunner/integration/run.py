@@ -119,11 +119,16 @@ def queue_status(*, repo: Path | None = None) -> dict[str, Any]:
     }
 
 
+_WINDOWS: dict[tuple[str, str], int] = {}  # (repository, target head) -> its window
+
+
 def _window(root: Path, target: str) -> int:
     """The target's ``[integrate] window`` (1 when it is adaptive or cannot be read: the
-    estimate is then an upper bound)."""
+    estimate is then an upper bound); read once per head of the target."""
     with contextlib.suppress(DagrunnerError), tempfile.TemporaryDirectory() as folder:
         head = git(["rev-parse", "--verify", f"refs/heads/{target}^{{commit}}"], cwd=root).text
+        if (str(root), head) in _WINDOWS:
+            return _WINDOWS[str(root), head]
         path = trusted_manifest(
             repo=root,
             head=head,
@@ -132,7 +137,8 @@ def _window(root: Path, target: str) -> int:
             tree_under_test=None,
             folder=Path(folder),
         )
-        return load_manifest(path).integrate.window or 1
+        window = _WINDOWS[str(root), head] = load_manifest(path).integrate.window or 1
+        return window
     return 1
 
 
