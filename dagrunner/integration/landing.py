@@ -83,6 +83,7 @@ def land(
         if synced.returncode != 0:
             return failed_sync(it, applied, checkout, old, new, synced.message)
     it.landed(applied, old, new, flaky)
+    crash_point("landed")  # journaled landed, its workers' worktrees not yet cleaned
     return Landing(outcome=LandOutcome.LANDED)
 
 

@@ -31,7 +31,7 @@ from dagrunner.integration.queue import Queue
 from dagrunner.integration.steps import Integrator, integrator_lock
 from dagrunner.manifest.load import load_manifest
 from dagrunner.records.integration import FINAL, IntegrationResult
-from dagrunner.worktrees.allocate import default_target, open_context
+from dagrunner.worktrees.allocate import default_target, half_removed, open_context
 from dagrunner.worktrees.overlaps import Overlaps, find_overlaps
 
 __all__ = [
@@ -159,7 +159,7 @@ def overlaps(
     live = [
         (wt_id, Path(record.path), record.base)
         for wt_id, record in sorted(records.items())
-        if not record.missing and Path(record.path).is_dir()
+        if not record.missing and Path(record.path).is_dir() and not half_removed(Path(record.path))
     ]
     queue = Queue.of(ctx.info)
     envelopes: list[Envelope] = []
