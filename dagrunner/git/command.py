@@ -128,6 +128,10 @@ def git(
             capture_output=True,
             env=driverless_env(cwd, args, env),
             check=False,
+            # its own session: a signal to our process group (systemd's stop, a terminal's
+            # Ctrl-C) is ours to handle -- git must not die first and read as a failure (a
+            # killed `git apply` would read as a conflict)
+            start_new_session=True,
         )
     except FileNotFoundError:
         raise DagrunnerError(
@@ -165,6 +169,7 @@ def git_output(
             stdout=subprocess.PIPE,
             stderr=errors,
             env=driverless_env(cwd, args, env),
+            start_new_session=True,  # as in ``git``: a group signal is ours to handle
         ) as proc,
     ):
         assert proc.stdout is not None
