@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,17 +24,17 @@ from dagrunner.integration.submit import submit
 from dagrunner.worktrees import allocate as wt
 from dagrunner.worktrees import export as exporting
 
-SLOW_GIT = """#!/bin/sh
-# holds the first `git apply` until the test says go (or 20 s pass), then runs it
-for arg in "$@"; do
-  if [ "$arg" = apply ] && [ ! -e "{marker}" ]; then
-    : > "{marker}"
-    n=0
-    while [ ! -e "{go}" ] && [ $n -lt 200 ]; do sleep 0.1; n=$((n+1)); done
-    break
-  fi
-done
-exec {git} "$@"
+# A git that holds its first ``apply`` until the test says go (or 20 s pass), then runs.
+# Python, not sh: a shell clears the signal mask it was started with, git and Python do not.
+SLOW_GIT = """#!{python}
+import os, sys, time
+marker, go = {marker!r}, {go!r}
+if "apply" in sys.argv[1:] and not os.path.exists(marker):
+    open(marker, "w").close()
+    end = time.monotonic() + 20
+    while not os.path.exists(go) and time.monotonic() < end:
+        time.sleep(0.05)
+os.execv({git!r}, ["git", *sys.argv[1:]])
 """
 
 
@@ -46,7 +47,9 @@ def slow_git(tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
     real = shutil.which("git")
     assert real is not None
     script = folder / "git"
-    script.write_text(SLOW_GIT.format(marker=marker, go=go, git=real))
+    script.write_text(
+        SLOW_GIT.format(python=sys.executable, marker=str(marker), go=str(go), git=real)
+    )
     script.chmod(0o755)
     return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}, marker, go
 
