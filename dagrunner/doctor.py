@@ -160,7 +160,7 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
 def _check_half_removed(report: Report, state_dir: Path) -> None:
     """Worktrees a removal left half done (a folder without its ``.git``): no git command
     runs in them, and only ``worktree cleanup --force`` takes them away."""
-    from dagrunner.worktrees.allocate import half_removed
+    from dagrunner.worktrees.gone import half_removed
     from dagrunner.worktrees.ledger import Ledger
 
     broken = {

@@ -242,6 +242,23 @@ def cmd_integrate(args: argparse.Namespace) -> int:
         return _serve(args)
     if action == "stats":
         return _stats(args)
+    if action == "prune":
+        from dagrunner.integration.run import DEFAULT_KEEP, prune
+
+        keep = DEFAULT_KEEP if args.keep is None else args.keep
+        done = prune(repo=args.repo, dry_run=args.dry_run, keep=keep)
+        body = done.to_json()
+        if args.json:
+            emit_json(body)
+        else:
+            verb = "would remove" if done.dry_run else "removed"
+            print(
+                f"{verb} {done.items_before - done.items_after} of {done.items_before} items; "
+                f"journal {done.journal_bytes_before} -> {done.journal_bytes_after} bytes; "
+                f"{done.envelopes_removed} envelopes, {done.reports_removed} reports, "
+                f"{done.inline_removed} inline files; watchers at cursor {done.base} go on"
+            )
+        return ExitCode.OK
     if action == "submit":
         from dagrunner.git.repo import repo_info
         from dagrunner.integration.submit import submit
@@ -413,6 +430,8 @@ def _serve(args: argparse.Namespace) -> int:
         executor=args.executor,
         http=args.http,
         token_file=args.token_file,
+        prune_every=args.prune_every,
+        prune_keep=args.prune_keep,
     )
     if not args.json:
         print(f"stopped ({served.stopped_by or 'done'}) after {len(served.runs)} run(s)")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git.command import git
 from dagrunner.git.locks import check_locks
-from dagrunner.integration import target_checkout as checkouts
+from dagrunner.integration import landing as checkouts
 from dagrunner.integration.landing import landed_on_target
 from dagrunner.integration.queue import QueueEntry
 from dagrunner.records.integration import (
@@ -34,8 +34,8 @@ from dagrunner.records.integration import (
     EnvelopeState,
     StaleCheckout,
 )
-from dagrunner.worktrees.allocate import default_target, half_removed
-from dagrunner.worktrees.gone import drop_gone
+from dagrunner.worktrees.allocate import default_target
+from dagrunner.worktrees.gone import drop_gone, half_removed
 from dagrunner.worktrees.landed import clean_after_landing
 
 if TYPE_CHECKING:

@@ -11,7 +11,6 @@ are in ``lifecycle.py``.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -26,12 +25,13 @@ from dagrunner.manifest.settings import WorktreesSpec
 from dagrunner.names import RULE, is_safe_name
 from dagrunner.records.worktree import Allocation, SeedUse, as_json
 from dagrunner.worktrees import seeds, share
-from dagrunner.worktrees.base import base_manifest
 from dagrunner.worktrees.disk import check_budget
+from dagrunner.worktrees.gone import remove_worktree
 from dagrunner.worktrees.ledger import Ledger, WorktreeRecord
 from dagrunner.worktrees.pool import take_from_pool
 from dagrunner.worktrees.ports import held_ports, lease, port_env, write_env
 from dagrunner.worktrees.prepare import (
+    base_manifest,
     copy_included,
     provision_seeds,
     release_seeds,
@@ -358,44 +358,6 @@ def _describe(
         ports=state.ports,
         seeds=state.seeds,
     )
-
-
-def remove_worktree(ctx: Context, path: Path, branch: str, *, delete_branch: bool) -> None:
-    """Remove a worktree so that a kill at any moment leaves it whole or wholly gone from
-    its place: it is first renamed to its trash name (``trash_of``, one rename), then
-    unregistered and deleted; a trash folder a kill left is swept by the next cleanup or
-    prune of that worktree (``sweep``)."""
-    release_seeds(ctx.root, path)
-    git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
-    trash = trash_of(path)
-    if path.exists():
-        if trash.exists():
-            shutil.rmtree(trash)
-        os.replace(path, trash)
-    crash_point("removing")
-    git(["worktree", "prune"], cwd=ctx.info.root, check=False)
-    sweep(path)
-    if delete_branch:
-        git(["branch", "-D", branch], cwd=ctx.info.root, check=False)
-
-
-def trash_of(path: Path) -> Path:
-    """Where a worktree at ``path`` is while it is being removed (a name no worktree has:
-    mission and worker names never start with a dot)."""
-    return path.parent / f".{path.name}.removing"
-
-
-def half_removed(path: Path) -> bool:
-    """Whether the worktree folder ``path`` is there without its ``.git`` (a removal by an
-    older dagrunner, or by hand, cut short): no git command can run in it."""
-    return path.is_dir() and not os.path.lexists(path / ".git")
-
-
-def sweep(path: Path) -> None:
-    """The trash a removal of the worktree at ``path`` left, deleted."""
-    trash = trash_of(path)
-    if trash.is_dir() and not trash.is_symlink():
-        shutil.rmtree(trash)
 
 
 # -- state ------------------------------------------------------------------------------

@@ -8,14 +8,68 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.files import crash_point
 from dagrunner.git.command import git
 from dagrunner.git.integrated import integrated
-from dagrunner.worktrees.allocate import Context, sweep, trash_of
-from dagrunner.worktrees.ledger import WorktreeRecord
+from dagrunner.git.repo import RepoInfo
+from dagrunner.worktrees.ledger import Ledger, WorktreeRecord
+from dagrunner.worktrees.prepare import release_seeds
+
+
+class Context(Protocol):
+    """What of ``allocate.Context`` removal needs (that module imports this one)."""
+
+    @property
+    def info(self) -> RepoInfo: ...
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+
+def remove_worktree(ctx: Context, path: Path, branch: str, *, delete_branch: bool) -> None:
+    """Remove a worktree so that a kill at any moment leaves it whole or wholly gone from
+    its place: it is first renamed to its trash name (``trash_of``, one rename), then
+    unregistered and deleted; a trash folder a kill left is swept by the next cleanup or
+    prune of that worktree (``sweep``)."""
+    release_seeds(ctx.root, path)
+    git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
+    trash = trash_of(path)
+    if path.exists():
+        if trash.exists():
+            shutil.rmtree(trash)
+        os.replace(path, trash)
+    crash_point("removing")
+    git(["worktree", "prune"], cwd=ctx.info.root, check=False)
+    sweep(path)
+    if delete_branch:
+        git(["branch", "-D", branch], cwd=ctx.info.root, check=False)
+
+
+def trash_of(path: Path) -> Path:
+    """Where a worktree at ``path`` is while it is being removed (a name no worktree has:
+    mission and worker names never start with a dot)."""
+    return path.parent / f".{path.name}.removing"
+
+
+def half_removed(path: Path) -> bool:
+    """Whether the worktree folder ``path`` is there without its ``.git`` (a removal by an
+    older dagrunner, or by hand, cut short): no git command can run in it."""
+    return path.is_dir() and not os.path.lexists(path / ".git")
+
+
+def sweep(path: Path) -> None:
+    """The trash a removal of the worktree at ``path`` left, deleted."""
+    trash = trash_of(path)
+    if trash.is_dir() and not trash.is_symlink():
+        shutil.rmtree(trash)
 
 
 def processes_using(path: Path) -> list[int]:

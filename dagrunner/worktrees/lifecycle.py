@@ -27,14 +27,12 @@ from dagrunner.records.worktree import WorktreeStatus
 from dagrunner.worktrees.allocate import (
     Context,
     default_target,
-    half_removed,
     open_context,
     recorded_state,
-    remove_worktree,
     split_id,
     undo_unfinished,
 )
-from dagrunner.worktrees.gone import drop_gone, in_use
+from dagrunner.worktrees.gone import drop_gone, half_removed, in_use, remove_worktree
 from dagrunner.worktrees.ledger import WorktreeRecord, now
 from dagrunner.worktrees.pool import pool_room, to_pool
 
@@ -369,8 +367,8 @@ def prune(
 def _to_budget(
     ctx: Context, goal: str, env: Mapping[str, str], *, dry_run: bool
 ) -> list[dict[str, Any]]:
-    from dagrunner.worktrees.base import base_manifest
     from dagrunner.worktrees.disk import measure, spare
+    from dagrunner.worktrees.prepare import base_manifest
 
     manifest = base_manifest(ctx.info.root, f"refs/heads/{goal}")
     budget = manifest.worktrees.max_disk if manifest else None
