@@ -103,7 +103,13 @@ def _drain(
     pruner: Pruner | None = None,
 ) -> None:
     from dagrunner.engine.steps import new_run_id
+    from dagrunner.integration.recovery import finish_cleanups
 
+    # what a killed predecessor left: landed workers' worktrees it had not cleaned (each run's
+    # preflight does it too, but the queue may well be empty now)
+    finish_cleanups(
+        Integrator(ctx, target=goal, manifest=None, batch=None, env=env, run_id=new_run_id())
+    )
     while not stop:
         if queue.pending():
             integrator = Integrator(

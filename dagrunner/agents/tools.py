@@ -169,7 +169,7 @@ def wait(
     # appends (or a cheap stat shows another did) -- no parse of the whole journal, no git.
     queue = Queue.of(open_context(b.repo).info)
     index = queue.index()
-    reader = JournalReader(queue.journal, since=cursor, index=index)
+    reader = JournalReader(queue.journal, since=cursor, index=index, only=item)
     bound = max(0.0, min(float(timeout_seconds), MAX_WAIT))
     deadline = time.monotonic() + bound
     seen: list[dict[str, Any]] = []
@@ -197,13 +197,25 @@ def wait(
 
 
 def _eta(b: Binding, item: str) -> float | None:
-    from dagrunner.integration.run import queue_status
+    """``integrate status``'s ``eta_seconds`` of one item, from the shared index (the whole
+    status answer is not built for it: waiters ask this every time they time out)."""
+    import math
 
-    for entry in queue_status(repo=b.repo).get("envelopes", []):
-        if entry.get("id") == item:
-            eta = entry.get("eta_seconds")
-            return float(eta) if isinstance(eta, int | float) else None
-    return None
+    from dagrunner.integration.run import window_of
+
+    ctx = open_context(b.repo)
+    queue = Queue.of(ctx.info)
+    entries = queue.entries()
+    entry = entries.get(item)
+    run_seconds = queue.index().median_gate_run()
+    if entry is None or entry.state in FINAL or run_seconds is None:
+        return None
+    default = default_target(ctx)
+    goal = entry.target or default
+    ahead = [e for e in entries.values() if e.state not in FINAL and (e.target or default) == goal]
+    ahead.sort(key=lambda e: -e.priority)  # stable: as the queue takes them
+    position = next(n for n, e in enumerate(ahead, 1) if e.id == item)
+    return round(math.ceil(position / window_of(ctx.info.root, goal)) * run_seconds, 1)
 
 
 def why(b: Binding, item: str) -> dict[str, Any]:

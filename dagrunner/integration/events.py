@@ -92,10 +92,19 @@ class JournalReader:
     process's shared ``index`` it starts at ``since`` and asks the index who submitted what,
     so a resumed wait costs what was appended since, whatever the journal's length."""
 
-    def __init__(self, journal: Path, since: int = 0, index: JournalIndex | None = None) -> None:
+    def __init__(
+        self,
+        journal: Path,
+        since: int = 0,
+        index: JournalIndex | None = None,
+        only: str | None = None,
+    ) -> None:
         self.journal = journal
         self.since = since
         self.index = index
+        # with an index: the events of this one item only (another item's line is not even
+        # parsed: a wait from cursor 0 on a long journal holds no event of the others)
+        self.only = None if index is None or only is None else f'"id":"{only}"'.encode()
         self.file: tuple[int, int] | None = None  # the journal file read (None: not yet)
         self.header = Header()
         self.offset = 0  # how far the file has been read (always a line's end)
@@ -129,8 +138,12 @@ class JournalReader:
         start = 0
         while (end := data.find(b"\n", start)) != -1:
             raw, start = data[start:end], end + 1
+            if self.only is not None and self.only not in raw:
+                continue
             event = self.parse(raw, self.offset + start)
-            if event is not None:
+            if event is not None and (
+                self.only is None or f'"id":"{event.id}"'.encode() == self.only
+            ):
                 events.append(event)
         self.offset += start
         return events

@@ -58,6 +58,7 @@ __all__ = [
     "overlaps",
     "prune",
     "queue_status",
+    "window_of",
 ]
 
 
@@ -146,7 +147,7 @@ def queue_status(*, repo: Path | None = None) -> dict[str, Any]:
         if entry.state not in FINAL:
             by_target.setdefault(entry.target or default, []).append(index)
     for goal, indexes in by_target.items():
-        window = _window(ctx.info.root, goal)
+        window = window_of(ctx.info.root, goal)
         ordered = sorted(indexes, key=lambda i: -entries[i].priority)  # as the queue takes them
         for position, index in enumerate(ordered, 1):
             body[index]["position"] = position
@@ -166,7 +167,7 @@ def queue_status(*, repo: Path | None = None) -> dict[str, Any]:
 _WINDOWS: dict[tuple[str, str], int] = {}  # (repository, target head) -> its window
 
 
-def _window(root: Path, target: str) -> int:
+def window_of(root: Path, target: str) -> int:
     """The target's ``[integrate] window`` (1 when it is adaptive or cannot be read: the
     estimate is then an upper bound); read once per head of the target."""
     with contextlib.suppress(DagrunnerError), tempfile.TemporaryDirectory() as folder:
