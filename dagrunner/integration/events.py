@@ -42,6 +42,7 @@ from dagrunner.integration.queue import Queue, QueueEntry
 from dagrunner.records.integration import FINAL, Details, EnvelopeState
 
 POLL = 0.1  # seconds between looks at the journal while following it
+CHUNK = 1 << 18  # bytes of the journal read at once
 
 # What each final state means to ``integrate submit --wait`` (docs/integration.md).
 WAIT_EXIT: dict[EnvelopeState, ExitCode] = {
@@ -131,9 +132,20 @@ class JournalReader:
                 at = offset_of(self.header.base + self.offset, header, self.journal)
                 self.header, self.file, self.offset = header, identity(info), at
             handle.seek(self.offset)
-            data = handle.read()
-        if self.index is not None:
-            self.index.refresh()  # at least as far as this read: it knows who submitted what
+            events: list[Event] = []
+            rest = b""
+            # in chunks: a wait from cursor 0 on a long journal holds one chunk, not the file
+            while chunk := handle.read(CHUNK):
+                data, rest = rest + chunk, b""
+                end = data.rfind(b"\n") + 1
+                data, rest = data[:end], data[end:]
+                if self.index is not None:
+                    self.index.refresh()  # as far as this read: it knows who submitted what
+                events += self.lines(data)
+        return events
+
+    def lines(self, data: bytes) -> list[Event]:
+        """The events of ``data``, whole lines read from ``self.offset`` on."""
         events: list[Event] = []
         start = 0
         while (end := data.find(b"\n", start)) != -1:

@@ -32,6 +32,7 @@ from dagrunner.errors import DagrunnerError
 from dagrunner.files import text_of
 from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeState
 
+CHUNK = 1 << 18  # bytes of the journal read at once
 LOOK = 0.5  # seconds between looks for another process's appends while waiting
 
 # events that say something of the run, not the item: its state and details stay as they were
@@ -241,6 +242,7 @@ class JournalIndex:
         self.red: dict[str, dict[str, Any]] = {}  # target -> what it fails (``red_targets``)
         self.gating: dict[str, float] = {}  # id -> when its last gate run began
         self.took: list[float] = []  # gate runs' durations to a verdict, sorted
+        self.landing: tuple[str | None, str | None] | None = None  # the newest: old, new
 
     def refresh(self) -> None:
         """Read what was appended since the last look (the whole journal when it was
@@ -262,8 +264,12 @@ class JournalIndex:
                 if info.st_size == self.offset:
                     return
                 handle.seek(self.offset)
-                data = handle.read()
-            self._fold(data)
+                rest = b""
+                while chunk := handle.read(CHUNK):  # a chunk at a time: bounded memory
+                    data = rest + chunk
+                    end = data.rfind(b"\n") + 1
+                    rest = data[end:]
+                    self._fold(data[:end])
 
     def _fold(self, data: bytes) -> None:
         start = 0
@@ -286,6 +292,8 @@ class JournalIndex:
             self._bump()
 
     def _figures(self, line: JournalLine) -> None:
+        if line.state is EnvelopeState.LANDING:
+            self.landing = (line.details.old, line.details.new)
         goal = line.target or ""
         if line.event == "target-red":
             self.red[goal] = {
@@ -309,6 +317,12 @@ class JournalIndex:
             self.refresh()
             took = self.took
             return round(took[len(took) // 2], 3) if took else None
+
+    def last_landing(self) -> tuple[str | None, str | None] | None:
+        """The newest ``landing`` line's heads (from, to), if any."""
+        with self.lock:
+            self.refresh()
+            return self.landing
 
     def red_targets(self) -> dict[str, dict[str, Any]]:
         with self.lock:

@@ -168,19 +168,18 @@ def last_landing(it: Integrator) -> StaleCheckout | None:
     if checkout is None:
         return None
     head = it.head()
-    for line in reversed(it.queue.lines()):
-        if line.state is EnvelopeState.LANDING:
-            old, new = line.details.old, line.details.new
-            if old and new == head:
-                return StaleCheckout(
-                    checkout=str(checkout),
-                    target=it.target,
-                    old=old,
-                    new=head,
-                    to=head,
-                    reason="a landing whose checkout update did not finish",
-                )
-            return None
+    newest = it.queue.index().last_landing()  # kept up as the journal is read: no re-parse
+    if newest is not None:
+        old, new = newest
+        if old and new == head:
+            return StaleCheckout(
+                checkout=str(checkout),
+                target=it.target,
+                old=old,
+                new=head,
+                to=head,
+                reason="a landing whose checkout update did not finish",
+            )
     return None
 
 
