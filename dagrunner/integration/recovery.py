@@ -151,6 +151,8 @@ def finish_cleanups(it: Integrator) -> None:
             )
             outcomes.append(outcome)
             continue
+        if path.is_dir() and record.session:
+            continue  # half removed while a session holds it: that is for doctor and a human
         with contextlib.suppress(DagrunnerError), it.ctx.ledger.exclusive():
             drop_gone(it.ctx, wt_id, record, force=True, target=target)
     if outcomes:
