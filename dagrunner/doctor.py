@@ -153,7 +153,30 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
     else:
         report.add("PASS", "disk", f"{free >> 30} GiB free under the root")
     _check_seeds(report, root, env)
+    _check_half_removed(report, info.state_dir)
     return report
+
+
+def _check_half_removed(report: Report, state_dir: Path) -> None:
+    """Worktrees a removal left half done (a folder without its ``.git``): no git command
+    runs in them, and only ``worktree cleanup --force`` takes them away."""
+    from dagrunner.worktrees.gone import half_removed
+    from dagrunner.worktrees.ledger import Ledger
+
+    broken = {
+        wt_id: record.path
+        for wt_id, record in sorted(Ledger(state_dir).state().items())
+        if half_removed(Path(record.path))
+    }
+    if broken:
+        report.add(
+            "WARN",
+            "half-removed",
+            "worktree folder(s) without their .git (a removal cut short): "
+            + ", ".join(f"{wt_id} at {path}" for wt_id, path in broken.items()),
+            "dagrunner worktree cleanup ID --force removes each (an integrator that landed "
+            "its work does it by itself)",
+        )
 
 
 def _check_seeds(report: Report, root: Path, env: Mapping[str, str]) -> None:

@@ -51,13 +51,27 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
 def append_line(path: Path, line: bytes) -> None:
     """Append one line with a single write under an exclusive lock, then fsync: never torn."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    while True:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _replaced(fd, path):
+                continue  # compacted (written whole and renamed) while we waited: append there
+            os.write(fd, line if line.endswith(b"\n") else line + b"\n")
+            os.fsync(fd)
+            return
+        finally:
+            os.close(fd)
+
+
+def _replaced(fd: int, path: Path) -> bool:
+    """Whether ``path`` names another file than the open ``fd`` now (a rename replaced it)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, line if line.endswith(b"\n") else line + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        named = os.stat(path)
+    except FileNotFoundError:
+        return True
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino)
 
 
 def text_of(value: Any) -> str | None:

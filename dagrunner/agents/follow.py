@@ -81,31 +81,32 @@ def wait(
     stop = stop or threading.Event()
     if item.startswith(HANDLE_PREFIX):
         return _wait_run(b, item, timeout_seconds, progress, began, stop)
-    from dagrunner.integration.events import watch
+    from dagrunner.integration.events import JournalReader
 
     entry = b.own_item(item)
     bound = max(0.0, min(float(timeout_seconds), MAX_WAIT) - MARGIN)
     deadline = began + bound
     seen: list[dict[str, Any]] = []
+    # One shared index of the journal per process and a reader that starts at the cursor:
+    # a look costs what was appended since, and waiters sleep until this process appends
+    # (or a cheap stat shows another did) -- no parse of the whole journal, no git.
     queue = Queue.of(open_context(b.repo).info)
+    index = queue.index()
+    reader = JournalReader(queue.journal, since=cursor, index=index, only=item)
+    generation = index.generation
     while True:
-        # the state first, then the events: every event up to that state is in the answer
-        # (a final answer carries its landed event, with the commit)
-        entry = queue.entries()[item]
         news = False
-        for event in watch(repo=b.repo, since=cursor, follow=False):
-            cursor = event.cursor
-            if event.id == item:
-                seen.append(event.to_json())
-                news = news or event.event == "stuck"
-                if event.final:  # it ended between the two reads: answer it final now
-                    entry = queue.entries()[item]
+        for event in reader.read():  # the events, then the state they lead to: a final
+            cursor = event.cursor  # answer carries its landed event, with the commit
+            seen.append(event.to_json())
+            news = news or event.event == "stuck"
+        entry = index.entries.get(item, entry)
         left = deadline - time.monotonic()
         if entry.state in FINAL or (news and cause(entry)) or left <= 0 or stop.is_set():
             break
         if progress is not None:
             progress(time.monotonic() - began, f"{item}: {entry.state}")
-        stop.wait(min(TICK, left))
+        generation = index.wait_change(generation, min(TICK, left))
     stuck = cause(entry)
     body: dict[str, Any] = {
         "id": item,
@@ -124,16 +125,29 @@ def wait(
 
 
 def _eta(b: Binding, item: str, by: float) -> float | None:
-    """The queue's estimate for ``item``; none when there is no time left to compute it."""
-    from dagrunner.integration.run import queue_status
+    """``integrate status``'s ``eta_seconds`` of one item, from the shared index (the whole
+    status is not built: waiters ask this every time they time out); none when there is no
+    time left to compute it."""
+    import math
+
+    from dagrunner.integration.run import window_of
+    from dagrunner.worktrees.allocate import default_target
 
     if by - time.monotonic() < MARGIN / 2:
         return None
-    for entry in queue_status(repo=b.repo).get("envelopes", []):
-        if entry.get("id") == item:
-            eta = entry.get("eta_seconds")
-            return float(eta) if isinstance(eta, int | float) else None
-    return None
+    ctx = open_context(b.repo)
+    queue = Queue.of(ctx.info)
+    entries = queue.entries()
+    entry = entries.get(item)
+    run_seconds = queue.index().median_gate_run()
+    if entry is None or entry.state in FINAL or run_seconds is None:
+        return None
+    default = default_target(ctx)
+    goal = entry.target or default
+    ahead = [e for e in entries.values() if e.state not in FINAL and (e.target or default) == goal]
+    ahead.sort(key=lambda e: -e.priority)  # stable: as the queue takes them
+    position = next(n for n, e in enumerate(ahead, 1) if e.id == item)
+    return round(math.ceil(position / window_of(ctx.info.root, goal)) * run_seconds, 1)
 
 
 LABELS = (  # the conflict hunks as git apply --3way writes them, named for the agent

@@ -20,6 +20,7 @@ import ctypes
 import os
 import select
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,12 +29,11 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from dagrunner.errors import DagrunnerError
-from dagrunner.integration.queue import Queue
+from dagrunner.integration.queue import Queue, stuck_on_error
 from dagrunner.integration.run import (
     Integrator,
     check_integration_executor,
     integrator_lock,
-    stuck_on_error,
 )
 from dagrunner.records.integration import IntegrationResult
 from dagrunner.worktrees.allocate import Context, default_target, open_context
@@ -66,9 +66,13 @@ def serve(
     token_file: Path | None = None,
     on_ready: Callable[[str], None] | None = None,
     on_error: Callable[[DagrunnerError], None] | None = None,
+    prune_every: float | None = None,
+    prune_keep: float | None = None,
 ) -> Served:
     """Drain ``target``'s queue whenever it has work, until SIGTERM or SIGINT; with ``http``
-    (``HOST:PORT``), ``/metrics``, ``/healthz`` and the tools at ``/mcp`` beside it."""
+    (``HOST:PORT``), ``/metrics``, ``/healthz`` and the tools at ``/mcp`` beside it; with
+    ``prune_every`` (seconds), ``integrate prune`` (keeping ``prune_keep``) whenever the queue
+    is idle and that long has passed since the last."""
     check_integration_executor(executor)
     env = os.environ if env is None else env
     ctx = open_context(repo, env)
@@ -86,8 +90,11 @@ def serve(
             stop_http = face.start(Binding(repo=repo, drive=False), http, token_file, gauges)
         if on_ready is not None:  # the lock is held: a second integrator is refused from now
             on_ready(goal)
+        pruner = None
+        if prune_every is not None:
+            pruner = Pruner(repo, lock, prune_every, prune_keep)
         try:
-            _drain(ctx, goal, queue, env, executor, on_run, on_error, served, stop, gauges)
+            _drain(ctx, goal, queue, env, executor, on_run, on_error, served, stop, gauges, pruner)
         finally:
             if stop_http is not None:
                 stop_http()
@@ -106,12 +113,21 @@ def _drain(
     served: Served,
     stop: list[str],
     gauges: Gauges | None,
+    pruner: Pruner | None = None,
 ) -> None:
     from dagrunner.engine.steps import new_run_id
+    from dagrunner.integration.recovery import finish_cleanups
 
+    # what a killed predecessor left: landed workers' worktrees it had not cleaned (each run's
+    # preflight does it too, but the queue may well be empty now)
+    finish_cleanups(
+        Integrator(ctx, target=goal, manifest=None, batch=None, env=env, run_id=new_run_id())
+    )
     while not stop:
         if not queue.pending():
-            _wait_for_change(queue.journal, stop)
+            if pruner is not None:
+                pruner.when_due()
+            _wait_for_change(queue.journal, stop, pruner.every if pruner else None)
             continue
         if gauges is not None:
             gauges.in_flight = 1
@@ -171,7 +187,7 @@ def _checkout_state(ctx: Context, goal: str) -> object:
     """What a refused landing depends on: the target, and its checkout's HEAD, index and
     whether it is dirty (cleaned, committed or stashed: each changes it)."""
     from dagrunner.git.command import is_dirty
-    from dagrunner.integration.target_checkout import checkout_of
+    from dagrunner.integration.landing import checkout_of
 
     checkout = checkout_of(ctx.info.root, f"refs/heads/{goal}")
     if checkout is None:
@@ -182,6 +198,41 @@ def _checkout_state(ctx: Context, goal: str) -> object:
     staged = git(["ls-files", "--stage", "-z"], cwd=checkout, check=False).stdout
     head = git(["rev-parse", "-q", "--verify", "HEAD"], cwd=checkout, check=False).text
     return _ref(ctx, goal), is_dirty(checkout), hash(staged), head
+
+
+@dataclass
+class Pruner:
+    """``integrate prune`` between drains, every ``every`` seconds (this service holds its
+    target's integrator lock; another target's integrator running skips a turn)."""
+
+    repo: Path | None
+    lock: Path
+    every: float
+    keep: float | None
+    last: float = field(default_factory=time.monotonic)
+
+    def when_due(self) -> None:
+        from dagrunner.errors import DagrunnerError
+        from dagrunner.integration.run import DEFAULT_KEEP, prune
+
+        if time.monotonic() - self.last < self.every:
+            return
+        self.last = time.monotonic()
+        try:
+            done = prune(
+                repo=self.repo,
+                held=self.lock,
+                keep=DEFAULT_KEEP if self.keep is None else self.keep,
+            )
+        except DagrunnerError as exc:
+            print(f"prune skipped: {exc.message}", file=sys.stderr, flush=True)
+            return
+        print(
+            f"pruned {done.items_before - done.items_after} final item(s); journal "
+            f"{done.journal_bytes_before} -> {done.journal_bytes_after} bytes",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 @contextlib.contextmanager
@@ -201,10 +252,11 @@ def _stop_requests() -> Iterator[list[str]]:
             signal.signal(number, handler)
 
 
-def _wait_for_change(journal: Path, stop: list[str]) -> None:
-    """Until the journal changes (or a stop is requested): inotify on its folder, else a
-    stat of it every ``IDLE_TICK``."""
+def _wait_for_change(journal: Path, stop: list[str], most: float | None = None) -> None:
+    """Until the journal changes (or a stop is requested, or ``most`` seconds pass): inotify
+    on its folder, else a stat of it every ``IDLE_TICK``."""
     journal.parent.mkdir(parents=True, exist_ok=True)
+    until = None if most is None else time.monotonic() + most
     libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
     if (
@@ -217,11 +269,13 @@ def _wait_for_change(journal: Path, stop: list[str]) -> None:
         if fd >= 0:
             os.close(fd)
         before = _stamp(journal)
-        while not stop and _stamp(journal) == before:
+        while (
+            not stop and _stamp(journal) == before and (until is None or time.monotonic() < until)
+        ):
             time.sleep(IDLE_TICK)
         return
     try:
-        while not stop:
+        while not stop and (until is None or time.monotonic() < until):
             ready, _, _ = select.select([fd], [], [], IDLE_TICK)
             if ready:
                 with contextlib.suppress(BlockingIOError):

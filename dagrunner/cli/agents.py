@@ -1,10 +1,13 @@
-"""``dagrunner mcp`` and ``dagrunner agents-md``: the agents' own interface."""
+"""``dagrunner mcp``, ``dagrunner agents-md`` and ``integrate serve``: the agents' own
+interface, and the integrator as a service."""
 
 from __future__ import annotations
 
 import argparse
 
+from dagrunner.cli.output import emit_json
 from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.records.integration import IntegrationResult
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -41,3 +44,38 @@ def cmd_agents_md(args: argparse.Namespace) -> int:
 
     print(SECTION, end="")
     return ExitCode.OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``integrate serve``: a line per run (JSON Lines with --json), until SIGTERM/SIGINT."""
+    from dagrunner.agents.serve import serve
+
+    def said(result: IntegrationResult) -> None:
+        if args.json:
+            emit_json(result.to_json())
+            return
+        states = ", ".join(f"{o.id} {o.state}" for o in result.envelopes) or "nothing to do"
+        print(f"{result.target}: {result.start[:12]} -> {result.end[:12]}: {states}", flush=True)
+
+    def failed(exc: DagrunnerError) -> None:
+        if args.json:
+            emit_json({"error": exc.to_json()})
+        else:
+            print(f"stuck: {exc.render()}", flush=True)
+
+    served = serve(
+        on_error=failed,
+        repo=args.repo,
+        target=args.target,
+        on_run=said,
+        on_ready=lambda goal: None if args.json else print(f"serving {goal}", flush=True),
+        executor=args.executor,
+        http=args.http,
+        token_file=args.token_file,
+        prune_every=args.prune_every,
+        prune_keep=args.prune_keep,
+    )
+    if not args.json:
+        print(f"stopped ({served.stopped_by or 'done'}) after {len(served.runs)} run(s)")
+    # stopped by a signal, as `integrate run` is: 130 (a service stops no other way)
+    return ExitCode.INTERRUPTED if served.stopped_by else ExitCode.OK

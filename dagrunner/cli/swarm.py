@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dagrunner.cli.output import emit_json
-from dagrunner.errors import DagrunnerError, ExitCode
+from dagrunner.errors import ExitCode
 
 if TYPE_CHECKING:
     from dagrunner.cli.console import QueueStatus
-    from dagrunner.records.integration import IntegrationResult
 
 # -- doctor and worktrees ------------------------------------------------------------------
 
@@ -239,9 +238,28 @@ def _stats(args: argparse.Namespace) -> int:
 def cmd_integrate(args: argparse.Namespace) -> int:
     action = args.integrate_command
     if action == "serve":
-        return _serve(args)
+        from dagrunner.cli.agents import cmd_serve
+
+        return cmd_serve(args)
     if action == "stats":
         return _stats(args)
+    if action == "prune":
+        from dagrunner.integration.run import DEFAULT_KEEP, prune
+
+        keep = DEFAULT_KEEP if args.keep is None else args.keep
+        done = prune(repo=args.repo, dry_run=args.dry_run, keep=keep)
+        body = done.to_json()
+        if args.json:
+            emit_json(body)
+        else:
+            verb = "would remove" if done.dry_run else "removed"
+            print(
+                f"{verb} {done.items_before - done.items_after} of {done.items_before} items; "
+                f"journal {done.journal_bytes_before} -> {done.journal_bytes_after} bytes; "
+                f"{done.envelopes_removed} envelopes, {done.reports_removed} reports, "
+                f"{done.inline_removed} inline files; watchers at cursor {done.base} go on"
+            )
+        return ExitCode.OK
     if action == "submit":
         from dagrunner.git.repo import repo_info
         from dagrunner.integration.submit import submit
@@ -408,36 +426,3 @@ def _why_failed(run_dir: Path) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError):
         return []
     return failure_tails(record, run_dir, tail_lines=WHY_LINES)
-
-
-def _serve(args: argparse.Namespace) -> int:
-    """``integrate serve``: a line per run (JSON Lines with --json), until SIGTERM/SIGINT."""
-    from dagrunner.agents.serve import serve
-
-    def said(result: IntegrationResult) -> None:
-        if args.json:
-            emit_json(result.to_json())
-            return
-        states = ", ".join(f"{o.id} {o.state}" for o in result.envelopes) or "nothing to do"
-        print(f"{result.target}: {result.start[:12]} -> {result.end[:12]}: {states}", flush=True)
-
-    def failed(exc: DagrunnerError) -> None:
-        if args.json:
-            emit_json({"error": exc.to_json()})
-        else:
-            print(f"stuck: {exc.render()}", flush=True)
-
-    served = serve(
-        on_error=failed,
-        repo=args.repo,
-        target=args.target,
-        on_run=said,
-        on_ready=lambda goal: None if args.json else print(f"serving {goal}", flush=True),
-        executor=args.executor,
-        http=args.http,
-        token_file=args.token_file,
-    )
-    if not args.json:
-        print(f"stopped ({served.stopped_by or 'done'}) after {len(served.runs)} run(s)")
-    # stopped by a signal, as `integrate run` is: 130 (a service stops no other way)
-    return ExitCode.INTERRUPTED if served.stopped_by else ExitCode.OK

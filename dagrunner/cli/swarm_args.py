@@ -190,6 +190,25 @@ def add_integrate(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         metavar="F",
         help="/mcp answers only 'Authorization: Bearer <F's content>' (no file: no /mcp)",
     )
+    sv.add_argument(
+        "--prune-every",
+        type=duration,
+        metavar="DUR",
+        help="prune the queue's state (integrate prune) whenever idle and DUR has passed",
+    )
+    sv.add_argument(
+        "--prune-keep",
+        type=duration,
+        metavar="DUR",
+        help="with --prune-every: final items younger than DUR are kept (default 7d)",
+    )
+    pr = ig_sub.add_parser(
+        "prune", parents=[common, repo_opt], help="compact the journal; drop old final items"
+    )
+    pr.add_argument(
+        "--keep", type=duration, metavar="DUR", help="keep final items younger than DUR (7d)"
+    )
+    pr.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
     ig_sub.add_parser("status", parents=[common, repo_opt], help="every envelope's state")
     wd = ig_sub.add_parser(
         "withdraw", parents=[common, repo_opt], help="take a queue item back before it lands"

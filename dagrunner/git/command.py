@@ -8,10 +8,12 @@ line of stderr.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +110,24 @@ def driverless_env(
     return with_overrides(env, neutral_drivers(cwd, args, env))
 
 
+SHIELDED = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread while a child starts: the child inherits
+    the blocked mask across ``exec``, so a signal to our whole process group (systemd's stop,
+    a terminal's Ctrl-C) is ours to handle -- git must not die first and read as a failure
+    (a killed ``git apply`` read as a conflict).  A SIGKILL still takes it with us: it stays
+    in our group, so no orphaned git writes into a worktree the next integrator resets.
+    Here the signal stays pending only until the mask is restored, right after the fork."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def git(
     args: Sequence[str],
     *,
@@ -120,15 +140,23 @@ def git(
     """Run ``git args`` in ``cwd``; raise DagrunnerError(code) on failure when ``check``."""
     argv = ["git", *args]
     try:
-        proc = subprocess.run(
-            argv,
-            cwd=cwd,
-            input=input,
-            stdin=None if input is not None else subprocess.DEVNULL,
-            capture_output=True,
-            env=driverless_env(cwd, args, env),
-            check=False,
-        )
+        with shielded():
+            child = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=driverless_env(cwd, args, env),
+            )
+        with child:
+            try:
+                out, err = child.communicate(input)
+            except BaseException:  # an interrupt: git does not outlive the wait for it
+                child.kill()
+                child.wait()
+                raise
+        proc = subprocess.CompletedProcess(argv, child.returncode, out, err)
     except FileNotFoundError:
         raise DagrunnerError(
             "git-missing",
@@ -156,28 +184,28 @@ def git_output(
     then stopped: nothing over the limit is ever held).  Raises like :func:`git` on failure."""
     argv = ["git", *args]
     # stderr to a file: a pipe git fills with warnings while we read stdout would stall both
-    with (
-        tempfile.TemporaryFile() as errors,
-        subprocess.Popen(
-            argv,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            env=driverless_env(cwd, args, env),
-        ) as proc,
-    ):
-        assert proc.stdout is not None
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := proc.stdout.read(1 << 20):
-            size += len(chunk)
-            if size > limit:
-                proc.kill()
-                proc.wait()
-                return None
-            chunks.append(chunk)
-        code = proc.wait()
+    with tempfile.TemporaryFile() as errors:
+        with shielded():
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                env=driverless_env(cwd, args, env),
+            )
+        with proc:
+            assert proc.stdout is not None
+            chunks: list[bytes] = []
+            size = 0
+            while chunk := proc.stdout.read(1 << 20):
+                size += len(chunk)
+                if size > limit:
+                    proc.kill()
+                    proc.wait()
+                    return None
+                chunks.append(chunk)
+            code = proc.wait()
         errors.seek(0)
         stderr = errors.read()
     if code != 0:

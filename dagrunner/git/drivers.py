@@ -90,6 +90,7 @@ def _read(
         capture_output=True,
         stdin=subprocess.DEVNULL,
         check=False,
+        start_new_session=True,  # a group signal must not leave the drivers unread
     )
     overrides: dict[str, str] = {}
     includes = False

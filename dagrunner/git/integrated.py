@@ -44,6 +44,19 @@ def integrated(path: Path, head: str, base: str, target: str) -> tuple[bool, str
     return False, f"{ahead or len(mine)} commit(s) not on the target"
 
 
+def state_integrated(path: Path, base: str, tree: str, target: str) -> tuple[bool, str]:
+    """Whether the worktree's full state ``tree`` (uncommitted work included) is on
+    ``target`` as one commit of the same patch: an envelope the integrator landed."""
+    diff = ["diff", "--no-ext-diff", "--no-textconv", "--binary", "--full-index", base, tree]
+    mine = set(_patch_ids(git(diff, cwd=path, check=False).stdout, path).values())
+    if not mine:
+        return False, "its full state could not be read as a patch"
+    for commit, patch in _patch_ids(_log(path, f"{base}..{target}"), path).items():
+        if patch in mine:
+            return True, f"its full state landed on the target as {commit[:12]}"
+    return False, "its full state is not on the target"
+
+
 def _log(path: Path, span: str) -> bytes:
     """Each commit of ``span`` (merges left out) as ``commit <id>`` and its patch."""
     return git(

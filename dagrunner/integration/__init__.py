@@ -2,7 +2,8 @@
 
 - ``queue``: the durable queue and its journal.  ``events``: the journal as a stream.
 - ``submit``: envelopes onto the queue (validated, with priority and the overlaps foreseen).
-- ``run``: ``integrate`` and ``queue_status``, the entry points.
+- ``run``: ``integrate``, ``queue_status`` and ``prune`` (the journal compacted, what only
+  final items needed removed), the entry points.
 - ``steps``: the integrator's steps (admit, apply with ``--3way``, land).
 - ``needs``: what the helpers below may use of the integrator (a protocol).
 - ``pipeline`` and ``items``: the speculative pipeline and what it tracks; ``trees``: where
@@ -11,7 +12,9 @@
 - ``batching``: how many envelopes an item holds (``--batch auto``: sized from the outcomes).
 - ``baseline``: what the target's own head fails (``[integrate] baseline = "differential"``).
 - ``admission``: what the target lets in, and the manifest that judges it.
-- ``landing``: the compare-and-swap, and the trailers of the commits it lands.
-- ``recovery``: after a crash, and the preflight.  ``target_checkout``: the target's
-  checkout after a landing.
+- ``landing``: the compare-and-swap, the trailers of the commits it lands, and the
+  target's checkout after a landing.
+- ``recovery``: after a crash (landed workers' worktrees cleaned too), and the preflight.
+- ``journal``: the journal's lines read back, and the process's one incremental index of it
+  (shared by the integrator, the waiters and status).
 """

@@ -78,8 +78,8 @@ class Baseline:
                     first = first.confirmed_by(again)
                 self.head_runs += 1
                 had = self.known.get(head, Failures())
-                gates, said = {**had.gates, **first.gates}, {**had.said, **first.said}
-                self.known[head] = Failures(gates, had.hard | first.hard, said)
+                found = {**had.gates, **first.gates}, had.hard | first.hard
+                self.known[head] = Failures(*found, {**had.said, **first.said})
                 covered = self.covered.get(head, frozenset())
                 self.covered[head] = None if not want or covered is None else covered | set(want)
             finally:
@@ -195,16 +195,4 @@ class Baseline:
 def red_targets(queue: Queue) -> dict[str, dict[str, Any]]:
     """Each target last said red (``target-red``, not ``target-green`` since): what it fails
     and since which head (``integrate status``; the next run starts from it)."""
-    red: dict[str, dict[str, Any]] = {}
-    for line in queue.lines():
-        goal = line.target or ""
-        if line.event == "target-red":
-            red[goal] = {
-                "fails": list(line.details.target_red or ()),
-                "since": line.details.red_since,
-                "at": line.at,
-                "said": line.details.note or "",
-            }
-        elif line.event == "target-green":
-            red.pop(goal, None)
-    return red
+    return queue.index().red_targets()

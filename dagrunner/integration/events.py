@@ -3,9 +3,11 @@
 Every state change is a journal line, appended and fsynced before it takes
 effect (``queue.py``), so the journal is the stream: nothing an integrator did
 is missed across its restarts, or across the watcher's.  Each event carries a
-``cursor``: the journal's byte offset just after its line.  ``watch(since=c)``
-resumes right after the event whose cursor was ``c``; the journal is only ever
-appended to, so a cursor stays valid.
+``cursor``: the journal's byte offset just after its line (plus the base a compaction
+left: ``journal.py``).  ``watch(since=c)`` resumes right after the event whose cursor was
+``c``; the journal is only appended to between compactions (``integrate prune``), so a
+cursor stays valid until one, and cursors only grow across them: a watcher that had read
+to the end resumes seamlessly, an older cursor is refused (``watch-cursor-compacted``).
 
 Event names are the envelope's state, except ``submitted`` (its first
 ``queued`` line), ``flaky`` and ``speculation-reset`` (``pipeline.py``), and ``overlap``
@@ -16,7 +18,7 @@ Their JSON shape is ``docs/integration-event.schema.json``.
 
 from __future__ import annotations
 
-import datetime as dt
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,15 +29,21 @@ import orjson
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.queue import JournalLine, Queue, QueueEntry
+from dagrunner.integration.journal import (
+    NAMED,
+    Header,
+    JournalIndex,
+    JournalLine,
+    identity,
+    offset_of,
+    read_header,
+    when,
+)
+from dagrunner.integration.queue import Queue, QueueEntry
 from dagrunner.records.integration import FINAL, Details, EnvelopeState
 
 POLL = 0.1  # seconds between looks at the journal while following it
-# events that are not a state of their own
-NAMED = (
-    *("flaky", "speculation-reset", "overlap", "stuck"),
-    *("batch-size", "target-red", "target-green", "gate-run", "named", "held"),
-)
+CHUNK = 1 << 18  # bytes of the journal read at once
 
 # What each final state means to ``integrate submit --wait`` (docs/integration.md).
 WAIT_EXIT: dict[EnvelopeState, ExitCode] = {
@@ -80,59 +88,121 @@ class Event:
 
 
 class JournalReader:
-    """Reads a journal's events incrementally: only the bytes appended since the last read."""
+    """Reads a journal's events incrementally: only the bytes appended since the last read.
 
-    def __init__(self, journal: Path, since: int = 0) -> None:
+    Without an ``index`` the journal is read from its start (who submitted each item is
+    learnt on the way) and the events up to cursor ``since`` are passed over; with the
+    process's shared ``index`` it starts at ``since`` and asks the index who submitted what,
+    so a resumed wait costs what was appended since, whatever the journal's length."""
+
+    def __init__(
+        self,
+        journal: Path,
+        since: int = 0,
+        index: JournalIndex | None = None,
+        only: str | None = None,
+    ) -> None:
         self.journal = journal
         self.since = since
-        self.offset = 0  # how far the journal has been read (always a line's end)
+        self.index = index
+        # with an index: the events of this one item only (another item's line is not even
+        # parsed: a wait from cursor 0 on a long journal holds no event of the others)
+        self.only = None if index is None or only is None else f'"id":"{only}"'.encode()
+        self.file: tuple[int, int] | None = None  # the journal file read (None: not yet)
+        self.header = Header()
+        self.offset = 0  # how far the file has been read (always a line's end)
+        self.skip = 0  # events of lines ending at or before this file offset are passed over
         self.who: dict[str, tuple[str | None, str | None]] = {}  # id -> mission, worker
-        self.checked = False
 
     def read(self) -> list[Event]:
         """The events journaled since the last read (after cursor ``since``).  A line still
         being written (no newline yet) waits for the next read."""
         try:
-            with self.journal.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
+            handle = self.journal.open("rb")
         except FileNotFoundError:
-            data = b""
-        if not self.checked:
-            self.check(data)
+            if self.file is None and self.since:
+                self.bad_cursor(0)
+            return []
+        with handle:
+            info = os.fstat(handle.fileno())
+            if self.file is None:
+                self.header, self.file = read_header(handle), identity(info)
+                self.place(handle, info.st_size)
+            elif identity(info) != self.file:  # compacted since the last read
+                header = read_header(handle)
+                # resumes where the compaction's kept lines end, or is refused (coded)
+                at = offset_of(self.header.base + self.offset, header, self.journal)
+                self.header, self.file, self.offset = header, identity(info), at
+            handle.seek(self.offset)
+            events: list[Event] = []
+            rest = b""
+            # in chunks: a wait from cursor 0 on a long journal holds one chunk, not the file
+            while chunk := handle.read(CHUNK):
+                data, rest = rest + chunk, b""
+                end = data.rfind(b"\n") + 1
+                data, rest = data[:end], data[end:]
+                if self.index is not None:
+                    self.index.refresh()  # as far as this read: it knows who submitted what
+                events += self.lines(data)
+        return events
+
+    def lines(self, data: bytes) -> list[Event]:
+        """The events of ``data``, whole lines read from ``self.offset`` on."""
         events: list[Event] = []
         start = 0
         while (end := data.find(b"\n", start)) != -1:
             raw, start = data[start:end], end + 1
+            if self.only is not None and self.only not in raw:
+                continue
             event = self.parse(raw, self.offset + start)
-            if event is not None:
+            if event is not None and (
+                self.only is None or f'"id":"{event.id}"'.encode() == self.only
+            ):
                 events.append(event)
         self.offset += start
         return events
 
-    def check(self, data: bytes) -> None:
-        since = self.since
-        if since < 0 or since > len(data) or (since and data[since - 1 : since] != b"\n"):
-            raise DagrunnerError(
-                "watch-cursor",
-                f"cursor {since} is not the end of a journal line (the journal has "
-                f"{len(data)} bytes)",
-                where=str(self.journal),
-                hint="pass a cursor that an event gave, or 0 to read from the start",
-            )
-        self.checked = True
+    def place(self, handle: Any, size: int) -> None:
+        """Where the first read starts: the file offset of cursor ``since``, checked to be
+        a line's end."""
+        target = offset_of(self.since, self.header, self.journal)
+        if target < 0 or target > size:
+            self.bad_cursor(size)
+        if target:
+            handle.seek(target - 1)
+            if handle.read(1) != b"\n":
+                self.bad_cursor(size)
+        self.skip = target
+        if self.index is not None:
+            self.offset = target
 
-    def parse(self, raw: bytes, cursor: int) -> Event | None:
+    def bad_cursor(self, size: int) -> None:
+        raise DagrunnerError(
+            "watch-cursor",
+            f"cursor {self.since} is not the end of a journal line (the journal ends at "
+            f"cursor {self.header.base + size})",
+            where=str(self.journal),
+            hint="pass a cursor that an event gave, or 0 to read from the start",
+        )
+
+    def parse(self, raw: bytes, offset: int) -> Event | None:
         try:
             line = JournalLine.from_json(orjson.loads(raw))
         except orjson.JSONDecodeError:
             return None  # a line a crash cut short
         if line is None:
             return None
-        first = line.id not in self.who
-        if first or line.mission:
+        cursor = self.header.base + offset
+        if self.index is not None:
+            first = self.index.first.get(line.id) == cursor
+            known = self.index.entries.get(line.id)
+            if known is not None:
+                self.who[line.id] = (known.mission, known.worker)
+        else:
+            first = line.id not in self.who
+        if first or line.mission or line.id not in self.who:
             self.who[line.id] = (line.mission, line.worker)
-        if cursor <= self.since:
+        if offset <= self.skip:
             return None
         mission, worker = self.who[line.id]
         return Event(
@@ -308,11 +378,7 @@ class QueueStats:
         return "\n".join(lines) + "\n"
 
 
-def _when(at: str | None) -> float | None:
-    try:
-        return dt.datetime.fromisoformat(at).timestamp() if at else None
-    except ValueError:
-        return None
+_when = when
 
 
 def queue_stats(*, repo: Path | None = None, since: float | None = None) -> QueueStats:
@@ -367,15 +433,5 @@ def queue_stats(*, repo: Path | None = None, since: float | None = None) -> Queu
 
 def median_gate_run(*, repo: Path | None = None) -> float | None:
     """The median time from an envelope's last ``gating`` line to its verdict (landed or
-    gates-failed), over the journal; None before any."""
-    started: dict[str, float] = {}
-    took: list[float] = []
-    for event in watch(repo=repo, follow=False):
-        at = _when(event.at)
-        if at is None:
-            continue
-        if event.event == "gating":
-            started[event.id] = at
-        elif event.event in ("landed", "gates-failed") and event.id in started:
-            took.append(at - started.pop(event.id))
-    return round(sorted(took)[len(took) // 2], 3) if took else None
+    gates-failed), over the journal; None before any (kept up by the shared index)."""
+    return Queue.of(repo_info(repo)).index().median_gate_run()

@@ -23,7 +23,9 @@ journal before it works on it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,126 +34,30 @@ import orjson
 
 from dagrunner.envelope import Envelope, load_envelope, repo_identity
 from dagrunner.errors import DagrunnerError
-from dagrunner.files import append_line, locked, read_lines, text_of
+from dagrunner.files import append_line, locked, read_lines
 from dagrunner.git.repo import RepoInfo
+from dagrunner.integration.journal import (
+    PASSING,
+    PRIORITIES,
+    URGENT,
+    JournalIndex,
+    JournalLine,
+    QueueEntry,
+)
 from dagrunner.names import is_safe_id
 from dagrunner.records.integration import FINAL, NO_DETAILS, Details, EnvelopeState
 from dagrunner.worktrees.ledger import now
 
-# events that say something of the run, not the item: its state and details stay as they were
-PASSING = ("batch-size", "target-red", "target-green", "gate-run", "named")
-URGENT = 1 << 30  # ``--priority urgent``: before every number, and pre-empts what gates
-PRIORITIES = range(-1000, 1001)  # what --priority N takes
-
-
-def _priority(raw: object) -> int | None:
-    if raw == "urgent":
-        return URGENT
-    return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw in PRIORITIES else None
-
-
-@dataclass(frozen=True, kw_only=True)
-class JournalLine:
-    """One line of the journal, read back (``Queue.record`` writes it): the one reader of
-    its JSON, for the queue's entries, the event stream and recovery alike."""
-
-    id: str
-    state: EnvelopeState  # an unknown state reads as queued: judged again, never skipped
-    at: str | None = None
-    event: str | None = None  # a change that is not a state of its own (flaky, claimed, ...)
-    target: str | None = None
-    mission: str | None = None  # these, on the line that submitted it
-    worker: str | None = None
-    source: str | None = None
-    envelope: str | None = None
-    provenance: str | None = None
-    allow_protected: bool = False
-    priority: int | None = None  # on the line that submitted it (URGENT: "urgent")
-    details: Details = NO_DETAILS
-
-    @classmethod
-    def from_json(cls, data: object) -> JournalLine | None:
-        """The line, or None for one this journal does not write (or a crash cut short)."""
-        if not isinstance(data, dict) or not isinstance(data.get("id"), str):
-            return None
-        try:
-            state = EnvelopeState(str(data.get("state")))
-        except ValueError:
-            state = EnvelopeState.QUEUED
-        return cls(
-            id=data["id"],
-            state=state,
-            at=text_of(data.get("at")),
-            event=text_of(data.get("event")),
-            target=text_of(data.get("target")),
-            mission=text_of(data.get("mission")),
-            worker=text_of(data.get("worker")),
-            source=text_of(data.get("source")),
-            envelope=text_of(data.get("envelope")),
-            provenance=text_of(data.get("provenance")),
-            allow_protected=data.get("allow_protected") is True,
-            priority=_priority(data.get("priority")),
-            details=Details.from_json(data),
-        )
-
-
-@dataclass(frozen=True)
-class QueueEntry:
-    """One envelope on the queue: its latest state, and every detail its journal lines gave."""
-
-    id: str
-    state: EnvelopeState
-    submitted: str | None = None
-    mission: str | None = None
-    worker: str | None = None
-    source: str | None = None  # the file it was submitted from
-    updated: str | None = None
-    target: str | None = None  # the branch it is for (None: submitted before targets, unclaimed)
-    envelope: str | None = None  # the envelope's own id, where another item holds that id
-    provenance: str | None = None  # whether the ledger proves which worktree exported it
-    allow_protected: bool = False  # submitted with --allow-protected ([integrate] protected)
-    priority: int = 0  # higher first; URGENT pre-empts what gates
-    details: Details = NO_DETAILS
-
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "id": self.id,
-            "submitted": self.submitted,
-            "state": str(self.state),
-        }
-        for key in ("mission", "worker", "source", "updated", "target", "envelope", "provenance"):
-            if (value := getattr(self, key)) is not None:
-                body[key] = value
-        if self.allow_protected:
-            body["allow_protected"] = True
-        if self.priority:
-            body["priority"] = "urgent" if self.priority == URGENT else self.priority
-        return {**body, **self.details.to_json()}
-
-    def followed_by(self, line: JournalLine) -> QueueEntry:
-        """This entry after one more journal line.  A final entry stays as it is, and the
-        first target to claim an entry keeps it: a line of another integrator's cannot undo
-        either."""
-        if self.state in FINAL:
-            return self
-        if self.target is not None and line.target is not None and line.target != self.target:
-            return self
-        return QueueEntry(
-            id=self.id,
-            state=self.state if line.event in PASSING else line.state,
-            submitted=self.submitted,
-            mission=line.mission or self.mission,
-            worker=line.worker or self.worker,
-            source=line.source or self.source,
-            updated=line.at or self.updated,
-            target=self.target or line.target,
-            envelope=self.envelope or line.envelope,
-            provenance=self.provenance or line.provenance,
-            allow_protected=self.allow_protected or line.allow_protected,
-            priority=self.priority if line.priority is None else line.priority,
-            # a batch's size and the target's colour are the run's news, not the item's
-            details=self.details if line.event in PASSING else self.details.merged(line.details),
-        )
+# the line records live in ``journal.py``; their old home still names them
+__all__ = [
+    "PASSING",
+    "PRIORITIES",
+    "URGENT",
+    "JournalLine",
+    "Queue",
+    "QueueEntry",
+    "same_repository",
+]
 
 
 @dataclass(frozen=True)
@@ -199,6 +105,11 @@ class Queue:
         line.update(origin)
         line.update(details.to_json())
         append_line(self.journal, orjson.dumps(line))
+        self.index().poke()
+
+    def index(self) -> JournalIndex:
+        """The process's shared, incremental index of this queue's journal."""
+        return JournalIndex.of(self.journal)
 
     def stuck(self, code: str, message: str, hint: str) -> list[str]:
         """Journal a ``stuck`` event on each item of this target not yet final: the queue
@@ -220,19 +131,9 @@ class Queue:
         return [line for raw in read_lines(self.journal) if (line := JournalLine.from_json(raw))]
 
     def entries(self) -> dict[str, QueueEntry]:
-        """Each envelope's latest state and details, in submission order."""
-        found: dict[str, QueueEntry] = {}
-        for line in self.lines():
-            current = found.get(line.id) or QueueEntry(
-                id=line.id, state=EnvelopeState.QUEUED, submitted=line.at
-            )
-            found[line.id] = current.followed_by(line)
-        # an envelope file whose "queued" line a crash lost is still submitted
-        folder = self.dir / "envelopes"
-        if folder.is_dir():
-            for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime):
-                found.setdefault(path.stem, QueueEntry(id=path.stem, state=EnvelopeState.QUEUED))
-        return found
+        """Each envelope's latest state and details, in submission order (read incrementally:
+        only what was appended since this process last looked)."""
+        return self.index().snapshot(self.dir / "envelopes")
 
     def pending(self) -> list[str]:
         """The items not yet final for this queue's target (every target's, without one),
@@ -269,3 +170,17 @@ class Queue:
 def same_repository(envelope: Envelope, info: RepoInfo) -> bool:
     """Whether ``envelope`` says it came from this repository (or a clone of it)."""
     return envelope.repo.same_as(repo_identity(info.root))
+
+
+@contextlib.contextmanager
+def stuck_on_error(queue: Queue) -> Iterator[None]:
+    """A coded error that ends an integrator's run (it could not start: no manifest on the
+    target, an integration worktree it cannot use; a gate run that could not start) is a
+    ``stuck`` event on every item of its target: each waiter reads the cause and what to do
+    in the journal, whoever started the integrator."""
+    try:
+        yield
+    except DagrunnerError as exc:
+        with contextlib.suppress(OSError, DagrunnerError):
+            queue.stuck(exc.code, exc.message, exc.hint or "")
+        raise

@@ -24,9 +24,19 @@ from typing import TYPE_CHECKING
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git.command import git
 from dagrunner.git.locks import check_locks
-from dagrunner.integration import target_checkout as checkouts
+from dagrunner.integration import landing as checkouts
 from dagrunner.integration.landing import landed_on_target
-from dagrunner.records.integration import FINAL, Details, EnvelopeState, StaleCheckout
+from dagrunner.integration.queue import QueueEntry
+from dagrunner.records.integration import (
+    FINAL,
+    Details,
+    EnvelopeOutcome,
+    EnvelopeState,
+    StaleCheckout,
+)
+from dagrunner.worktrees.allocate import default_target
+from dagrunner.worktrees.gone import drop_gone, half_removed
+from dagrunner.worktrees.landed import clean_after_landing
 
 if TYPE_CHECKING:
     from dagrunner.integration.needs import IntegratorLike as Integrator
@@ -103,6 +113,7 @@ def preflight(it: Integrator) -> None:
                 hint="it was clean before landing: free what blocked it (disk space) and run "
                 f"again, and dagrunner repairs it; or restore it yourself: {stale.command}",
             )
+    finish_cleanups(it)
     for path in check_locks(
         common_dir=it.ctx.info.common_dir,
         ref=it.ref,
@@ -110,6 +121,43 @@ def preflight(it: Integrator) -> None:
         own_worktrees=it.slots(),
     ):
         print(f"removed a stale lock of the integration worktree: {path}", file=sys.stderr)
+
+
+def finish_cleanups(it: Integrator) -> None:
+    """The worker worktrees of landed items that a kill left before (or in the middle of)
+    their cleanup: each recorded as having exported its item goes, under the same proof as
+    right after a landing (``clean_after_landing``); one whose folder is gone or half removed
+    (no ``.git``) has its registration, trash and record dropped, its branch deleted when
+    the target holds it.  A worktree a cleanup retained keeps its reason, and is not tried
+    again."""
+    records = it.ctx.ledger.state()
+    if not records:
+        return
+    landed: dict[str, list[QueueEntry]] = {}
+    for entry in it.queue.entries().values():
+        if entry.state is EnvelopeState.LANDED and entry.target in (None, it.target):
+            landed.setdefault(f"{entry.mission}/{entry.worker}", []).append(entry)
+    outcomes: list[EnvelopeOutcome] = []
+    target = default_target(it.ctx)
+    for wt_id, record in sorted(records.items()):
+        mine = [e for e in landed.get(wt_id, []) if record.export_of(e.id) is not None]
+        if not mine or record.retained:
+            continue
+        path = Path(record.path)
+        if path.is_dir() and not half_removed(path):
+            entry = mine[-1]
+            outcome = EnvelopeOutcome(
+                entry.id, entry.mission, entry.worker, EnvelopeState.LANDED, entry.details
+            )
+            outcomes.append(outcome)
+            continue
+        if path.is_dir() and record.session:
+            continue  # half removed while a session holds it: that is for doctor and a human
+        with contextlib.suppress(DagrunnerError), it.ctx.ledger.exclusive():
+            drop_gone(it.ctx, wt_id, record, force=True, target=target)
+    if outcomes:
+        with it.git_lock:
+            clean_after_landing(it.ctx, outcomes, it.queue.load, target, it.env)
 
 
 def last_landing(it: Integrator) -> StaleCheckout | None:
@@ -122,19 +170,18 @@ def last_landing(it: Integrator) -> StaleCheckout | None:
     if checkout is None:
         return None
     head = it.head()
-    for line in reversed(it.queue.lines()):
-        if line.state is EnvelopeState.LANDING:
-            old, new = line.details.old, line.details.new
-            if old and new == head:
-                return StaleCheckout(
-                    checkout=str(checkout),
-                    target=it.target,
-                    old=old,
-                    new=head,
-                    to=head,
-                    reason="a landing whose checkout update did not finish",
-                )
-            return None
+    newest = it.queue.index().last_landing()  # kept up as the journal is read: no re-parse
+    if newest is not None:
+        old, new = newest
+        if old and new == head:
+            return StaleCheckout(
+                checkout=str(checkout),
+                target=it.target,
+                old=old,
+                new=head,
+                to=head,
+                reason="a landing whose checkout update did not finish",
+            )
     return None
 
 

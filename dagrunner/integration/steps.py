@@ -33,7 +33,7 @@ from dagrunner.git.command import IDENTITY, git
 from dagrunner.git.link import pin_gitfile
 from dagrunner.git.repo import out_of_disk
 from dagrunner.integration import admission, landing, recovery
-from dagrunner.integration import target_checkout as checkouts
+from dagrunner.integration import landing as checkouts
 from dagrunner.integration.admission import flagged, judging_files, refusal
 from dagrunner.integration.landing import commit_message
 from dagrunner.integration.needs import Batch

@@ -116,6 +116,7 @@ class WorktreeStatus:
     integrated: bool | None = None
     integrated_reason: str = ""
     ports: tuple[int, ...] = ()  # leased to it ([worktrees] ports)
+    half_removed: bool = False  # its folder is there without its .git (a removal cut short)
 
     @property
     def operation_in_progress(self) -> bool:
@@ -147,7 +148,8 @@ class WorktreeStatus:
             "retained": self.retained,
         }
         if self.missing:
-            return {**body, "missing": True, "clean": None, "integrated": None, "ports": []}
+            gone: dict[str, Any] = {"missing": True, "clean": None, "integrated": None, "ports": []}
+            return {**body, **gone, **({"half_removed": True} if self.half_removed else {})}
         return {
             **body,
             "missing": False,

@@ -117,7 +117,7 @@ class Swarm:
         from dagrunner.integration.submit import submit
         from dagrunner.integration.trees import seed_tree
         from dagrunner.worktrees import allocate as wt
-        from dagrunner.worktrees.base import base_manifest
+        from dagrunner.worktrees.prepare import base_manifest
 
         gate = spec(self.graph, node)
         ctx = wt.open_context(self.repo, self.env)

@@ -11,7 +11,6 @@ are in ``lifecycle.py``.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -27,12 +26,13 @@ from dagrunner.names import RULE, is_safe_name
 from dagrunner.process import share
 from dagrunner.records.worktree import Allocation, SeedUse, as_json
 from dagrunner.worktrees import seeds
-from dagrunner.worktrees.base import base_manifest
 from dagrunner.worktrees.disk import check_budget
+from dagrunner.worktrees.gone import remove_worktree
 from dagrunner.worktrees.ledger import Ledger, WorktreeRecord
 from dagrunner.worktrees.pool import take_from_pool
 from dagrunner.worktrees.ports import held_ports, lease, port_env, write_env
 from dagrunner.worktrees.prepare import (
+    base_manifest,
     copy_included,
     provision_seeds,
     release_seeds,
@@ -359,17 +359,6 @@ def _describe(
         ports=state.ports,
         seeds=state.seeds,
     )
-
-
-def remove_worktree(ctx: Context, path: Path, branch: str, *, delete_branch: bool) -> None:
-    release_seeds(ctx.root, path)
-    git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
-    git(["worktree", "remove", "--force", "--force", str(path)], cwd=ctx.info.root, check=False)
-    if path.exists():
-        shutil.rmtree(path)
-    git(["worktree", "prune"], cwd=ctx.info.root, check=False)
-    if delete_branch:
-        git(["branch", "-D", branch], cwd=ctx.info.root, check=False)
 
 
 # -- state ------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ worktree a running process uses is never removed.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import os
@@ -21,19 +20,19 @@ import orjson
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.files import atomic_write
 from dagrunner.git.command import git
-from dagrunner.git.integrated import integrated, unheld
+from dagrunner.git.integrated import integrated, state_integrated, unheld
 from dagrunner.git.link import pin_gitfile
-from dagrunner.git.statetree import backup_commit
+from dagrunner.git.statetree import backup_commit, state_tree
 from dagrunner.records.worktree import WorktreeStatus
 from dagrunner.worktrees.allocate import (
     Context,
     default_target,
     open_context,
     recorded_state,
-    remove_worktree,
     split_id,
     undo_unfinished,
 )
+from dagrunner.worktrees.gone import drop_gone, half_removed, in_use, remove_worktree
 from dagrunner.worktrees.ledger import WorktreeRecord, now
 from dagrunner.worktrees.pool import pool_room, to_pool
 
@@ -64,6 +63,8 @@ def _status(ctx: Context, wt_id: str, state: WorktreeRecord, target: str) -> Wor
         if not state.missing:
             ctx.ledger.append("missing", wt_id)
         return recorded
+    if half_removed(path):  # no git runs there: said, never fatal to a listing
+        return dataclasses.replace(recorded, half_removed=True)
     # The worker could have pointed its .git at another repository (the user's): every
     # later git command here -- a cleanup's reset and checkout -- would act on that one.
     pin_gitfile(ctx.info.common_dir, path)
@@ -141,28 +142,6 @@ def list_worktrees(*, repo: Path | None = None, target: str | None = None) -> li
 # -- cleanup / prune ---------------------------------------------------------------------
 
 
-def processes_using(path: Path) -> list[int]:
-    """Pids of processes whose cwd or an open file is under ``path``."""
-    import psutil  # only cleanup needs it: the swarm's other calls start without it
-
-    prefix = str(path.resolve())
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid", "cwd"]):
-        if proc.pid == me:
-            continue
-        with contextlib.suppress(psutil.Error):
-            cwd = proc.info.get("cwd") or ""
-            if cwd == prefix or cwd.startswith(prefix + os.sep):
-                found.append(proc.pid)
-                continue
-            for handle in proc.open_files():
-                if handle.path.startswith(prefix + os.sep):
-                    found.append(proc.pid)
-                    break
-    return found
-
-
 def retention_file(path: Path) -> Path:
     return path.parent / f"{path.name}.retained.json"
 
@@ -204,26 +183,15 @@ def cleanup_recorded(
 ) -> dict[str, Any]:
     """``assume_landed``: the caller checked that everything the worktree holds has landed."""
     path, branch = Path(state.path), state.branch
-    if not path.is_dir():
-        git(["worktree", "unlock", str(path)], cwd=ctx.info.root, check=False)
-        git(["worktree", "prune"], cwd=ctx.info.root, check=False)
-        ctx.ledger.append("pruned", wt_id, reason="directory gone; branch kept")
-        return {
-            "id": wt_id,
-            "action": "dropped-record",
-            "reason": "directory gone",
-            "branch_kept": branch,
-        }
-    users = processes_using(path)
-    if users:
-        raise DagrunnerError(
-            "in-use",
-            f"{wt_id} is in use by process(es) {users}",
-            exit_code=ExitCode.REFUSED,
-            details={"pids": users},
-            hint="stop those processes (or leave their directory) first",
-        )
+    if not path.is_dir() or half_removed(path):
+        return drop_gone(ctx, wt_id, state, force=force, target=target)
+    in_use(wt_id, path)
     info = _status(ctx, wt_id, state, target)
+    if not info.clean and not assume_landed and not info.operation_in_progress:
+        # a worker's uncommitted work the integrator landed (its state tree, as one commit)
+        on, why = state_integrated(path, state.base, state_tree(path), target)
+        if on and not info.unmerged:
+            assume_landed, info = True, dataclasses.replace(info, integrated_reason=why)
     landed = bool(info.integrated) or assume_landed
     problems = []
     if not info.clean and not assume_landed:
@@ -342,6 +310,15 @@ def prune(
                     cleanup_recorded(ctx, wt_id, state, force=False, target=goal, env=env)
                 continue
             info = _status(ctx, wt_id, state, goal)
+            if info.half_removed:
+                retained.append(
+                    {
+                        "id": wt_id,
+                        "reason": "half removed (its folder has no .git): "
+                        f"`dagrunner worktree cleanup {wt_id} --force` removes it",
+                    }
+                )
+                continue
             idle = cutoff is not None and dt.datetime.fromisoformat(state.last_activity) < cutoff
             reason = None
             if state.session:  # its worker may still be at it, landed or not
@@ -390,8 +367,8 @@ def prune(
 def _to_budget(
     ctx: Context, goal: str, env: Mapping[str, str], *, dry_run: bool
 ) -> list[dict[str, Any]]:
-    from dagrunner.worktrees.base import base_manifest
     from dagrunner.worktrees.disk import measure, spare
+    from dagrunner.worktrees.prepare import base_manifest
 
     manifest = base_manifest(ctx.info.root, f"refs/heads/{goal}")
     budget = manifest.worktrees.max_disk if manifest else None

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.git.command import git
+from dagrunner.manifest.load import DEFAULT_MANIFEST, STARTER_MANIFEST, Manifest, load_manifest
 from dagrunner.process import share, toolcaches
 from dagrunner.records.worktree import SeedUse
 from dagrunner.worktrees import seeds
@@ -117,3 +119,17 @@ def run_setup(
             details={"step": command, "output_tail": tail},
             hint="last output lines: " + (" | ".join(tail[-5:]) or "(none)"),
         )
+
+
+def base_manifest(repo: Path, base: str) -> Manifest | None:
+    """The manifest at ``base`` when it has a ``[worktrees]`` table (None otherwise)."""
+    for rel in (DEFAULT_MANIFEST, STARTER_MANIFEST):
+        shown = git(["show", f"{base}:{Path(rel).as_posix()}"], cwd=repo, check=False)
+        if shown.returncode == 0:
+            if b"worktrees" not in shown.stdout:  # most manifests: no parse on this path
+                return None
+            with tempfile.TemporaryDirectory(prefix="dagrunner-manifest-") as tmp:
+                path = Path(tmp) / Path(rel).name
+                path.write_bytes(shown.stdout)
+                return load_manifest(path)
+    return None
