@@ -282,4 +282,20 @@ def oracle(scenario: Scenario, repo: Path, root: Path, state: Path) -> list[str]
     allowed = {"docs"} if scenario.red and scenario.baseline == "differential" else set()
     if code not in (0, 1) or not summary.get("gates"):
         return [f"the oracle's release check exited {code}: {said[-1000:]}"]
-    return [f"the target's tip fails {sorted(failed - allowed)}"] if failed - allowed else []
+    if not failed - allowed:
+        return []
+    why = {  # what failed it, so that a finding that does not replay can still be read
+        g["id"]: f"{g.get('status')}: {g.get('reason')}"
+        for g in summary.get("gates", [])
+        if g["id"] in failed - allowed
+    }
+    run_dir = Path(str(summary.get("run_dir") or report))
+    logs = {gate: _tail(run_dir / "logs" / f"{gate}.log") for gate in failed - allowed}
+    return [f"the target's tip fails {sorted(failed - allowed)}: {why} {logs}"]
+
+
+def _tail(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")[-300:]
+    except OSError:
+        return "(no log)"

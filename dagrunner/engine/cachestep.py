@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
+
 from dagrunner.engine.cache import Store
 from dagrunner.engine.graph import Graph, spec
 from dagrunner.engine.inputs import Snapshot, take_snapshot
@@ -61,6 +63,7 @@ class RunCache:
         self.run_dir = run_dir
         self.read = read
         self.store = store or Store()
+        self.graph = graph
         self.snapshot_files = 0
         self.hashed_files = 0
         started = time.monotonic()
@@ -149,6 +152,8 @@ class RunCache:
         """A CACHED outcome with its proof when a passing entry has this gate's key (or,
         for a tree-scoped gate, its key for this exact tree); a :class:`Wait` when another
         run computes one of those keys now; None when this run must compute it."""
+        if not self.all_answered(gate):
+            return None  # what needs it will run, and may need what it leaves in the tree
         answered = self.from_landed(gate)
         if answered is not None:
             return answered
@@ -196,6 +201,23 @@ class RunCache:
             cache=proof,
             command=str(hit.result.get("command", "")),
         )
+
+    def all_answered(self, gate: str) -> bool:
+        """Whether every gate that needs ``gate`` (all the way down) has a pass to be
+        answered from: only then may ``gate`` be answered from one too.  A cached verdict
+        restores nothing a gate leaves in the tree (a build's ``dist/``), so a gate that
+        needs it and runs would run without it -- fail, or be judged on another tree."""
+        for later in nx.descendants(self.graph, gate):
+            parts = self.keys.get(later)
+            if not self.read or not isinstance(parts, KeyParts):
+                return False
+            scoped = self.scoped.get(later)
+            keys = [parts.key, *((scoped.own, *scoped.trusted) if scoped else ())]
+            landed = self.landed.proof.gates.get(later) if self.landed is not None else None
+            hit = any(self.store.lookup(k) is not None for k in keys)
+            if not hit and (landed is None or landed.key != parts.key):
+                return False
+        return True
 
     def from_landed(self, gate: str) -> Outcome | None:
         """A CACHED outcome when the verified landed proof holds this gate's key exactly."""
