@@ -78,8 +78,8 @@ def until(path: Path, seconds: float) -> bool:
     [
         ("run", signal.SIGTERM, 130),
         ("run", signal.SIGINT, 130),
-        ("serve", signal.SIGTERM, 0),
-        ("serve", signal.SIGINT, 0),
+        ("serve", signal.SIGTERM, 130),
+        ("serve", signal.SIGINT, 130),
     ],
 )
 def test_a_signal_to_the_process_group_requeues_what_is_in_flight(

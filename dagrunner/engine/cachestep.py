@@ -208,14 +208,16 @@ class RunCache:
         restores nothing a gate leaves in the tree (a build's ``dist/``), so a gate that
         needs it and runs would run without it -- fail, or be judged on another tree."""
         for later in nx.descendants(self.graph, gate):
+            proven = self.landed.proof.gates.get(later) if self.landed is not None else None
+            whole = self.all_keys.get(later)  # a landed proof's key (the whole tree's, too)
+            if proven is not None and isinstance(whole, KeyParts) and proven.key == whole.key:
+                continue
             parts = self.keys.get(later)
             if not self.read or not isinstance(parts, KeyParts):
                 return False
             scoped = self.scoped.get(later)
             keys = [parts.key, *((scoped.own, *scoped.trusted) if scoped else ())]
-            landed = self.landed.proof.gates.get(later) if self.landed is not None else None
-            hit = any(self.store.lookup(k) is not None for k in keys)
-            if not hit and (landed is None or landed.key != parts.key):
+            if not any(self.store.lookup(k) is not None for k in keys):
                 return False
         return True
 
