@@ -133,3 +133,37 @@ split = { files = ["*.txt"], shards = 2 }
     assert proofs.gaps(proofs.required(path), {"lint", "tests", "docs"}) == ("split",)
     assert proofs.gaps(proofs.required(path), {"lint", "docs", "split"}, {"tests"}) == ()
     assert proofs.required(None) == ("(no manifest)",)  # never built: can never land
+
+
+def test_a_cached_build_never_leaves_an_integration_trees_tests_without_its_output(
+    project: Path, tmp_path: Path
+) -> None:
+    """``build`` writes ``out/built.txt`` (untracked), which ``test`` (needing it) reads.
+    The second envelope changes only what ``test`` reads: ``build``'s pass of the first tree
+    has the very same key, but a cached pass restores nothing it left, and the integration
+    tree is clean -- so ``build`` runs again there, and the good envelope lands.  (On a real
+    yarn workspace a cached build left the tests without ``dist/``, and a broken test was
+    judged on that failure instead of its own.)"""
+    (project / "src").mkdir()
+    (project / "src" / "a.txt").write_text("built\n")
+    git(project, "add", "src")
+    git(project, "commit", "-q", "-m", "src")
+    body = """
+[gates.build]
+run = "mkdir -p out && cp src/a.txt out/built.txt"
+inputs = ["src/**"]
+
+[gates.test]
+run = "grep -q built out/built.txt"
+needs = ["build"]
+"""
+    path = manifest(tmp_path, body)
+    first = worker(project, "w1", lambda p: (p / "one.txt").write_text("one\n"))
+    submit(repo_info(project), [first])
+    assert integrate(repo=project, manifest=path, window=1, batch=1).ok
+    second = worker(project, "w2", lambda p: (p / "two.txt").write_text("two\n"))
+    submit(repo_info(project), [second])
+    result = integrate(repo=project, manifest=path, window=1, batch=1)
+    assert states(project) == {"w1": "landed", "w2": "landed"}
+    runs = sorted(Path(result.report_dir).glob("gates-*/gates/build.json"))
+    assert runs and all(orjson.loads(r.read_bytes())["status"] == "passed" for r in runs)

@@ -64,6 +64,7 @@ class RunCache:
         self.read = read
         self.store = store or Store()
         self.graph = graph
+        self.fresh = trusted is not None  # an integration tree: it holds nothing gates left
         self.snapshot_files = 0
         self.hashed_files = 0
         started = time.monotonic()
@@ -203,14 +204,16 @@ class RunCache:
         )
 
     def all_answered(self, gate: str) -> bool:
-        """Whether every gate that needs ``gate`` (all the way down) has a pass to be
-        answered from: only then may ``gate`` be answered from one too.  A cached verdict
-        restores nothing a gate leaves in the tree (a build's ``dist/``), so a gate that
-        needs it and runs would run without it -- fail, or be judged on another tree."""
+        """In an integration tree, whether all that needs ``gate`` (all the way down) has a
+        pass to be answered from; only then may ``gate`` be answered from one: a cached pass
+        restores nothing a gate left in the tree (a build's ``dist/``) for a gate that runs.
+        (A checkout keeps what its gates left: there it is answered as before.)"""
+        if not self.fresh:
+            return True
         for later in nx.descendants(self.graph, gate):
             proven = self.landed.proof.gates.get(later) if self.landed is not None else None
-            whole = self.all_keys.get(later)  # a landed proof's key (the whole tree's, too)
-            if proven is not None and isinstance(whole, KeyParts) and proven.key == whole.key:
+            whole = self.all_keys.get(later)  # a landed proof's key (the whole tree's too)
+            if proven and isinstance(whole, KeyParts) and proven.key == whole.key:
                 continue
             parts = self.keys.get(later)
             if not self.read or not isinstance(parts, KeyParts):
