@@ -178,3 +178,15 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def envelope(repo: Path, name: str) -> Path:
+    """A worker ``m/NAME`` that adds ``NAME.txt``, exported: its envelope's path."""
+    from dagrunner.worktrees import allocate as wt
+    from dagrunner.worktrees import export as exporting
+
+    path = Path(wt.allocate(mission="m", worker=name, repo=repo)["path"])
+    (path / f"{name}.txt").write_text(f"{name}\n")
+    out = path.parent / f"{name}.json"
+    exporting.export(f"m/{name}", output=out, repo=repo)
+    return out

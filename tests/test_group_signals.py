@@ -16,13 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CLI, commit_release_manifest
+from conftest import CLI, commit_release_manifest, envelope
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.queue import Queue
 from dagrunner.integration.submit import submit
-from dagrunner.worktrees import allocate as wt
-from dagrunner.worktrees import export as exporting
 
 # A git that holds its first ``apply`` until the test says go (or 20 s pass), then runs.
 # Python, not sh: a shell clears the signal mask it was started with, git and Python do not.
@@ -52,14 +50,6 @@ def slow_git(tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
     )
     script.chmod(0o755)
     return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}, marker, go
-
-
-def envelope(repo: Path, name: str) -> Path:
-    path = Path(wt.allocate(mission="m", worker=name, repo=repo)["path"])
-    (path / f"{name}.txt").write_text(f"{name}\n")
-    out = path.parent / f"{name}.json"
-    exporting.export(f"m/{name}", output=out, repo=repo)
-    return out
 
 
 def states(repo: Path) -> dict[str, str]:

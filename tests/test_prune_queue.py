@@ -17,22 +17,12 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import CLI, commit_release_manifest
+from conftest import CLI, commit_release_manifest, envelope
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.queue import Queue
 from dagrunner.integration.run import integrate, integrator_lock
 from dagrunner.integration.submit import submit
-from dagrunner.worktrees import allocate as wt
-from dagrunner.worktrees import export as exporting
-
-
-def envelope(repo: Path, name: str) -> Path:
-    path = Path(wt.allocate(mission="m", worker=name, repo=repo)["path"])
-    (path / f"{name}.txt").write_text(f"{name}\n")
-    out = path.parent / f"{name}.json"
-    exporting.export(f"m/{name}", output=out, repo=repo)
-    return out
 
 
 def cli(repo: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, Any]:
