@@ -65,6 +65,7 @@ class RunCache:
         self.store = store or Store()
         self.graph = graph
         self.fresh = trusted is not None  # an integration tree: it holds nothing gates left
+        self.has_pass: dict[str, bool] = {}  # key -> an entry (read once a run, not per gate)
         self.snapshot_files = 0
         self.hashed_files = 0
         started = time.monotonic()
@@ -161,10 +162,7 @@ class RunCache:
         parts = self.keys.get(gate)
         if not self.read or not isinstance(parts, KeyParts):
             return None
-        # this very tree; or the trusted head's own tree, judged while it was an
-        # envelope's (it has landed since, so its verdict is a trusted one)
-        scoped = self.scoped.get(gate)
-        keys = [parts.key, *((scoped.own, *scoped.trusted) if scoped else ())]
+        keys = self.answering(gate, parts)
         hit = next((h for h in map(self.store.lookup, keys) if h is not None), None)
         if hit is None:
             flights = self.flights
@@ -203,24 +201,26 @@ class RunCache:
             command=str(hit.result.get("command", "")),
         )
 
+    def answering(self, gate: str, parts: KeyParts) -> list[str]:  # its, this tree's, the head's
+        scoped = self.scoped.get(gate)
+        return [parts.key, *((scoped.own, *scoped.trusted) if scoped else ())]
+
     def all_answered(self, gate: str) -> bool:
-        """In an integration tree, whether all that needs ``gate`` (all the way down) has a
-        pass to be answered from; only then may ``gate`` be answered from one: a cached pass
-        restores nothing a gate left in the tree (a build's ``dist/``) for a gate that runs.
-        (A checkout keeps what its gates left: there it is answered as before.)"""
-        if not self.fresh:
-            return True
-        for later in nx.descendants(self.graph, gate):
+        """In an integration tree (a checkout keeps what gates left), whether all that needs
+        ``gate`` has a pass: a cached pass restores no ``dist/`` for a gate that runs."""
+        for later in nx.descendants(self.graph, gate) if self.fresh else ():
             proven = self.landed.proof.gates.get(later) if self.landed is not None else None
             whole = self.all_keys.get(later)  # a landed proof's key (the whole tree's too)
             if proven and isinstance(whole, KeyParts) and proven.key == whole.key:
                 continue
-            parts = self.keys.get(later)
-            if not self.read or not isinstance(parts, KeyParts):
+            if not self.read or not isinstance(parts := self.keys.get(later), KeyParts):
                 return False
-            scoped = self.scoped.get(later)
-            keys = [parts.key, *((scoped.own, *scoped.trusted) if scoped else ())]
-            if not any(self.store.lookup(k) is not None for k in keys):
+            for key in self.answering(later, parts):  # each entry read once a run
+                if key not in self.has_pass:
+                    self.has_pass[key] = self.store.lookup(key) is not None
+                if self.has_pass[key]:
+                    break
+            else:
                 return False
         return True
 
