@@ -62,15 +62,20 @@ def test_auto_batches_grow_while_they_pass(project: Path, tmp_path: Path) -> Non
     assert_every_landing_was_gated(project, base, tmp_path)
 
 
-def test_auto_batches_shrink_on_a_culprit_and_only_it_fails(project: Path, tmp_path: Path) -> None:
+def test_auto_batches_shrink_on_culprits_and_only_they_fail(project: Path, tmp_path: Path) -> None:
+    """Three culprits among the first four: after two, the rate of culprits among the
+    envelopes judged (with its prior of one in eight) is over a fifth, and generalized
+    binary splitting's batch for it is 2; it grows again as the rest land."""
     base = git(project, "rev-parse", "main").strip()
-    submit(repo_info(project), numbered(project, 12, bad={2}))
+    submit(repo_info(project), breaking(project, 20, dict.fromkeys((2, 3, 4), "BROKEN\n")))
     result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.05), window=1)
     final = states(project)
-    assert final.pop("n02") == "gates-failed" and set(final.values()) == {"landed"}
+    assert result.batches[0] == 4 and min(result.batches) <= 2, result.batches
+    assert final.pop("n02") == final.pop("n03") == final.pop("n04") == "gates-failed", final
+    assert set(final.values()) == {"landed"}, final
     said = batch_events(project)
-    assert any(n.startswith("batch size 2: shrank: 0 of the last 1") for n in said), said
-    assert result.confirm_runs == 1  # confirmed once, where it is blamed
+    assert "batch size 2: shrank: 2 culprits among the last 3 envelopes judged" in said, said
+    assert any(n.startswith("batch size 4: grew: 3 culprits among the last") for n in said), said
     assert_every_landing_was_gated(project, base, tmp_path)
 
 

@@ -2,12 +2,14 @@
 and how many envelopes one item gates together (``Sizer``).
 
 ``--batch N`` (or ``[integrate] batch = N``) fixes it.  ``auto``, the default, sizes each
-batch from the queue's recent outcomes: it starts at ``FIRST``, doubles while the recent
-batches pass (at least ``GROW_AT`` of the last ``RECENT`` of them) and halves on a failure
-when fewer than ``SHRINK_BELOW`` of them passed, between 1 and ``MOST``.  A batch that
-fails is split at once (``pieces``): what its failure names first, then the rest of it, else
-it is halved; the pieces' outcomes do not count here (they say where the culprit is, not how
-often batches fail).
+batch by generalized binary splitting (Hwang): from the rate of culprits among the last
+``RECENT`` envelopes the queue judged (a prior of one in ``PRIOR_SEEN``), the largest power
+of two at most (1 - rate) / rate, between 1 and ``MOST``: a first batch of ``FIRST``, 8
+after 4 landed, 16 after 12; about 16 at one culprit in 20.  A batch that fails is split
+at once (``pieces``): what its failure names first, then the rest of it, else it is halved,
+and nothing queued behind the halves is gated until the culprit is found (its trees would
+hold it).  Finding d culprits among n this way costs about d*log2(n/d) + 2d runs, a
+confirmation each included (docs/integration.md).
 
 What a failure names (``named``): the envelopes of the batch whose changed paths its failing
 gates' log tails or failed test cases mention.  Runners name the file they failed in (a
@@ -27,6 +29,7 @@ the first envelope of the batch it sized (``Intake.next``).
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,12 +49,12 @@ if TYPE_CHECKING:
     from dagrunner.envelope import Envelope
     from dagrunner.integration.needs import Batch, IntegratorLike
 
-FIRST = 4  # the first batch of an auto-sized run
+FIRST = 4  # the first batch of an auto-sized run: ``group_size`` of the prior's rate
 MOST = 32  # the auto size's ceiling
-RECENT = 5  # batches looked back on
-GROW_AT = 0.8  # grow while at least this share of them passed
-SHRINK_BELOW = 0.6  # shrink on a failure when fewer than this share passed
+RECENT = 64  # envelopes judged, looked back on
+PRIOR_SEEN = 8  # the rate's prior: one culprit in this many envelopes (a first batch of 4)
 NAMES_READ = 64 * 1024  # of each failing gate's log, its end: where runners say what failed
+SPLITS = itertools.count(1)  # the number the halves of one anonymous split share
 
 
 def named(envelopes: Sequence[Envelope], record: RunRecord, run_dir: Path) -> frozenset[str]:
@@ -102,18 +105,40 @@ def pieces(item: Item) -> list[Item]:
     """A failed batch split in two: what its failure named (``Item.named``), gated on the
     batch's base alone and expected to fail (``Item.rest``: the rest, built without it), then
     the rest; or, naming none, its halves, the second on the first (where, the first
-    passing, its tree is the failed batch's: known failed).  The named piece goes first, never
-    behind the rest: its tree then holds no envelope queued after it, so none of those can
-    make it fail and get it blamed."""
+    passing, its tree is the failed batch's: known failed, no run).  The named piece goes
+    first, never behind the rest: its tree then holds no envelope queued after it, so none
+    of those can make it fail and get it blamed.
+
+    Halves share a number (``Item.halves``): the culprit is among them, so nothing behind
+    them is gated until one is decided (``Pipeline.narrowing``).  A pair is gated as a
+    named piece and its rest are, each on the batch's base, side by side: when the first
+    fails and the second passes, the pair's failure is the first's confirmation
+    (``corroborated``), a run fewer; when the first passes, the second is rebuilt on it:
+    its tree is the pair's, known failed."""
     first = [e for e in item.envelopes if e.id in item.named]
     rest = [e for e in item.envelopes if e.id not in item.named]
-    if not first or not rest:
+    halved = not first or not rest
+    if halved:
         half = len(item.envelopes) // 2
         first, rest = item.envelopes[:half], item.envelopes[half:]
     pieces = [Item(first, priority=item.priority), Item(rest, priority=item.priority)]
-    if item.named:
+    if item.named or len(item.envelopes) == 2:
         pieces[0].rest, pieces[0].batch_failing = pieces[1], item.failing
+    pieces[0].by_name = not halved
+    if halved:
+        pieces[0].halves = pieces[1].halves = next(SPLITS)
     return pieces
+
+
+def narrowing(ahead: list[Item], item: Item) -> bool:
+    """Halves of a batch whose failure named nothing are ``ahead`` of ``item`` (not its own
+    siblings), none decided yet: the culprit is among them, so ``item``'s tree would most
+    likely hold it.  It waits rather than spend a run on that; the slots go to the halves."""
+    undecided = (Stage.WAITING, Stage.BUILT, Stage.GATING)
+    return item.stage in (Stage.WAITING, Stage.BUILT) and any(
+        x.halves and x.halves != item.halves and x.stage in undecided and not x.suspected
+        for x in ahead
+    )
 
 
 def corroborated(item: Item, items: list[Item]) -> bool | None:
@@ -143,7 +168,6 @@ def coalesce(items: list[Item], start: int, size: int) -> None:
             and len(item.envelopes) + len(after.envelopes) <= most
         ):
             item.envelopes += after.envelopes
-            item.fresh = item.fresh and after.fresh
             del items[index + 1]
         else:
             index += 1
@@ -156,13 +180,24 @@ def resolve(given: Batch, manifest: int | None) -> int | None:
     return given if given is not None else manifest
 
 
+def group_size(rate: float) -> int:
+    """Generalized binary splitting's group for a culprit rate: the largest power of two at
+    most (1 - rate) / rate (Hwang), so that a batch holds about one culprit when it fails:
+    a passing one lands that many at one run, a failing one costs its bisection."""
+    ratio = int((1 - rate) / rate + 1e-9) if rate > 0 else MOST
+    return max(1, min(MOST, 1 << max(0, ratio.bit_length() - 1)))
+
+
 @dataclass
 class Sizer:
-    """The batch size for the next item, from how the recent batches ended."""
+    """The batch size for the next item, from the rate of culprits among the envelopes the
+    queue judged lately (``judged``): generalized binary splitting's group (``group_size``),
+    the rate read with a prior of one culprit in ``PRIOR_SEEN`` envelopes, which sizes the
+    first batch at ``FIRST``."""
 
     fixed: int | None = None  # --batch N: always this
     size: int = FIRST
-    recent: deque[bool] = field(default_factory=lambda: deque(maxlen=RECENT))
+    recent: deque[bool] = field(default_factory=lambda: deque(maxlen=RECENT))  # per envelope
     said: int = 0  # the size the journal was last told of (0: none yet)
     why: str = "the first batch of the run"
 
@@ -170,17 +205,19 @@ class Sizer:
         if self.fixed is not None:
             self.size, self.why = self.fixed, "fixed by --batch or [integrate] batch"
 
-    def outcome(self, passed: bool) -> None:
-        """A batch admitted from the queue passed, or failed (once: not its halves)."""
+    def judged(self, landed: int = 0, blamed: int = 0, *, named: bool = False) -> None:
+        """Envelopes landed, or blamed (a culprit, confirmed): the rate, and the size.  A
+        culprit its batch's failure named counts as landed: it cost the same few runs
+        whatever the size of its batch, and a batch need not shrink for it."""
         if self.fixed is not None:
             return
-        self.recent.append(passed)
-        share = sum(self.recent) / len(self.recent)
-        tally = f"{sum(self.recent)} of the last {len(self.recent)} batches passed"
-        if passed and share >= GROW_AT and self.size < MOST:
-            self.size, self.why = min(MOST, self.size * 2), f"grew: {tally}"
-        elif not passed and share < SHRINK_BELOW and self.size > 1:
-            self.size, self.why = max(1, self.size // 2), f"shrank: {tally}"
+        landed, blamed = (landed + blamed, 0) if named else (landed, blamed)
+        self.recent.extend([True] * landed + [False] * blamed)
+        culprits = self.recent.count(False)
+        size = group_size((culprits + 1) / (len(self.recent) + PRIOR_SEEN))
+        if size != self.size:
+            tally = f"{culprits} culprits among the last {len(self.recent)} envelopes judged"
+            self.size, self.why = size, f"{'grew' if size > self.size else 'shrank'}: {tally}"
 
     def decided(self, admitted: int) -> str | None:
         """The reason to journal for a batch of ``admitted`` envelopes, when the size changed
@@ -256,7 +293,6 @@ class Intake:
             item = self.admit(same, fresh[0][1], self.sizer.size)
             if item is None:
                 continue
-            item.fresh = True
             tally.batches.append(len(item.envelopes))
             if why := self.sizer.decided(len(item.envelopes)):
                 self.it.queue.record(

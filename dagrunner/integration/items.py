@@ -67,7 +67,6 @@ class Item:
     proven: Mapping[str, GateProof] = field(default_factory=dict)  # its landed proof's gates
     priority: int = 0  # its envelopes' (``--priority``; queue.URGENT pre-empts)
     tree: str = ""  # its commit's tree: a tree that failed once in the run is not gated again
-    fresh: bool = False  # a batch as admitted from the queue (not a half of a failed one)
     # suspects and deferred items ahead (``id``) its base leaves out: expected not to land
     excludes: frozenset[int] = frozenset()
     deferred: list[Envelope] = field(default_factory=list)  # of its batch, not applied here
@@ -82,6 +81,10 @@ class Item:
     # of its batch, gated without it, and the gates the batch failed
     rest: Item | None = None
     batch_failing: tuple[str, ...] = ()
+    # the halves of a batch whose failure named nothing share a number (0: not such a half):
+    # until one of them is decided, the culprit is among them, and nothing behind is gated
+    halves: int = 0
+    by_name: bool = False  # the piece of its batch that the batch's failure named
 
     @property
     def suspected(self) -> bool:

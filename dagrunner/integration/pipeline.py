@@ -6,8 +6,8 @@ speculative head "target + every item ahead of it still expected to land", gated
 under one governor, and landed in queue order by compare-and-swap when all ahead passed.
 
 - A failed batch is split where it stands, at once (``batching.pieces``): what its failure
-  names first, the rest built without it; else halves, where a tree that failed once in the
-  run is not gated again (the second half, on the first, is that tree).
+  names first, the rest built without it; else halves, nothing behind gated meanwhile, where
+  a tree that failed once in the run is not gated again (the second half, on the first).
 - One envelope that fails is a suspect: what is behind it is built without it, and every
   gate without a pass on its tree is re-run there once every item ahead passed
   (``confirm_failures``).  All passing marks the failed ones ``flaky``; a confirmed failure
@@ -173,6 +173,8 @@ class Pipeline:
                     return
                 self.items.append(admitted)
             item = self.items[position]
+            if batching.narrowing(self.items[:position], item):
+                return  # its tree would hold a culprit not found yet: gated once it is
             if item.stage is Stage.WAITING:
                 built = await self.build(item, position)
                 if built == "gone":
@@ -313,8 +315,6 @@ class Pipeline:
                 why = "rebuilt on a flake" if done.confirm else f"rebuilt on {item.ids[0]}+"
                 self.reset_from(self.items.index(item) + 1, cause=None, why=why)
             item.stage = Stage.PASSED
-            if item.fresh:
-                self.sizer.outcome(True)
             return
         if done.tree:
             self.failed_trees[done.tree] = (done.failing, done.report)
@@ -340,8 +340,6 @@ class Pipeline:
             self.confirm_next()
             return
         item.stage = Stage.FAILED
-        if item.fresh:
-            self.sizer.outcome(False)
         if not inferred:  # a run failed: fewer trees at once until they pass again
             self.window = max(min(WINDOW_FLOOR, self.ceiling), self.window // 2)
         if len(item.envelopes) > 1:
@@ -417,6 +415,7 @@ class Pipeline:
         """A confirmed failure at the front: judge the one envelope (a batch was split)."""
         self.items.pop(0)
         (envelope,) = front.envelopes
+        self.sizer.judged(blamed=1, named=front.by_name)
         tests = front.new_failures or None
         details = Details(failed_gates=front.failing, report=front.report, failed_tests=tests)
         self.it.finish(envelope.id, EnvelopeState.GATES_FAILED, details)
@@ -429,6 +428,7 @@ class Pipeline:
         outcome = await trio.to_thread.run_sync(self.trees.land, front)
         if outcome is LandOutcome.LANDED:
             self.baseline.landed(front.commit, front.failures)
+            self.sizer.judged(landed=len(front.envelopes))
             self.items.pop(0)
             self.head, self.moves = front.commit, 0
             self.baseline.announce(front.ids[0], EnvelopeState.LANDED, self.head)

@@ -1,0 +1,126 @@
+"""What finding the culprits of a failed batch costs, counted in gate runs, for failures
+that name the culprit's file and failures that name nothing (on real repositories and
+gate processes), and the batch sizes of generalized binary splitting that bring the
+second near the bound of adaptive group testing: about d*log2(n/d) + d runs for d
+culprits among n, plus one confirmation each."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from conftest import git
+from test_integration import states
+from test_pipeline import recording
+from test_queue_volume import assert_every_landing_was_gated, breaking, naming_gate
+
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.batching import FIRST, Sizer, group_size
+from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
+from dagrunner.records.integration import Speculation
+
+
+def anonymous_gate(tmp: Path) -> Path:
+    """Fails on BROKEN and says nothing of where: a crash, an exit 1."""
+    return recording(tmp, "! grep -rq BROKEN --include=*.txt .", before="sleep 0.1; ")
+
+
+def halving(n: int, d: int) -> int:
+    """Runs to find d culprits in one failed batch of n by halving: the batch's, one per
+    level down to each culprit, one confirmation each (none when its pair's other half
+    passed beside it: the pair's failure corroborates), and one run of what is left after
+    each: about log2(n) + 2 per culprit, where generalized binary splitting's batches of
+    about n/d take log2(n/d) + 2 (``batching.group_size`` sizes batches so)."""
+    return (d + 1) + d * (math.ceil(math.log2(n)) + 1)
+
+
+def naming(d: int) -> int:
+    """Runs for d culprits that a failure names, whatever n: the batch's; per culprit its
+    own, its confirmation (or the run of the rest beside it, which corroborates it) and a
+    run of the rest built again behind it; and the last rest's."""
+    return 2 + 3 * d
+
+
+def spent_behind(pipeline: list[Speculation], culprits: set[str]) -> list[Speculation]:
+    """Failed runs of items holding no culprit: they failed only for one ahead of them in
+    their tree (a speculation on a culprit not found yet), a run spent for nothing."""
+    return [
+        run
+        for run in pipeline
+        if str(run.verdict) == "failed" and not {e.split(".")[1] for e in run.envelopes} & culprits
+    ]
+
+
+def trace(pipeline: list[Speculation]) -> str:
+    """The runs, one a line: which envelopes, on which head, how it ended."""
+    return "\n".join(
+        f"{r.envelopes[0].split('.')[1]}..{r.envelopes[-1].split('.')[1]} {r.verdict}"
+        f"{' (confirm)' if r.confirm else ''}"
+        for r in pipeline
+        if r.envelopes
+    )
+
+
+@pytest.mark.parametrize(
+    ("n", "bad", "named"),
+    [
+        (16, {11}, False),
+        (24, {5, 18}, False),
+        (16, {4, 13}, True),
+    ],
+    ids=["16-1-anonymous", "24-2-anonymous", "16-2-named"],
+)
+def test_culprits_are_found_within_the_bound(
+    project: Path, tmp_path: Path, n: int, bad: set[int], named: bool
+) -> None:
+    base = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), breaking(project, n, dict.fromkeys(bad, "BROKEN\n")))
+    gate = naming_gate(tmp_path, "-n") if named else anonymous_gate(tmp_path)
+    result = integrate(repo=project, manifest=gate, batch=n, window=2)
+    final = states(project)
+    culprits = {f"n{i:02d}" for i in bad}
+    assert {k for k, v in final.items() if v == "gates-failed"} == culprits, final
+    assert {v for k, v in final.items() if k not in culprits} == {"landed"}, final
+    runs = len([r for r in result.pipeline if r.envelopes])  # not the target head's own
+    # one run of the whole batch, then the narrowing: never more than the bound
+    assert runs <= (naming(len(bad)) if named else halving(n, len(bad))), trace(result.pipeline)
+    if not named:  # nothing behind an unlocated culprit is gated: it would fail with it
+        wasted = spent_behind(result.pipeline, culprits)
+        assert wasted == [], [r.to_json() for r in wasted]
+    assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_batches_are_sized_by_generalized_binary_splitting() -> None:
+    """Sizes from the rate of culprits among the envelopes judged: 4 at the start (the
+    prior: one in 8), doubling as batches land, 8 again after a culprit found by halving
+    among 16; a culprit its failure named shrinks nothing (it costs the same few runs in
+    a batch of any size)."""
+    assert [group_size(r) for r in (1 / 8, 1 / 12, 1 / 20, 1 / 36, 1 / 2, 0.9)] == [
+        4,
+        8,
+        16,
+        32,
+        1,
+        1,
+    ]
+    sizer = Sizer()
+    seen = [sizer.size]
+    for landed in (4, 8, 16):
+        sizer.judged(landed=landed)
+        seen.append(sizer.size)
+    assert seen == [FIRST, 8, 16, 32]
+    named = Sizer()
+    named.judged(landed=15)
+    named.judged(blamed=1, named=True)
+    assert named.size == 16
+    halved = Sizer()
+    halved.judged(landed=15)
+    halved.judged(blamed=1)
+    assert (
+        halved.size == 8 and halved.why == "shrank: 1 culprits among the last 16 envelopes judged"
+    )
+    fixed = Sizer(fixed=3)
+    fixed.judged(blamed=5)
+    assert fixed.size == 3
