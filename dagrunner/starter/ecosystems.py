@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import replace
 
 from dagrunner.starter.checks import WHOLE, Check
-from dagrunner.starter.python import junit_file
+from dagrunner.starter.jsrunners import runner_junit
 from dagrunner.starter.readers import Project
 
 CHECK_SCRIPTS = {  # package.json script / Makefile target -> its concern
@@ -150,7 +149,7 @@ def package_json(
             id=gate,
             concern=f"js:{concern}",
             run=(manager, "run", script),
-            source=f"package.json scripts.{script} ({manager}: {_lock_for(manager)})",
+            source=f"package.json scripts.{script} ({manager}: {_lock_for(project, manager)})",
             # a script's tools read what their own configs say (eslint plugins lint markdown,
             # .eslintrc*, ignore files): only the whole tree keys it safely
             inputs=WHOLE,
@@ -160,7 +159,7 @@ def package_json(
             commands=(_words(text),),
             runner=True,
         )
-        found.append(_node_test(project, check, text))
+        found.append(runner_junit(project, check, text, manager))
     return found + _ci_programs(project, manager, by_ci - set(scripts), ci_lines)
 
 
@@ -184,31 +183,13 @@ def _ci_programs(
                 concern=f"js:{concern}",
                 run=words,
                 source=f"`{' '.join(words)}` in CI (node_modules/.bin/{name}; {manager}: "
-                f"{_lock_for(manager)})",
+                f"{_lock_for(project, manager)})",
                 inputs=WHOLE,
                 tools=("node --version", f"{manager} --version"),
                 memory=memory_of(concern, name, {}),
             )
         )
     return found
-
-
-def _node_test(project: Project, check: Check, script: str) -> Check:
-    """A script that is node's own test runner runs it directly, with a JUnit report beside
-    the spec output on stdout (appending to ``npm run`` would put options after files)."""
-    words = _words(script)
-    if words[:2] != ("node", "--test") or any(re.search(r"[;&|<>$`]", w) for w in words):
-        return check
-    path, note = junit_file(project, check.id)
-    reporters = (
-        *("--test-reporter=spec", "--test-reporter-destination=stdout"),
-        *("--test-reporter=junit", f"--test-reporter-destination={path}"),
-    )
-    # node does not make the report's folder (ENOENT), so a shell makes it first.
-    node = shlex.join(("node", "--test", *reporters, *words[2:]))
-    run = ("sh", "-c", f"mkdir -p {shlex.quote(path.rpartition('/')[0])} && exec {node}")
-    source = f"{check.source.partition(' (')[0]} (node --test, run directly for its JUnit file)"
-    return replace(check, run=run, source=source, junit=path, note=note, program="node")
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -218,8 +199,10 @@ def _words(text: str) -> tuple[str, ...]:
         return tuple(text.split())
 
 
-def _lock_for(manager: str) -> str:
-    return next((lock for lock, pm in LOCKFILES if pm == manager), "no lockfile")
+def _lock_for(project: Project, manager: str) -> str:
+    """The lockfile ``manager`` reads, when the project has one."""
+    found = (lock for lock, pm in LOCKFILES if pm == manager and project.is_file(lock))
+    return next(found, "no lockfile")
 
 
 def makefile(project: Project) -> list[Check]:
