@@ -272,6 +272,8 @@ def speed_lines(speed: Speed, waits: list[float]) -> list[str]:
 
 def _failed_tests(gate: GateResult, most: int = 10) -> list[str]:
     """The failed test cases of a gate that wrote a JUnit file: read before its log."""
+    from dagrunner.records.failures import case_name
+
     tests = gate.tests
     if tests is None:
         return []
@@ -281,10 +283,8 @@ def _failed_tests(gate: GateResult, most: int = 10) -> list[str]:
     counted = f"{len(failed)} of {tests.tests}" if tests.source == "junit" else "from its output"
     lines = [f"    failed tests ({counted}):"] if failed else []
     for case in failed[:most]:
-        where = f"{case.suite}::{case.name}" if case.suite else case.name
-        lines.append(
-            f"      {where}: {case.message.splitlines()[0] if case.message else case.outcome}"[:300]
-        )
+        said = case.message.splitlines()[0] if case.message else case.outcome
+        lines.append(f"      {case_name(case)}: {said}"[:300])
     if len(failed) > most:
         lines.append(f"      ... and {len(failed) - most} more (junit.xml, the report)")
     return lines
