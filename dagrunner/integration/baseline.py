@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import trio
 
+from dagrunner.git.command import git
 from dagrunner.integration.items import Finished, Item
 from dagrunner.integration.queue import Queue
 from dagrunner.records.failures import WHOLE, Failures, named
@@ -59,6 +61,9 @@ class Baseline:
         said = red_targets(queue).get(target, {}) if queue is not None else {}
         self.red_since: str = said.get("since") or ""
         self.red: tuple[str, ...] = tuple(said.get("fails", ()))  # what it failed, last said
+        self.said: str = said.get("said") or ""  # the line last said, and of which head
+        self.said_at: str = said.get("head") or ""
+        self.last_item = ""  # the item the colour was last said on
         self.tally.target_red = self.red
 
     async def of(self, head: str, gates: tuple[str, ...] = ()) -> Failures:
@@ -153,19 +158,32 @@ class Baseline:
     def announce(self, item: str, state: EnvelopeState, head: str) -> None:
         """A change of colour at ``head`` journaled on ``item``'s line (``colour``), and
         what the target fails now in the tally (() when it turned green)."""
+        self.last_item = item
         news = self.colour(head)
         if news is None or self.queue is None:
             return
-        event, failures = news
-        fails = failures.names()
+        self.say(item, state, head, *news)
+
+    def say(self, item: str, state: EnvelopeState, head: str, event: str, seen: Failures) -> None:
+        """Journal the colour ``head`` is (``event``) on ``item``'s line: what it fails, since
+        when, the line said, and of which head (``integrate status`` shows it while the
+        target's head is that one)."""
+        fails = seen.names()
         note = self.line(fails) if fails else f"on {head}"
-        self.queue.record(
-            item,
-            state,
-            Details(target_red=fails, red_since=self.red_since or None, note=note),
-            event=event,
-        )
+        said = Details(target_red=fails, red_since=self.red_since or None, note=note, head=head)
+        if self.queue is not None:
+            self.queue.record(item, state, said, event=event)
+        self.said, self.said_at = (note, head) if fails else ("", "")
         self.tally.target_red = fails
+
+    def settle(self, head: str) -> None:
+        """At a run's end: the colour of the target's ``head`` said again when what was last
+        said is of another head (items landed on a red target since), so that ``integrate
+        status`` says the current one."""
+        seen = self.known.get(head)
+        if seen is None or not seen.gates or self.said_at in ("", head) or not self.last_item:
+            return
+        self.say(self.last_item, EnvelopeState.GATING, head, "target-red", seen)
 
     def line(self, fails: tuple[str, ...]) -> str:
         """The one line a red target is said in: what it fails, and what that means."""
@@ -186,6 +204,8 @@ class Baseline:
         if seen.gates and not self.red_since:
             self.red_since = head
             return "target-red", seen
+        if seen.gates and self.line(seen.names()) != self.said:
+            return "target-red", seen  # what it fails, or what that means here, changed
         if not seen.gates and self.red_since:
             self.red_since = ""
             return "target-green", seen
@@ -194,5 +214,19 @@ class Baseline:
 
 def red_targets(queue: Queue) -> dict[str, dict[str, Any]]:
     """Each target last said red (``target-red``, not ``target-green`` since): what it fails
-    and since which head (``integrate status``; the next run starts from it)."""
+    and since which head (the next run starts from it)."""
     return queue.index().red_targets()
+
+
+def red_now(queue: Queue, root: Path) -> dict[str, dict[str, Any]]:
+    """What ``integrate status`` says: each target last said red whose head is still the
+    one it was said of (a line of an older head is stale: the target moved since, by a
+    landing or by hand, and its colour there is not known)."""
+    shown = {}
+    for goal, red in red_targets(queue).items():
+        said = red.get("head")
+        ref = f"refs/heads/{goal}"
+        head = git(["rev-parse", "--verify", "-q", ref], cwd=root, check=False).text
+        if not said or said == head:
+            shown[goal] = red
+    return shown

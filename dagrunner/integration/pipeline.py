@@ -129,6 +129,7 @@ class Pipeline:
                 nursery.cancel_scope.cancel()
         self.intake.requeue(self.items, self.tally)
         self.tally.held = [i for item in self.held for i in item.ids]
+        self.baseline.settle(self.head)
         if self.tally.target_red:
             self.tally.warnings.append(self.baseline.line(self.tally.target_red))
         self.tally.warnings.extend(self.trees.warnings)
