@@ -297,8 +297,10 @@ def failure_tails(
     would bring it; a host it could not reach), the last lines of its log, and the log's
     path -- what an engineer reads first, like pytest's short summary.  ``checkout``: the
     caller's (default: where dagrunner runs), where a missing program may be found."""
-    from dagrunner.report.diagnose import diagnose
+    from dagrunner.report.diagnose import diagnose, network_marked
 
+    said_in = record.manifest.get("path") if isinstance(record.manifest, dict) else None
+    marked = network_marked(Path(said_in)) if isinstance(said_in, str) else frozenset()
     lines: list[str] = []
     for gate in failures_first(record.gates):
         if gate.status not in (Status.FAILED, Status.TIMED_OUT) or not gate.attempts:
@@ -308,7 +310,9 @@ def failure_tails(
         tail = [line for line in text.splitlines() if not line.startswith("[dagrunner: ")]
         lines.append("")
         header = f"--- {gate.id} ({gate.status}): {gate.reason}"
-        if said := diagnose(text, gate.attempts[-1].exit_code, checkout or Path.cwd()):
+        on = gate.shard_of or gate.id
+        where = checkout or Path.cwd()
+        if said := diagnose(text, gate.exit_code, where, marked=on in marked):
             header += f"; {said}"
         lines.append(header)
         lines += _failed_tests(gate)
