@@ -725,6 +725,32 @@ def test_a_hooks_pinned_tool_is_said_and_goes_into_the_seed(
     assert seed["build"].endswith("pytest==8.3.5 ruff==0.15.22"), seed
 
 
+def test_a_commented_gate_in_a_hooks_stead_says_to_install_what_the_hook_installs(
+    repo: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found on a real project: the types gate, written commented out (mypy missing here),
+    said "install it (python -m pip install mypy), then uncomment"; the hook's mypy type-
+    checks against its ``additional_dependencies`` (the next line named them): so installed,
+    the gate was red locally and green in the queue, whose seed installs them."""
+    python_project(repo)
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: https://github.com/pre-commit/mirrors-mypy\n  rev: v1.13.0\n"
+        "  hooks:\n  - id: mypy\n    additional_dependencies: [types-requests, 'attrs>=23']\n"
+    )
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for name in ("git", "ruff", "python3"):
+        (bare / name).symlink_to(shutil.which(name) or sys.executable)
+    monkeypatch.setenv("PATH", str(bare))
+    out = repo / "m.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0 and gates_of(body)["types"]["commented_out"] is True, body
+    text = out.read_text()
+    wanted = "python -m pip install 'mypy==1.13.0' 'types-requests' 'attrs>=23'"
+    assert f"# `mypy` is not on PATH here: install it ({wanted}), then uncomment" in text, text
+    assert "(pip install 'mypy==1.13.0' 'types-requests' 'attrs>=23', in your" in text, text
+
+
 def test_a_venv_ignored_only_by_its_own_gitignore_is_no_active_seed(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

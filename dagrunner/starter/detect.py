@@ -12,6 +12,7 @@ left out is listed as skipped with the reason.
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
@@ -251,10 +252,12 @@ def _pre_commit_overlap(
             if needs and "==" in needs[0]:  # another version finds other faults (or misses)
                 extra += needs[:1] if len(needs) == 1 else []
                 notes_here.append(
-                    f"the hook runs {needs[0]}: install it (pip install '{needs[0]}', in "
-                    "your checkout's venv if it has one; a venv seed's build installs it for "
-                    "worktrees), or this gate and the hook may disagree"
+                    f"the hook runs {needs[0]}: install it (pip install {pip_words(needs)}, "
+                    "in your checkout's venv if it has one; a venv seed's build installs it "
+                    "for worktrees), or this gate and the hook may disagree"
                 )
+            if needs:  # what to install, as the seed does: else red here, green in the queue
+                check = replace(check, install=needs)
             same_hooks = [h for h in listed if HOOK_TOOLS.get(h) == same]
             found = replay(settings, hook) if len(same_hooks) == 1 else None
             if found is None or not found.run:
@@ -289,6 +292,11 @@ def _pre_commit_overlap(
     env = (("SKIP", ",".join(skip)),)
     kept = [replace(c, env_set=env) if c.id == "pre-commit" else c for c in kept]
     return kept, notes, tuple(extra)
+
+
+def pip_words(requirements: Iterable[str]) -> str:
+    """``requirements`` as pip's words for a shell, each quoted (``'attrs>=23'``)."""
+    return " ".join(f"'{r}'" if "'" not in r else shlex.quote(r) for r in requirements)
 
 
 def _env_pass(languages: Iterable[str]) -> tuple[str, ...]:
