@@ -751,6 +751,32 @@ def test_a_commented_gate_in_a_hooks_stead_says_to_install_what_the_hook_install
     assert "(pip install 'mypy==1.13.0' 'types-requests' 'attrs>=23', in your" in text, text
 
 
+def test_cis_coverage_gates_are_never_dropped_unsaid(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real nox library: CI's ``coverage report --fail-under=100`` was neither a
+    gate nor listed among what init left out.  A coverage threshold a gate already runs
+    (a tox env's ``--cov-fail-under``) is not listed."""
+    python_project(repo)
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  t:\n    steps:\n    - run: python -m pytest --cov --cov-fail-under=95\n"
+        "  c:\n    steps:\n    - run: |\n        coverage combine\n"
+        "        coverage report --fail-under=100 --show-missing\n"
+    )
+    why = {s["id"]: s for s in dry(capsys, repo)["skipped"]}
+    report = why["ci: coverage report --fail-under=100"]
+    assert report["source"] == ".github/workflows/ci.yml", report
+    assert "the coverage data earlier CI steps collected" in report["why"], report
+    threshold = why["ci: --cov-fail-under=95"]
+    assert "gate 'tests' runs pytest without it" in threshold["why"], threshold
+    (repo / "tox.ini").write_text(
+        "[tox]\nenvlist = py\n[testenv]\ncommands = pytest --cov --cov-fail-under=95\n"
+    )
+    why = {s["id"]: s for s in dry(capsys, repo)["skipped"]}
+    assert "ci: --cov-fail-under=95" not in why and "ci: coverage report --fail-under=100" in why
+
+
 def test_a_venv_ignored_only_by_its_own_gitignore_is_no_active_seed(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dagrunner.starter import network
 from dagrunner.starter.checks import WHOLE, Check, Found, Skipped
-from dagrunner.starter.ci import ci
+from dagrunner.starter.ci import Ci, ci
 from dagrunner.starter.ecosystems import (
     go,
     hook_needs,
@@ -93,6 +93,7 @@ def detect(root: Path) -> Found:
     # Bytecode written beside the sources would change the tree the next gate is keyed by.
     env_set = (("PYTHONDONTWRITEBYTECODE", "1"),) if "python" in languages else ()
     left_out = (*project.refused, *tox_skipped, *nox_skipped, *skipped, *overlaps)
+    left_out += tuple(_coverage_left_out(runs, checks))
     venv = venv_seed(root, extra=extra) if "python" in languages else None
     node = node_seed(project) if "js" in languages else None
     seeds = tuple(s for s in (venv, node) if s is not None)
@@ -297,6 +298,33 @@ def _pre_commit_overlap(
 def pip_words(requirements: Iterable[str]) -> str:
     """``requirements`` as pip's words for a shell, each quoted (``'attrs>=23'``)."""
     return " ".join(f"'{r}'" if "'" not in r else shlex.quote(r) for r in requirements)
+
+
+def _coverage_left_out(runs: Ci, checks: list[Check]) -> Iterable[Skipped]:
+    """CI's coverage gates no gate runs: listed, never dropped unsaid (a gate of its own
+    would report data no gate here collects, or test twice)."""
+    said = {" ".join(c.run) for c in checks} | {" ".join(w) for c in checks for w in c.commands}
+    tests = next((c for c in checks if c.concern.endswith(":tests")), None)
+    for what, where in runs.thresholds():
+        flag = what.removeprefix("coverage report ")
+        if any(flag in line.split() for line in said):
+            continue
+        if what.startswith("coverage report"):
+            why = (
+                "CI's coverage gate: it reports the coverage data earlier CI steps collected "
+                "(coverage run, combine), which no gate here collects; to keep it, make the "
+                f"tests' gate run them under coverage and end with `{what}`"
+            )
+        elif tests is not None and "pytest" in " ".join(tests.run):
+            why = (
+                f"CI's coverage threshold: gate {tests.id!r} runs pytest without it; add "
+                f"`--cov {flag}` to its run (pytest-cov installed) to keep it"
+            )
+        elif tests is not None:
+            why = f"CI's coverage threshold: gate {tests.id!r} runs the tests without pytest's"
+        else:
+            why = "CI's coverage threshold: no gate here runs the tests"
+        yield Skipped(f"ci: {what}", where, why)
 
 
 def _env_pass(languages: Iterable[str]) -> tuple[str, ...]:
