@@ -777,6 +777,26 @@ def test_cis_coverage_gates_are_never_dropped_unsaid(
     assert "ci: --cov-fail-under=95" not in why and "ci: coverage report --fail-under=100" in why
 
 
+def test_tests_a_session_deselects_are_never_said_to_be_run_by_it(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real nox library: 427 property tests were left out as "run by
+    nox-tests", a session that deselects them (``-m "not property"``).  The session that
+    runs them is a gate of its own; a matrix twin of the chosen one is still left out."""
+    python_project(repo)
+    (repo / "noxfile.py").write_text(
+        "import nox\n\n@nox.session\ndef tests(session):\n"
+        "    session.run('pytest', '-m', 'not property', '--cov', '--cov-fail-under=90')\n\n"
+        "@nox.session\ndef property(session):\n    session.run('pytest', '-m', 'property')\n\n"
+        "@nox.session\ndef unit(session):\n"
+        "    session.run('pytest', '-m', 'not property', '--cov', '--cov-fail-under=90')\n"
+    )
+    body = dry(capsys, repo)
+    gates, why = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
+    assert "nox-tests" in gates and "nox-property" in gates, (gates, why)
+    assert "nox-property" not in why and "nox-unit" in why, why
+
+
 def test_a_venv_ignored_only_by_its_own_gitignore_is_no_active_seed(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

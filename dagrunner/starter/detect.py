@@ -133,6 +133,16 @@ def _one_per_concern(
     for group in groups.values():  # each session CI runs by name is a check of its own
         winners |= {id(c) for c in group if c.id in by_ci and has_interpreter(c.python)}
     notes: dict[int, str] = {}
+    for key, group in groups.items():  # what the chosen one deselects is run by another
+        left = _deselected(best[key].commands)
+        for check in group if left else ():
+            same = set(_deselected(check.commands)) & set(left)  # a twin leaves them out too
+            own = check.runner and not same and not variant(check.id.partition("-")[2])
+            if own and has_interpreter(check.python) and id(check) not in winners:
+                winners.add(id(check))
+                notes[id(check)] = (
+                    f"runs tests {best[key].id} deselects ({', '.join(left)}): a gate of its own"
+                )
     for key, group in groups.items():  # the tests' gate is written commented out (its runner
         # is missing here): the best one this machine can run checks them meanwhile
         program = best[key].needs_program
@@ -162,6 +172,22 @@ def _one_per_concern(
             seen.add(check.id)
             checks.append(replace(check, note=notes[id(check)]) if id(check) in notes else check)
     return checks, skipped
+
+
+def _deselected(commands: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
+    """What a test command leaves out of the tests (pytest's ``-m "not x"``, ``-k "not x"``,
+    ``--ignore``, ``--deselect``): the words that say it."""
+    found: list[str] = []
+    for words in commands:
+        for n, word in enumerate(words):
+            after = words[n + 1] if n + 1 < len(words) else ""
+            if word in ("-m", "-k") and after.startswith("not "):
+                found.append(after)
+            elif word in ("--ignore", "--deselect", "--ignore-glob") and after:
+                found.append(f"{word}={after}")
+            elif word.startswith(("--ignore=", "--deselect=", "--ignore-glob=")):
+                found.append(word)
+    return tuple(dict.fromkeys(found))
 
 
 def _why_not(check: Check, chosen: Check, key: str, why: str) -> str:
