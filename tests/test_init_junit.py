@@ -188,3 +188,34 @@ def test_the_failing_tests_a_wired_runner_names_reach_every_place_people_read(
     said = why(Binding(repo=repo), outcome.id)
     (failed,) = said["failed_gates"]
     assert [t["test"] for t in failed["failed_tests"]] == ["tests/suite.test.ts::checks > b.check"]
+
+
+def test_scripts_and_ci_programs_that_look_like_checks_are_gates_or_listed(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real pnpm monorepo: ``biome ci`` in CI, the ``format`` and
+    ``test:coverage`` scripts were neither gates nor listed as left out."""
+    scripts = {
+        "test": "vitest run",
+        "test:coverage": "vitest run --coverage",
+        "format": "prettier --write .",
+        "lint:fix": "eslint --fix .",
+        "start": "node server.js",
+    }
+    (repo / "package.json").write_text(json.dumps({"name": "m", "scripts": scripts}))
+    (repo / "pnpm-lock.yaml").write_text("lockfileVersion: '9.0'\n")
+    (repo / ".gitignore").write_text("node_modules/\n")
+    (repo / "node_modules" / ".bin").mkdir(parents=True)
+    (repo / "node_modules" / ".bin" / "biome").write_text("#!/bin/sh\n")
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  t:\n    steps:\n    - run: pnpm install\n    - run: pnpm biome ci .\n"
+        "    - run: pnpm tsc --noEmit\n    - run: pnpm test\n"
+    )
+    body = dry(capsys, repo)
+    gates, why = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
+    assert gates["js-biome"]["run"] == ["pnpm", "biome", "ci", "."], gates
+    assert "a fixer" in why["js-format"] and "a fixer" in why["js-lint-fix"], why
+    assert "the tests gate runs the tests" in why["js-test-coverage"], why
+    assert "node_modules/.bin/tsc is not here" in why["js-tsc"], why
+    assert "js-start" not in why and "js-install" not in why, why

@@ -72,12 +72,13 @@ def detect(root: Path) -> Found:
     listed = hooks(project)
     tox_checks, tox_skipped = tox(project, pyproject, runs.tox)
     nox_checks, nox_skipped = nox(project, runs.nox)
+    js_checks, js_skipped = package_json(project, runs.scripts, runs.lines)
     candidates = [
         *python(project, pyproject, Uses(listed, runs.lines)),
         *tox_checks,
         *nox_checks,
         *pre_commit(project),
-        *package_json(project, runs.scripts, runs.lines),
+        *js_checks,
         *makefile(project),
         *go(project),
         *rust(project),
@@ -92,7 +93,7 @@ def detect(root: Path) -> Found:
     languages = tuple(sorted({c.concern.partition(":")[0] for c in checks}))
     # Bytecode written beside the sources would change the tree the next gate is keyed by.
     env_set = (("PYTHONDONTWRITEBYTECODE", "1"),) if "python" in languages else ()
-    left_out = (*project.refused, *tox_skipped, *nox_skipped, *skipped, *overlaps)
+    left_out = (*project.refused, *tox_skipped, *nox_skipped, *js_skipped, *skipped, *overlaps)
     left_out += tuple(_coverage_left_out(runs, checks))
     venv = venv_seed(root, extra=extra) if "python" in languages else None
     node = node_seed(project) if "js" in languages else None

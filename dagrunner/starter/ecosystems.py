@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from dagrunner.starter.checks import WHOLE, Check
+from dagrunner.starter.checks import WHOLE, Check, Skipped
 from dagrunner.starter.jsrunners import runner_junit
 from dagrunner.starter.readers import Project
 
@@ -29,8 +29,13 @@ CHECK_SCRIPTS = {  # package.json script / Makefile target -> its concern
     "build": "build",
     "docs": "docs",
 }
+# A script name's start that says its concern (``test:coverage``, ``format``, ``lint:fix``).
+LOOKS = {**CHECK_SCRIPTS, "format": "format", "fmt": "format", "prettier": "format"}
 # checkers CI may run as ``yarn X`` / ``pnpm X`` (a program of node_modules/.bin) -> concern
 CI_PROGRAMS = {"tsc": "types", "vue-tsc": "types", "eslint": "lint", "knip": "check"}
+CI_PROGRAMS |= {"biome": "lint", "oxlint": "lint", "prettier": "format", "publint": "check"}
+# A script that writes what it checks is a fixer (``prettier --write``, ``eslint --fix``).
+FIXES = re.compile(r"(^|\s)(--write|-w|--fix|--apply|fix)(\s|$)")
 LOCKFILES = (
     ("pnpm-lock.yaml", "pnpm"),
     ("yarn.lock", "yarn"),
@@ -128,21 +133,31 @@ def pre_commit(project: Project) -> list[Check]:
 
 def package_json(
     project: Project, by_ci: frozenset[str] = frozenset(), ci_lines: tuple[str, ...] = ()
-) -> list[Check]:
+) -> tuple[list[Check], list[Skipped]]:
     """A gate for each script that is a check: by its name, or because CI runs it (its
-    concern then read from the name's start: ``test-ci`` tests, ``lint:md`` lint)."""
+    concern then read from the name's start: ``test-ci`` tests, ``lint:md`` lint); and the
+    scripts that look like checks by their name's start but are not taken, with why."""
     body = project.json("package.json")
     scripts = body.get("scripts") if isinstance(body, dict) else None
     if not isinstance(scripts, dict):
-        return []
+        return [], []
     manager = next((pm for lock, pm in LOCKFILES if project.is_file(lock)), "npm")
     found = []
+    skipped: list[Skipped] = []
+    taken = {CHECK_SCRIPTS[s] for s in scripts if s in CHECK_SCRIPTS}
     for script, text in scripts.items():
         concern = CHECK_SCRIPTS.get(str(script))
+        head = LOOKS.get(re.split(r"[-:_.]", str(script))[0])
         if concern is None and script in by_ci:
-            head = re.split(r"[-:_.]", str(script))[0]
-            concern = CHECK_SCRIPTS.get(head) or "check"
-        if concern is None or not isinstance(text, str):
+            concern = head or "check"
+        if not isinstance(text, str):
+            continue
+        if concern is None and head is not None:
+            where = f"package.json scripts.{script}"
+            skipped.append(
+                Skipped(f"js-{script.replace(':', '-')}", where, _why_not(text, head, taken))
+            )
+        if concern is None:
             continue
         gate = f"js-{script.replace(':', '-')}"
         check = Check(
@@ -160,21 +175,43 @@ def package_json(
             runner=True,
         )
         found.append(runner_junit(project, check, text, manager))
-    return found + _ci_programs(project, manager, by_ci - set(scripts), ci_lines)
+    programs, left = _ci_programs(project, manager, by_ci - set(scripts), ci_lines)
+    return found + programs, skipped + left
+
+
+def _why_not(text: str, concern: str, taken: set[str]) -> str:
+    """Why a script whose name says ``concern`` (``test:coverage``, ``format``) is no gate."""
+    if FIXES.search(text):
+        return "it changes files (a fixer): a gate checks, never writes"
+    if concern in taken:
+        return (
+            f"its name is no check of its own and CI does not run it; the {concern} gate "
+            f"runs the {concern}"
+        )
+    return (
+        "its name is no check init knows and CI does not run it: add it as a gate if it "
+        f"checks the {concern}"
+    )
 
 
 def _ci_programs(
     project: Project, manager: str, names: frozenset[str], ci_lines: tuple[str, ...]
-) -> list[Check]:
+) -> tuple[list[Check], list[Skipped]]:
     """What CI runs as ``yarn X`` / ``pnpm X`` where ``X`` is no script but a check program
     of ``node_modules/.bin`` (``yarn tsc``): a gate of its own, with CI's words, or the check
     is lost unsaid.  Only known checkers: ``yarn changeset publish`` is a task."""
     found = []
+    skipped = []
     for name in sorted(names & set(CI_PROGRAMS)) if manager in ("yarn", "pnpm") else ():
         words = next((w for w in map(_words, ci_lines) if w[:2] == (manager, name)), ())
         if not words or any(re.search(r"[;&|<>$`]", w) for w in words):
             continue
         if not project.is_file(f"node_modules/.bin/{name}"):
+            why = (
+                f"node_modules/.bin/{name} is not here: install the project ({manager} "
+                "install), then run dagrunner init again"
+            )
+            skipped.append(Skipped(f"js-{name}", f"`{' '.join(words)}` in CI", why))
             continue
         concern = CI_PROGRAMS[name]
         found.append(
@@ -189,7 +226,7 @@ def _ci_programs(
                 memory=memory_of(concern, name, {}),
             )
         )
-    return found
+    return found, skipped
 
 
 def _words(text: str) -> tuple[str, ...]:
