@@ -917,6 +917,30 @@ def test_a_scripts_memory_is_its_heaviest_tools(
     assert gates["js-check"]["memory"] == "2G" and gates["js-lint"]["memory"] == "256M"
 
 
+def test_a_scripts_memory_follows_its_scripts_and_its_workspaces_scripts(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real pnpm monorepo: js-check ran ``pnpm -r check``, each package's
+    ``check`` is tsc: it peaked at 1 GiB every run where 256M was declared.  A chain of
+    scripts is followed to its end too."""
+    scripts = {
+        "check": "pnpm -r --parallel run check",
+        "lint": "pnpm run lint:all",
+        "lint:all": "pnpm run lint:ts",
+        "lint:ts": "tsc -p tsconfig.lint.json",
+    }
+    (repo / "package.json").write_text(json.dumps({"name": "m", "scripts": scripts}))
+    (repo / "pnpm-workspace.yaml").write_text("packages:\n  - packages/*\n")
+    (repo / "pnpm-lock.yaml").write_text("lockfileVersion: '9.0'\n")
+    (repo / "packages" / "a").mkdir(parents=True)
+    (repo / "packages" / "a" / "package.json").write_text(
+        json.dumps({"name": "a", "scripts": {"check": "tsc --noEmit", "build": "webpack"}})
+    )
+    gates = gates_of(dry(capsys, repo))
+    assert gates["js-check"]["memory"] == "2G", gates["js-check"]
+    assert gates["js-lint"]["memory"] == "2G", gates["js-lint"]
+
+
 def test_a_project_that_runs_its_tests_with_unittest_gets_a_unittest_gate(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

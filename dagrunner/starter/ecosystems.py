@@ -8,6 +8,7 @@ import shlex
 
 from dagrunner.starter.checks import WHOLE, Check, Skipped
 from dagrunner.starter.jsrunners import runner_junit
+from dagrunner.starter.nodeseeds import workspace_scripts
 from dagrunner.starter.readers import Project
 
 CHECK_SCRIPTS = {  # package.json script / Makefile target -> its concern
@@ -53,14 +54,40 @@ TOOL_MEMORY = {
 }
 
 
-def memory_of(concern: str, text: str, scripts: dict[str, object]) -> str:
-    """A script's memory: its concern's, or the heaviest tool it (or a script it runs by
-    ``npm run X`` / ``pnpm X``) calls, whichever is more."""
-    words = set(re.findall(r"[\w@/.-]+", text))
-    for other in words & set(scripts):
-        words |= set(re.findall(r"[\w@/.-]+", str(scripts[other])))
+def memory_of(
+    concern: str,
+    text: str,
+    scripts: dict[str, object],
+    workspaces: dict[str, tuple[str, ...]] | None = None,
+) -> str:
+    """A script's memory: its concern's, or the heaviest tool it calls, whichever is more
+    -- through the scripts it runs (``npm run X``, ``pnpm X``, to any depth) and, where it
+    runs a script in every workspace (``pnpm -r X``, ``yarn workspaces run X``, turbo),
+    through each workspace's script of that name (``workspaces``: name -> their texts)."""
+    words = _words_of(text)
+    seen: set[str] = set()
+    while fresh := (words & set(scripts)) - seen:  # each script once: a cycle ends
+        seen |= fresh
+        for other in fresh:
+            words |= _words_of(str(scripts[other]))
+    if workspaces and words & EVERY_WORKSPACE:
+        for name in words & set(workspaces):
+            for each in workspaces[name]:
+                words |= _words_of(each)
     sizes = [MEMORY.get(concern, "256M"), *(TOOL_MEMORY[w] for w in words if w in TOOL_MEMORY)]
     return max(sizes, key=lambda m: float(m[:-1]) * (1024 if m.endswith("G") else 1))
+
+
+def _words_of(text: str) -> set[str]:
+    return set(re.findall(r"[\w@/.:-]+", text))
+
+
+# Words that run a script in every workspace: pnpm -r / --filter, yarn workspaces (foreach),
+# npm --workspaces / -ws, turbo, lerna, nx, wireit's and ultra's runners.
+EVERY_WORKSPACE = frozenset(
+    {"-r", "--recursive", "--filter", "-F", "workspaces", "--workspaces", "-ws", "--ws"}
+    | {"turbo", "lerna", "nx", "ultra", "wsrun"}
+)
 
 
 def hooks(project: Project) -> tuple[str, ...]:
@@ -145,6 +172,7 @@ def package_json(
     found = []
     skipped: list[Skipped] = []
     taken = {CHECK_SCRIPTS[s] for s in scripts if s in CHECK_SCRIPTS}
+    packages = workspace_scripts(project, body, manager)
     for script, text in scripts.items():
         concern = CHECK_SCRIPTS.get(str(script))
         head = LOOKS.get(re.split(r"[-:_.]", str(script))[0])
@@ -169,7 +197,7 @@ def package_json(
             # .eslintrc*, ignore files): only the whole tree keys it safely
             inputs=WHOLE,
             tools=("node --version", f"{manager} --version"),
-            memory=memory_of(concern, text, scripts),
+            memory=memory_of(concern, text, scripts, packages),
             needs=("js-build",) if concern == "tests" else (),
             commands=(_words(text),),
             runner=True,
