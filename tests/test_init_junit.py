@@ -29,6 +29,7 @@ from dagrunner.integration.submit import submit
 
 JUNIT = "build/junit/js-test.xml"
 VITEST = ["--reporter=default", "--reporter=junit", f"--outputFile.junit={JUNIT}"]
+MOCHA = ["--reporter", "mocha-junit-reporter", "--reporter-options", f"mochaFile={JUNIT}"]
 
 
 def js_project(repo: Path, test: str, lock: str, **deps: str) -> None:
@@ -56,8 +57,7 @@ def js_project(repo: Path, test: str, lock: str, **deps: str) -> None:
             "yarn.lock",
             "mocha 'test/**/*.js'",
             {"mocha-junit-reporter": "2"},
-            ["yarn", "run", "test", "--reporter", "mocha-junit-reporter"]
-            + ["--reporter-options", f"mochaFile={JUNIT}"],
+            ["yarn", "run", "test", *MOCHA],
             {},
         ),
     ],

@@ -179,11 +179,12 @@ class Baseline:
     def settle(self, head: str) -> None:
         """At a run's end: the colour of the target's ``head`` said again when what was last
         said is of another head (items landed on a red target since), so that ``integrate
-        status`` says the current one."""
+        status`` says the current one; and a red target's line among the run's warnings."""
         seen = self.known.get(head)
-        if seen is None or not seen.gates or self.said_at in ("", head) or not self.last_item:
-            return
-        self.say(self.last_item, EnvelopeState.GATING, head, "target-red", seen)
+        if seen and seen.gates and self.said_at not in ("", head) and self.last_item:
+            self.say(self.last_item, EnvelopeState.GATING, head, "target-red", seen)
+        if self.tally.target_red:
+            self.tally.warnings.append(self.line(self.tally.target_red))
 
     def line(self, fails: tuple[str, ...]) -> str:
         """The one line a red target is said in: what it fails, and what that means."""

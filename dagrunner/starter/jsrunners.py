@@ -44,6 +44,7 @@ def runner_junit(project: Project, check: Check, script: str, manager: str) -> C
         return check  # a watcher, not a test run
     path, note = junit_file(project, check.id)
     env: tuple[tuple[str, str], ...] = ()
+    flags: tuple[str, ...]
     if runner == "vitest":
         flags = ("--reporter=default", "--reporter=junit", f"--outputFile.junit={path}")
     elif runner == "jest":
