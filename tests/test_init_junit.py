@@ -29,7 +29,9 @@ from dagrunner.integration.submit import submit
 
 JUNIT = "build/junit/js-test.xml"
 VITEST = ["--reporter=default", "--reporter=junit", f"--outputFile.junit={JUNIT}"]
-MOCHA = ["--reporter", "mocha-junit-reporter", "--reporter-options", f"mochaFile={JUNIT}"]
+MOCHA = ["--reporter", "mocha-junit-reporter", "--reporter-options"]
+MOCHA += [f"mochaFile={JUNIT},jenkinsMode=true,testCaseSwitchClassnameAndName=true"
+          ",suiteTitleSeparatedBy= > "]  # fmt: skip
 
 
 def js_project(repo: Path, test: str, lock: str, **deps: str) -> None:
@@ -51,7 +53,8 @@ def js_project(repo: Path, test: str, lock: str, **deps: str) -> None:
             "NODE_ENV=test jest --ci",
             {"jest": "29", "jest-junit": "16"},
             ["pnpm", "run", "test", "--reporters=default", "--reporters=jest-junit"],
-            {"JEST_JUNIT_OUTPUT_FILE": JUNIT},
+            {"JEST_JUNIT_OUTPUT_FILE": JUNIT, "JEST_JUNIT_CLASSNAME": "{classname}"}
+            | {"JEST_JUNIT_TITLE": "{title}", "JEST_JUNIT_ANCESTOR_SEPARATOR": " \u203a "},
         ),
         (
             "yarn.lock",

@@ -18,6 +18,12 @@ SHELL = re.compile(r"[;&|<>$`()]")  # words a shell reads: flags appended would 
 # How each manager passes words after the script's name on to the script: npm needs ``--``
 # (else it takes ``--x`` as its own config); yarn (classic and berry) and pnpm pass them on.
 PASS_ON = {"npm": ("--",), "yarn": (), "pnpm": ()}
+JEST_NAMES = (
+    ("JEST_JUNIT_CLASSNAME", "{classname}"),
+    ("JEST_JUNIT_TITLE", "{title}"),
+    ("JEST_JUNIT_ANCESTOR_SEPARATOR", " \u203a "),  # jest's own separator
+)
+MOCHA_NAMES = "jenkinsMode=true,testCaseSwitchClassnameAndName=true,suiteTitleSeparatedBy= > "
 # The runner's reporter package, where it has none of its own.
 PACKAGE = {"jest": "jest-junit", "mocha": "mocha-junit-reporter"}
 
@@ -49,9 +55,13 @@ def runner_junit(project: Project, check: Check, script: str, manager: str) -> C
         flags = ("--reporter=default", "--reporter=junit", f"--outputFile.junit={path}")
     elif runner == "jest":
         flags = ("--reporters=default", "--reporters=jest-junit")
-        env = (("JEST_JUNIT_OUTPUT_FILE", path),)
+        # suite::case as the other runners name them ("sum \u203a nested::adds"), not jest-junit's
+        # default of the whole title twice ("sum adds::sum adds")
+        env = (("JEST_JUNIT_OUTPUT_FILE", path), *JEST_NAMES)
     else:  # mocha runs one reporter: its spec output gives way to the JUnit file
-        flags = ("--reporter", "mocha-junit-reporter", "--reporter-options", f"mochaFile={path}")
+        # suite::case (``outer > inner::deep``), not its default of title::full title
+        said = f"mochaFile={path},{MOCHA_NAMES}"
+        flags = ("--reporter", "mocha-junit-reporter", "--reporter-options", said)
     run = (*check.run, *PASS_ON[manager], *flags)
     source = re.sub(r"\)?$", f"; {runner}'s JUnit reporter added)", check.source, count=1)
     env_set = check.env_set + env
