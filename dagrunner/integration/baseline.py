@@ -63,7 +63,6 @@ class Baseline:
         self.red: tuple[str, ...] = tuple(said.get("fails", ()))  # what it failed, last said
         self.said: str = said.get("said") or ""  # the line last said, and of which head
         self.said_at: str = said.get("head") or ""
-        self.last_item = ""  # the item the colour was last said on
         self.tally.target_red = self.red
 
     async def of(self, head: str, gates: tuple[str, ...] = ()) -> Failures:
@@ -158,7 +157,6 @@ class Baseline:
     def announce(self, item: str, state: EnvelopeState, head: str) -> None:
         """A change of colour at ``head`` journaled on ``item``'s line (``colour``), and
         what the target fails now in the tally (() when it turned green)."""
-        self.last_item = item
         news = self.colour(head)
         if news is None or self.queue is None:
             return
@@ -176,13 +174,8 @@ class Baseline:
         self.said, self.said_at = (note, head) if fails else ("", "")
         self.tally.target_red = fails
 
-    def settle(self, head: str) -> None:
-        """At a run's end: the colour of the target's ``head`` said again when what was last
-        said is of another head (items landed on a red target since), so that ``integrate
-        status`` says the current one; and a red target's line among the run's warnings."""
-        seen = self.known.get(head)
-        if seen and seen.gates and self.said_at not in ("", head) and self.last_item:
-            self.say(self.last_item, EnvelopeState.GATING, head, "target-red", seen)
+    def warn(self) -> None:
+        """At a run's end: a red target's line among the run's warnings."""
         if self.tally.target_red:
             self.tally.warnings.append(self.line(self.tally.target_red))
 
@@ -221,13 +214,21 @@ def red_targets(queue: Queue) -> dict[str, dict[str, Any]]:
 
 def red_now(queue: Queue, root: Path) -> dict[str, dict[str, Any]]:
     """What ``integrate status`` says: each target last said red whose head is still the
-    one it was said of (a line of an older head is stale: the target moved since, by a
-    landing or by hand, and its colour there is not known)."""
+    one it was said of, or a commit the queue landed since (it knew that head's colour, and
+    would have said ``target-green``).  A line of a head the target moved from by other
+    hands is stale: its colour there is not known."""
     shown = {}
+    landed: set[str] | None = None
     for goal, red in red_targets(queue).items():
         said = red.get("head")
         ref = f"refs/heads/{goal}"
         head = git(["rev-parse", "--verify", "-q", ref], cwd=root, check=False).text
-        if not said or said == head:
+        if said and said != head and landed is None:
+            landed = {
+                e.details.commit
+                for e in queue.entries().values()
+                if e.state is EnvelopeState.LANDED and e.details.commit
+            }
+        if not said or said == head or head in (landed or ()):
             shown[goal] = red
     return shown
