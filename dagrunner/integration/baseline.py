@@ -61,8 +61,7 @@ class Baseline:
         said = red_targets(queue).get(target, {}) if queue is not None else {}
         self.red_since: str = said.get("since") or ""
         self.red: tuple[str, ...] = tuple(said.get("fails", ()))  # what it failed, last said
-        self.said: str = said.get("said") or ""  # the line last said, and of which head
-        self.said_at: str = said.get("head") or ""
+        self.said: str = said.get("said") or ""  # the line last said
         self.tally.target_red = self.red
 
     async def of(self, head: str, gates: tuple[str, ...] = ()) -> Failures:
@@ -155,23 +154,19 @@ class Baseline:
             self.known[commit], self.covered[commit] = failures, None
 
     def announce(self, item: str, state: EnvelopeState, head: str) -> None:
-        """A change of colour at ``head`` journaled on ``item``'s line (``colour``), and
-        what the target fails now in the tally (() when it turned green)."""
+        """A change of colour at ``head`` journaled on ``item``'s line (``colour``): what it
+        fails, since when, the line said and of which head (``integrate status`` shows it
+        while the target is there); and what the target fails now in the tally (() when it
+        turned green)."""
         news = self.colour(head)
         if news is None or self.queue is None:
             return
-        self.say(item, state, head, *news)
-
-    def say(self, item: str, state: EnvelopeState, head: str, event: str, seen: Failures) -> None:
-        """Journal the colour ``head`` is (``event``) on ``item``'s line: what it fails, since
-        when, the line said, and of which head (``integrate status`` shows it while the
-        target's head is that one)."""
+        event, seen = news
         fails = seen.names()
         note = self.line(fails) if fails else f"on {head}"
         said = Details(target_red=fails, red_since=self.red_since or None, note=note, head=head)
-        if self.queue is not None:
-            self.queue.record(item, state, said, event=event)
-        self.said, self.said_at = (note, head) if fails else ("", "")
+        self.queue.record(item, state, said, event=event)
+        self.said = note if fails else ""
         self.tally.target_red = fails
 
     def warn(self) -> None:
