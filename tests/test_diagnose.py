@@ -44,6 +44,22 @@ def test_a_gate_that_could_not_reach_its_host_says_so_in_one_line(
     said = release_check(repo, manifest, capsys)
     line = next(line for line in said.splitlines() if line.startswith("--- docs"))
     assert "needs the network: could not reach docs.example.invalid" in line
+    assert 'mark it network = "host"' in line
+
+
+def test_a_gate_marked_as_needing_the_network_is_not_told_to_be_marked(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on real projects: the pre-commit gate init marked ``network = "host"`` still
+    read "mark it network = "host" and run it online" offline."""
+    manifest = (
+        '[gates.docs]\nrun = "git ls-remote https://docs.example.invalid/inv.git"\n'
+        'network = "host"  # it needs the network\n'
+    )
+    said = release_check(repo, manifest, capsys)
+    line = next(line for line in said.splitlines() if line.startswith("--- docs"))
+    assert "needs the network: could not reach docs.example.invalid" in line
+    assert "mark it" not in line and "run it where the network is reachable" in line, line
 
 
 @pytest.mark.parametrize(

@@ -725,6 +725,78 @@ def test_a_hooks_pinned_tool_is_said_and_goes_into_the_seed(
     assert seed["build"].endswith("pytest==8.3.5 ruff==0.15.22"), seed
 
 
+def test_a_commented_gate_in_a_hooks_stead_says_to_install_what_the_hook_installs(
+    repo: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found on a real project: the types gate, written commented out (mypy missing here),
+    said "install it (python -m pip install mypy), then uncomment"; the hook's mypy type-
+    checks against its ``additional_dependencies`` (the next line named them): so installed,
+    the gate was red locally and green in the queue, whose seed installs them."""
+    python_project(repo)
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: https://github.com/pre-commit/mirrors-mypy\n  rev: v1.13.0\n"
+        "  hooks:\n  - id: mypy\n    additional_dependencies: [types-requests, 'attrs>=23']\n"
+    )
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for name in ("git", "ruff", "python3"):
+        (bare / name).symlink_to(shutil.which(name) or sys.executable)
+    monkeypatch.setenv("PATH", str(bare))
+    out = repo / "m.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0 and gates_of(body)["types"]["commented_out"] is True, body
+    text = out.read_text()
+    wanted = "python -m pip install 'mypy==1.13.0' 'types-requests' 'attrs>=23'"
+    assert f"# `mypy` is not on PATH here: install it ({wanted}), then uncomment" in text, text
+    assert "(pip install 'mypy==1.13.0' 'types-requests' 'attrs>=23', in your" in text, text
+
+
+def test_cis_coverage_gates_are_never_dropped_unsaid(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real nox library: CI's ``coverage report --fail-under=100`` was neither a
+    gate nor listed among what init left out.  A coverage threshold a gate already runs
+    (a tox env's ``--cov-fail-under``) is not listed."""
+    python_project(repo)
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  t:\n    steps:\n    - run: python -m pytest --cov --cov-fail-under=95\n"
+        "  c:\n    steps:\n    - run: |\n        coverage combine\n"
+        "        coverage report --fail-under=100 --show-missing\n"
+    )
+    why = {s["id"]: s for s in dry(capsys, repo)["skipped"]}
+    report = why["ci: coverage report --fail-under=100"]
+    assert report["source"] == ".github/workflows/ci.yml", report
+    assert "the coverage data earlier CI steps collected" in report["why"], report
+    threshold = why["ci: --cov-fail-under=95"]
+    assert "gate 'tests' runs pytest without it" in threshold["why"], threshold
+    (repo / "tox.ini").write_text(
+        "[tox]\nenvlist = py\n[testenv]\ncommands = pytest --cov --cov-fail-under=95\n"
+    )
+    why = {s["id"]: s for s in dry(capsys, repo)["skipped"]}
+    assert "ci: --cov-fail-under=95" not in why and "ci: coverage report --fail-under=100" in why
+
+
+def test_tests_a_session_deselects_are_never_said_to_be_run_by_it(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real nox library: 427 property tests were left out as "run by
+    nox-tests", a session that deselects them (``-m "not property"``).  The session that
+    runs them is a gate of its own; a matrix twin of the chosen one is still left out."""
+    python_project(repo)
+    (repo / "noxfile.py").write_text(
+        "import nox\n\n@nox.session\ndef tests(session):\n"
+        "    session.run('pytest', '-m', 'not property', '--cov', '--cov-fail-under=90')\n\n"
+        "@nox.session\ndef property(session):\n    session.run('pytest', '-m', 'property')\n\n"
+        "@nox.session\ndef unit(session):\n"
+        "    session.run('pytest', '-m', 'not property', '--cov', '--cov-fail-under=90')\n"
+    )
+    body = dry(capsys, repo)
+    gates, why = gates_of(body), {s["id"]: s["why"] for s in body["skipped"]}
+    assert "nox-tests" in gates and "nox-property" in gates, (gates, why)
+    assert "nox-property" not in why and "nox-unit" in why, why
+
+
 def test_a_venv_ignored_only_by_its_own_gitignore_is_no_active_seed(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -843,6 +915,30 @@ def test_a_scripts_memory_is_its_heaviest_tools(
     (repo / "package.json").write_text(json.dumps({"name": "p", "scripts": scripts}))
     gates = gates_of(dry(capsys, repo))
     assert gates["js-check"]["memory"] == "2G" and gates["js-lint"]["memory"] == "256M"
+
+
+def test_a_scripts_memory_follows_its_scripts_and_its_workspaces_scripts(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real pnpm monorepo: js-check ran ``pnpm -r check``, each package's
+    ``check`` is tsc: it peaked at 1 GiB every run where 256M was declared.  A chain of
+    scripts is followed to its end too."""
+    scripts = {
+        "check": "pnpm -r --parallel run check",
+        "lint": "pnpm run lint:all",
+        "lint:all": "pnpm run lint:ts",
+        "lint:ts": "tsc -p tsconfig.lint.json",
+    }
+    (repo / "package.json").write_text(json.dumps({"name": "m", "scripts": scripts}))
+    (repo / "pnpm-workspace.yaml").write_text("packages:\n  - packages/*\n")
+    (repo / "pnpm-lock.yaml").write_text("lockfileVersion: '9.0'\n")
+    (repo / "packages" / "a").mkdir(parents=True)
+    (repo / "packages" / "a" / "package.json").write_text(
+        json.dumps({"name": "a", "scripts": {"check": "tsc --noEmit", "build": "webpack"}})
+    )
+    gates = gates_of(dry(capsys, repo))
+    assert gates["js-check"]["memory"] == "2G", gates["js-check"]
+    assert gates["js-lint"]["memory"] == "2G", gates["js-lint"]
 
 
 def test_a_project_that_runs_its_tests_with_unittest_gets_a_unittest_gate(

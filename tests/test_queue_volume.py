@@ -162,7 +162,7 @@ def test_differential_lands_what_adds_no_failure_and_names_what_is_new(project: 
         "main itself fails tests: items are blamed only for what they add (baseline = differential)"
     )
     assert shown == {"main": {"fails": ["tests::suite::test_known"], "since": red_since,
-                              "at": red[0].at, "said": said}}  # fmt: skip
+                              "head": red_since, "at": red[0].at, "said": said}}  # fmt: skip
 
 
 def test_absolute_a_red_target_holds_every_item_but_one_that_adds_a_failure(

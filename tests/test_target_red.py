@@ -129,3 +129,42 @@ def test_a_missing_program_is_not_confirmed(project: Path) -> None:
     assert states(project) == {"bad": "gates-failed"}
     assert result.confirm_runs == 0, result.pipeline
     assert result.target_red == ()
+
+
+def status_text(project: Path) -> str:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "dagrunner", "integrate", "status"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_status_says_the_current_red_line_not_a_stale_one(project: Path) -> None:
+    """Found on real projects: after an absolute run held everything and the baseline was
+    made differential, items landed on the red target, yet ``integrate status`` still said
+    the absolute line ("... or see baseline = differential") of the first red head."""
+    red_target(project)
+    submit(repo_info(project), [good(project, "g1")])
+    integrate(repo=project)
+    assert LINE in status_text(project)
+    red_target(project, "differential")  # the advice taken: the head moves
+    moved = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), [good(project, "g2")])
+    result = integrate(repo=project)
+    assert states(project) == {"g1": "landed", "g2": "landed"}, result
+    shown = status_text(project)
+    assert "see baseline = differential" not in shown, shown
+    assert "main itself fails docs: items are blamed only for what they add" in shown, shown
+    said = queue_status(repo=project)["target_red"]["main"]
+    assert said["head"] == moved, said  # and the queue landed every commit since
+    # the target moved since (a commit of nobody's queue): its colour there is not known
+    (project / "other.txt").write_text("x\n")
+    git(project, "add", "other.txt")
+    git(project, "commit", "-q", "-m", "by hand")
+    assert "is red since" not in status_text(project)
+    assert queue_status(repo=project)["target_red"] == {}

@@ -189,3 +189,39 @@ def test_a_new_failing_test_in_a_gate_the_red_target_fails_whole_is_blamed(
     assert states(project) == {"bad": "gates-failed", "fine": "landed"}
     (blamed,) = [o for o in result.envelopes if o.state == "gates-failed"]
     assert "tests::test_red.Calc::test_new" in (blamed.details.failed_tests or ())
+
+
+NODE_TOP = """const test = require("node:test");
+const assert = require("node:assert");
+const fs = require("node:fs");
+
+test("should process a file", () => {
+  assert.strictEqual(fs.readFileSync("answer.txt", "utf8"), "1\\n");
+});
+
+test("keeps the rest", () => {});
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@pytest.mark.parametrize("baseline", ["absolute", "differential"])
+def test_a_failing_test_is_named_once_without_an_empty_suite_or_its_gate_beside_it(
+    project: Path, baseline: str
+) -> None:
+    """Found on a real npm workspace (remark): a ``node --test`` case outside any suite was
+    named ``js-test::::should process a file``, and ``failed_tests`` listed the gate itself
+    beside its cases (``tests, tests::...``)."""
+    (project / "a.test.js").write_text(NODE_TOP)
+    (project / "answer.txt").write_text("1\n")
+    git(project, "add", "a.test.js", "answer.txt")
+    commit_release_manifest(
+        project,
+        f'[integrate]\nbaseline = "{baseline}"\n\n'
+        '[gates.tests]\nrun = ["node", "--test", "--test-reporter=spec", "a.test.js"]\n',
+    )
+    bad = worker(project, "bad", lambda p: (p / "answer.txt").write_text("2\n"))
+    submit(repo_info(project), [bad])
+    result = integrate(repo=project)
+    assert states(project) == {"bad": "gates-failed"}
+    (outcome,) = result.envelopes
+    assert outcome.details.failed_tests == ("tests::should process a file",), outcome.details

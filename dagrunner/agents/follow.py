@@ -183,6 +183,7 @@ def why(b: Binding, item: str) -> dict[str, Any]:
 
 
 def _failures(run_dir: Path) -> list[dict[str, Any]]:
+    from dagrunner.records.failures import case_name
     from dagrunner.records.run import Status
     from dagrunner.report.logtail import failure_excerpt, read_log, strip_ansi
     from dagrunner.report.rundir import read_run_dir
@@ -197,7 +198,7 @@ def _failures(run_dir: Path) -> list[dict[str, Any]]:
             continue
         log = strip_ansi(read_log(run_dir, gate.attempts[-1].log, limit=64 * 1024))
         tests = [
-            {"test": f"{c.suite}::{c.name}" if c.suite else c.name, "message": c.message}
+            {"test": case_name(c), "message": c.message}
             for c in (gate.tests.failed if gate.tests else ())
         ]
         found.append(

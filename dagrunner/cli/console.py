@@ -272,6 +272,8 @@ def speed_lines(speed: Speed, waits: list[float]) -> list[str]:
 
 def _failed_tests(gate: GateResult, most: int = 10) -> list[str]:
     """The failed test cases of a gate that wrote a JUnit file: read before its log."""
+    from dagrunner.records.failures import case_name
+
     tests = gate.tests
     if tests is None:
         return []
@@ -281,10 +283,8 @@ def _failed_tests(gate: GateResult, most: int = 10) -> list[str]:
     counted = f"{len(failed)} of {tests.tests}" if tests.source == "junit" else "from its output"
     lines = [f"    failed tests ({counted}):"] if failed else []
     for case in failed[:most]:
-        where = f"{case.suite}::{case.name}" if case.suite else case.name
-        lines.append(
-            f"      {where}: {case.message.splitlines()[0] if case.message else case.outcome}"[:300]
-        )
+        said = case.message.splitlines()[0] if case.message else case.outcome
+        lines.append(f"      {case_name(case)}: {said}"[:300])
     if len(failed) > most:
         lines.append(f"      ... and {len(failed) - most} more (junit.xml, the report)")
     return lines
@@ -297,8 +297,10 @@ def failure_tails(
     would bring it; a host it could not reach), the last lines of its log, and the log's
     path -- what an engineer reads first, like pytest's short summary.  ``checkout``: the
     caller's (default: where dagrunner runs), where a missing program may be found."""
-    from dagrunner.report.diagnose import diagnose
+    from dagrunner.report.diagnose import diagnose, network_marked
 
+    said_in = record.manifest.get("path") if isinstance(record.manifest, dict) else None
+    marked = network_marked(Path(said_in)) if isinstance(said_in, str) else frozenset()
     lines: list[str] = []
     for gate in failures_first(record.gates):
         if gate.status not in (Status.FAILED, Status.TIMED_OUT) or not gate.attempts:
@@ -308,7 +310,9 @@ def failure_tails(
         tail = [line for line in text.splitlines() if not line.startswith("[dagrunner: ")]
         lines.append("")
         header = f"--- {gate.id} ({gate.status}): {gate.reason}"
-        if said := diagnose(text, gate.attempts[-1].exit_code, checkout or Path.cwd()):
+        on = gate.shard_of or gate.id
+        where = checkout or Path.cwd()
+        if said := diagnose(text, gate.exit_code, where, marked=on in marked):
             header += f"; {said}"
         lines.append(header)
         lines += _failed_tests(gate)

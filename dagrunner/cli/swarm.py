@@ -322,11 +322,12 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             emit_json(queue_status(repo=args.repo))
             return ExitCode.OK
         from dagrunner.git.repo import repo_info
-        from dagrunner.integration.baseline import red_targets
+        from dagrunner.integration.baseline import red_now
         from dagrunner.integration.queue import Queue
         from dagrunner.records.integration import FINAL
 
-        queue = Queue.of(repo_info(args.repo))
+        info = repo_info(args.repo)
+        queue = Queue.of(info)
         for entry in queue.entries().values():
             said = entry.details  # what failed it, or why it waits
             why = ", ".join(said.failed_gates or ()) if entry.state == "gates-failed" else ""
@@ -336,7 +337,7 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             if entry.details.stuck and entry.state not in FINAL:
                 print(f"  stuck ({entry.details.stuck}): {entry.details.note or ''}")
                 print(f"  what to do: {entry.details.hint or ''}")
-        for goal, red in red_targets(queue).items():
+        for goal, red in red_now(queue, info.root).items():
             line = red.get("said") or f"{goal} itself fails {', '.join(red['fails'])}"
             print(f"target {goal} is red since {str(red['since'])[:12]}: {line}")
         return ExitCode.OK

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import trio
 
+from dagrunner.git.command import git
 from dagrunner.integration.items import Finished, Item
 from dagrunner.integration.queue import Queue
 from dagrunner.records.failures import WHOLE, Failures, named
@@ -59,6 +61,7 @@ class Baseline:
         said = red_targets(queue).get(target, {}) if queue is not None else {}
         self.red_since: str = said.get("since") or ""
         self.red: tuple[str, ...] = tuple(said.get("fails", ()))  # what it failed, last said
+        self.said: str = said.get("said") or ""  # the line last said
         self.tally.target_red = self.red
 
     async def of(self, head: str, gates: tuple[str, ...] = ()) -> Failures:
@@ -151,21 +154,25 @@ class Baseline:
             self.known[commit], self.covered[commit] = failures, None
 
     def announce(self, item: str, state: EnvelopeState, head: str) -> None:
-        """A change of colour at ``head`` journaled on ``item``'s line (``colour``), and
-        what the target fails now in the tally (() when it turned green)."""
+        """A change of colour at ``head`` journaled on ``item``'s line (``colour``): what it
+        fails, since when, the line said and of which head (``integrate status`` shows it
+        while the target is there); and what the target fails now in the tally (() when it
+        turned green)."""
         news = self.colour(head)
         if news is None or self.queue is None:
             return
-        event, failures = news
-        fails = failures.names()
+        event, seen = news
+        fails = seen.names()
         note = self.line(fails) if fails else f"on {head}"
-        self.queue.record(
-            item,
-            state,
-            Details(target_red=fails, red_since=self.red_since or None, note=note),
-            event=event,
-        )
+        said = Details(target_red=fails, red_since=self.red_since or None, note=note, head=head)
+        self.queue.record(item, state, said, event=event)
+        self.said = note if fails else ""
         self.tally.target_red = fails
+
+    def warn(self) -> None:
+        """At a run's end: a red target's line among the run's warnings."""
+        if self.tally.target_red:
+            self.tally.warnings.append(self.line(self.tally.target_red))
 
     def line(self, fails: tuple[str, ...]) -> str:
         """The one line a red target is said in: what it fails, and what that means."""
@@ -186,6 +193,8 @@ class Baseline:
         if seen.gates and not self.red_since:
             self.red_since = head
             return "target-red", seen
+        if seen.gates and self.line(seen.names()) != self.said:
+            return "target-red", seen  # what it fails, or what that means here, changed
         if not seen.gates and self.red_since:
             self.red_since = ""
             return "target-green", seen
@@ -194,5 +203,27 @@ class Baseline:
 
 def red_targets(queue: Queue) -> dict[str, dict[str, Any]]:
     """Each target last said red (``target-red``, not ``target-green`` since): what it fails
-    and since which head (``integrate status``; the next run starts from it)."""
+    and since which head (the next run starts from it)."""
     return queue.index().red_targets()
+
+
+def red_now(queue: Queue, root: Path) -> dict[str, dict[str, Any]]:
+    """What ``integrate status`` says: each target last said red whose head is still the
+    one it was said of, or a commit the queue landed since (it knew that head's colour, and
+    would have said ``target-green``).  A line of a head the target moved from by other
+    hands is stale: its colour there is not known."""
+    shown = {}
+    landed: set[str] | None = None
+    for goal, red in red_targets(queue).items():
+        said = red.get("head")
+        ref = f"refs/heads/{goal}"
+        head = git(["rev-parse", "--verify", "-q", ref], cwd=root, check=False).text
+        if said and said != head and landed is None:
+            landed = {
+                e.details.commit
+                for e in queue.entries().values()
+                if e.state is EnvelopeState.LANDED and e.details.commit
+            }
+        if not said or said == head or head in (landed or ()):
+            shown[goal] = red
+    return shown

@@ -299,6 +299,7 @@ class JournalIndex:
             self.red[goal] = {
                 "fails": list(line.details.target_red or ()),
                 "since": line.details.red_since,
+                "head": line.details.head,  # the head it was said of
                 "at": line.at,
                 "said": line.details.note or "",
             }

@@ -129,8 +129,7 @@ class Pipeline:
                 nursery.cancel_scope.cancel()
         self.intake.requeue(self.items, self.tally)
         self.tally.held = [i for item in self.held for i in item.ids]
-        if self.tally.target_red:
-            self.tally.warnings.append(self.baseline.line(self.tally.target_red))
+        self.baseline.warn()  # a red target's line among the warnings
         self.tally.warnings.extend(self.trees.warnings)
         # Slots an earlier, wider run made and this one did not use: nothing is kept there.
         await trio.to_thread.run_sync(self.trees.remove_unused)

@@ -30,7 +30,7 @@ from dagrunner.files import crash_point
 from dagrunner.git.command import git
 from dagrunner.git.repo import check_branch
 from dagrunner.integration.admission import trusted_manifest
-from dagrunner.integration.baseline import red_targets
+from dagrunner.integration.baseline import red_now
 from dagrunner.integration.events import median_gate_run
 from dagrunner.integration.journal import Header, JournalLine, QueueEntry, read_header, when
 from dagrunner.integration.landing import SHA_TRAILER, TRAILER
@@ -160,7 +160,7 @@ def queue_status(*, repo: Path | None = None) -> dict[str, Any]:
         "envelopes": body,
         "counts": counts,
         "eta": {"gate_run_seconds": run_seconds},
-        "target_red": red_targets(Queue.of(ctx.info)),
+        "target_red": red_now(Queue.of(ctx.info), ctx.info.root),
     }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from dagrunner.records.run import RunRecord, Status
+from dagrunner.records.run import RunRecord, Status, TestCase
 
 WHOLE: frozenset[str] = frozenset()  # a gate that failed without cases to compare
 
@@ -33,7 +33,7 @@ class Failures:
             if gate.status.ok:
                 continue
             if gate.tests is not None and gate.tests.source == "output" and gate.tests.failed:
-                said[gate.id] = frozenset(f"{c.suite}::{c.name}" for c in gate.tests.failed)
+                said[gate.id] = frozenset(map(case_name, gate.tests.failed))
             last = gate.attempts[-1] if gate.attempts else None
             plain = (
                 gate.status is Status.FAILED
@@ -49,9 +49,7 @@ class Failures:
             complete = (
                 bool(failed) and tests is not None and len(failed) == tests.failures + tests.errors
             )
-            gates[gate.id] = (
-                frozenset(f"{c.suite}::{c.name}" for c in failed) if complete and plain else WHOLE
-            )
+            gates[gate.id] = frozenset(map(case_name, failed)) if complete and plain else WHOLE
             if not plain:
                 hard.add(gate.id)
         return cls(gates, frozenset(hard), said)
@@ -130,21 +128,28 @@ def rerunnable(record: RunRecord) -> bool:
 
 def named(record: RunRecord | None, within: Failures | None = None) -> tuple[str, ...]:
     """The failing tests ``record``'s gates name (their JUnit files, or read from their
-    output), as ``gate::suite::case``, sorted.  ``within``: only what is there -- the
-    failures a baseline found new: its cases, and for a gate it judges whole, ``gate``
-    and the cases its output names."""
+    output), as ``gate::suite::case`` (``gate::case`` outside a suite), sorted.
+    ``within``: only what is there -- the failures a baseline found new: its cases, and
+    for a gate it judges whole, the cases its output names (``gate`` itself when none)."""
     out: set[str] = set()
     for gate in record.gates if record is not None else ():
         tests = gate.tests
         if gate.status.ok or tests is None or tests.problem:
             continue
-        cases = {f"{c.suite}::{c.name}" for c in tests.failed}
+        cases = set(map(case_name, tests.failed))
         if within is not None:
             wanted = within.gates.get(gate.id)
             if wanted is None or (not wanted and tests.source == "junit"):
                 continue
             cases = cases & wanted if wanted else cases
         out.update(f"{gate.id}::{c}" for c in cases)
-    if within is not None:
-        out.update(within.names())
+    if within is not None:  # a gate judged whole, unless its cases are named already
+        out.update(
+            n for n in within.names() if "::" in n or not any(o.startswith(f"{n}::") for o in out)
+        )
     return tuple(sorted(out))
+
+
+def case_name(case: TestCase) -> str:
+    """``suite::case``, or ``case`` for a test outside any suite (node's top-level tests)."""
+    return f"{case.suite}::{case.name}" if case.suite else case.name

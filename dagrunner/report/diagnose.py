@@ -6,6 +6,7 @@ npm, pnpm, yarn, git, curl, sphinx's intersphinx, pre-commit)."""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 NOT_FOUND = re.compile(r"([^\s:'\"]+): (?:command )?not found\s*$", re.M)  # dash and bash
@@ -26,6 +27,7 @@ OFFLINE = re.compile(
     re.IGNORECASE,
 )
 TAIL = 200  # lines of the log's end read
+MANIFEST_BYTES = 4 << 20  # of the run's manifest read for its marks
 
 
 def seed_hint(program: str, checkout: Path | None) -> str:
@@ -60,8 +62,30 @@ def unreachable(text: str) -> str:
     return ""
 
 
-def diagnose(text: str, exit_code: int | None, checkout: Path | None = None) -> str:
-    """One line for a failed gate's log ``text``, '' when there is nothing to add."""
+def network_marked(manifest: Path) -> frozenset[str]:
+    """The gates ``manifest`` marks ``network = "host"`` itself (the default's value, so
+    written only to say the gate needs the network): none when it cannot be read."""
+    try:
+        with manifest.open("rb") as file:
+            body = tomllib.loads(file.read(MANIFEST_BYTES).decode())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return frozenset()
+    gates, defaults = body.get("gates"), body.get("defaults")
+    if not isinstance(gates, dict):
+        return frozenset()
+    every = isinstance(defaults, dict) and defaults.get("network") == "host"
+    return frozenset(
+        name
+        for name, table in gates.items()
+        if isinstance(table, dict) and table.get("network", "host" if every else "") == "host"
+    )
+
+
+def diagnose(
+    text: str, exit_code: int | None, checkout: Path | None = None, *, marked: bool = False
+) -> str:
+    """One line for a failed gate's log ``text``, '' when there is nothing to add.
+    ``marked``: the manifest says the gate needs the network already."""
     missing = NOT_FOUND.findall(text)
     if exit_code == 127 and missing:
         said = f"command not found: {missing[-1]}"
@@ -70,5 +94,7 @@ def diagnose(text: str, exit_code: int | None, checkout: Path | None = None) -> 
     host = unreachable(text)
     if host:
         where = "reach the network" if host == "the network" else f"reach {host}"
+        if marked:
+            return f"needs the network: could not {where} (run it where the network is reachable)"
         return f'needs the network: could not {where} (mark it network = "host" and run it online)'
     return ""

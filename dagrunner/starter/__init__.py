@@ -10,6 +10,8 @@
 - ``ci``: what GitHub workflows run by name.
 - ``hookgates``: a gate in a pre-commit hook's stead that checks exactly the hook's files.
 - ``ecosystems``: pre-commit, ``package.json`` scripts, ``Makefile`` targets, Go, Rust.
+- ``jsrunners``: a script's test runner (``node --test``, vitest, jest, mocha) with its
+  JUnit reporter.
 - ``venvs``: a venv that imports the project in place, as a seed.
 - ``nodeseeds``: a lockfile's ``node_modules`` (every workspace's), as a seed.
 - ``network``: the checks that need the network, and why.

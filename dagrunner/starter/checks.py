@@ -31,6 +31,9 @@ class Check:
     program: str = ""  # what must be on PATH, when ``run`` starts with a shell
     python: str = ""  # the interpreter a tox env needs (python3.14), "" for any
     network: str = ""  # why it needs the network (written `network = "host"`, and said)
+    # what to pip-install for it (a hook's pinned tool and additional_dependencies): said
+    # in the install hint, as a venv seed's build installs them
+    install: tuple[str, ...] = ()
 
     @property
     def needs_program(self) -> str:

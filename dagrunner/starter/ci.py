@@ -28,6 +28,24 @@ class Ci:
     make: frozenset[str] = frozenset()
     pre_commit: bool = False
     lines: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()  # the workflow each line is from
+
+    def thresholds(self) -> list[tuple[str, str]]:
+        """CI's coverage gates, as (what, workflow): ``coverage report --fail-under=N`` or
+        a ``--cov-fail-under=N`` (``what`` is the words that say it)."""
+        found: dict[str, str] = {}
+        for line, where in zip(self.lines, self.files, strict=True):
+            for command in re.split(r"&&|\|\||;|\|", line):
+                words = command.split()
+                under = next((w for w in words if re.match(r"--(cov-)?fail-under\b", w)), "")
+                at = words.index(under) if under else -1
+                if under and "=" not in under and at + 1 < len(words):
+                    under = f"{under}={words[at + 1]}"
+                if under.startswith("--cov-"):
+                    found.setdefault(under, where)
+                elif under and "coverage" in words[:3] and "report" in words:
+                    found.setdefault(f"coverage report {under}", where)
+        return list(found.items())
 
     def gate_ids(self) -> frozenset[str]:
         """The ids of the gates ``detect`` makes for what CI runs."""
@@ -46,8 +64,10 @@ def ci(project: Project) -> Ci:
         p for p in project.files("*.yml", "*.yaml") if re.fullmatch(r"\.github/workflows/[^/]+", p)
     ]
     lines: list[str] = []
+    files: list[str] = []
     for name in sorted(workflows)[:MAX_FILES]:
         lines += run_lines(project.text(name, errors="replace") or "")
+        files += [name] * (len(lines) - len(files))
     found: dict[str, set[str]] = {"tox": set(), "nox": set(), "scripts": set(), "make": set()}
     pre_commit = False
     for line in lines:
@@ -64,6 +84,7 @@ def ci(project: Project) -> Ci:
         make=frozenset(found["make"]),
         pre_commit=pre_commit,
         lines=tuple(lines),
+        files=tuple(files),
     )
 
 

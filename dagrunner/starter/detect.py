@@ -12,6 +12,7 @@ left out is listed as skipped with the reason.
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from dagrunner.starter import network
 from dagrunner.starter.checks import WHOLE, Check, Found, Skipped
-from dagrunner.starter.ci import ci
+from dagrunner.starter.ci import Ci, ci
 from dagrunner.starter.ecosystems import (
     go,
     hook_needs,
@@ -71,12 +72,13 @@ def detect(root: Path) -> Found:
     listed = hooks(project)
     tox_checks, tox_skipped = tox(project, pyproject, runs.tox)
     nox_checks, nox_skipped = nox(project, runs.nox)
+    js_checks, js_skipped = package_json(project, runs.scripts, runs.lines)
     candidates = [
         *python(project, pyproject, Uses(listed, runs.lines)),
         *tox_checks,
         *nox_checks,
         *pre_commit(project),
-        *package_json(project, runs.scripts, runs.lines),
+        *js_checks,
         *makefile(project),
         *go(project),
         *rust(project),
@@ -91,7 +93,8 @@ def detect(root: Path) -> Found:
     languages = tuple(sorted({c.concern.partition(":")[0] for c in checks}))
     # Bytecode written beside the sources would change the tree the next gate is keyed by.
     env_set = (("PYTHONDONTWRITEBYTECODE", "1"),) if "python" in languages else ()
-    left_out = (*project.refused, *tox_skipped, *nox_skipped, *skipped, *overlaps)
+    left_out = (*project.refused, *tox_skipped, *nox_skipped, *js_skipped, *skipped, *overlaps)
+    left_out += tuple(_coverage_left_out(runs, checks))
     venv = venv_seed(root, extra=extra) if "python" in languages else None
     node = node_seed(project) if "js" in languages else None
     seeds = tuple(s for s in (venv, node) if s is not None)
@@ -131,6 +134,16 @@ def _one_per_concern(
     for group in groups.values():  # each session CI runs by name is a check of its own
         winners |= {id(c) for c in group if c.id in by_ci and has_interpreter(c.python)}
     notes: dict[int, str] = {}
+    for key, group in groups.items():  # what the chosen one deselects is run by another
+        left = _deselected(best[key].commands)
+        for check in group if left else ():
+            same = set(_deselected(check.commands)) & set(left)  # a twin leaves them out too
+            own = check.runner and not same and not variant(check.id.partition("-")[2])
+            if own and has_interpreter(check.python) and id(check) not in winners:
+                winners.add(id(check))
+                notes[id(check)] = (
+                    f"runs tests {best[key].id} deselects ({', '.join(left)}): a gate of its own"
+                )
     for key, group in groups.items():  # the tests' gate is written commented out (its runner
         # is missing here): the best one this machine can run checks them meanwhile
         program = best[key].needs_program
@@ -160,6 +173,22 @@ def _one_per_concern(
             seen.add(check.id)
             checks.append(replace(check, note=notes[id(check)]) if id(check) in notes else check)
     return checks, skipped
+
+
+def _deselected(commands: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
+    """What a test command leaves out of the tests (pytest's ``-m "not x"``, ``-k "not x"``,
+    ``--ignore``, ``--deselect``): the words that say it."""
+    found: list[str] = []
+    for words in commands:
+        for n, word in enumerate(words):
+            after = words[n + 1] if n + 1 < len(words) else ""
+            if word in ("-m", "-k") and after.startswith("not "):
+                found.append(after)
+            elif word in ("--ignore", "--deselect", "--ignore-glob") and after:
+                found.append(f"{word}={after}")
+            elif word.startswith(("--ignore=", "--deselect=", "--ignore-glob=")):
+                found.append(word)
+    return tuple(dict.fromkeys(found))
 
 
 def _why_not(check: Check, chosen: Check, key: str, why: str) -> str:
@@ -251,10 +280,12 @@ def _pre_commit_overlap(
             if needs and "==" in needs[0]:  # another version finds other faults (or misses)
                 extra += needs[:1] if len(needs) == 1 else []
                 notes_here.append(
-                    f"the hook runs {needs[0]}: install it (pip install '{needs[0]}', in "
-                    "your checkout's venv if it has one; a venv seed's build installs it for "
-                    "worktrees), or this gate and the hook may disagree"
+                    f"the hook runs {needs[0]}: install it (pip install {pip_words(needs)}, "
+                    "in your checkout's venv if it has one; a venv seed's build installs it "
+                    "for worktrees), or this gate and the hook may disagree"
                 )
+            if needs:  # what to install, as the seed does: else red here, green in the queue
+                check = replace(check, install=needs)
             same_hooks = [h for h in listed if HOOK_TOOLS.get(h) == same]
             found = replay(settings, hook) if len(same_hooks) == 1 else None
             if found is None or not found.run:
@@ -289,6 +320,38 @@ def _pre_commit_overlap(
     env = (("SKIP", ",".join(skip)),)
     kept = [replace(c, env_set=env) if c.id == "pre-commit" else c for c in kept]
     return kept, notes, tuple(extra)
+
+
+def pip_words(requirements: Iterable[str]) -> str:
+    """``requirements`` as pip's words for a shell, each quoted (``'attrs>=23'``)."""
+    return " ".join(f"'{r}'" if "'" not in r else shlex.quote(r) for r in requirements)
+
+
+def _coverage_left_out(runs: Ci, checks: list[Check]) -> Iterable[Skipped]:
+    """CI's coverage gates no gate runs: listed, never dropped unsaid (a gate of its own
+    would report data no gate here collects, or test twice)."""
+    said = {" ".join(c.run) for c in checks} | {" ".join(w) for c in checks for w in c.commands}
+    tests = next((c for c in checks if c.concern.endswith(":tests")), None)
+    for what, where in runs.thresholds():
+        flag = what.removeprefix("coverage report ")
+        if any(flag in line.split() for line in said):
+            continue
+        if what.startswith("coverage report"):
+            why = (
+                "CI's coverage gate: it reports the coverage data earlier CI steps collected "
+                "(coverage run, combine), which no gate here collects; to keep it, make the "
+                f"tests' gate run them under coverage and end with `{what}`"
+            )
+        elif tests is not None and "pytest" in " ".join(tests.run):
+            why = (
+                f"CI's coverage threshold: gate {tests.id!r} runs pytest without it; add "
+                f"`--cov {flag}` to its run (pytest-cov installed) to keep it"
+            )
+        elif tests is not None:
+            why = f"CI's coverage threshold: gate {tests.id!r} runs the tests without pytest's"
+        else:
+            why = "CI's coverage threshold: no gate here runs the tests"
+        yield Skipped(f"ci: {what}", where, why)
 
 
 def _env_pass(languages: Iterable[str]) -> tuple[str, ...]:

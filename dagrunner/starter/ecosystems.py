@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import replace
 
-from dagrunner.starter.checks import WHOLE, Check
-from dagrunner.starter.python import junit_file
+from dagrunner.starter.checks import WHOLE, Check, Skipped
+from dagrunner.starter.jsrunners import runner_junit
+from dagrunner.starter.nodeseeds import workspace_scripts
 from dagrunner.starter.readers import Project
 
 CHECK_SCRIPTS = {  # package.json script / Makefile target -> its concern
@@ -30,8 +30,13 @@ CHECK_SCRIPTS = {  # package.json script / Makefile target -> its concern
     "build": "build",
     "docs": "docs",
 }
+# A script name's start that says its concern (``test:coverage``, ``format``, ``lint:fix``).
+LOOKS = {**CHECK_SCRIPTS, "format": "format", "fmt": "format", "prettier": "format"}
 # checkers CI may run as ``yarn X`` / ``pnpm X`` (a program of node_modules/.bin) -> concern
 CI_PROGRAMS = {"tsc": "types", "vue-tsc": "types", "eslint": "lint", "knip": "check"}
+CI_PROGRAMS |= {"biome": "lint", "oxlint": "lint", "prettier": "format", "publint": "check"}
+# A script that writes what it checks is a fixer (``prettier --write``, ``eslint --fix``).
+FIXES = re.compile(r"(^|\s)(--write|-w|--fix|--apply|fix)(\s|$)")
 LOCKFILES = (
     ("pnpm-lock.yaml", "pnpm"),
     ("yarn.lock", "yarn"),
@@ -49,14 +54,40 @@ TOOL_MEMORY = {
 }
 
 
-def memory_of(concern: str, text: str, scripts: dict[str, object]) -> str:
-    """A script's memory: its concern's, or the heaviest tool it (or a script it runs by
-    ``npm run X`` / ``pnpm X``) calls, whichever is more."""
-    words = set(re.findall(r"[\w@/.-]+", text))
-    for other in words & set(scripts):
-        words |= set(re.findall(r"[\w@/.-]+", str(scripts[other])))
+def memory_of(
+    concern: str,
+    text: str,
+    scripts: dict[str, object],
+    workspaces: dict[str, tuple[str, ...]] | None = None,
+) -> str:
+    """A script's memory: its concern's, or the heaviest tool it calls, whichever is more
+    -- through the scripts it runs (``npm run X``, ``pnpm X``, to any depth) and, where it
+    runs a script in every workspace (``pnpm -r X``, ``yarn workspaces run X``, turbo),
+    through each workspace's script of that name (``workspaces``: name -> their texts)."""
+    words = _words_of(text)
+    seen: set[str] = set()
+    while fresh := (words & set(scripts)) - seen:  # each script once: a cycle ends
+        seen |= fresh
+        for other in fresh:
+            words |= _words_of(str(scripts[other]))
+    if workspaces and words & EVERY_WORKSPACE:
+        for name in words & set(workspaces):
+            for each in workspaces[name]:
+                words |= _words_of(each)
     sizes = [MEMORY.get(concern, "256M"), *(TOOL_MEMORY[w] for w in words if w in TOOL_MEMORY)]
     return max(sizes, key=lambda m: float(m[:-1]) * (1024 if m.endswith("G") else 1))
+
+
+def _words_of(text: str) -> set[str]:
+    return set(re.findall(r"[\w@/.:-]+", text))
+
+
+# Words that run a script in every workspace: pnpm -r / --filter, yarn workspaces (foreach),
+# npm --workspaces / -ws, turbo, lerna, nx, wireit's and ultra's runners.
+EVERY_WORKSPACE = frozenset(
+    {"-r", "--recursive", "--filter", "-F", "workspaces", "--workspaces", "-ws", "--ws"}
+    | {"turbo", "lerna", "nx", "ultra", "wsrun"}
+)
 
 
 def hooks(project: Project) -> tuple[str, ...]:
@@ -129,53 +160,86 @@ def pre_commit(project: Project) -> list[Check]:
 
 def package_json(
     project: Project, by_ci: frozenset[str] = frozenset(), ci_lines: tuple[str, ...] = ()
-) -> list[Check]:
+) -> tuple[list[Check], list[Skipped]]:
     """A gate for each script that is a check: by its name, or because CI runs it (its
-    concern then read from the name's start: ``test-ci`` tests, ``lint:md`` lint)."""
+    concern then read from the name's start: ``test-ci`` tests, ``lint:md`` lint); and the
+    scripts that look like checks by their name's start but are not taken, with why."""
     body = project.json("package.json")
     scripts = body.get("scripts") if isinstance(body, dict) else None
     if not isinstance(scripts, dict):
-        return []
+        return [], []
     manager = next((pm for lock, pm in LOCKFILES if project.is_file(lock)), "npm")
     found = []
+    skipped: list[Skipped] = []
+    taken = {CHECK_SCRIPTS[s] for s in scripts if s in CHECK_SCRIPTS}
+    packages = workspace_scripts(project, body, manager)
     for script, text in scripts.items():
         concern = CHECK_SCRIPTS.get(str(script))
+        head = LOOKS.get(re.split(r"[-:_.]", str(script))[0])
         if concern is None and script in by_ci:
-            head = re.split(r"[-:_.]", str(script))[0]
-            concern = CHECK_SCRIPTS.get(head) or "check"
-        if concern is None or not isinstance(text, str):
+            concern = head or "check"
+        if not isinstance(text, str):
+            continue
+        if concern is None and head is not None:
+            where = f"package.json scripts.{script}"
+            skipped.append(
+                Skipped(f"js-{script.replace(':', '-')}", where, _why_not(text, head, taken))
+            )
+        if concern is None:
             continue
         gate = f"js-{script.replace(':', '-')}"
         check = Check(
             id=gate,
             concern=f"js:{concern}",
             run=(manager, "run", script),
-            source=f"package.json scripts.{script} ({manager}: {_lock_for(manager)})",
+            source=f"package.json scripts.{script} ({manager}: {_lock_for(project, manager)})",
             # a script's tools read what their own configs say (eslint plugins lint markdown,
             # .eslintrc*, ignore files): only the whole tree keys it safely
             inputs=WHOLE,
             tools=("node --version", f"{manager} --version"),
-            memory=memory_of(concern, text, scripts),
+            memory=memory_of(concern, text, scripts, packages),
             needs=("js-build",) if concern == "tests" else (),
             commands=(_words(text),),
             runner=True,
         )
-        found.append(_node_test(project, check, text))
-    return found + _ci_programs(project, manager, by_ci - set(scripts), ci_lines)
+        found.append(runner_junit(project, check, text, manager))
+    programs, left = _ci_programs(project, manager, by_ci - set(scripts), ci_lines)
+    return found + programs, skipped + left
+
+
+def _why_not(text: str, concern: str, taken: set[str]) -> str:
+    """Why a script whose name says ``concern`` (``test:coverage``, ``format``) is no gate."""
+    if FIXES.search(text):
+        return "it changes files (a fixer): a gate checks, never writes"
+    if concern in taken:
+        return (
+            f"its name is no check of its own and CI does not run it; the {concern} gate "
+            f"runs the {concern}"
+        )
+    return (
+        "its name is no check init knows and CI does not run it: add it as a gate if it "
+        f"checks the {concern}"
+    )
 
 
 def _ci_programs(
     project: Project, manager: str, names: frozenset[str], ci_lines: tuple[str, ...]
-) -> list[Check]:
+) -> tuple[list[Check], list[Skipped]]:
     """What CI runs as ``yarn X`` / ``pnpm X`` where ``X`` is no script but a check program
     of ``node_modules/.bin`` (``yarn tsc``): a gate of its own, with CI's words, or the check
     is lost unsaid.  Only known checkers: ``yarn changeset publish`` is a task."""
     found = []
+    skipped = []
     for name in sorted(names & set(CI_PROGRAMS)) if manager in ("yarn", "pnpm") else ():
         words = next((w for w in map(_words, ci_lines) if w[:2] == (manager, name)), ())
         if not words or any(re.search(r"[;&|<>$`]", w) for w in words):
             continue
         if not project.is_file(f"node_modules/.bin/{name}"):
+            why = (
+                f"node_modules/.bin/{name} is not here: install the project ({manager} "
+                "install), then run dagrunner init again"
+            )
+            skipped.append(Skipped(f"js-{name}", f"`{' '.join(words)}` in CI", why))
             continue
         concern = CI_PROGRAMS[name]
         found.append(
@@ -184,31 +248,13 @@ def _ci_programs(
                 concern=f"js:{concern}",
                 run=words,
                 source=f"`{' '.join(words)}` in CI (node_modules/.bin/{name}; {manager}: "
-                f"{_lock_for(manager)})",
+                f"{_lock_for(project, manager)})",
                 inputs=WHOLE,
                 tools=("node --version", f"{manager} --version"),
                 memory=memory_of(concern, name, {}),
             )
         )
-    return found
-
-
-def _node_test(project: Project, check: Check, script: str) -> Check:
-    """A script that is node's own test runner runs it directly, with a JUnit report beside
-    the spec output on stdout (appending to ``npm run`` would put options after files)."""
-    words = _words(script)
-    if words[:2] != ("node", "--test") or any(re.search(r"[;&|<>$`]", w) for w in words):
-        return check
-    path, note = junit_file(project, check.id)
-    reporters = (
-        *("--test-reporter=spec", "--test-reporter-destination=stdout"),
-        *("--test-reporter=junit", f"--test-reporter-destination={path}"),
-    )
-    # node does not make the report's folder (ENOENT), so a shell makes it first.
-    node = shlex.join(("node", "--test", *reporters, *words[2:]))
-    run = ("sh", "-c", f"mkdir -p {shlex.quote(path.rpartition('/')[0])} && exec {node}")
-    source = f"{check.source.partition(' (')[0]} (node --test, run directly for its JUnit file)"
-    return replace(check, run=run, source=source, junit=path, note=note, program="node")
+    return found, skipped
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -218,8 +264,10 @@ def _words(text: str) -> tuple[str, ...]:
         return tuple(text.split())
 
 
-def _lock_for(manager: str) -> str:
-    return next((lock for lock, pm in LOCKFILES if pm == manager), "no lockfile")
+def _lock_for(project: Project, manager: str) -> str:
+    """The lockfile ``manager`` reads, when the project has one."""
+    found = (lock for lock, pm in LOCKFILES if pm == manager and project.is_file(lock))
+    return next(found, "no lockfile")
 
 
 def makefile(project: Project) -> list[Check]:

@@ -134,6 +134,20 @@ def _workspaces(project: Project, body: dict[str, Any], manager: str) -> list[st
     return list(dict.fromkeys(kept))[:MAX_WORKSPACES]
 
 
+def workspace_scripts(
+    project: Project, body: dict[str, Any], manager: str
+) -> dict[str, tuple[str, ...]]:
+    """Each script name of the workspaces' ``package.json`` files -> their texts."""
+    found: dict[str, list[str]] = {}
+    for folder in _folders(project, _workspaces(project, body, manager)):
+        package = project.json(f"{folder}/package.json")
+        scripts = package.get("scripts") if isinstance(package, dict) else None
+        for name, text in scripts.items() if isinstance(scripts, dict) else ():
+            if isinstance(text, str):
+                found.setdefault(str(name), []).append(text)
+    return {name: tuple(texts) for name, texts in found.items()}
+
+
 def _folders(project: Project, workspaces: list[str]) -> list[str]:
     """The workspace folders there are now (each one's ``node_modules`` must be ignored)."""
     found: list[str] = []

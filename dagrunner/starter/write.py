@@ -14,7 +14,7 @@ from dagrunner.errors import DagrunnerError
 from dagrunner.files import atomic_write
 from dagrunner.manifest.load import STARTER_MANIFEST, load_manifest
 from dagrunner.starter.checks import WHOLE, Check, Found, Seed
-from dagrunner.starter.detect import detect
+from dagrunner.starter.detect import detect, pip_words
 from dagrunner.starter.sessions import runnable
 
 PIP = "python -m pip install {0}"
@@ -185,6 +185,8 @@ def _gate(check: Check, *, missing: bool, off: bool) -> list[str]:
     lines = [f"# from {check.source}"]
     program = check.needs_program
     install = INSTALL.get(program, "see the project's docs")
+    if check.install and install.startswith(PIP.format("")):
+        install = PIP.format(pip_words(check.install))
     if off:
         lines.append(f"# `{program}` is not on PATH here: install it ({install}), then uncomment")
     elif missing:
