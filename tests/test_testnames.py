@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import commit_release_manifest, git
 from test_integration import states, worker
+from test_target_red import status_text
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.run import integrate
@@ -143,13 +144,7 @@ def test_an_item_failing_unittest_without_junit_is_blamed_by_test_name(project: 
         "tests::test_m.Calc::test_err",
         "tests::test_m.Calc::test_sub",
     )
-    shown = subprocess.run(
-        [sys.executable, "-m", "dagrunner", "integrate", "status"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    shown = status_text(project)
     assert "gates-failed  tests (tests: tests::test_m.Calc::test_err" in shown, shown
 
 
