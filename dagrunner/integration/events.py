@@ -43,7 +43,8 @@ from dagrunner.integration.queue import Queue, QueueEntry
 from dagrunner.records.integration import FINAL, Details, EnvelopeState
 
 POLL = 0.1  # seconds between looks at the journal while following it
-CHUNK = 1 << 18  # bytes of the journal read at once
+CHUNK = 1 << 16  # bytes of the journal read at once: ten waiters reading from cursor 0
+# hold a few small blocks each, not a quarter MiB (what their threads kept: agents/serve.py)
 
 # What each final state means to ``integrate submit --wait`` (docs/integration.md).
 WAIT_EXIT: dict[EnvelopeState, ExitCode] = {
