@@ -2,8 +2,9 @@
 
 - ``queue``: the durable queue and its journal.  ``events``: the journal as a stream.
 - ``submit``: envelopes onto the queue (validated, with priority and the overlaps foreseen).
-- ``run``: ``integrate``, ``queue_status`` and ``prune`` (the journal compacted, what only
-  final items needed removed), the entry points.
+- ``run``: ``integrate``, ``queue_status`` and ``overlaps``, the entry points.
+- ``prune``: ``integrate prune`` (the journal and the worktree ledger compacted, what only
+  final items needed removed).
 - ``steps``: the integrator's steps (admit, apply with ``--3way``, land).
 - ``needs``: what the helpers below may use of the integrator (a protocol).
 - ``pipeline`` and ``items``: the speculative pipeline and what it tracks; ``trees``: where
