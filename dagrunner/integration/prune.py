@@ -25,6 +25,7 @@ lock is let go (a cleanup holds the worktrees lock, then the queue's).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import shutil
@@ -36,8 +37,10 @@ from typing import Any
 
 import orjson
 
+from dagrunner.engine.landed import NOTES_REF
 from dagrunner.errors import DagrunnerError
 from dagrunner.files import crash_point
+from dagrunner.git.command import IDENTITY, git
 from dagrunner.integration.journal import Header, JournalLine, QueueEntry, read_header, when
 from dagrunner.integration.queue import Queue
 from dagrunner.integration.steps import integrator_lock
@@ -76,8 +79,38 @@ def prune(
                     "--prune-every DUR` prune as it goes",
                 ) from None
         reports = ctx.root / ".integration" / ".reports"
-        return prune_queue(Queue.of(ctx.info), reports, keep, dry_run=dry_run)
+        pruned = prune_queue(Queue.of(ctx.info), reports, keep, dry_run=dry_run)
+        # after the queue lock is let go: a cleanup takes the worktrees lock, then the queue's
+        before, after = ctx.ledger.compact(dry_run=dry_run)
+        notes = drop_notes(ctx.info.root, pruned.landed, dry_run=dry_run)
+        return dataclasses.replace(
+            pruned, ledger_bytes_before=before, ledger_bytes_after=after, notes_removed=notes
+        )
 
+
+def drop_notes(root: Path, commits: tuple[str, ...], *, dry_run: bool) -> int:
+    """Remove the landed proofs (``refs/notes/dagrunner``) on ``commits``, in one notes
+    commit, except one on the tip of a branch or tag: ``release-check --reuse-landed``
+    answers from the proof on the commit it checks, which is a tip.  Another commit's CI
+    without its proof runs every gate: slower, never a wrong pass.  How many (would) go."""
+    if not commits:
+        return 0
+    listed = git(["notes", f"--ref={NOTES_REF}", "list"], cwd=root, check=False)
+    noted = {line.split()[1] for line in listed.text.splitlines() if len(line.split()) == 2}
+    tips = git(
+        ["for-each-ref", "--format=%(objectname) %(*objectname)", "refs/heads", "refs/remotes",
+         "refs/tags"],
+        cwd=root,
+    ).text.split()  # fmt: skip
+    drop = sorted((set(commits) & noted) - set(tips))
+    if drop and not dry_run:
+        git(
+            ["notes", f"--ref={NOTES_REF}", "remove", "--ignore-missing", "--stdin"],
+            cwd=root,
+            input="\n".join(drop).encode() + b"\n",
+            env=IDENTITY,
+        )
+    return len(drop)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +126,10 @@ class Pruned:
     envelopes_removed: int
     reports_removed: int
     inline_removed: int
+    landed: tuple[str, ...] = ()  # the commits the dropped items landed (their proofs go)
+    notes_removed: int = 0
+    ledger_bytes_before: int = 0
+    ledger_bytes_after: int = 0
     base: int  # the cursor where the compacted journal's kept lines end (watchers at the
     # old end resume from here)
 
@@ -108,6 +145,8 @@ class Pruned:
             "envelopes_removed": self.envelopes_removed,
             "reports_removed": self.reports_removed,
             "inline_removed": self.inline_removed,
+            "notes_removed": self.notes_removed,
+            "ledger_bytes": {"before": self.ledger_bytes_before, "after": self.ledger_bytes_after},
             "base": self.base,
         }
 
@@ -203,6 +242,15 @@ def prune_queue(queue: Queue, reports: Path | None, keep: float, *, dry_run: boo
         envelopes_removed=len(envelopes),
         reports_removed=removed_reports,
         inline_removed=inline,
+        landed=tuple(
+            sorted(
+                {
+                    line.details.commit
+                    for _, line in journal.lines
+                    if line is not None and line.id in dropped and line.details.commit
+                }
+            )
+        ),
         base=header.base + len(journal.data),
     )
 
