@@ -62,3 +62,27 @@ def test_a_scrape_reads_only_what_was_appended_since_the_last(repo: Path) -> Non
         warm.append(time.perf_counter() - began)
         assert again.pending == 1 and again.outcomes == {"landed": 4000}
     assert min(warm) < cold / 5, (cold, warm)
+
+
+def test_a_wait_from_cursor_0_reads_from_its_items_submission(repo: Path) -> None:
+    from dagrunner.agents.follow import wait
+    from dagrunner.agents.tools import Binding
+    from dagrunner.integration.events import watch
+
+    commit_release_manifest(repo, '[gates.ok]\nrun = "true"\n')
+    journal = Queue.of(repo_info(repo)).journal
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    journal.write_bytes(
+        b"".join(
+            orjson.dumps({"at": "2025-01-01T00:00:00+00:00", "id": f"old.{n}", "state": s}) + b"\n"
+            for n in range(2000)
+            for s in ("queued", "landed")
+        )
+    )
+    mine = submit(repo_info(repo), [envelope(repo, "mine")])[0].id
+    ahead = queue_stats(repo=repo)  # the process's index has read the journal already
+    assert ahead.pending == 1
+    said = wait(Binding(repo=repo, drive=False), mine, timeout_seconds=2.0, cursor=0)
+    expected = [e.to_json() for e in watch(repo=repo, follow=False) if e.id == mine]
+    assert [e["event"] for e in said["events"]] == ["submitted"] and said["events"] == expected
+    assert said["cursor"] == expected[-1]["cursor"] and not said["final"]

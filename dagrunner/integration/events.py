@@ -108,7 +108,8 @@ class JournalReader:
         self.index = index
         # with an index: the events of this one item only (another item's line is not even
         # parsed: a wait from cursor 0 on a long journal holds no event of the others)
-        self.only = None if index is None or only is None else f'"id":"{only}"'.encode()
+        self.item = None if index is None else only
+        self.only = None if self.item is None else f'"id":"{self.item}"'.encode()
         self.file: tuple[int, int] | None = None  # the journal file read (None: not yet)
         self.header = Header()
         self.offset = 0  # how far the file has been read (always a line's end)
@@ -176,6 +177,15 @@ class JournalReader:
         self.skip = target
         if self.index is not None:
             self.offset = target
+        if self.index is not None and self.item is not None:
+            # nothing of the item comes before its submission: a wait from cursor 0 on a
+            # long journal reads from there (what the index read since is not read again)
+            with self.index.lock:
+                self.index.refresh()
+                begins = self.index.first.get(self.item)
+                same = self.index.file == self.file and self.index.header == self.header
+            if begins is not None and same and begins - self.header.base > target:
+                self.offset = begins - self.header.base
 
     def bad_cursor(self, size: int) -> None:
         raise DagrunnerError(
@@ -195,7 +205,7 @@ class JournalReader:
             return None
         cursor = self.header.base + offset
         if self.index is not None:
-            first = self.index.first.get(line.id) == cursor
+            first = self.index.first.get(line.id) == cursor - len(raw) - 1  # where it begins
             known = self.index.entries.get(line.id)
             if known is not None:
                 self.who[line.id] = (known.mission, known.worker)

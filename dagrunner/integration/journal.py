@@ -291,7 +291,8 @@ class JournalIndex:
         self.header = Header()
         self.offset = 0  # how far it was read: always a line's end
         self.entries: dict[str, QueueEntry] = {}
-        self.first: dict[str, int] = {}  # id -> cursor of its first line (its submission)
+        self.first: dict[str, int] = {}  # id -> cursor where its first line (its submission)
+        # begins: a wait on it reads from there
         self.envelopes: tuple[int, list[str]] = (-1, [])  # envelopes folder's mtime, its ids
         # what status answers from the whole journal, kept up as it is read:
         self.red: dict[str, dict[str, Any]] = {}  # target -> what it fails (``red_targets``)
@@ -330,7 +331,7 @@ class JournalIndex:
     def _fold(self, data: bytes) -> None:
         start = 0
         while (end := data.find(b"\n", start)) != -1:
-            raw, start = data[start:end], end + 1
+            begin, raw, start = start, data[start:end], end + 1
             try:
                 line = JournalLine.from_json(orjson.loads(raw))
             except orjson.JSONDecodeError:
@@ -339,7 +340,7 @@ class JournalIndex:
                 continue
             current = self.entries.get(line.id)
             if current is None:
-                self.first[line.id] = self.header.base + self.offset + start
+                self.first[line.id] = self.header.base + self.offset + begin
             name = event_name(line, current is None)
             self.tally.add(name, line.id, line.state, line.at, line.details, is_final(line))
             if current is None:
