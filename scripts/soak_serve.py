@@ -141,6 +141,8 @@ class Server:
                     return
             except OSError:
                 time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):  # never leave it running behind us
+            os.killpg(self.process.pid, signal.SIGKILL)
         raise SystemExit("serve did not come up")
 
     def signal(self, sig: signal.Signals) -> int | None:
