@@ -10,6 +10,7 @@ The integrator's steps live in ``steps.py``, crash recovery and the preflight in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import tempfile
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dagrunner.engine.landed import drop_notes
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.factory import check_integration_executor
@@ -27,14 +29,15 @@ from dagrunner.integration.baseline import red_targets
 from dagrunner.integration.events import median_gate_run
 from dagrunner.integration.landing import SHA_TRAILER, TRAILER
 from dagrunner.integration.needs import Batch
-from dagrunner.integration.prune import DEFAULT_KEEP, prune
-from dagrunner.integration.queue import Queue, stuck_on_error
+from dagrunner.integration.queue import Pruned, Queue, prune_queue, stuck_on_error
 from dagrunner.integration.steps import Integrator, integrator_lock
 from dagrunner.manifest.load import load_manifest
 from dagrunner.records.integration import FINAL, IntegrationResult
 from dagrunner.worktrees.allocate import default_target, open_context
 from dagrunner.worktrees.gone import half_removed
 from dagrunner.worktrees.overlaps import Overlaps, find_overlaps
+
+DEFAULT_KEEP = 7 * 86400.0  # seconds (prune): a week of final items, for stats and `why`
 
 __all__ = [
     "DEFAULT_KEEP",
@@ -89,6 +92,43 @@ def integrate(
             window=window,
             confirm_failures=confirm_failures,
         ).run()
+
+
+def prune(
+    *,
+    repo: Path | None = None,
+    keep: float = DEFAULT_KEEP,
+    dry_run: bool = False,
+    held: Path | None = None,
+) -> Pruned:
+    """``integrate prune``: the journal compacted to what live items (and final ones younger
+    than ``keep`` seconds) need, and what only the others needed removed (``queue.prune_queue``),
+    the worktree ledger compacted (``Ledger.compact``) and their landed proofs removed.
+    Every integrator lock of the repository is taken first, never waited for (``held``: the
+    one the caller holds, ``serve --prune-every``): ``integrator-busy`` while one runs."""
+    ctx = open_context(repo)
+    with contextlib.ExitStack() as stack:
+        for lock in sorted(ctx.info.state_dir.glob("integrate-*.lock")):
+            if held is not None and lock == held:
+                continue
+            try:
+                stack.enter_context(integrator_lock(lock, wait=False))
+            except DagrunnerError as exc:
+                raise DagrunnerError(
+                    exc.code,
+                    exc.message,
+                    exit_code=exc.exit_code,
+                    hint="prune when no integrator runs, or let `integrate serve "
+                    "--prune-every DUR` prune as it goes",
+                ) from None
+        reports = ctx.root / ".integration" / ".reports"
+        pruned = prune_queue(Queue.of(ctx.info), reports, keep, dry_run=dry_run)
+        # after the queue lock is let go: a cleanup takes the worktrees lock, then the queue's
+        before, after = ctx.ledger.compact(dry_run=dry_run)
+        notes = drop_notes(ctx.info.root, pruned.landed, dry_run=dry_run)
+        return dataclasses.replace(
+            pruned, ledger_bytes_before=before, ledger_bytes_after=after, notes_removed=notes
+        )
 
 
 def queue_status(*, repo: Path | None = None) -> dict[str, Any]:
