@@ -167,9 +167,10 @@ def mark_own_output(folder: Path) -> None:
 
 def crash_point(name: str) -> None:
     """Fault injection for the durability tests: SIGKILL ourselves at a named point
-    (``DAGRUNNER_CRASH_AT``: applying, gating, landing, landed-ref, allocating); or block
-    there in ``open(2)`` of a FIFO nobody writes (``DAGRUNNER_HANG_AT=point:fifo``), the
-    wedge no signal interrupts, for the tests of a bounded exit."""
+    (``DAGRUNNER_CRASH_AT``: applying, gating, landing, landed-ref, allocating, pruning,
+    compacting-ledger, ...); or block there in ``open(2)`` of a FIFO nobody writes
+    (``DAGRUNNER_HANG_AT=point:fifo``), the wedge no signal interrupts, for the tests of a
+    bounded exit."""
     if os.environ.get("DAGRUNNER_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
     point, _, fifo = os.environ.get("DAGRUNNER_HANG_AT", "").partition(":")

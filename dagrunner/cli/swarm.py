@@ -257,7 +257,9 @@ def cmd_integrate(args: argparse.Namespace) -> int:
                 f"{verb} {done.items_before - done.items_after} of {done.items_before} items; "
                 f"journal {done.journal_bytes_before} -> {done.journal_bytes_after} bytes; "
                 f"{done.envelopes_removed} envelopes, {done.reports_removed} reports, "
-                f"{done.inline_removed} inline files; watchers at cursor {done.base} go on"
+                f"{done.inline_removed} inline files, {done.notes_removed} landed proofs; "
+                f"ledger {done.ledger_bytes_before} -> {done.ledger_bytes_after} bytes; "
+                f"watchers at cursor {done.base} go on"
             )
         return ExitCode.OK
     if action == "submit":

@@ -14,6 +14,8 @@ tip -- never from the commit under test, which could add its own key -- and when
 this very commit and tree, checked out clean.  It then answers each gate whose key this run
 computes identically; everything else runs.  A proof that is missing, unsigned, tampered or
 unverifiable is ignored with one warning: never an error, never a pass (docs/cache.md).
+``integrate prune`` removes the proofs of the items it drops, never one on a tip
+(``drop_notes``).
 """
 
 from __future__ import annotations
@@ -304,3 +306,28 @@ def read_proof(repo: Path, target: str, environ: Mapping[str, str]) -> Verified 
             "(tampered, or signed by a key they do not list); every gate runs"
         )
     return Verified(proof=proof, signer=signer)
+
+
+def drop_notes(root: Path, commits: tuple[str, ...], *, dry_run: bool) -> int:
+    """Remove the landed proofs (``refs/notes/dagrunner``) on ``commits``, in one notes
+    commit, except one on the tip of a branch or tag: ``release-check --reuse-landed``
+    answers from the proof on the commit it checks, which is a tip.  Another commit's CI
+    without its proof runs every gate: slower, never a wrong pass.  How many (would) go."""
+    if not commits:
+        return 0
+    listed = git(["notes", f"--ref={NOTES_REF}", "list"], cwd=root, check=False)
+    noted = {line.split()[1] for line in listed.text.splitlines() if len(line.split()) == 2}
+    tips = git(
+        ["for-each-ref", "--format=%(objectname) %(*objectname)", "refs/heads", "refs/remotes",
+         "refs/tags"],
+        cwd=root,
+    ).text.split()  # fmt: skip
+    drop = sorted((set(commits) & noted) - set(tips))
+    if drop and not dry_run:
+        git(
+            ["notes", f"--ref={NOTES_REF}", "remove", "--ignore-missing", "--stdin"],
+            cwd=root,
+            input="\n".join(drop).encode() + b"\n",
+            env=IDENTITY,
+        )
+    return len(drop)

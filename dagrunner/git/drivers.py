@@ -27,6 +27,7 @@ INCLUDE = re.compile(r"^include(if\..+)?\.path$", re.IGNORECASE)
 SAFE = {"merge": {"driver": "false"}, "filter": {"clean": "cat", "smudge": "cat", "process": ""}}
 
 _remembered: dict[tuple[object, ...], tuple[tuple[str, str], ...]] = {}
+REMEMBERED = 256  # entries kept at most (each a git dir's config files as last seen)
 _lock = threading.Lock()
 
 
@@ -123,6 +124,8 @@ def neutral_drivers(
     found = tuple(overrides)
     if not includes:
         with _lock:
+            if len(_remembered) >= REMEMBERED:  # one per worktree: a service sees thousands
+                _remembered.clear()
             _remembered[stamp] = found
     return found
 

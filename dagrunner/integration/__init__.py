@@ -1,9 +1,10 @@
 """The integration queue and its integrator.
 
-- ``queue``: the durable queue and its journal.  ``events``: the journal as a stream.
+- ``queue``: the durable queue and its journal, and the journal's compaction (``integrate
+  prune``).  ``events``: the journal as a stream.
 - ``submit``: envelopes onto the queue (validated, with priority and the overlaps foreseen).
-- ``run``: ``integrate``, ``queue_status`` and ``prune`` (the journal compacted, what only
-  final items needed removed), the entry points.
+- ``run``: ``integrate``, ``queue_status``, ``overlaps`` and ``prune`` (the journal and the
+  worktree ledger compacted, what only final items needed removed), the entry points.
 - ``steps``: the integrator's steps (admit, apply with ``--3way``, land).
 - ``needs``: what the helpers below may use of the integrator (a protocol).
 - ``pipeline`` and ``items``: the speculative pipeline and what it tracks; ``trees``: where

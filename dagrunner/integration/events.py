@@ -34,16 +34,17 @@ from dagrunner.integration.journal import (
     Header,
     JournalIndex,
     JournalLine,
+    Tally,
     identity,
     offset_of,
     read_header,
-    when,
 )
 from dagrunner.integration.queue import Queue, QueueEntry
 from dagrunner.records.integration import FINAL, Details, EnvelopeState
 
 POLL = 0.1  # seconds between looks at the journal while following it
-CHUNK = 1 << 18  # bytes of the journal read at once
+CHUNK = 1 << 16  # bytes of the journal read at once: ten waiters reading from cursor 0
+# hold a few small blocks each, not a quarter MiB (what their threads kept: agents/serve.py)
 
 # What each final state means to ``integrate submit --wait`` (docs/integration.md).
 WAIT_EXIT: dict[EnvelopeState, ExitCode] = {
@@ -107,7 +108,8 @@ class JournalReader:
         self.index = index
         # with an index: the events of this one item only (another item's line is not even
         # parsed: a wait from cursor 0 on a long journal holds no event of the others)
-        self.only = None if index is None or only is None else f'"id":"{only}"'.encode()
+        self.item = None if index is None else only
+        self.only = None if self.item is None else f'"id":"{self.item}"'.encode()
         self.file: tuple[int, int] | None = None  # the journal file read (None: not yet)
         self.header = Header()
         self.offset = 0  # how far the file has been read (always a line's end)
@@ -175,6 +177,15 @@ class JournalReader:
         self.skip = target
         if self.index is not None:
             self.offset = target
+        if self.index is not None and self.item is not None:
+            # nothing of the item comes before its submission: a wait from cursor 0 on a
+            # long journal reads from there (what the index read since is not read again)
+            with self.index.lock:
+                self.index.refresh()
+                begins = self.index.first.get(self.item)
+                same = self.index.file == self.file and self.index.header == self.header
+            if begins is not None and same and begins - self.header.base > target:
+                self.offset = begins - self.header.base
 
     def bad_cursor(self, size: int) -> None:
         raise DagrunnerError(
@@ -194,7 +205,7 @@ class JournalReader:
             return None
         cursor = self.header.base + offset
         if self.index is not None:
-            first = self.index.first.get(line.id) == cursor
+            first = self.index.first.get(line.id) == cursor - len(raw) - 1  # where it begins
             known = self.index.entries.get(line.id)
             if known is not None:
                 self.who[line.id] = (known.mission, known.worker)
@@ -378,56 +389,42 @@ class QueueStats:
         return "\n".join(lines) + "\n"
 
 
-_when = when
-
-
 def queue_stats(*, repo: Path | None = None, since: float | None = None) -> QueueStats:
     """The queue's figures from its journal; ``since``: only what happened in the last
-    ``since`` seconds (an envelope counts when it was submitted or ended then)."""
-    cutoff = None if since is None else time.time() - since
-    submitted: dict[str, float] = {}
-    ended: dict[str, tuple[str, float]] = {}
-    runs: dict[str, int] = {}
-    resets = cancelled = flaky = overlaps = ran = 0
-    cpu: float | None = None
-    for event in watch(repo=repo, follow=False):
-        at = _when(event.at)
-        recent = cutoff is None or (at is not None and at >= cutoff)
-        if event.event == "submitted" and at is not None:
-            submitted.setdefault(event.id, at)
-        elif event.event == "gating" and recent:
-            runs[event.id] = runs.get(event.id, 0) + 1
-        elif event.event == "speculation-reset" and recent:
-            resets += 1
-        elif event.event == "flaky" and recent:
-            flaky += 1
-        elif event.event == "overlap" and recent:
-            overlaps += 1
-        elif event.event == "gate-run" and recent:
-            ran, cpu = ran + 1, (cpu or 0.0) + (event.details.gate_cpu or 0.0)
-            cancelled += event.details.note == "cancelled"
-        elif event.final and at is not None and event.id not in ended:
-            ended[event.id] = (str(event.state), at)
+    ``since`` seconds (an envelope counts when it was submitted or ended then).  The whole
+    journal's are kept up by the process's shared index (``/metrics`` parses nothing per
+    scrape); a ``since`` answer reads the events."""
+    if since is None:
+        tally = Queue.of(repo_info(repo)).index().counted()
+    else:
+        tally = Tally(cutoff=time.time() - since)
+        for event in watch(repo=repo, follow=False):
+            tally.add(event.event, event.id, event.state, event.at, event.details, event.final)
+    return stats_of(tally, since)
+
+
+def stats_of(tally: Tally, since: float | None) -> QueueStats:
     outcomes: dict[str, int] = {}
     waits: list[float] = []
-    for envelope_id, (state, at) in ended.items():
-        if cutoff is not None and at < cutoff:
+    for envelope_id, (state, at) in tally.ended.items():
+        if tally.cutoff is not None and at < tally.cutoff:
             continue
         outcomes[state] = outcomes.get(state, 0) + 1
-        if envelope_id in submitted:
-            waits.append(max(0.0, at - submitted[envelope_id]))
-    landed = [i for i, (state, _) in ended.items() if state == "landed"]
+        if envelope_id in tally.submitted:
+            waits.append(max(0.0, at - tally.submitted[envelope_id]))
+    landed = [i for i, (state, _) in tally.ended.items() if state == "landed"]
     return QueueStats(
         since=since,
         outcomes=dict(sorted(outcomes.items())),
-        pending=sum(1 for i in submitted if i not in ended),
+        pending=sum(1 for i in tally.submitted if i not in tally.ended),
         time_in_queue=tuple(waits),
-        gate_runs=ran if cpu is not None else sum(runs.values()),
-        gate_runs_landed=sum(runs.get(i, 0) for i in landed),
-        gate_cpu=cpu,
-        wasted=cancelled if cpu is not None else resets,  # an older journal: its resets
-        flaky=flaky,
-        overlaps=overlaps,
+        gate_runs=tally.ran if tally.cpu is not None else sum(tally.runs.values()),
+        gate_runs_landed=sum(tally.runs.get(i, 0) for i in landed),
+        gate_cpu=tally.cpu,
+        # an older journal: its resets
+        wasted=tally.cancelled if tally.cpu is not None else tally.resets,
+        flaky=tally.flaky,
+        overlaps=tally.overlaps,
     )
 
 

@@ -22,7 +22,7 @@ import bisect
 import datetime as dt
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -42,6 +42,61 @@ NAMED = ("flaky", "speculation-reset", "overlap", "stuck", "held", *PASSING)
 VERDICTS = (EnvelopeState.LANDED, EnvelopeState.GATES_FAILED)
 URGENT = 1 << 30  # ``--priority urgent``: before every number, and pre-empts what gates
 PRIORITIES = range(-1000, 1001)  # what --priority N takes
+
+
+@dataclass
+class Tally:
+    """What ``integrate stats`` (and ``/metrics``) count, folded event by event: kept up by
+    the shared index for the whole journal, so a scrape parses nothing; ``cutoff``: only
+    what happened since then counts (a ``--since`` answer, read from the events)."""
+
+    cutoff: float | None = None
+    submitted: dict[str, float] = field(default_factory=dict)  # id -> when it was submitted
+    ended: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> final state, when
+    runs: dict[str, int] = field(default_factory=dict)  # id -> its gate runs (``gating``)
+    resets: int = 0
+    cancelled: int = 0
+    flaky: int = 0
+    overlaps: int = 0
+    ran: int = 0  # ``gate-run`` events
+    cpu: float | None = None  # None: a journal before ``gate-run`` events
+
+    def add(
+        self, name: str, item: str, state: EnvelopeState, said: str | None, details: Details,
+        final: bool,
+    ) -> None:  # fmt: skip
+        """One event: its name (``events.Event.event``), item, state, time and details."""
+        at = when(said)
+        recent = self.cutoff is None or (at is not None and at >= self.cutoff)
+        if name == "submitted" and at is not None:
+            self.submitted.setdefault(item, at)
+        elif name == "gating" and recent:
+            self.runs[item] = self.runs.get(item, 0) + 1
+        elif name == "speculation-reset" and recent:
+            self.resets += 1
+        elif name == "flaky" and recent:
+            self.flaky += 1
+        elif name == "overlap" and recent:
+            self.overlaps += 1
+        elif name == "gate-run" and recent:
+            self.ran, self.cpu = self.ran + 1, (self.cpu or 0.0) + (details.gate_cpu or 0.0)
+            self.cancelled += details.note == "cancelled"
+        elif final and at is not None and item not in self.ended:
+            self.ended[item] = (str(state), at)
+
+    def copy(self) -> Tally:
+        return replace(
+            self, submitted=dict(self.submitted), ended=dict(self.ended), runs=dict(self.runs)
+        )
+
+
+def event_name(line: JournalLine, first: bool) -> str:
+    """The name a watcher sees for ``line`` (``first``: its item's first line)."""
+    return line.event if line.event in NAMED else "submitted" if first else str(line.state)
+
+
+def is_final(line: JournalLine) -> bool:
+    return line.state in FINAL and line.event not in NAMED
 
 
 def _priority(raw: object) -> int | None:
@@ -236,13 +291,15 @@ class JournalIndex:
         self.header = Header()
         self.offset = 0  # how far it was read: always a line's end
         self.entries: dict[str, QueueEntry] = {}
-        self.first: dict[str, int] = {}  # id -> cursor of its first line (its submission)
+        self.first: dict[str, int] = {}  # id -> cursor where its first line (its submission)
+        # begins: a wait on it reads from there
         self.envelopes: tuple[int, list[str]] = (-1, [])  # envelopes folder's mtime, its ids
         # what status answers from the whole journal, kept up as it is read:
         self.red: dict[str, dict[str, Any]] = {}  # target -> what it fails (``red_targets``)
         self.gating: dict[str, float] = {}  # id -> when its last gate run began
         self.took: list[float] = []  # gate runs' durations to a verdict, sorted
         self.landing: tuple[str | None, str | None] | None = None  # the newest: old, new
+        self.tally = Tally()  # what ``integrate stats`` and ``/metrics`` say
 
     def refresh(self) -> None:
         """Read what was appended since the last look (the whole journal when it was
@@ -274,7 +331,7 @@ class JournalIndex:
     def _fold(self, data: bytes) -> None:
         start = 0
         while (end := data.find(b"\n", start)) != -1:
-            raw, start = data[start:end], end + 1
+            begin, raw, start = start, data[start:end], end + 1
             try:
                 line = JournalLine.from_json(orjson.loads(raw))
             except orjson.JSONDecodeError:
@@ -283,7 +340,10 @@ class JournalIndex:
                 continue
             current = self.entries.get(line.id)
             if current is None:
-                self.first[line.id] = self.header.base + self.offset + start
+                self.first[line.id] = self.header.base + self.offset + begin
+            name = event_name(line, current is None)
+            self.tally.add(name, line.id, line.state, line.at, line.details, is_final(line))
+            if current is None:
                 current = QueueEntry(id=line.id, state=EnvelopeState.QUEUED, submitted=line.at)
             self.entries[line.id] = current.followed_by(line)
             self._figures(line)
@@ -325,6 +385,12 @@ class JournalIndex:
         with self.lock:
             self.refresh()
             return self.landing
+
+    def counted(self) -> Tally:
+        """The whole journal's figures (a copy: the caller reads it unlocked)."""
+        with self.lock:
+            self.refresh()
+            return self.tally.copy()
 
     def red_targets(self) -> dict[str, dict[str, Any]]:
         with self.lock:

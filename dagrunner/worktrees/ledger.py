@@ -5,7 +5,8 @@ Lives under the repository's common git dir (``.git/dagrunner/allocations.jsonl`
 Each event is one line written with a single ``write`` under an exclusive lock
 and fsynced, so a reader never sees a torn line (and skips a line a crash cut
 short).  The current state of each worktree is the fold of
-its events.
+its events.  ``compact`` (``integrate prune``) drops the lines no fold reads any more:
+those of removed worktrees, so the ledger's size follows the live worktrees, not history.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import fcntl
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from dagrunner.files import append_line, locked, read_lines, text_of
+from dagrunner.files import append_line, atomic_write, crash_point, locked, read_lines, text_of
 from dagrunner.manifest.settings import seed_path
 from dagrunner.records.worktree import SeedUse
 
@@ -109,6 +112,31 @@ class Ledger:
                 begun.pop(wt_id, None)
         return begun
 
+    def compact(self, *, dry_run: bool = False) -> tuple[int, int]:
+        """Keep only the lines ``state`` and ``unfinished`` read: a live worktree's from its
+        last ``allocated`` on, and the ``allocating`` line of an allocation a kill left
+        unfinished; the lines of removed worktrees go.  Both read the same after.  Written
+        whole to a temporary file, fsynced and renamed over the ledger under the worktrees
+        lock and the ledger's own append lock (``append_line`` waits, then appends to the
+        new file): a kill leaves the old ledger or the new one.  Its size (bytes) before
+        and after."""
+        with self.exclusive():
+            try:
+                fd = os.open(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                return 0, 0
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                with os.fdopen(os.dup(fd), "rb") as handle:
+                    data = handle.read()
+                kept = b"".join(needed_lines(data))
+                if len(kept) < len(data) and not dry_run:
+                    crash_point("compacting-ledger")
+                    atomic_write(self.path, kept)
+            finally:
+                os.close(fd)
+        return len(data), len(kept)
+
     def state(self) -> dict[str, WorktreeRecord]:
         """Each worktree's current state, from its events (removed ones are left out)."""
         states: dict[str, WorktreeRecord] = {}
@@ -150,6 +178,39 @@ class Ledger:
                 change["exports"] = (*state.exports, ExportRecord.from_event(event))
             states[wt_id] = dataclasses.replace(state, **change)
         return states
+
+
+def needed_lines(data: bytes) -> list[bytes]:
+    """The lines of a ledger's ``data`` that its folds still read (``Ledger.compact``),
+    each ending in a newline, in their order."""
+    lines: list[tuple[bytes, str | None, object, object]] = []
+    for raw in data.split(b"\n"):
+        with contextlib.suppress(orjson.JSONDecodeError):
+            event = orjson.loads(raw) if raw.strip() else None
+            if isinstance(event, dict):
+                lines.append((raw + b"\n", text_of(event.get("id")), event.get("event"),
+                              event.get("at")))  # fmt: skip
+    since: dict[str, int] = {}  # live worktree -> index of its last "allocated" line
+    begun: dict[str, int] = {}  # unfinished allocation -> index of its "allocating" line
+    for index, (_, wt_id, kind, at) in enumerate(lines):
+        if wt_id is None:
+            continue
+        if kind == "allocating":  # as ``unfinished`` reads it
+            begun[wt_id] = index
+        elif kind in ("allocated", "pruned"):
+            begun.pop(wt_id, None)
+        if not isinstance(at, str):
+            continue  # as ``state`` reads it
+        if kind == "allocated":
+            since[wt_id] = index
+        elif kind in ("cleaned", "pooled", "pruned"):
+            since.pop(wt_id, None)
+    return [
+        raw
+        for index, (raw, wt_id, _, _) in enumerate(lines)
+        if wt_id is not None
+        and (index >= since.get(wt_id, len(lines)) or begun.get(wt_id) == index)
+    ]
 
 
 @dataclass(frozen=True)
