@@ -92,7 +92,7 @@ def without_seed(text: str, install: str) -> str:
         text = text.replace(block[0], body)
     gate = (
         "\n# the seed's build, in each tree (the round without seeds)\n[gates.js-install]\n"
-        f"run = {json.dumps(['sh', '-c', install])}\ninputs = [\"**\"]\n"
+        f'run = {json.dumps(["sh", "-c", install])}\ninputs = ["**"]\n'
         'estimate = "30s"\nmemory = "1G"\n'
     )
     first = text.find("\n[gates.")
@@ -154,14 +154,13 @@ class Round:
         """The round: allocate, edit, commit, export five workers; submit; integrate."""
         setup = ["--setup", self.install]
         start = time.perf_counter()
-        files = []
+        files, allocations = [], []
         for worker, (path, old, new) in edits.items():
-            said = sh(
-                [*DAGRUNNER, "worktree", "allocate", "--mission", "m", "--worker", worker]
-                + ["--json", *(setup if self.mode == "plain" else [])],
-                self.repo,
-                self.env,
-            )
+            began = time.perf_counter()
+            extra = setup if self.mode == "plain" else []
+            allocate = ["worktree", "allocate", "--mission", "m", "--worker", worker, "--json"]
+            said = sh([*DAGRUNNER, *allocate, *extra], self.repo, self.env)
+            allocations.append(time.perf_counter() - began)
             tree = Path(json.loads(said)["path"])
             target = tree / path
             text = target.read_text()
@@ -182,6 +181,7 @@ class Round:
         return {
             "wall": wall,
             "worktrees": worktrees,
+            "allocations": allocations,
             "states": states,
             "failed": failed,
             "tests": failed_tests(result),
@@ -204,6 +204,10 @@ def failed_tests(result: dict[str, object]) -> list[str]:
             cases = (json.loads(gate.read_text()).get("tests") or {}).get("cases", [])
             names += [c["name"] for c in cases if c.get("outcome") in ("failed", "error")]
     return names
+
+
+def fmt(values: object) -> str:
+    return " ".join(f"{v:.1f}" for v in values)  # type: ignore[attr-defined]
 
 
 def warm_store(project: Path, work: Path, args: argparse.Namespace) -> Path | None:
@@ -247,7 +251,8 @@ def main() -> int:
             exact = got["states"] == {w: EXPECTED[w] for w in edits if w in EXPECTED}
             print(
                 f"pair {pair + 1} {mode:6}: wall {got['wall']:6.1f} s (worktrees "
-                f"{got['worktrees']:5.1f} s) {'exact' if exact else 'WRONG'} {got['states']} "
+                f"{got['worktrees']:5.1f} s; allocations {fmt(got['allocations'])}) "
+                f"{'exact' if exact else 'WRONG'} {got['states']} "
                 f"failed {got['failed']} tests {got['tests']} "
                 f"load {os.getloadavg()[0]:.2f}",
                 flush=True,
