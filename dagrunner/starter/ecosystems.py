@@ -32,6 +32,9 @@ CHECK_SCRIPTS = {  # package.json script / Makefile target -> its concern
     "build": "build",
     "docs": "docs",
 }
+# a script CI runs whose name starts so checks formatting (``format`` alone is no check
+# unless CI runs it: it often rewrites the files)
+FORMAT_HEADS = {"format": "format", "fmt": "format", "prettier": "format"}
 # checkers CI may run as ``yarn X`` / ``pnpm X`` (a program of node_modules/.bin) -> concern
 CI_PROGRAMS = {"tsc": "types", "vue-tsc": "types", "eslint": "lint", "knip": "check"}
 LOCKFILES = (
@@ -147,7 +150,7 @@ def package_json(
         concern = CHECK_SCRIPTS.get(str(script))
         if concern is None and script in by_ci:
             head = re.split(r"[-:_.]", str(script))[0]
-            concern = CHECK_SCRIPTS.get(head) or "check"
+            concern = CHECK_SCRIPTS.get(head) or FORMAT_HEADS.get(head) or "check"
         if concern is None or not isinstance(text, str):
             continue
         gate = f"js-{script.replace(':', '-')}"
