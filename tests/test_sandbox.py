@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -349,3 +350,33 @@ def test_short_processes_cpu_counts_where_the_gate_has_a_cgroup(
     if "cgroup" in detect().mode:
         assert cpu >= 20 * 0.05, cpu
     assert cpu < 60
+
+
+@pytest.mark.skipif(shutil.which("yarn") is None, reason="yarn is installed by .ci/run")
+def test_yarn_1_in_a_gate_prints_its_scripts_output_and_no_warning_of_its_own(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """yarn 1 run as root looks for its global prefix only in /usr/local and
+    /usr/local/share/.yarn, both read-only in the gate's view: every ``yarn run`` warned
+    "Cannot find a suitable global folder" on stderr, and a project's snapshot tests of a
+    CLI's stderr failed only inside a gate (manypkg).  Another user's yarn falls back to
+    ``~/.yarn``, the gate's own HOME, which is where the gate's global prefix must be."""
+    scripts = '"scripts": {"hello": "echo hello"}'
+    (repo / "package.json").write_text(f'{{"name": "p", "license": "MIT", {scripts}}}\n')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a yarn project")
+    code, _, run_dir = check(
+        capsys,
+        repo,
+        """
+        [gates.yarn]
+        run = ["sh", "-c", "yarn --silent run hello && yarn global bin && echo home=$HOME"]
+        """,
+    )
+    log = (run_dir / "logs" / "yarn.log").read_text()
+    assert code == 0, log
+    assert "warning" not in log and "suitable global folder" not in log, log
+    lines = log.splitlines()
+    home = next(line.removeprefix("home=") for line in lines if line.startswith("home="))
+    assert lines[0] == "hello", log
+    assert lines[1] == f"{home}/.yarn/bin", "yarn's global prefix is the gate's own HOME"

@@ -1,6 +1,7 @@
 """Where commands run, contained.
 
 - ``sandbox``: one hermetic attempt of a gate (environment, HOME/TMPDIR, log, timeout).
+- ``home``: what a gate's own HOME holds when it starts (yarn 1's global prefix).
 - ``contain``: PID and mount namespaces under a reaping init, cgroups, parent-death signal.
 - ``view``: a gate's view of the filesystem, the write allow-list.
 - ``capabilities``: what a gate that is root of its namespaces may still do.

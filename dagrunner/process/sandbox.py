@@ -22,6 +22,7 @@ import trio
 from dagrunner.files import is_inside
 from dagrunner.manifest.load import DEFAULT_MAX_PIDS, EnvSpec
 from dagrunner.process.contain import detect, jail, spawn
+from dagrunner.process.home import furnish
 from dagrunner.process.logs import BoundedLog
 from dagrunner.process.tree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
 from dagrunner.process.view import View
@@ -227,12 +228,16 @@ class _Child:
         return self.popen.wait()
 
 
-async def _start(argv: list[str], cwd: str, env: dict[str, str], dirs: tuple[Path, ...]) -> _Child:
+async def _start(
+    argv: list[str], cwd: str, env: dict[str, str], dirs: tuple[Path, ...], home: Path | None
+) -> _Child:
     def popen() -> subprocess.Popen[bytes]:
         # The gate's own HOME and TMPDIR, made here on the spawner thread: a mkdir can take
         # 0.2 ms on a journalled disk, and the trio loop serves the other gates meanwhile.
         for folder in dirs:
             folder.mkdir()
+        if home is not None:
+            furnish(home)
         return subprocess.Popen(
             argv,
             cwd=cwd,
@@ -335,7 +340,8 @@ async def _run(
     # must never take a just-spawned gate for the leftover of a finished one.
     RUNNING[token] = job.gate
     try:
-        process = await _start(box.argv, job.cwd, env, dirs)
+        home = None if job.keep_home else Path(job.sandbox_dir)
+        process = await _start(box.argv, job.cwd, env, dirs, home)
     except OSError as exc:
         RUNNING.pop(token, None)
         box.remove()

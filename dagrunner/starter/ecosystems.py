@@ -3,12 +3,13 @@ the package manager its lockfile names), ``Makefile`` targets, Go and Rust."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 
 from dagrunner.starter.checks import WHOLE, Check, Skipped
 from dagrunner.starter.jsrunners import runner_junit
-from dagrunner.starter.nodeseeds import workspace_scripts
+from dagrunner.starter.nodeseeds import workspace_folders, workspace_scripts
 from dagrunner.starter.readers import Project
 
 CHECK_SCRIPTS = {  # package.json script / Makefile target -> its concern
@@ -44,6 +45,8 @@ LOCKFILES = (
     ("bun.lock", "bun"),
     ("package-lock.json", "npm"),
 )
+# What a workspace package's package.json names as its code, for the packages that import it
+ENTRY_FIELDS = ("main", "module", "types", "typings", "exports")
 MEMORY = {"tests": "1G", "types": "2G", "build": "1G"}  # a concern's memory (else 256M)
 # The heaviest tools a script may call: its memory is theirs, whatever its name (tsc in
 # `check` peaked at 1 GiB on a real project whose gate declared 256M).
@@ -169,6 +172,7 @@ def package_json(
     if not isinstance(scripts, dict):
         return [], []
     manager = next((pm for lock, pm in LOCKFILES if project.is_file(lock)), "npm")
+    built = "build" in scripts and reads_build(project)
     found = []
     skipped: list[Skipped] = []
     taken = {CHECK_SCRIPTS[s] for s in scripts if s in CHECK_SCRIPTS}
@@ -198,12 +202,12 @@ def package_json(
             inputs=WHOLE,
             tools=("node --version", f"{manager} --version"),
             memory=memory_of(concern, text, scripts, packages),
-            needs=("js-build",) if concern == "tests" else (),
+            needs=_build_first(concern, built),
             commands=(_words(text),),
             runner=True,
         )
         found.append(runner_junit(project, check, text, manager))
-    programs, left = _ci_programs(project, manager, by_ci - set(scripts), ci_lines)
+    programs, left = _ci_programs(project, manager, by_ci - set(scripts), ci_lines, built)
     return found + programs, skipped + left
 
 
@@ -222,8 +226,53 @@ def _why_not(text: str, concern: str, taken: set[str]) -> str:
     )
 
 
+def reads_build(project: Project) -> bool:
+    """Whether a workspace package's entry points (``main``, ``types``, ``exports`` ...) name
+    a file the repository does not have: one its build writes (``dist/``).  Each check that
+    resolves one package's import of another then reads the build's output -- tests run it,
+    tsc reads its declarations, type-aware and import lint rules resolve through it -- and
+    in a tree without it (every worktree and integration tree) it races the build that
+    deletes and writes it.  A single package's checks read its own sources, never its entry
+    points; a pattern (``./*``) is not looked at."""
+    have = set(project.files("*"))
+    for folder in workspace_folders(project):
+        body = project.json(f"{folder}/package.json")
+        if not isinstance(body, dict):
+            continue
+        for field in ENTRY_FIELDS:
+            for entry in _strings(body.get(field)):
+                path = os.path.normpath(f"{folder}/{entry}")
+                if "*" not in entry and not path.startswith("..") and path not in have:
+                    return True
+    return False
+
+
+def _strings(value: object) -> list[str]:
+    """Every string in ``value``: an ``exports`` map is nested by subpath and condition."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _build_first(concern: str, built: bool) -> tuple[str, ...]:
+    """A script's ``needs``: tests run what the build makes; with entry points that only the
+    build writes (``reads_build``), every check that reads code does -- a format check reads
+    the files' text alone.  ``detect`` drops the need when there is no build gate."""
+    if concern == "tests" or (built and concern not in ("format", "build")):
+        return ("js-build",)
+    return ()
+
+
 def _ci_programs(
-    project: Project, manager: str, names: frozenset[str], ci_lines: tuple[str, ...]
+    project: Project,
+    manager: str,
+    names: frozenset[str],
+    ci_lines: tuple[str, ...],
+    built: bool,
 ) -> tuple[list[Check], list[Skipped]]:
     """What CI runs as ``yarn X`` / ``pnpm X`` where ``X`` is no script but a check program
     of ``node_modules/.bin`` (``yarn tsc``): a gate of its own, with CI's words, or the check
@@ -252,6 +301,7 @@ def _ci_programs(
                 inputs=WHOLE,
                 tools=("node --version", f"{manager} --version"),
                 memory=memory_of(concern, name, {}),
+                needs=_build_first(concern, built),
             )
         )
     return found, skipped

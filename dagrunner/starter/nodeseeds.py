@@ -101,6 +101,15 @@ def node_seed(project: Project) -> Seed | None:
     )
 
 
+def workspace_folders(project: Project) -> list[str]:
+    """The project's workspace folders there are now ([] for a single package)."""
+    body = project.json("package.json")
+    if not isinstance(body, dict):
+        return []
+    manager = "pnpm" if project.is_file("pnpm-workspace.yaml") else "npm"
+    return _folders(project, _workspaces(project, body, manager))
+
+
 def _npm_unlocked(project: Project, body: dict[str, Any]) -> bool:
     """An npm project that installs dependencies but keeps no lockfile (another package
     manager always writes one, and committing it is its projects' habit)."""

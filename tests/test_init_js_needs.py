@@ -1,0 +1,65 @@
+"""init: which of a JavaScript workspace's gates wait for its build (issue 44).
+
+Found on a real yarn workspace (manypkg): each package's ``exports`` names ``dist/``, which
+only ``preconstruct build`` writes; init wrote ``js-tsc`` beside ``js-build`` with no
+``needs``, so in a tree without ``dist/`` (every worktree and integration tree) tsc raced the
+build that deletes and writes the declarations it reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import git, run_json
+
+CI = "jobs:\n  t:\n    steps:\n    - run: yarn test\n    - run: yarn tsc\n    - run: yarn format\n"
+SCRIPTS = {"build": "tsc -b", "test": "vitest", "lint": "eslint .", "format": "prettier -c ."}
+
+
+def needs_of(
+    capsys: pytest.CaptureFixture[str], repo: Path, entry: dict[str, Any]
+) -> dict[str, list[str]]:
+    """A yarn workspace of two packages whose package.json's entry points are ``entry``, with
+    ``src/index.ts`` committed and ``dist/`` ignored: each gate init proposes -> its needs."""
+    body = {"name": "root", "private": True, "workspaces": ["packages/*"], "scripts": SCRIPTS}
+    (repo / "package.json").write_text(json.dumps(body))
+    (repo / "yarn.lock").write_text("# yarn lockfile v1\n")
+    (repo / ".gitignore").write_text("node_modules/\ndist/\n")
+    for name in ("a", "b"):
+        folder = repo / "packages" / name
+        (folder / "src").mkdir(parents=True)
+        (folder / "src" / "index.ts").write_text("export const x = 1;\n")
+        (folder / "dist").mkdir()  # built in the checkout: still not the repository's
+        (folder / "dist" / "index.d.ts").write_text("export declare const x = 1;\n")
+        (folder / "package.json").write_text(json.dumps({"name": name, **entry}))
+    (repo / "node_modules" / ".bin").mkdir(parents=True)
+    (repo / "node_modules" / ".bin" / "tsc").write_text("#!/bin/sh\n")
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(CI)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "workspace")
+    code, said = run_json(capsys, "init", "--repo", str(repo))
+    assert code == 0, said
+    return {g["id"]: g.get("needs", []) for g in said["gates"]}
+
+
+def test_checks_that_read_a_workspaces_built_entry_points_wait_for_the_build(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built = {"exports": {".": {"types": "./dist/index.d.ts", "default": "./dist/index.js"}}}
+    needs = needs_of(capsys, repo, built)
+    assert needs["js-tsc"] == ["js-build"], needs  # tsc reads dist/index.d.ts
+    assert needs["js-lint"] == ["js-build"], needs  # so do type-aware and import rules
+    assert needs["js-test"] == ["js-build"], needs
+    assert needs["js-format"] == [], needs  # prettier reads the files' text alone (CI runs it)
+    assert needs["js-build"] == [], needs
+
+
+def test_checks_of_a_workspace_whose_entry_points_are_its_sources_do_not_wait(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    needs = needs_of(capsys, repo, {"main": "src/index.ts", "types": "./src/index.ts"})
+    assert needs["js-tsc"] == [] and needs["js-lint"] == [], needs
+    assert needs["js-test"] == ["js-build"], needs  # tests run what the build makes, anyway
