@@ -63,3 +63,78 @@ def test_checks_of_a_workspace_whose_entry_points_are_its_sources_do_not_wait(
     needs = needs_of(capsys, repo, {"main": "src/index.ts", "types": "./src/index.ts"})
     assert needs["js-tsc"] == [] and needs["js-lint"] == [], needs
     assert needs["js-test"] == ["js-build"], needs  # tests run what the build makes, anyway
+
+
+@pytest.mark.parametrize(
+    ("lock", "line", "run"),
+    [
+        ("pnpm-lock.yaml", "pnpm -r --no-bail test", ["pnpm", "-r", "--no-bail", "test"]),
+        ("yarn.lock", "yarn workspaces run lint", ["yarn", "workspaces", "run", "lint"]),
+        ("package-lock.json", "npm test --workspaces", ["npm", "test", "--workspaces"]),
+    ],
+    ids=["pnpm", "yarn", "npm"],
+)
+def test_what_ci_runs_in_every_workspace_is_a_gate_where_the_root_has_no_script(
+    capsys: pytest.CaptureFixture[str], repo: Path, lock: str, line: str, run: list[str]
+) -> None:
+    """Found on a pnpm monorepo (zkochan/packages): its root has no scripts, CI runs ``pnpm
+    -r --no-bail test`` and ``pnpm -r run prepublishOnly``: init found nothing to gate.  A
+    script CI runs in every workspace is a gate with CI's words; one whose name says no
+    check is listed with why; nothing with shell syntax is taken."""
+    body = {"name": "root", "private": True, "workspaces": ["packages/*"]}
+    (repo / "package.json").write_text(json.dumps(body))
+    (repo / "pnpm-workspace.yaml").write_text("packages:\n  - packages/*\n")
+    (repo / lock).write_text("")
+    for name in ("a", "b"):
+        (repo / "packages" / name).mkdir(parents=True)
+        scripts = {"test": "node --test", "lint": "eslint .", "prepublishOnly": "tsc"}
+        (repo / "packages" / name / "package.json").write_text(
+            json.dumps({"name": name, "scripts": scripts})
+        )
+    manager = run[0]
+    steps = [line, f"{manager} -r run prepublishOnly", f"{line} && echo done"]
+    steps += [f"{manager} workspaces run prepublishOnly", "npm run prepublishOnly --workspaces"]
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  t:\n    steps:\n" + "".join(f"    - run: {s}\n" for s in steps)
+    )
+    git(repo, "add", "-A")
+    code, out = run_json(capsys, "init", "--repo", str(repo), "--dry-run", "--json")
+    assert code == 0, out
+    gates = {g["id"]: g for g in out["gates"]}
+    script = run[-1] if run[-1] != "--workspaces" else "test"
+    assert list(gates) == [f"js-{script}"], gates
+    assert gates[f"js-{script}"]["run"] == run
+    assert "in CI (each workspace's scripts." in gates[f"js-{script}"]["source"]
+    left = {s["id"]: s["why"] for s in out["skipped"]}
+    assert "its name says no check init knows" in left["js-prepublishOnly"], left
+
+
+def test_a_step_ci_runs_in_every_workspace_before_its_tests_builds_what_they_import(
+    capsys: pytest.CaptureFixture[str], repo: Path
+) -> None:
+    """zkochan/packages: CI runs ``pnpm -r run prepublishOnly`` (tsc, each package's
+    ``lib/``) and then the tests, which import ``lib/index.js``: with the entry points
+    missing from the repository, that step is the build the tests need."""
+    body = {"name": "root", "private": True}
+    (repo / "package.json").write_text(json.dumps(body))
+    (repo / "pnpm-workspace.yaml").write_text("packages:\n  - '*'\n")
+    (repo / "pnpm-lock.yaml").write_text("")
+    (repo / ".gitignore").write_text("lib/\n")
+    for name in ("a", "b"):
+        (repo / name / "src").mkdir(parents=True)
+        (repo / name / "src" / "index.ts").write_text("export const x = 1\n")
+        scripts = {"test": "node --test", "prepublishOnly": "tsc"}
+        package = {"name": name, "main": "lib/index.js", "scripts": scripts}
+        (repo / name / "package.json").write_text(json.dumps(package))
+    steps = ["pnpm install", "pnpm -r run prepublishOnly", "pnpm -r --no-bail test"]
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  t:\n    steps:\n" + "".join(f"    - run: {s}\n" for s in steps)
+    )
+    git(repo, "add", "-A")
+    code, out = run_json(capsys, "init", "--repo", str(repo), "--dry-run", "--json")
+    assert code == 0, out
+    gates = {g["id"]: g for g in out["gates"]}
+    assert gates["js-build"]["run"] == ["pnpm", "-r", "run", "prepublishOnly"], gates
+    assert gates["js-test"]["needs"] == ["js-build"], gates

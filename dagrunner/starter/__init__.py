@@ -8,8 +8,10 @@
 - ``toxenvs``: tox envs from ``tox.ini``, ``[tool.tox]`` and ``tox.toml``.
 - ``noxsessions``: nox sessions from ``noxfile.py``.
 - ``ci``: what GitHub workflows run by name.
-- ``hookgates``: a gate in a pre-commit hook's stead that checks exactly the hook's files.
-- ``ecosystems``: pre-commit, ``package.json`` scripts, ``Makefile`` targets, Go, Rust.
+- ``hookgates``: pre-commit's own gate, and a gate in a hook's stead that checks exactly the
+  hook's files (what the hook installs too).
+- ``ecosystems``: ``package.json`` scripts (and what CI runs in every workspace),
+  ``Makefile`` targets, Go, Rust.
 - ``jsrunners``: a script's test runner (``node --test``, vitest, jest, mocha) with its
   JUnit reporter.
 - ``venvs``: a venv that imports the project in place, as a seed.

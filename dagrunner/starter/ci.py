@@ -160,3 +160,37 @@ def _after(words: list[str], flags: tuple[str, ...], *, split: str | None) -> se
             values.append(words[i + 1])
     names = [v for value in values for v in (value.split(split) if split else [value])]
     return {n.strip() for n in names if n.strip() and "${{" not in n and "$" not in n}
+
+
+def every_workspace(manager: str, lines: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
+    """(script, CI's words) for each command of ``lines`` that runs a script in every
+    workspace with ``manager`` (``pnpm -r --no-bail test``), once per script; a command
+    with shell syntax in it is no gate's words."""
+    found: dict[str, tuple[str, ...]] = {}
+    for line in lines:
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            continue
+        script = _every_workspace_script(manager, words)
+        if script and not any(re.search(r"[;&|<>$`]", w) for w in words):
+            found.setdefault(script, tuple(words))
+    return list(found.items())
+
+
+def _every_workspace_script(manager: str, words: list[str]) -> str:
+    """The script ``words`` run in every workspace with ``manager`` ("" when none)."""
+    if not words or words[0] != manager:
+        return ""
+    rest = words[1:]
+    if manager == "pnpm" and {"-r", "--recursive"} & set(rest):
+        names = [w for w in rest if not w.startswith("-")]
+    elif manager == "yarn" and rest[:1] == ["workspaces"] and "run" in rest:
+        names = [w for w in rest[rest.index("run") + 1 :] if not w.startswith("-")]
+    elif manager == "npm" and {"--workspaces", "-ws"} & set(rest):
+        names = [w for w in rest if not w.startswith("-")]
+    else:
+        return ""
+    names = names[1:] if names[:1] in (["run"], ["run-script"]) else names
+    names = ["test"] if names[:1] == ["t"] else names
+    return names[0] if names and re.fullmatch(r"[\w:.-]+", names[0]) else ""

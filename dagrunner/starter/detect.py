@@ -21,16 +21,8 @@ from pathlib import Path
 from dagrunner.starter import network
 from dagrunner.starter.checks import WHOLE, Check, Found, Skipped
 from dagrunner.starter.ci import Ci, ci
-from dagrunner.starter.ecosystems import (
-    go,
-    hook_needs,
-    hooks,
-    makefile,
-    package_json,
-    pre_commit,
-    rust,
-)
-from dagrunner.starter.hookgates import config, replay
+from dagrunner.starter.ecosystems import go, makefile, package_json, rust
+from dagrunner.starter.hookgates import config, hook_needs, hooks, pre_commit, replay
 from dagrunner.starter.nodeseeds import node_seed
 from dagrunner.starter.noxsessions import nox
 from dagrunner.starter.python import Uses, python

@@ -8,6 +8,7 @@ import re
 import shlex
 
 from dagrunner.starter.checks import WHOLE, Check, Skipped
+from dagrunner.starter.ci import every_workspace
 from dagrunner.starter.jsrunners import runner_junit
 from dagrunner.starter.nodeseeds import workspace_folders, workspace_scripts
 from dagrunner.starter.readers import Project
@@ -93,74 +94,6 @@ EVERY_WORKSPACE = frozenset(
 )
 
 
-def hooks(project: Project) -> tuple[str, ...]:
-    """The hook ids of ``.pre-commit-config.yaml``, in order."""
-    text = project.text(".pre-commit-config.yaml") or ""
-    return tuple(dict.fromkeys(re.findall(r"^\s*-?\s*id:\s*([\w.-]+)", text, re.MULTILINE)))
-
-
-def hook_needs(project: Project, hook: str, program: str) -> tuple[str, ...]:
-    """What the pre-commit hook ``hook`` installs beside its tool (``program``), which a gate
-    that runs the tool in its stead needs too: its ``additional_dependencies`` (mypy's: the
-    packages it type-checks against), and ``program`` itself, pinned to the hook repo's
-    ``rev`` when that is a version (``v1.13.0``, or ``# frozen: v1.13.0``).  Read by lines,
-    as ``ci`` reads workflows: a flow list (``[a, b]``) or a block list (``- a``)."""
-    lines = (project.text(".pre-commit-config.yaml") or "").splitlines()
-    rev = ""
-    for n, line in enumerate(lines):
-        if said := re.match(
-            r"\s*-?\s*rev:\s*['\"]?([^\s'\"#]+)['\"]?\s*(?:#\s*frozen:\s*(\S+))?", line
-        ):
-            rev = said[2] or said[1]
-        found = re.match(r"(\s*)-\s*id:\s*['\"]?([\w.-]+)", line)
-        if found is None or found[2] != hook:
-            continue
-        pinned = re.fullmatch(r"v?(\d+(?:\.\d+)+)", rev)
-        return (f"{program}=={pinned[1]}" if pinned else program, *_listed(lines, n, found[1]))
-    return ()
-
-
-def _listed(lines: list[str], start: int, indent: str) -> list[str]:
-    """The ``additional_dependencies`` of the hook whose ``- id:`` is line ``start``."""
-    items: list[str] = []
-    for n in range(start + 1, len(lines)):
-        line = lines[n].split(" #", 1)[0].rstrip()
-        if line.strip() and len(line) - len(line.lstrip()) <= len(indent):
-            break  # the next hook, or the next repo
-        key = re.match(r"(\s*)additional_dependencies:\s*(?:&\S+)?\s*(.*)$", line)
-        if key is None:
-            continue
-        if key[2].startswith("["):  # a flow list, maybe over several lines
-            flow = " ".join([key[2], *lines[n + 1 : n + 20]])
-            items = flow[1 : flow.find("]")].split(",") if "]" in flow else []
-        for body in lines[n + 1 :] if not key[2] else ():
-            entry = re.match(r"(\s*)-\s*(.+)$", body.split(" #", 1)[0])
-            if entry is None or len(entry[1]) <= len(key[1]):
-                break
-            items.append(entry[2])
-        break
-    return [i.strip().strip("'\"") for i in items if i.strip().strip("'\"")]
-
-
-def pre_commit(project: Project) -> list[Check]:
-    if not project.is_file(".pre-commit-config.yaml"):
-        return []
-    listed = hooks(project)
-    return [
-        Check(
-            id="pre-commit",
-            concern="any:hooks",
-            run=("pre-commit", "run", "--all-files", "--show-diff-on-failure"),
-            source=f".pre-commit-config.yaml (hooks: {', '.join(listed[:12]) or 'none listed'})",
-            tools=("pre-commit --version",),
-            estimate="1m",
-            memory="1G",
-            commands=tuple((h,) for h in listed),
-            runner=True,
-        )
-    ]
-
-
 def package_json(
     project: Project, by_ci: frozenset[str] = frozenset(), ci_lines: tuple[str, ...] = ()
 ) -> tuple[list[Check], list[Skipped]]:
@@ -168,9 +101,10 @@ def package_json(
     concern then read from the name's start: ``test-ci`` tests, ``lint:md`` lint); and the
     scripts that look like checks by their name's start but are not taken, with why."""
     body = project.json("package.json")
-    scripts = body.get("scripts") if isinstance(body, dict) else None
-    if not isinstance(scripts, dict):
+    if not isinstance(body, dict):
         return [], []
+    given = body.get("scripts")
+    scripts: dict[str, object] = given if isinstance(given, dict) else {}
     manager = next((pm for lock, pm in LOCKFILES if project.is_file(lock)), "npm")
     built = "build" in scripts and reads_build(project)
     found = []
@@ -208,7 +142,54 @@ def package_json(
         )
         found.append(runner_junit(project, check, text, manager))
     programs, left = _ci_programs(project, manager, by_ci - set(scripts), ci_lines, built)
-    return found + programs, skipped + left
+    every, others = _ci_every_workspace(project, manager, ci_lines, scripts, packages)
+    return found + programs + every, skipped + left + others
+
+
+def _ci_every_workspace(
+    project: Project,
+    manager: str,
+    ci_lines: tuple[str, ...],
+    scripts: dict[str, object],
+    packages: dict[str, tuple[str, ...]],
+) -> tuple[list[Check], list[Skipped]]:
+    """What CI runs in every workspace (``pnpm -r --no-bail test``, ``yarn workspaces run
+    lint``, ``npm test --workspaces``) where the root has no script of that name: a gate
+    with CI's words when the name says a check; a step CI runs before its tests whose name
+    says none is the build when the packages' entry points are what a build writes
+    (``reads_build``: ``pnpm -r run prepublishOnly`` compiling each ``lib/``); else listed.
+    Found on a pnpm monorepo whose root has no scripts at all: init found nothing to gate."""
+    found: list[Check] = []
+    skipped: list[Skipped] = []
+    steps = every_workspace(manager, ci_lines)
+    tests = next((i for i, (s, _) in enumerate(steps) if CHECK_SCRIPTS.get(s) == "tests"), -1)
+    for index, (script, words) in enumerate(steps):
+        if script in scripts or script not in packages:
+            continue
+        gate, said = f"js-{script.replace(':', '-')}", f"`{' '.join(words)}` in CI"
+        concern = CHECK_SCRIPTS.get(script) or LOOKS.get(re.split(r"[-:_.]", script)[0])
+        if concern is None and index < tests and "build" not in scripts and reads_build(project):
+            gate, concern = "js-build", "build"
+        if concern is None:
+            why = "CI runs it in every workspace; its name says no check init knows"
+            skipped.append(Skipped(gate, said, why))
+            continue
+        source = f"{said} (each workspace's scripts.{script}; {_lock_for(project, manager)})"
+        found.append(
+            Check(
+                id=gate,
+                concern=f"js:{concern}",
+                run=words,
+                source=source,
+                inputs=WHOLE,
+                tools=("node --version", f"{manager} --version"),
+                memory=memory_of(concern, " ".join(words), scripts, packages),
+                needs=("js-build",) if concern == "tests" else (),
+                commands=(words,),
+                runner=True,
+            )
+        )
+    return found, skipped
 
 
 def _why_not(text: str, concern: str, taken: set[str]) -> str:

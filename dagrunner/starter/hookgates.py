@@ -16,6 +16,7 @@ pre-commit they fail when they would change a file, and a gate never rewrites a 
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from dagrunner.starter.checks import Check
 from dagrunner.starter.readers import Project
 
 # The definitions of the hooks init replaces, from each repository's .pre-commit-hooks.yaml
@@ -221,3 +223,71 @@ def checking(command: list[str]) -> list[str]:
     if program == "isort" and "--check-only" not in words and "-c" not in words:
         return [*command, "--check-only"]
     return command
+
+
+def hooks(project: Project) -> tuple[str, ...]:
+    """The hook ids of ``.pre-commit-config.yaml``, in order."""
+    text = project.text(".pre-commit-config.yaml") or ""
+    return tuple(dict.fromkeys(re.findall(r"^\s*-?\s*id:\s*([\w.-]+)", text, re.MULTILINE)))
+
+
+def hook_needs(project: Project, hook: str, program: str) -> tuple[str, ...]:
+    """What the pre-commit hook ``hook`` installs beside its tool (``program``), which a gate
+    that runs the tool in its stead needs too: its ``additional_dependencies`` (mypy's: the
+    packages it type-checks against), and ``program`` itself, pinned to the hook repo's
+    ``rev`` when that is a version (``v1.13.0``, or ``# frozen: v1.13.0``).  Read by lines,
+    as ``ci`` reads workflows: a flow list (``[a, b]``) or a block list (``- a``)."""
+    lines = (project.text(".pre-commit-config.yaml") or "").splitlines()
+    rev = ""
+    for n, line in enumerate(lines):
+        if said := re.match(
+            r"\s*-?\s*rev:\s*['\"]?([^\s'\"#]+)['\"]?\s*(?:#\s*frozen:\s*(\S+))?", line
+        ):
+            rev = said[2] or said[1]
+        found = re.match(r"(\s*)-\s*id:\s*['\"]?([\w.-]+)", line)
+        if found is None or found[2] != hook:
+            continue
+        pinned = re.fullmatch(r"v?(\d+(?:\.\d+)+)", rev)
+        return (f"{program}=={pinned[1]}" if pinned else program, *_listed(lines, n, found[1]))
+    return ()
+
+
+def _listed(lines: list[str], start: int, indent: str) -> list[str]:
+    """The ``additional_dependencies`` of the hook whose ``- id:`` is line ``start``."""
+    items: list[str] = []
+    for n in range(start + 1, len(lines)):
+        line = lines[n].split(" #", 1)[0].rstrip()
+        if line.strip() and len(line) - len(line.lstrip()) <= len(indent):
+            break  # the next hook, or the next repo
+        key = re.match(r"(\s*)additional_dependencies:\s*(?:&\S+)?\s*(.*)$", line)
+        if key is None:
+            continue
+        if key[2].startswith("["):  # a flow list, maybe over several lines
+            flow = " ".join([key[2], *lines[n + 1 : n + 20]])
+            items = flow[1 : flow.find("]")].split(",") if "]" in flow else []
+        for body in lines[n + 1 :] if not key[2] else ():
+            entry = re.match(r"(\s*)-\s*(.+)$", body.split(" #", 1)[0])
+            if entry is None or len(entry[1]) <= len(key[1]):
+                break
+            items.append(entry[2])
+        break
+    return [i.strip().strip("'\"") for i in items if i.strip().strip("'\"")]
+
+
+def pre_commit(project: Project) -> list[Check]:
+    if not project.is_file(".pre-commit-config.yaml"):
+        return []
+    listed = hooks(project)
+    return [
+        Check(
+            id="pre-commit",
+            concern="any:hooks",
+            run=("pre-commit", "run", "--all-files", "--show-diff-on-failure"),
+            source=f".pre-commit-config.yaml (hooks: {', '.join(listed[:12]) or 'none listed'})",
+            tools=("pre-commit --version",),
+            estimate="1m",
+            memory="1G",
+            commands=tuple((h,) for h in listed),
+            runner=True,
+        )
+    ]
