@@ -65,6 +65,20 @@ def test_checks_of_a_workspace_whose_entry_points_are_its_sources_do_not_wait(
     assert needs["js-test"] == ["js-build"], needs  # tests run what the build makes, anyway
 
 
+def init_with_ci(
+    capsys: pytest.CaptureFixture[str], repo: Path, steps: list[str]
+) -> dict[str, Any]:
+    """``init --dry-run --json`` on ``repo`` with a workflow running ``steps``."""
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  t:\n    steps:\n" + "".join(f"    - run: {s}\n" for s in steps)
+    )
+    git(repo, "add", "-A")
+    code, out = run_json(capsys, "init", "--repo", str(repo), "--dry-run", "--json")
+    assert code == 0, out
+    return out
+
+
 @pytest.mark.parametrize(
     ("lock", "line", "run"),
     [
@@ -94,13 +108,7 @@ def test_what_ci_runs_in_every_workspace_is_a_gate_where_the_root_has_no_script(
     manager = run[0]
     steps = [line, f"{manager} -r run prepublishOnly", f"{line} && echo done"]
     steps += [f"{manager} workspaces run prepublishOnly", "npm run prepublishOnly --workspaces"]
-    (repo / ".github" / "workflows").mkdir(parents=True)
-    (repo / ".github" / "workflows" / "ci.yml").write_text(
-        "jobs:\n  t:\n    steps:\n" + "".join(f"    - run: {s}\n" for s in steps)
-    )
-    git(repo, "add", "-A")
-    code, out = run_json(capsys, "init", "--repo", str(repo), "--dry-run", "--json")
-    assert code == 0, out
+    out = init_with_ci(capsys, repo, steps)
     gates = {g["id"]: g for g in out["gates"]}
     script = run[-1] if run[-1] != "--workspaces" else "test"
     assert list(gates) == [f"js-{script}"], gates
@@ -128,13 +136,7 @@ def test_a_step_ci_runs_in_every_workspace_before_its_tests_builds_what_they_imp
         package = {"name": name, "main": "lib/index.js", "scripts": scripts}
         (repo / name / "package.json").write_text(json.dumps(package))
     steps = ["pnpm install", "pnpm -r run prepublishOnly", "pnpm -r --no-bail test"]
-    (repo / ".github" / "workflows").mkdir(parents=True)
-    (repo / ".github" / "workflows" / "ci.yml").write_text(
-        "jobs:\n  t:\n    steps:\n" + "".join(f"    - run: {s}\n" for s in steps)
-    )
-    git(repo, "add", "-A")
-    code, out = run_json(capsys, "init", "--repo", str(repo), "--dry-run", "--json")
-    assert code == 0, out
+    out = init_with_ci(capsys, repo, steps)
     gates = {g["id"]: g for g in out["gates"]}
     assert gates["js-build"]["run"] == ["pnpm", "-r", "run", "prepublishOnly"], gates
     assert gates["js-test"]["needs"] == ["js-build"], gates

@@ -5,31 +5,19 @@ kept."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
-from conftest import CLI, commit_release_manifest, envelope, git
+from conftest import commit_release_manifest, envelope, git
+from test_crash_cleanup import cli
 
 from dagrunner.engine.landed import NOTES_REF
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
 from dagrunner.worktrees.ledger import Ledger
-
-
-def cli(repo: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, Any]:
-    done = subprocess.run(
-        [*CLI, *args, "--repo", str(repo), "--json"],
-        capture_output=True,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
-    return done.returncode, orjson.loads(done.stdout) if done.stdout.strip() else None
 
 
 def ids(ledger: Ledger) -> set[str]:
