@@ -3,6 +3,7 @@ its defaults, back to back on the same envelopes, on one machine.
 
     python scripts/bench_swarm.py [--envelopes 60] [--culprits 3] [--conflicts 6]
                                   [--gate-seconds 1] [--red] [--anonymous] [--skip-serial]
+                                  [--docs 0.33]
 
 The peer is the way the seeds land work (and what a local agent merge queue does): one
 envelope at a time, ``git apply --3way`` onto the target's head in one worktree, commit, run
@@ -18,6 +19,12 @@ envelope, p50/p95 seconds from submit to the final state, the outcomes, and dagr
 ratios against the peer.  ``--red``: the target's head already fails ``test_known``;
 dagrunner's manifest says ``baseline = "differential"`` (the peer, gating absolutely,
 lands nothing).
+
+``--docs F``: that fraction of the envelopes (none of the culprits or pairs) edit only a page
+under ``docs/``, which the check never reads; the gate then declares ``inputs = ["**"]`` (the
+tree is its input, as ``init`` writes for test runners), and the queue is run twice on the
+same envelopes, its gate keyed by the files it was seen to read and (``observe = false``) by
+the whole tree, as before observed reads: both ratios are printed.
 """
 
 from __future__ import annotations
@@ -90,9 +97,10 @@ def make_repo(root: Path, args: argparse.Namespace) -> None:
     root.mkdir(parents=True)
     (root / "manifests").mkdir()
     baseline = 'baseline = "differential"\n' if args.red else ""
+    keyed = 'inputs = ["**"]\n' if args.docs else ""
     (root / "manifests" / "release.toml").write_text(
         f'[sandbox]\nwritable = ["{args.cpu_log.parent}"]\n\n'
-        f"[integrate]\n{baseline}\n[gates.check]\ncpu = 1\n"
+        f"[integrate]\n{baseline}\n[gates.check]\ncpu = 1\n{keyed}"
         'run = ["python3", "check.py"]\njunit = "out/junit.xml"\n'
     )
     say = '"something is broken"' if args.anonymous else '", ".join(broken)'
@@ -102,6 +110,10 @@ def make_repo(root: Path, args: argparse.Namespace) -> None:
     for i in range(args.envelopes):
         (root / f"file{i:04d}.txt").write_text(f"file {i}\n" * 5)
     (root / "shared.txt").write_text("".join(f"line {n}\n\n\n\n" for n in range(64)))
+    if args.docs:
+        (root / "docs").mkdir()
+        for i in range(args.envelopes):
+            (root / "docs" / f"page{i:04d}.md").write_text(f"# Page {i}\n")
     if args.red:
         (root / "red.txt").write_text("the target's own head fails test_known\n")
     for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"]):
@@ -114,6 +126,7 @@ def roles(args: argparse.Namespace) -> dict[int, str]:
     conflict: both edit the same line of shared.txt), spread over the queue."""
     n = args.envelopes
     said: dict[int, str] = {}
+    step = round(1 / args.docs) if args.docs else 0
     for k in range(args.culprits):
         said[(k * n) // max(1, args.culprits) + n // (2 * max(1, args.culprits))] = "culprit"
     pairs = args.conflicts // 2
@@ -122,12 +135,16 @@ def roles(args: argparse.Namespace) -> dict[int, str]:
         while first in said or first + 1 in said:
             first += 1
         said[first], said[first + 1] = f"pair{k}", f"pair{k}"
+    for i in range(step - 1, n, step) if step else ():
+        said.setdefault(i, "docs")
     return said
 
 
 def change(path: Path, i: int, role: str) -> None:
     if role == "culprit":
         (path / f"file{i:04d}.txt").write_text("BROKEN\n")
+    elif role == "docs":
+        (path / "docs" / f"page{i:04d}.md").write_text(f"# Page {i}\n\nEdited by worker {i}.\n")
     elif role.startswith("pair"):
         shared = path / "shared.txt"
         lines = shared.read_text().splitlines(keepends=True)
@@ -262,6 +279,9 @@ def main() -> int:
         "--anonymous", action="store_true", help="the check's failure names no file (halving)"
     )
     parser.add_argument("--skip-serial", action="store_true")
+    parser.add_argument(
+        "--docs", type=float, default=0.0, help="the fraction of envelopes editing docs only"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dagrunner-bench-swarm-") as tmp:
         base = Path(tmp)
@@ -283,8 +303,28 @@ def main() -> int:
             sh(["git", "clone", "-q", str(repo), str(peer_repo)], base)
             peer = serial(peer_repo, files, args)
             print(peer.line("serial"))
+        whole = None
+        if args.docs:
+            # the same queue, its gate keyed by the whole tree as before observed reads
+            whole_repo = base / "whole"
+            sh(["git", "clone", "-q", str(repo), str(whole_repo)], base)
+            manifest = whole_repo / "manifests" / "release.toml"
+            manifest.write_text(manifest.read_text() + "observe = false\n")
+            sh(["git", "commit", "-qam", "the whole tree keys the check"], whole_repo)
+            os.environ["DAGRUNNER_CACHE_DIR"] = str(base / "cache-whole")
+            whole = dagrunner(whole_repo, files, args)
+            print(whole.line("whole-tree"))
+            os.environ["DAGRUNNER_CACHE_DIR"] = str(base / "cache")
         ours = dagrunner(repo, files, args)
         print(ours.line("dagrunner"))
+        if whole is not None and whole.landed and ours.landed:
+            print(
+                f"  observed / whole-tree keys: gate CPU-s/landed "
+                f"{ours.per_landed(ours.gate_cpu) / whole.per_landed(whole.gate_cpu):.2f}x, "
+                f"gate runs/landed "
+                f"{ours.per_landed(ours.gate_runs) / whole.per_landed(whole.gate_runs):.2f}x, "
+                f"wall {ours.wall / whole.wall:.2f}x"
+            )
         if peer is not None and peer.landed:
             print(
                 f"  ratios: wall {ours.wall / peer.wall:.2f}x, landings/h "
