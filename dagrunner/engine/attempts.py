@@ -160,6 +160,8 @@ class GateRunner:
             network=gate.network,
             wait_for_workers=self.plan.manifest.executor.wait_for_workers,
             margin=self.plan.manifest.executor.margin,
+            # what it reads keys it (inputs = the whole tree) or shows undeclared inputs
+            observe=str(root) if self.cache.observes(gate.id) else "",
         )
 
     async def __call__(self, node: str, t0: float) -> Outcome:
@@ -259,6 +261,7 @@ class GateRunner:
         if not attempts:
             return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
         attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")
+        self.cache.seen_reading(node, result.observation)  # before its proof is made
         outcome = replace(judge(gate, tuple(attempts), command), cache=self.cache.miss_proof(node))
         if gate.junit is None:  # a failure's tests named from its output, where it says them
             if outcome.status is not Status.FAILED:

@@ -22,16 +22,19 @@ import hmac
 import os
 import secrets
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from dagrunner.engine.keys import CACHE_FORMAT, KeyParts
+from dagrunner.engine.keys import KeyParts
 from dagrunner.files import atomic_write, mark_own_output
 from dagrunner.git.repo import cache_root
 from dagrunner.records.run import GateResult
+
+READ_SETS = 8  # read sets kept under one shape key (docs/cache.md)
 
 # -- the store ---------------------------------------------------------------------------
 
@@ -107,6 +110,46 @@ class Store:
     def _entry(self, key: str) -> Path:
         return self.root / "entries" / key[:2] / f"{key}.json"
 
+    def _read_sets(self, shape: str) -> Path:
+        return self.root / "reads" / shape[:2] / shape
+
+    def read_sets(self, shape: str) -> list[frozenset[str]]:
+        """The read sets of the complete observations kept under a shape key (``keys.py``),
+        most recently used first; each one signed, so a gate cannot plant one."""
+        try:
+            files = [(p.stat().st_mtime, p) for p in self._read_sets(shape).glob("*.json")]
+        except OSError:
+            return []
+        found = []
+        for _, path in sorted(files, key=lambda f: f[0], reverse=True):
+            body = self.verified(path)
+            paths = body.get("read") if body is not None and body.get("shape") == shape else None
+            if isinstance(paths, list) and all(isinstance(p, str) for p in paths):
+                found.append(frozenset(paths))
+        return found
+
+    def keep_read_set(self, shape: str, gate: str, read: frozenset[str]) -> None:
+        """Keep ``read`` under ``shape``, and only the :data:`READ_SETS` newest there: each
+        is one more lookup on every run, and an old one answers an old tree."""
+        folder = self._read_sets(shape)
+        name = hashlib.sha256("\0".join(sorted(read)).encode("utf-8", "surrogateescape"))
+        path = folder / f"{name.hexdigest()}.json"
+        if path.exists():
+            with contextlib.suppress(OSError):
+                os.utime(path)
+            return
+        self.sign_to(path, {"shape": shape, "gate": gate, "read": sorted(read)})
+        with contextlib.suppress(OSError):
+            kept = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+            for old in kept[READ_SETS:]:
+                old.unlink(missing_ok=True)
+
+    def used_read_set(self, shape: str, read: frozenset[str]) -> None:
+        """A set that answered a lookup is kept longest (least recently used goes first)."""
+        name = hashlib.sha256("\0".join(sorted(read)).encode("utf-8", "surrogateescape"))
+        with contextlib.suppress(OSError):
+            os.utime(self._read_sets(shape) / f"{name.hexdigest()}.json")
+
     def _gate_index(self, manifest_name: str, gate: str) -> Path:
         return self.root / "gates" / manifest_name / f"{gate}.json"
 
@@ -154,9 +197,11 @@ class Store:
         run_id: str,
         log: Path,
         key: str | None = None,
+        read: Mapping[str, str | None] | None = None,
     ) -> None:
         """Store a pass under ``key`` (default: its input key; a tree-scoped key for a
-        verdict that holds only for one tree, ``cachestep._tree_scoped``)."""
+        verdict that holds only for one tree, ``keys.tree_scope``; a verdict key for a gate
+        keyed by ``read``, the files it read and their content ids, kept for explain)."""
         key = key or parts.key
         path = self._entry(key)
         try:
@@ -180,7 +225,9 @@ class Store:
             atomic_write(path, orjson.dumps({"body": body, "hmac": signature}), durable=False)
             atomic_write(
                 self._gate_index(manifest_name, parts.gate),
-                orjson.dumps({"key": key, "run_id": run_id, "parts": parts.to_json()}),
+                orjson.dumps(
+                    {"key": key, "run_id": run_id, "parts": parts.to_json(), "read": read}
+                ),
                 durable=False,
             )
         except OSError as exc:
@@ -191,14 +238,18 @@ class Store:
             data = orjson.loads(self._gate_index(manifest_name, gate).read_bytes())
             parts: dict[str, Any] = data["parts"]
             parts["key"] = data["key"]
+            parts["read"] = data.get("read")
             return parts
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
             return None
 
+    def _all_read_sets(self) -> Iterator[Path]:
+        return (self.root / "reads").glob("*/*/*.json")
+
     def prune(self, max_size: int, *, dry_run: bool = False) -> dict[str, Any]:
         """Delete least-recently-used entries until the store is at most ``max_size`` bytes."""
         entries = []
-        for path in (self.root / "entries").glob("*/*.json"):
+        for path in [*(self.root / "entries").glob("*/*.json"), *self._all_read_sets()]:
             with contextlib.suppress(OSError):
                 log = path.with_suffix(".log")
                 size = path.stat().st_size + (log.stat().st_size if log.exists() else 0)
@@ -218,78 +269,3 @@ class Store:
             "size_after": total,
             "entries_left": len(entries) - len(removed),
         }
-
-
-def explain(current: KeyParts | str, stored: dict[str, Any] | None) -> list[str]:
-    """Sentences saying why the gate's current key differs from its newest stored entry."""
-    if isinstance(current, str):
-        return [current]
-    if stored is None:
-        return ["no stored entry for this gate yet: the next passing run stores one"]
-    if stored.get("key") == current.key:
-        return [f"no change: the current key {current.key[:12]} has a stored entry (a hit)"]
-    found: list[str] = []
-    now = current.to_json()
-    if stored.get("format") != CACHE_FORMAT:
-        found.append(f"cache format changed ({stored.get('format')} -> {CACHE_FORMAT})")
-    if stored.get("salt") != now["salt"]:
-        found.append("cache_salt changed")
-    for name in sorted(set(now["definition"]) | set(stored.get("definition", {}))):
-        old, new = stored.get("definition", {}).get(name), now["definition"].get(name)
-        if old != new:
-            found.append(f"definition: {name} changed ({old!r} -> {new!r})")
-    found += _differences(
-        stored.get("env", {}),
-        now["env"],
-        "env: {} now reaches the gate",
-        "env: {} no longer reaches the gate",
-        "env: {} has a different value",
-    )
-    found += _differences(
-        stored.get("inputs", {}),
-        now["inputs"],
-        "input added: {}",
-        "input removed: {}",
-        "input changed: {}",
-    )
-    for need in sorted(set(stored.get("needs", {})) | set(now["needs"])):
-        if stored.get("needs", {}).get(need) != now["needs"].get(need):
-            found.append(f"upstream key changed: {need}")
-    old_tools, lines = stored.get("tools", {}), stored.get("tool_lines", {})
-    for command in sorted(set(old_tools) | set(now["tools"])):
-        if old_tools.get(command) != now["tools"].get(command):
-            found.append(
-                f"tool changed: {command}"
-                + _tool_difference(lines.get(command, ""), now["tool_lines"].get(command, ""))
-            )
-    return found or ["the key differs but no component does (a stored entry from another tool?)"]
-
-
-def _tool_difference(old: str, new: str, most: int = 6) -> str:
-    """The lines of a tool's output that differ (``-old`` / ``+new``), not just its first line."""
-    from dagrunner.report.logtail import strip_ansi  # only explain needs it; not on a run's path
-
-    old, new = strip_ansi(old), strip_ansi(new)  # a tool's output is untrusted, like a gate's
-    old_lines, new_lines = old.splitlines(), new.splitlines()
-    removed = [line for line in old_lines if line not in set(new_lines)]
-    added = [line for line in new_lines if line not in set(old_lines)]
-    shown = [f"-{line}" for line in removed[:most]] + [f"+{line}" for line in added[:most]]
-    if not shown:
-        return " (the same lines in another order, or only its exit status differs)"
-    more = len(removed) + len(added) - len(shown)
-    return ": " + "; ".join(shown) + (f" (and {more} more)" if more > 0 else "")
-
-
-def _differences(
-    old: dict[str, Any], new: dict[str, Any], added: str, removed: str, changed: str
-) -> list[str]:
-    """One sentence per key that appeared, vanished or changed value, in key order."""
-    found = []
-    for key in sorted(set(old) | set(new)):
-        if key not in old:
-            found.append(added.format(key))
-        elif key not in new:
-            found.append(removed.format(key))
-        elif old[key] != new[key]:
-            found.append(changed.format(key))
-    return found

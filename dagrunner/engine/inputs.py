@@ -14,6 +14,7 @@ import bisect
 import hashlib
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -49,7 +50,26 @@ class Snapshot:
     ids: dict[str, str]
     git: bool
     hashed: int = 0  # files read and hashed (the rest reused git's ids)
+    modes: dict[str, str] = field(default_factory=dict)  # path -> git's mode (100644, 120000...)
     _cache: dict[str, list[str]] = field(default_factory=dict)
+    _names: dict[frozenset[str], str] = field(default_factory=dict)
+
+    def names(self, leave_out: Iterable[str] = ()) -> str:
+        """A digest of the tree's name set: every path with its mode, and the target of a
+        symlink (and a submodule's commit).  A gate keyed by its reads is keyed by this too:
+        a reading process is seen, a ``stat`` or a failed lookup is not, so a file added,
+        removed, renamed or made executable must miss."""
+        skip = frozenset(leave_out)
+        if skip not in self._names:
+            digest = hashlib.sha256()
+            for path in self.paths:
+                if path in skip:
+                    continue
+                mode = self.modes.get(path, "100644")
+                target = self.ids[path] if mode in ("120000", "160000") else ""
+                digest.update(f"{path}\0{mode}\0{target}\0".encode("utf-8", "surrogateescape"))
+            self._names[skip] = digest.hexdigest()
+        return self._names[skip]
 
     def match(self, pattern: str) -> list[str]:
         """Paths the glob matches (an exact path names an ignored file too)."""
@@ -78,8 +98,22 @@ class Snapshot:
         if ident is None:
             return False
         self.ids[rel] = ident
+        self.modes[rel] = _mode(path)
         self.hashed += 1
         return True
+
+
+def _mode(path: Path) -> str:
+    """git's mode for a file of the work tree: a symlink, an executable, a plain file."""
+    try:
+        found = path.lstat().st_mode
+    except OSError:
+        return "100644"
+    if stat.S_ISLNK(found):
+        return "120000"
+    if stat.S_ISDIR(found):
+        return "160000"
+    return "100755" if found & 0o111 else "100644"
 
 
 def take_snapshot(root: Path) -> Snapshot:
@@ -91,17 +125,19 @@ def take_snapshot(root: Path) -> Snapshot:
 
 def _git_snapshot(root: Path) -> Snapshot:
     ids: dict[str, str] = {}
+    modes: dict[str, str] = {}
     staged = git(["ls-files", "-s", "-z"], cwd=root).stdout
     for entry in staged.split(b"\0"):
         if not entry:
             continue
         meta, _, name = entry.partition(b"\t")
         mode, oid, stage = meta.split(b" ")
+        rel = name.decode("utf-8", "surrogateescape")
         if mode == b"160000":  # a submodule: its commit id stands for its content
-            ids[name.decode("utf-8", "surrogateescape")] = oid.decode()
+            ids[rel], modes[rel] = oid.decode(), mode.decode()
             continue
         if stage in (b"0", b"2"):
-            ids[name.decode("utf-8", "surrogateescape")] = oid.decode()
+            ids[rel], modes[rel] = oid.decode(), mode.decode()
     # Worktree files that differ from the index (stat-based; a false positive is just re-hashed)
     changed = split_z(git(["diff-files", "--name-only", "-z"], cwd=root).stdout)
     untracked = split_z(git(["ls-files", "--others", "--exclude-standard", "-z"], cwd=root).stdout)
@@ -118,20 +154,22 @@ def _git_snapshot(root: Path) -> Snapshot:
         if ident is None:
             ids.pop(rel, None)
         else:
-            ids[rel] = ident
-    return Snapshot(root=root, paths=sorted(ids), ids=ids, git=True, hashed=hashed)
+            ids[rel], modes[rel] = ident, _mode(path)
+    return Snapshot(root=root, paths=sorted(ids), ids=ids, git=True, hashed=hashed, modes=modes)
 
 
 def _walk_snapshot(root: Path) -> Snapshot:
     ids: dict[str, str] = {}
+    modes: dict[str, str] = {}
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d != ".git"]
         for name in files:
             path = Path(folder) / name
             ident = file_id(path)
             if ident is not None:
-                ids[path.relative_to(root).as_posix()] = ident
-    return Snapshot(root=root, paths=sorted(ids), ids=ids, git=False, hashed=len(ids))
+                rel = path.relative_to(root).as_posix()
+                ids[rel], modes[rel] = ident, _mode(path)
+    return Snapshot(root=root, paths=sorted(ids), ids=ids, git=False, hashed=len(ids), modes=modes)
 
 
 def input_files(snapshot: Snapshot, patterns: Iterable[str]) -> tuple[dict[str, str], list[str]]:

@@ -26,7 +26,7 @@ from dagrunner.process.home import furnish
 from dagrunner.process.logs import BoundedLog
 from dagrunner.process.tree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
 from dagrunner.process.view import View
-from dagrunner.records.run import TestRun
+from dagrunner.records.run import Observation, TestRun
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 FIXED_ENV = {"TZ": "UTC", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
@@ -68,6 +68,7 @@ class GateJob:
     # how far past timeout + grace the submitter waits for a result before giving up on it.
     wait_for_workers: float = 180.0
     margin: float = 30.0
+    observe: str = ""  # the tree (absolute) whose reads to record ("" for none)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +87,8 @@ class AttemptResult:
     worker: str = ""  # the remote worker that ran it ("" here)
     ran: float | None = None  # seconds from the gate's start to its end, measured where it ran
     tests: TestRun | None = None  # its JUnit file, read where it ran (a cluster's worker)
+    # None: not asked; Observation(complete=False, why=...): asked but not possible
+    observation: Observation | None = None
 
     @property
     def passed(self) -> bool:

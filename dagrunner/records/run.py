@@ -213,6 +213,52 @@ class GateResult:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Observation:
+    """What one gate run was seen to open in its tree, by every process of it (``process/observe``).
+
+    Paths are relative to the tree, posix, never ``..``; ``""`` is the tree's root folder."""
+
+    complete: bool  # False: events lost, git's database read, no observer: keys fall back
+    why: str = ""  # why it is incomplete, one line for people ("" when complete)
+    read: frozenset[str] = frozenset()  # files opened (to read, write or execute)
+    listed: frozenset[str] = frozenset()  # folders opened (listed, or a base of lookups)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "complete": self.complete,
+            "why": self.why,
+            "read": sorted(self.read),
+            "listed": sorted(self.listed),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Observation:
+        def paths(name: str) -> frozenset[str]:
+            found = data.get(name, [])
+            if not isinstance(found, list) or not all(_relative(p) for p in found):
+                raise ValueError(f"observation: {name!r} is not a list of relative paths")
+            return frozenset(found)
+
+        if not isinstance(data.get("complete"), bool) or not isinstance(data.get("why", ""), str):
+            raise ValueError("observation: 'complete' must be a boolean and 'why' a string")
+        return cls(
+            complete=data["complete"],
+            why=data.get("why", ""),
+            read=paths("read"),
+            listed=paths("listed"),
+        )
+
+
+def _relative(path: object) -> bool:
+    return (
+        isinstance(path, str)
+        and not path.startswith("/")
+        and ".." not in path.split("/")
+        and "\0" not in path
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class CacheProof:
     """Why a gate was (or was not) answered from the cache: its key and what the key is made
     of, and for a hit which run stored the verdict.  Built once by ``engine/cachestep``."""
@@ -227,6 +273,7 @@ class CacheProof:
     stored_at: str | None = None
     saved: float | None = None  # what the cached verdict's run took
     landed: Mapping[str, Any] | None = None  # answered by a verified landed proof: whose
+    observed: Mapping[str, Any] | None = None  # what it was seen to read, what it is keyed by
 
     def to_json(self) -> dict[str, Any]:
         if not self.cacheable:
@@ -240,6 +287,7 @@ class CacheProof:
             "stored_at",
             "saved",
             "landed",
+            "observed",
         ):
             if (value := getattr(self, name)) is not None:
                 body[name] = value
@@ -250,7 +298,7 @@ class CacheProof:
         if not isinstance(body, dict):
             return None
         named = {"cacheable", "key", "tree_scoped", "hit", "reason", "stored_by_run"}
-        named |= {"stored_at", "saved", "landed"}
+        named |= {"stored_at", "saved", "landed", "observed"}
         return cls(
             cacheable=body.get("cacheable") is True,
             key=body.get("key"),
@@ -262,6 +310,7 @@ class CacheProof:
             stored_at=body.get("stored_at"),
             saved=body.get("saved"),
             landed=body.get("landed"),
+            observed=body.get("observed"),
         )
 
 
