@@ -108,6 +108,9 @@ class KeyParts:
                 "inputs": self.inputs,
                 "needs": self.needs,
                 "tools": self.tools,
+                # a gate keyed by its reads: its whole key (an incomplete observation's) holds
+                # the modes and symlinks of the name set too, as its verdict keys do
+                **({"names": self.names} if self.names else {}),
             }
         )
 
