@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from dagrunner.records.run import GateResult, RunRecord, Speed, Status, failures_first
+from dagrunner.records.evidence import Speed
+from dagrunner.records.run import GateResult, RunRecord, Status, failures_first
 from dagrunner.report.logtail import read_log, strip_ansi
 from dagrunner.units import format_duration, format_size
 
