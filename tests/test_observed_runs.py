@@ -9,11 +9,12 @@ and reads the README too (an undeclared read)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PY, check, git
+from conftest import CLI, PY, check, git
 
 from dagrunner.process import observe
 from dagrunner.process.contain import detect
@@ -136,6 +137,14 @@ def test_an_undeclared_read_is_reported(
     assert any(said in w for w in body["warnings"])
     page = (Path(body["run_dir"]) / "index.html").read_text()
     assert "read files outside its inputs" in page and "README" in page
+    (tree["repo"] / "src" / "a.py").write_text("A = 2\n")  # lint runs again, in a terminal
+    shown = subprocess.run(
+        [*CLI, "release-check", str(tree["repo"] / "m.toml"), "--repo", str(tree["repo"])],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"warning: {said}" in shown
 
 
 def test_an_incomplete_observation_falls_back_to_the_whole_tree_key(

@@ -242,6 +242,8 @@ def summary_table(record: RunRecord, run_dir: str, *, tail_lines: int = 20) -> s
         detail = said.commit or ", ".join(said.conflicts or said.failed_gates or ())
         lines.append(f"envelope {envelope.state:<12} {envelope.id}  {detail or said.reason or ''}")
     lines += failure_tails(record, Path(run_dir), tail_lines=tail_lines)
+    # the run's warnings (a gate that read outside its inputs, a cache entry damaged...)
+    lines += [f"warning: {warning}"[:400] for warning in record.warnings]
     lines.append(f"report: {run_dir}/index.html")
     return "\n".join(lines)
 
