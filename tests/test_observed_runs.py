@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CLI, PY, check, git
+from conftest import CLI, PY, check, commit_release_manifest, git
+from test_integration import worker
 
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
 from dagrunner.process import observe
 from dagrunner.process.contain import detect
 
@@ -160,3 +164,39 @@ def test_an_incomplete_observation_falls_back_to_the_whole_tree_key(
     (tree["repo"] / "src" / "b.py").write_text("B = 2\n")  # read by no gate
     ran, _ = run(capsys, tree)
     assert ran == {"vcs", "lint"}
+
+
+def test_an_envelope_that_changes_nothing_a_gate_read_gets_its_verdict_from_its_base(
+    project: Path, tmp_path: Path
+) -> None:
+    """In the queue: w1's tree runs ``heavy`` (it reads src/a.txt only); w2, built on w1
+    landed, edits only a file heavy never read, and is answered from w1's tree's verdict."""
+    if not (detect().bwrap and detect().views) or observe.refused():
+        pytest.skip("this machine does not observe gates' reads (dagrunner doctor: observe)")
+    (project / "src").mkdir()
+    (project / "src" / "a.txt").write_text("GOOD\n")
+    runs = tmp_path / "runs.txt"
+    commit_release_manifest(
+        project,
+        f"""
+[sandbox]
+writable = ["{tmp_path}"]
+[gates.heavy]
+run = "echo ran >> '{runs}'; ! grep -q BAD src/a.txt"
+inputs = ["**"]
+""",
+    )
+    states: dict[str, str] = {}
+    for name, change in [
+        ("w1", lambda p: (p / "shared.txt").write_text("docs, once\n")),
+        ("w2", lambda p: (p / "shared.txt").write_text("docs, twice\n")),
+        ("w3", lambda p: (p / "src" / "a.txt").write_text("BAD\n")),
+    ]:
+        submit(repo_info(project), [worker(project, name, change)])
+        result = integrate(repo=project, window=1, batch=1)
+        states |= {o.worker: str(o.state) for o in result.envelopes}
+    assert states == {"w1": "landed", "w2": "landed", "w3": "gates-failed"}
+    # w1's tree ran it; w2's was answered from w1's verdict (w1 landed: its tree is the
+    # base), and so was the target's head when w3 failed (gated once to see whether the
+    # target is red); w3 changed what it read: its run, and the one confirming the failure
+    assert runs.read_text().count("ran") == 3

@@ -233,6 +233,29 @@ class Store:
         except OSError as exc:
             self.warnings.append(f"could not store cache entry for {parts.gate!r}: {exc}")
 
+    def alias(self, hit: Hit, key: str) -> None:
+        """Store ``hit``'s verdict under ``key`` too: a verdict scoped to a tree that has
+        landed since holds for every tree with its verdict key (``RunCache.lookup``)."""
+        path = self._entry(key)
+        try:
+            log_bytes = hit.log.read_bytes()
+            if path.exists():
+                return
+            body = {
+                "key": key,
+                "gate": str(hit.result.get("id", "")),
+                "run_id": hit.run_id,
+                "stored_at": hit.stored_at,
+                "duration": hit.duration,
+                "result": hit.result,
+                "log_sha256": hashlib.sha256(log_bytes).hexdigest(),
+            }
+            signature = self._sign(body)
+            atomic_write(path.with_suffix(".log"), log_bytes, durable=False)
+            atomic_write(path, orjson.dumps({"body": body, "hmac": signature}), durable=False)
+        except OSError as exc:
+            self.warnings.append(f"could not store cache entry {key[:12]}: {exc}")
+
     def newest_parts(self, manifest_name: str, gate: str) -> dict[str, Any] | None:
         try:
             data = orjson.loads(self._gate_index(manifest_name, gate).read_bytes())

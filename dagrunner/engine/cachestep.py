@@ -277,6 +277,8 @@ class RunCache:
         if chosen.read is not None:
             self.store.used_read_set(parts.shape, chosen.read)
             self.by_reads += 1
+            if self.scope is not None and chosen.key == self.scope.keys(chosen.counts)[0]:
+                self.store.alias(hit, chosen.counts)  # the target's own tree: trusted now
         if self.flights is not None:
             self.flights.reused += 1
         log = self.run_dir / "logs" / f"{gate}.log"
