@@ -194,7 +194,7 @@ inputs = ["**"]
     ]:
         submit(repo_info(project), [worker(project, name, change)])
         result = integrate(repo=project, window=1, batch=1)
-        states |= {o.worker: str(o.state) for o in result.envelopes}
+        states |= {str(o.worker): str(o.state) for o in result.envelopes}
     assert states == {"w1": "landed", "w2": "landed", "w3": "gates-failed"}
     # w1's tree ran it; w2's was answered from w1's verdict (w1 landed: its tree is the
     # base), and so was the target's head when w3 failed (gated once to see whether the
