@@ -42,6 +42,7 @@ EVENT = struct.Struct("IBBHQii")  # fanotify_event_metadata: len, vers, _, len, 
 FANOTIFY_VERSION = 3
 READY_TIMEOUT = 30.0  # for the view to come up (bubblewrap dies with its own error before)
 NOT_BWRAPPED = "the gate does not run under bubblewrap (none here, or a command keeping its HOME)"
+NOT_TREE = "the folder to observe is not in the gate's tree (no mount of the gate's own holds it)"
 GIT = "the gate read git's database; what it read through git is not seen"
 # read(2)'s number, to see bubblewrap's child waiting on its block pipe (/proc/<pid>/syscall)
 READ = {"x86_64": 0, "aarch64": 63, "riscv64": 63, "ppc64le": 3, "s390x": 3, "i686": 3}
