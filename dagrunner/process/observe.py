@@ -61,10 +61,12 @@ def _libc() -> ctypes.CDLL:
 
 
 def _fanotify() -> int:
-    """A new fanotify group (``OSError`` where the kernel or our privilege refuses)."""
+    """A new fanotify group (``OSError`` where the kernel or our privilege refuses).  Each
+    event's file is opened non-blocking: a FIFO's would otherwise wait for a writer (this
+    kernel reports no FIFO's open; others may)."""
     try:
         fd = int(_libc().fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK,
-                                       os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC))  # fmt: skip
+                                       os.O_RDONLY | os.O_NONBLOCK | os.O_LARGEFILE | os.O_CLOEXEC))  # fmt: skip
     except AttributeError as exc:  # a libc without fanotify
         raise OSError(0, "this C library has no fanotify") from exc
     if fd < 0:
