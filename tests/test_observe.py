@@ -141,12 +141,16 @@ def test_a_file_opened_then_removed_is_recorded_by_its_name(
 def test_an_observer_that_cannot_attach_leaves_the_gate_alone(
     tmp_path: Path, observable: None
 ) -> None:
-    """A tree the gate's view does not hold: nothing to mark; the gate runs and passes."""
+    """A folder of the tree the gate's view does not hold: nothing to mark; the gate runs and
+    passes.  A folder outside the tree is refused first: the only mount there is the gate's
+    read-only root, whose opens are not all of this tree's."""
     tree = tree_of(tmp_path)
     gate = job(tmp_path, tree, "lost", "cat a.txt")
-    result = run(GateJob(**{**gate.__dict__, "observe": str(tmp_path / "nowhere")}))
+    result = run(GateJob(**{**gate.__dict__, "observe": str(tree / "missing")}))
     assert result.observation is not None and not result.observation.complete
     assert "could not attach" in result.observation.why
+    outside = job(tmp_path, tree, "outside", "cat a.txt", observe=str(tmp_path))
+    assert run(outside).observation == Observation(complete=False, why=observe.NOT_TREE)
 
 
 def test_unobservable_gate_runs_and_says_why(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ gate makes itself, a nested sandbox); docs/cache.md, "Observed reads".
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import functools
@@ -38,10 +39,12 @@ FAN_CLOEXEC, FAN_NONBLOCK, FAN_CLASS_NOTIF = 0x1, 0x2, 0x0
 FAN_MARK_ADD, FAN_MARK_MOUNT = 0x1, 0x10
 FAN_OPEN, FAN_OPEN_EXEC, FAN_Q_OVERFLOW, FAN_ONDIR = 0x20, 0x1000, 0x4000, 0x40000000
 MASK = FAN_OPEN | FAN_OPEN_EXEC | FAN_ONDIR
+_CLOSER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dagrunner-observe")
 EVENT = struct.Struct("IBBHQii")  # fanotify_event_metadata: len, vers, _, len, mask, fd, pid
 FANOTIFY_VERSION = 3
 READY_TIMEOUT = 30.0  # for the view to come up (bubblewrap dies with its own error before)
 NOT_BWRAPPED = "the gate does not run under bubblewrap (none here, or a command keeping its HOME)"
+NOT_TREE = "the folder to observe is not in the gate's tree (no mount of the gate's own holds it)"
 GIT = "the gate read git's database; what it read through git is not seen"
 # read(2)'s number, to see bubblewrap's child waiting on its block pipe (/proc/<pid>/syscall)
 READ = {"x86_64": 0, "aarch64": 63, "riscv64": 63, "ppc64le": 3, "s390x": 3, "i686": 3}
@@ -58,10 +61,12 @@ def _libc() -> ctypes.CDLL:
 
 
 def _fanotify() -> int:
-    """A new fanotify group (``OSError`` where the kernel or our privilege refuses)."""
+    """A new fanotify group (``OSError`` where the kernel or our privilege refuses).  Each
+    event's file is opened non-blocking: a FIFO's would otherwise wait for a writer (this
+    kernel reports no FIFO's open; others may)."""
     try:
         fd = int(_libc().fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK,
-                                       os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC))  # fmt: skip
+                                       os.O_RDONLY | os.O_NONBLOCK | os.O_LARGEFILE | os.O_CLOEXEC))  # fmt: skip
     except AttributeError as exc:  # a libc without fanotify
         raise OSError(0, "this C library has no fanotify") from exc
     if fd < 0:
@@ -175,7 +180,7 @@ class Observer:
         delay = 0.0005
         while not Path(f"/proc/{pid}/syscall").read_text().startswith(waiting + " "):
             await trio.sleep(delay)
-            delay = min(delay * 2, 0.02)
+            delay = min(delay * 2, 0.002)
         root = f"/proc/{pid}/root"
         self._ns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         folders = []
@@ -253,11 +258,17 @@ class Observer:
 
     def close(self) -> None:
         self.started()
-        for fd in (*self._ours, *self._stop, self._fan, self._ns):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        fds = [fd for fd in (*self._ours, *self._stop, self._fan, self._ns) if fd >= 0]
         self._ours, self._stop, self._fan, self._ns = (), (), -1, -1
+        # A fanotify group with marks, and a mount namespace, each wait for the kernel's
+        # grace period when closed (15 ms a gate): apart, the gate's result does not wait.
+        _CLOSER.submit(_close, fds)
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _relative(path: str, tree: str) -> str | None:

@@ -24,7 +24,7 @@ from dagrunner.manifest.load import DEFAULT_MAX_PIDS, EnvSpec
 from dagrunner.process.contain import detect, jail, spawn
 from dagrunner.process.home import furnish
 from dagrunner.process.logs import BoundedLog, pump
-from dagrunner.process.observe import NOT_BWRAPPED, Observer
+from dagrunner.process.observe import NOT_BWRAPPED, NOT_TREE, Observer
 from dagrunner.process.tree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
 from dagrunner.process.view import View
 from dagrunner.records.run import Observation, TestRun
@@ -336,7 +336,9 @@ async def _run(
         dirs = (*dirs, view.stage)
     found = detect()  # a gate with a view runs under bubblewrap where it is: observable
     bwrapped = view is not None and found.pidns and found.views and bool(found.bwrap)
-    observer = Observer(job.observe, why="" if bwrapped else NOT_BWRAPPED)
+    # only in the tree its view binds afresh is a mount of the gate's own (not the root's)
+    mine = not job.observe or is_inside(Path(job.observe), Path(job.tree or job.cwd))
+    observer = Observer(job.observe, why=NOT_BWRAPPED if not bwrapped else "" if mine else NOT_TREE)
     box = jail(
         job.argv,
         token=token,
