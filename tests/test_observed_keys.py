@@ -68,7 +68,9 @@ def tree(repo: Path, tmp_path: Path) -> dict[str, Path]:
     return {"repo": repo, "manifest": manifest, "store": tmp_path / "store"}
 
 
-def cache_for(t: dict[str, Path], *, read: bool = True) -> RunCache:
+def cache_for(
+    t: dict[str, Path], *, read: bool = True, trusted: str | None = None, ahead: str | None = None
+) -> RunCache:
     options = RunOptions(repo=t["repo"], manifest=t["manifest"])
     repo, manifest = load_step(options)
     plan = plan_step(repo, manifest, options)
@@ -82,6 +84,8 @@ def cache_for(t: dict[str, Path], *, read: bool = True) -> RunCache:
         run_dir=run_dir,
         read=read,
         store=Store(t["store"]),
+        trusted=trusted,
+        ahead=ahead,
     )
 
 
@@ -285,3 +289,33 @@ def _parts(cache: RunCache, gate: str) -> KeyParts:
     parts = cache.current(gate)
     assert not isinstance(parts, str)
     return parts
+
+
+def test_an_envelopes_verdict_by_reads_holds_for_other_trees_only_once_it_landed(
+    tree: dict[str, Path],
+) -> None:
+    """In an envelope's tree (``trusted``: the target's head) a verdict key is stored scoped
+    to that tree: it answers the trees built on it (``ahead``), not a sibling; once that tree
+    is the target's own, it answers every tree by its verdict key."""
+    repo = tree["repo"]
+    base = git(repo, "rev-parse", "HEAD").strip()
+
+    def envelope(text: str, on: str) -> str:
+        git(repo, "checkout", "-q", "--detach", on)
+        (repo / "README").write_text(text)
+        git(repo, "commit", "-qam", text)
+        return git(repo, "rev-parse", "HEAD").strip()
+
+    first = envelope("one\n", base)
+    assert ran(drive(cache_for(tree, trusted=base))) == {"build", "test", "lint", "docs"}
+    envelope("two\n", base)  # a sibling: not built on the first, which has not landed
+    assert {"build", "test"} <= ran(drive(cache_for(tree, trusted=base)))
+    envelope("three\n", first)  # built on the first, in the speculation
+    assert ran(drive(cache_for(tree, trusted=base, ahead=first))) == {"docs"}
+    envelope("four\n", first)  # the first has landed: it is the trusted head
+    assert ran(drive(cache_for(tree, trusted=first))) == {"docs"}
+    git(repo, "checkout", "-q", "--detach", base)
+    (repo / "README").write_text("five\n")
+    git(repo, "commit", "-qam", "five")  # any tree now: the verdict key is stored unscoped
+    # (lint is keyed by its inputs: the README is outside them, so the reuse rule scopes it)
+    assert ran(drive(cache_for(tree, trusted=base))) == {"docs", "lint"}

@@ -109,7 +109,9 @@ class RunCache:
         self.scoped = {  # gate -> the changed paths outside its inputs (the reuse rule)
             g: outside
             for g, p in self.keys.items()
-            if isinstance(p, KeyParts) and self.scope and (outside := self.scope.outside(p.inputs))
+            if isinstance(p, KeyParts)
+            and self.scope
+            and (outside := self.scope.outside(spec(graph, g).inputs))
         }
         self.effective: dict[str, str] = {}  # gate -> the key its dependants hold, once settled
         self.seen: dict[str, Observation] = {}  # gate -> what its last attempt was seen to read
@@ -187,7 +189,8 @@ class RunCache:
         if seen is None:
             return body | {"complete": False, "why": "not observed (not asked, or no result)"}
         body |= {"complete": seen.complete, "why": seen.why}
-        body |= {"read": len(seen.read & set(self.snapshot.ids)), "listed": len(seen.listed)}
+        read = sum(1 for path in seen.read if path in self.snapshot.ids)
+        body |= {"read": read, "listed": len(seen.listed)}
         if undeclared := self.undeclared(gate):
             body |= {"undeclared": undeclared[:10], "undeclared_count": len(undeclared)}
         return body
