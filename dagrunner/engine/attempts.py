@@ -238,6 +238,7 @@ class GateRunner:
         tools = None
         if gate.kind == "gate" and self.executor_of(gate).name == "local":
             tools = await trio.to_thread.run_sync(self.tools.folder, gate.id, root)  # a copy
+        warm = tools is not None and await trio.to_thread.run_sync(_warm, tools)
         try:
             for number in range(1, gate.retries + 2):
                 job = self.job(gate, number, root, tools)
@@ -261,7 +262,7 @@ class GateRunner:
         if not attempts:
             return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
         attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")
-        self.cache.seen_reading(node, result.observation)  # before its proof is made
+        self.cache.seen_reading(node, result.observation, warm=warm)  # before its proof
         outcome = replace(judge(gate, tuple(attempts), command), cache=self.cache.miss_proof(node))
         if gate.junit is None:  # a failure's tests named from its output, where it says them
             if outcome.status is not Status.FAILED:
@@ -278,6 +279,29 @@ class GateRunner:
             where = Path(os.path.normpath(root / gate.cwd)) / gate.junit
             tests = await trio.to_thread.run_sync(lambda: read_junit(where, since=began))
         return replace(outcome, tests=tests)
+
+
+# Download caches, addressed by content: what they hold never stands for a file of the tree
+CONTENT_ADDRESSED = frozenset({"npm", "pip"})
+
+
+def _warm(folder: Path) -> bool:
+    """Whether a gate's tool cache folder holds anything a tool may trust by ``stat``."""
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name in CONTENT_ADDRESSED:
+                    continue
+                if not entry.is_dir(follow_symlinks=False):
+                    return True
+                with os.scandir(entry.path) as inside:
+                    if any(inside):
+                        return True
+    except FileNotFoundError:
+        return False  # not made yet: cold
+    except OSError:
+        return True  # unreadable: assume the worst
+    return False
 
 
 def _modified(changed: list[str], keep: Path, left: list[str], running: list[str]) -> str:

@@ -22,7 +22,7 @@ import hmac
 import os
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ import orjson
 from dagrunner.engine.keys import KeyParts
 from dagrunner.files import atomic_write, mark_own_output
 from dagrunner.git.repo import cache_root
-from dagrunner.records.run import GateResult
+from dagrunner.records.run import GateResult, Observation
 
 READ_SETS = 8  # read sets kept under one shape key (docs/cache.md)
 
@@ -292,3 +292,66 @@ class Store:
             "size_after": total,
             "entries_left": len(entries) - len(removed),
         }
+
+
+def undeclared_reads(
+    parts: KeyParts | str | None, seen: Observation | None, ids: Mapping[str, str]
+) -> list[str]:
+    """Files of the tree (``ids``: its snapshot) a gate keyed by narrower inputs read
+    outside them: the inputs to add before a stale pass teaches them."""
+    if not isinstance(parts, KeyParts) or parts.names or seen is None:
+        return []
+    return sorted(p for p in seen.read if p in ids and p not in parts.inputs)
+
+
+def reads_account(
+    parts: KeyParts,
+    seen: Observation | None,
+    ids: Mapping[str, str],
+    by_read: bool,
+    read: int | None = None,
+    stands: frozenset[str] | None = None,
+) -> dict[str, Any]:
+    """A gate's proof of what it was seen to read (``read``: the size of the stored read
+    set that answered it; ``stands``: the files a run's reads stand for, bytecode's
+    sources among them) and what it is keyed by: its reads, the whole tree (its
+    observation was incomplete), or its declared inputs."""
+    if read is not None:
+        return {"keyed_by": "reads", "read": read}
+    body: dict[str, Any] = {"keyed_by": "declared inputs"}
+    if by_read:
+        body["keyed_by"] = "reads" if seen and seen.complete else "whole tree"
+    if seen is None:
+        return body | {"complete": False, "why": "not observed (not asked, or no result)"}
+    body |= {"complete": seen.complete, "why": seen.why}
+    count = len(stands) if stands else sum(1 for p in seen.read if p in ids)
+    body |= {"read": count, "listed": len(seen.listed)}
+    if undeclared := undeclared_reads(parts, seen, ids):
+        body |= {"undeclared": undeclared[:10], "undeclared_count": len(undeclared)}
+    return body
+
+
+def reads_warnings(
+    seen: Mapping[str, Observation],
+    by_read: Mapping[str, KeyParts],
+    undeclared: Callable[[str], list[str]],
+) -> list[str]:
+    """The run's warnings about reads: each gate that read outside its inputs, and the gates
+    keyed by their reads whose observation was incomplete (one line per reason)."""
+    found = []
+    for gate in sorted(seen):
+        if files := undeclared(gate):
+            more = f" and {len(files) - 10} more" if files[10:] else ""
+            found.append(
+                f"gate {gate!r} read files outside its inputs, which its cache key does not "
+                f"hold: {', '.join(files[:10])}{more} (add them to its inputs)"
+            )
+    fell: dict[str, list[str]] = {}
+    for gate, observation in sorted(seen.items()):
+        if gate in by_read and not observation.complete:
+            fell.setdefault(observation.why or "incomplete", []).append(gate)
+    return found + [
+        f"observation incomplete ({why}): keyed by the whole tree instead of what it read: "
+        + ", ".join(gates)
+        for why, gates in fell.items()
+    ]

@@ -16,10 +16,23 @@ from typing import Any
 
 import networkx as nx
 
-from dagrunner.engine.cache import Store
+from dagrunner.engine.cache import Store, reads_account, reads_warnings, undeclared_reads
 from dagrunner.engine.graph import Graph, spec
-from dagrunner.engine.inputs import Snapshot, take_snapshot
-from dagrunner.engine.keys import Candidate, KeyParts, compute_keys, store_keys, tree_scope
+from dagrunner.engine.inputs import (
+    Before,
+    Snapshot,
+    held_before,
+    neutral,
+    stands_for,
+    take_snapshot,
+)
+from dagrunner.engine.keys import (
+    Candidate,
+    KeyParts,
+    compute_keys,
+    store_keys,
+    tree_scope,
+)
 from dagrunner.engine.landed import Verified, head_tree, landed_answer, manifest_digest
 from dagrunner.engine.landed import clean_tree as landed_tree
 from dagrunner.engine.scheduler import Flights, Outcome, Wait
@@ -80,6 +93,8 @@ class RunCache:
             landed += "manifest; every gate runs"
         self.landed = landed if isinstance(landed, Verified) else None
         self.landed_warning = landed if isinstance(landed, str) else ""
+        if fingerprint is None and remember_tools:
+            fingerprint = remembering(repo, self.store, manifest.sandbox.writable)
         declared = any(spec(graph, n).inputs and spec(graph, n).kind == "gate" for n in graph.nodes)
         # whole-tree keys need the tree id only: no snapshot unless a gate has inputs
         self.snapshot = take_snapshot(repo) if declared else Snapshot(repo, [], {}, git=True)
@@ -92,12 +107,7 @@ class RunCache:
                 envs,
                 repo,
                 hide=self.store.root,
-                fingerprint=fingerprint
-                or (
-                    remembering(repo, self.store, manifest.sandbox.writable)
-                    if remember_tools
-                    else None
-                ),
+                fingerprint=fingerprint,
                 tree=self.tree,
             )
         else:
@@ -115,6 +125,9 @@ class RunCache:
         }
         self.effective: dict[str, str] = {}  # gate -> the key its dependants hold, once settled
         self.seen: dict[str, Observation] = {}  # gate -> what its last attempt was seen to read
+        self.stands: dict[str, frozenset[str]] = {}  # gate -> the files its reads stand for
+        observes = any(isinstance(p, KeyParts) and p.names for p in self.keys.values())
+        self.before = held_before(repo, manifest, self.snapshot) if observes else Before()
         self.by_reads = 0  # passes and hits keyed by what the gate read
         self.setup_seconds = time.monotonic() - started
         self.stored = 0
@@ -163,37 +176,39 @@ class RunCache:
             return [key]
         return [key, scope.own(key), *scope.keys(key)]
 
-    def seen_reading(self, gate: str, observation: Observation | None) -> None:
-        """What ``gate``'s attempt was seen to read (``AttemptResult.observation``)."""
-        if observation is not None:
-            self.seen[gate] = observation
+    def seen_reading(self, gate: str, seen: Observation | None, *, warm: bool = False) -> None:
+        """What ``gate``'s attempt was seen to read (``AttemptResult.observation``), and
+        whether its tool caches were warm: a cache validated by ``stat`` (mypy's, ruff's,
+        black's) stands for files it did not open, so such a run is keyed by the whole tree.
+        The reads of a run keyed by them become the files they stand for (``stands_for``)."""
+        if seen is None:
+            return
+        parts = self.keys.get(gate)
+        if isinstance(parts, KeyParts) and self.by_read(gate, parts) and seen.complete:
+            why = "its tool caches were warm (what a cache validated by stat holds is not seen)"
+            found: frozenset[str] = frozenset()
+            if not warm:
+                ran = (self.seen.get(a) for a in nx.ancestors(self.graph, gate))
+                written = frozenset(path for need in ran if need for path in need.read)
+                leave = neutral(spec(self.graph, gate))
+                found, why = stands_for(seen, parts.inputs, self.before, written, leave)
+            if why:
+                seen = replace(seen, complete=False, why=why)
+            self.stands[gate] = found
+        self.seen[gate] = seen
 
     def undeclared(self, gate: str) -> list[str]:
         """Files of the tree ``gate`` read that its narrower inputs do not name."""
-        parts, seen = self.keys.get(gate), self.seen.get(gate)
-        if not isinstance(parts, KeyParts) or parts.names or seen is None:
-            return []
-        tree = self.snapshot.ids
-        return sorted(p for p in seen.read if p in tree and p not in parts.inputs)
+        return undeclared_reads(self.keys.get(gate), self.seen.get(gate), self.snapshot.ids)
 
     def observation(self, gate: str, *, read: int | None = None) -> dict[str, Any] | None:
         """The proof's account of what ``gate`` was seen to read, and what it is keyed by."""
-        parts, seen = self.keys.get(gate), self.seen.get(gate)
+        parts = self.keys.get(gate)
         if not isinstance(parts, KeyParts) or not spec(self.graph, gate).observe:
             return None
-        body: dict[str, Any] = {"keyed_by": "declared inputs"}
-        if self.by_read(gate, parts):
-            body["keyed_by"] = "reads" if seen and seen.complete else "whole tree"
-        if read is not None:  # answered from a stored read set
-            return {"keyed_by": "reads", "read": read}
-        if seen is None:
-            return body | {"complete": False, "why": "not observed (not asked, or no result)"}
-        body |= {"complete": seen.complete, "why": seen.why}
-        read = sum(1 for path in seen.read if path in self.snapshot.ids)
-        body |= {"read": read, "listed": len(seen.listed)}
-        if undeclared := self.undeclared(gate):
-            body |= {"undeclared": undeclared[:10], "undeclared_count": len(undeclared)}
-        return body
+        by_read = self.by_read(gate, parts)
+        seen, stands = self.seen.get(gate), self.stands.get(gate)
+        return reads_account(parts, seen, self.snapshot.ids, by_read, read, stands)
 
     def warnings(self) -> list[str]:
         found = [
@@ -202,23 +217,10 @@ class RunCache:
             if isinstance(parts, KeyParts)
             for glob in parts.unmatched
         ]
-        for gate in sorted(self.seen):
-            if undeclared := self.undeclared(gate):
-                more = f" and {len(undeclared) - 10} more" if undeclared[10:] else ""
-                found.append(
-                    f"gate {gate!r} read files outside its inputs, which its cache key does not "
-                    f"hold: {', '.join(undeclared[:10])}{more} (add them to its inputs)"
-                )
-        fell: dict[str, list[str]] = {}
-        for gate, seen in sorted(self.seen.items()):
-            parts = self.keys.get(gate)
-            if isinstance(parts, KeyParts) and self.by_read(gate, parts) and not seen.complete:
-                fell.setdefault(seen.why or "incomplete", []).append(gate)
-        found += [
-            f"observation incomplete ({why}): keyed by the whole tree instead of what it read: "
-            + ", ".join(gates)
-            for why, gates in fell.items()
-        ]
+        by_read = {
+            g: p for g, p in self.keys.items() if isinstance(p, KeyParts) and self.by_read(g, p)
+        }
+        found += reads_warnings(self.seen, by_read, self.undeclared)
         return found + self.store.warnings + ([self.landed_warning] if self.landed_warning else [])
 
     def proof(self, gate: str, *, read: int | None = None) -> CacheProof:
@@ -400,7 +402,7 @@ class RunCache:
         seen = self.seen.get(gate)
         key, read, ids = parts.key, None, None
         if self.by_read(gate, parts) and seen is not None and seen.complete:
-            read = frozenset(p for p in seen.read if p in parts.inputs)
+            read = frozenset(p for p in self.stands.get(gate, ()) if p in parts.inputs)
             key, ids = parts.verdict(read)
             self.by_reads += 1
         self.effective[gate] = key

@@ -6,6 +6,9 @@ only modified and untracked files are read and hashed; outside git every file
 is hashed.  Ids are git blob ids (sha1 of ``blob <size>\\0<content>``) either
 way, so they compare across both paths.  Gitignored files are left out unless
 a glob names one exactly (no wildcard).
+
+And what the snapshot leaves out that a gate keyed by its reads may have read
+(``Before``, ``stands_for``): ignored caches may stand for files only ``stat``-ed.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dagrunner.files import read_regular
 from dagrunner.git.command import git, split_z, toplevel
 from dagrunner.manifest.globs import glob_regex, literal_prefix
+from dagrunner.manifest.load import GateSpec, Manifest
+from dagrunner.records.run import Observation
 
 _WILDCARD = re.compile(r"[*?\[]")
 
@@ -183,3 +188,124 @@ def input_files(snapshot: Snapshot, patterns: Iterable[str]) -> tuple[dict[str, 
         for path in found:
             files[path] = snapshot.ids[path]
     return files, unmatched
+
+
+# A Python module's cached bytecode (or the file it is written to first): opened instead of
+# its source, which is only stat-ed
+PYCACHE = re.compile(r"^(?P<dir>(?:.*/)?)__pycache__/(?P<name>[^./]+)\.[^/]*\.pyc(\.\d+)?$")
+
+
+@dataclass(frozen=True)
+class Before:
+    """What the tree held, before its gates ran, that its snapshot leaves out: the ignored
+    files (``unknown``: they could not be listed), the folders that hold only such files,
+    and the seed folders (a pattern of each) with their key files."""
+
+    ignored: frozenset[str] = frozenset()
+    folders: frozenset[str] = frozenset()
+    unknown: bool = False
+    seeds: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = ()
+
+    def held(self, path: str, *, folder: bool = False) -> bool:
+        """Whether ``path`` (a file, or a ``folder``) was there, ignored, before the gates
+        ran: a file the gate made new, or a folder of the snapshot, was not."""
+        return self.unknown or path in (self.folders if folder else self.ignored)
+
+    def seed_keys(self, path: str) -> tuple[str, ...] | None:
+        for folder, keys in self.seeds:
+            if any(folder.fullmatch(p) for p in _up(path)):
+                return keys
+        return None
+
+
+def _up(path: str) -> list[str]:
+    """``path`` and each folder above it (``a/b/c``: ``a/b/c``, ``a/b``, ``a``)."""
+    parts = path.split("/")
+    return ["/".join(parts[:n]) for n in range(len(parts), 0, -1)]
+
+
+def held_before(repo: Path, manifest: Manifest, snapshot: Snapshot) -> Before:
+    """What ``repo`` holds outside ``snapshot`` now, before any gate runs (``stands_for``):
+    its ignored files, but those of its seeds (which their key files stand for)."""
+    seeds = manifest.worktrees.seeds
+    patterns = tuple(
+        (glob_regex(pattern), tuple(input_files(snapshot, seed.key)[0]))
+        for seed in seeds
+        for pattern in (seed.path, *seed.also)
+    )
+    if not snapshot.git:
+        return Before(seeds=patterns)  # a walked tree: every file is in the snapshot
+    leave = [f":(exclude,glob){p}" for seed in seeds for p in (seed.path, *seed.also)]
+    listed = git(
+        ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--", ".", *leave],
+        cwd=repo,
+        check=False,
+    )
+    if listed.returncode != 0:
+        return Before(unknown=True, seeds=patterns)
+    files = frozenset(split_z(listed.stdout))
+    above = {folder for path in files for folder in _up(path)[1:]}
+    return Before(
+        ignored=files,
+        folders=frozenset(f for f in above if not _holds(snapshot.paths, f)),
+        seeds=patterns,
+    )
+
+
+def _holds(paths: list[str], folder: str) -> bool:
+    """Whether the sorted snapshot ``paths`` have a file under ``folder``."""
+    at = bisect.bisect_left(paths, f"{folder}/")
+    return at < len(paths) and paths[at].startswith(f"{folder}/")
+
+
+def stands_for(
+    seen: Observation,
+    ids: Mapping[str, str],
+    before: Before,
+    written: frozenset[str],
+    neutral: tuple[str, ...] = (),
+) -> tuple[frozenset[str], str]:
+    """The files of the snapshot a complete observation's reads stand for, and why they do
+    not stand for all the gate learnt ("" when they do).  A file the tree held outside its
+    snapshot before the gate ran (an ignored cache: bytecode, ``target/``, ``.eslintcache``)
+    may stand for files the gate only stat-ed, which no observer sees: bytecode is its
+    source, a seed's folder its key files; a file a need wrote in this run is the need's
+    (its key is in the gate's: ``written`` holds what needs that ran opened, and the folders
+    above); ``neutral`` folders hold nothing a verdict depends on; any other makes the
+    observation incomplete."""
+    found: set[str] = set()
+    folders = {above for path in written for above in _up(path)[1:]}
+    for path in sorted(seen.read | seen.listed):
+        if path in ids:
+            found.add(path)
+            continue
+        compiled = PYCACHE.match(path)
+        source = f"{compiled['dir']}{compiled['name']}.py" if compiled else ""
+        if source in ids:
+            found.add(source)
+            continue
+        if path.endswith("__pycache__") and path in seen.listed:
+            continue  # a folder of bytecode: each file of it is read above
+        keys, folder = before.seed_keys(path), path not in seen.read
+        if keys is not None:
+            found.update(keys)
+        elif path in (folders if folder else written) or path.startswith(neutral):
+            continue  # what a need that ran in this run wrote (or a folder of it)
+        elif before.held(path, folder=folder):
+            return frozenset(), (
+                f"it opened {path}, which the tree held outside its snapshot before it ran "
+                "(an ignored cache or install: what it stands for is not seen)"
+            )
+    return frozenset(found), ""
+
+
+# pytest's own cache (``cacheprovider``): the last failures, which only --lf, --ff, --nf and
+# --sw make a run depend on (such a gate gets no exemption: ``neutral``)
+PYTEST_CACHE = ".pytest_cache/"
+ORDERING = re.compile(r"(^|\s)--(lf|last-failed|ff|failed-first|nf|new-first|sw|stepwise)\b")
+
+
+def neutral(gate: GateSpec) -> tuple[str, ...]:
+    """The ignored folders whose content ``gate``'s verdict does not depend on."""
+    words = gate.run if isinstance(gate.run, str) else " ".join(gate.run)
+    return () if ORDERING.search(words) else (PYTEST_CACHE,)
