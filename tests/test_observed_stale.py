@@ -43,8 +43,40 @@ MANIFEST = """
     [gates.listing]
     run = "! ls d | grep -q bad"
     inputs = ["**"]
+    [gates.imports]
+    run = ["{py}", "-c", "import lib.mod"]
+    inputs = ["**"]
+    [gates.statcache]
+    run = ["{py}", "statcache.py", ".statcache"]
+    inputs = ["**"]
+    [gates.toolcache]
+    run = '{py} statcache.py "$XDG_CACHE_HOME/statcache"'
+    inputs = ["**"]
 """
-FILES = ["f1", "f2", "f3", "d/x", "d/y"]
+FILES = ["f1", "f2", "f3", "d/x", "d/y", "lib/mod.py"]
+# A tool with a cache validated by stat (as ruff's, mypy's, black's, eslint's): a file whose
+# size and mtime it has seen is not opened again, its verdict taken from the cache
+STATCACHE = """\
+import json, os, sys
+cache = sys.argv[1]
+try:
+    seen = json.load(open(cache))
+except (OSError, ValueError):
+    seen = {}
+bad = False
+for name in ["f1", "f2", "d/x"]:
+    try:
+        st = os.stat(name)
+    except OSError:
+        continue
+    stamp = [st.st_mtime_ns, st.st_size]
+    if seen.get(name, [None])[0] != stamp:
+        seen[name] = [stamp, "bad" in open(name).read()]
+    bad = bad or seen[name][1]
+os.makedirs(os.path.dirname(cache) or ".", exist_ok=True)
+json.dump(seen, open(cache, "w"))
+sys.exit(1 if bad else 0)
+"""
 # the grandchild in another language: sh -> Python -> cat, which opens f1
 DEEP = """\
 import subprocess, sys
@@ -62,7 +94,10 @@ def tree(repo: Path) -> Path:
         (repo / rel).write_text("good\n")
     (repo / "ln").symlink_to("f1")
     (repo / "deep.py").write_text(DEEP)
-    (repo / ".gitignore").write_text("reports/\ndist/\n")
+    (repo / "statcache.py").write_text(STATCACHE)
+    (repo / "lib" / "__init__.py").write_text("")
+    (repo / "lib" / "mod.py").write_text("X = 1\n")
+    (repo / ".gitignore").write_text("reports/\ndist/\n__pycache__/\n.statcache\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "tree")
     return repo
@@ -75,9 +110,13 @@ def edit(repo: Path, rng: random.Random, kind: str) -> str:
     """One edit of the tree of this kind, its details random; what it did, for the message."""
     present = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file())
     present = [p for p in present if p in FILES or p.startswith("d/")]
+    present += ["lib/mod.py"] * (kind == "content" and (repo / "lib/mod.py").exists())
     if kind == "content" and present:
         path = rng.choice(present)
-        (repo / path).write_text(rng.choice(["good\n", "bad\n"]))
+        python = ["X = 1\n", "X = 2\n", "raise SystemExit(1)\n"]
+        (repo / path).write_text(
+            rng.choice(python if path.endswith(".py") else ["good\n", "bad\n"])
+        )
         return f"write {path}"
     if kind == "new":
         path = rng.choice(["d/flag", "d/bad-name", "d/z", "new.txt"])
@@ -130,3 +169,25 @@ def test_random_edits_never_get_a_stale_answer(
         answered = {g: "passed" if s == "cached" else s for g, s in cached.items()}
         assert answered == oracle, f"stale after {done}: cached {cached}, oracle {oracle}"
     assert hits, "no gate was ever answered from the cache: the test proves nothing"
+
+
+def test_caches_that_trust_stat_never_answer_for_an_edit(
+    capsys: pytest.CaptureFixture[str], tree: Path
+) -> None:
+    """The sequences that a cache validated by stat turns stale, if its reads were trusted:
+    a run that opens only what changed (the rest taken from bytecode, from ``.statcache`` in
+    the tree, or from one in the gate's tool cache), then an edit of what it did not open."""
+    steps = [
+        ("f1", "good, once more\n"),  # statcache and toolcache open only f1 now
+        ("f2", "bad\n"),  # ... and must see this
+        ("lib/__init__.py", "# imports runs again: lib.mod from its bytecode\n"),
+        ("lib/mod.py", "raise SystemExit(1)\n"),  # ... and must see this
+    ]
+    verdicts(capsys, tree)
+    for done, (path, text) in enumerate(steps):
+        (tree / path).write_text(text)
+        _, body, _ = check(capsys, tree, MANIFEST.format(py=PY))
+        cached = {g["id"]: g["status"] for g in body["gates"]}
+        oracle = verdicts(capsys, tree, "--no-cache")
+        answered = {g: "passed" if s == "cached" else s for g, s in cached.items()}
+        assert answered == oracle, f"stale after {steps[: done + 1]}: {cached}, {oracle}"
