@@ -237,11 +237,40 @@ def test_a_forged_or_damaged_read_set_is_never_used(tree: dict[str, Path]) -> No
 def test_only_the_newest_read_sets_are_kept(tree: dict[str, Path]) -> None:
     for n in range(READ_SETS + 2):
         (tree["repo"] / "src" / f"{n}.py").write_text(f"N = {n}\n")
+    git(tree["repo"], "add", "-A")
+    git(tree["repo"], "commit", "-qm", "more")  # a file outside the index is no read to key
     for n in range(READ_SETS + 2):
         seen = Observation(complete=True, read=frozenset({"src/a.py", f"src/{n}.py"}))
         drive(cache_for(tree, read=False), seen={"build": seen})
     cache = cache_for(tree)
     assert len(cache.store.read_sets(_parts(cache, "build").shape)) == READ_SETS
+
+
+def test_a_read_of_a_file_outside_the_index_or_an_ignored_one_falls_back(
+    tree: dict[str, Path],
+) -> None:
+    """An untracked file a gate opened may be a cache it wrote (standing for files it only
+    stat-ed); an ignored one the tree held before it ran, the same: keyed by the whole tree."""
+    (tree["repo"] / "scratch.txt").write_text("untracked\n")
+    (tree["repo"] / ".gitignore").write_text("cache.bin\n")
+    (tree["repo"] / "cache.bin").write_text("ignored\n")
+    git(tree["repo"], "add", ".gitignore")
+    git(tree["repo"], "commit", "-qm", "ignore")
+    for name, why in [("scratch.txt", "outside git's index"), ("cache.bin", "before it ran")]:
+        seen = Observation(complete=True, read=frozenset({"src/a.py", name}))
+        cache = cache_for(tree, read=False)
+        proof = drive(cache, seen={"build": seen})["build"].cache
+        assert proof is not None and proof.observed is not None
+        assert proof.observed["keyed_by"] == "whole tree" and why in proof.observed["why"]
+    bytecode = Observation(complete=True, read=frozenset({"src/__pycache__/a.cpython-311.pyc"}))
+    (tree["repo"] / "src" / "__pycache__").mkdir()
+    (tree["repo"] / "src" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (tree["repo"] / ".gitignore").write_text("cache.bin\n__pycache__/\n")
+    git(tree["repo"], "commit", "-qam", "ignore bytecode")
+    drive(cache_for(tree, read=False), seen={"build": bytecode})
+    cache = cache_for(tree)
+    drive(cache)
+    assert cache.store.read_sets(_parts(cache, "build").shape)[0] == {"src/a.py"}
 
 
 def test_reads_outside_the_snapshot_are_not_keyed(tree: dict[str, Path]) -> None:

@@ -49,6 +49,9 @@ MANIFEST = """
     [gates.statcache]
     run = ["{py}", "statcache.py", ".statcache"]
     inputs = ["**"]
+    [gates.treecache]
+    run = ["{py}", "statcache.py", "ucache.json"]
+    inputs = ["**"]
     [gates.toolcache]
     run = '{py} statcache.py "$XDG_CACHE_HOME/statcache"'
     inputs = ["**"]
@@ -175,8 +178,9 @@ def test_caches_that_trust_stat_never_answer_for_an_edit(
     capsys: pytest.CaptureFixture[str], tree: Path
 ) -> None:
     """The sequences that a cache validated by stat turns stale, if its reads were trusted:
-    a run that opens only what changed (the rest taken from bytecode, from ``.statcache`` in
-    the tree, or from one in the gate's tool cache), then an edit of what it did not open."""
+    a run that opens only what changed (the rest taken from bytecode, from ``.statcache``
+    ignored in the tree, ``ucache.json`` not ignored, or a cache in the gate's tool cache),
+    then an edit of what it did not open."""
     steps = [
         ("f1", "good, once more\n"),  # statcache and toolcache open only f1 now
         ("f2", "bad\n"),  # ... and must see this

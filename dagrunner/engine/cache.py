@@ -321,8 +321,8 @@ def reads_account(
     body: dict[str, Any] = {"keyed_by": "declared inputs"}
     if by_read:
         body["keyed_by"] = "reads" if seen and seen.complete else "whole tree"
-    if seen is None:
-        return body | {"complete": False, "why": "not observed (not asked, or no result)"}
+    if seen is None:  # answered by its whole key, or not asked
+        return body
     body |= {"complete": seen.complete, "why": seen.why}
     count = len(stands) if stands else sum(1 for p in seen.read if p in ids)
     body |= {"read": count, "listed": len(seen.listed)}

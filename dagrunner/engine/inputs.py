@@ -56,6 +56,7 @@ class Snapshot:
     git: bool
     hashed: int = 0  # files read and hashed (the rest reused git's ids)
     modes: dict[str, str] = field(default_factory=dict)  # path -> git's mode (100644, 120000...)
+    untracked: frozenset[str] = frozenset()  # in a git work tree: files outside its index
     _cache: dict[str, list[str]] = field(default_factory=dict)
     _names: dict[frozenset[str], str] = field(default_factory=dict)
 
@@ -160,7 +161,15 @@ def _git_snapshot(root: Path) -> Snapshot:
             ids.pop(rel, None)
         else:
             ids[rel], modes[rel] = ident, _mode(path)
-    return Snapshot(root=root, paths=sorted(ids), ids=ids, git=True, hashed=hashed, modes=modes)
+    return Snapshot(
+        root=root,
+        paths=sorted(ids),
+        ids=ids,
+        git=True,
+        hashed=hashed,
+        modes=modes,
+        untracked=frozenset(untracked) & ids.keys(),
+    )
 
 
 def _walk_snapshot(root: Path) -> Snapshot:
@@ -204,6 +213,7 @@ class Before:
     ignored: frozenset[str] = frozenset()
     folders: frozenset[str] = frozenset()
     unknown: bool = False
+    untracked: frozenset[str] = frozenset()  # files of the snapshot outside git's index
     seeds: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = ()
 
     def held(self, path: str, *, folder: bool = False) -> bool:
@@ -249,6 +259,7 @@ def held_before(repo: Path, manifest: Manifest, snapshot: Snapshot) -> Before:
         ignored=files,
         folders=frozenset(f for f in above if not _holds(snapshot.paths, f)),
         seeds=patterns,
+        untracked=snapshot.untracked,
     )
 
 
@@ -276,9 +287,14 @@ def stands_for(
     found: set[str] = set()
     folders = {above for path in written for above in _up(path)[1:]}
     for path in sorted(seen.read | seen.listed):
-        if path in ids:
+        if path in ids and (path not in before.untracked or path in written):
             found.add(path)
             continue
+        if path in ids:  # a file outside git's index: a cache the gate wrote, maybe
+            return frozenset(), (
+                f"it opened {path}, a file of the tree outside git's index (a cache it wrote "
+                "may stand for files it only stat-ed: git add it, or ignore it)"
+            )
         compiled = PYCACHE.match(path)
         source = f"{compiled['dir']}{compiled['name']}.py" if compiled else ""
         if source in ids:
