@@ -120,6 +120,19 @@ def test_two_gates_at_once_in_one_tree_each_see_only_their_own(
     assert seen["second"] == Observation(complete=True, read=frozenset({"unread.txt"}))
 
 
+def test_a_writable_place_inside_the_tree_is_a_mount_of_its_own_and_seen_too(
+    tmp_path: Path, observable: None
+) -> None:
+    tree = tree_of(tmp_path)
+    (tree / "out").mkdir()
+    (tree / "out" / "made.txt").write_text("made\n")
+    gate = job(tmp_path, tree, "place", "cat out/made.txt a.txt", writable=("out",))
+    result = run(gate)
+    assert result.observation == Observation(
+        complete=True, read=frozenset({"out/made.txt", "a.txt"})
+    )
+
+
 def test_a_gate_that_runs_git_is_incomplete(tmp_path: Path, observable: None) -> None:
     tree = tree_of(tmp_path)
     assert shutil.which("git")

@@ -195,7 +195,10 @@ class Observer:
 
     def _drain(self) -> None:
         try:
-            while self._stop[0] not in select.select([self._fan, self._stop[0]], [], [])[0]:
+            wake = select.poll()  # not select(): a busy runner's descriptors pass 1024
+            wake.register(self._fan, select.POLLIN)
+            wake.register(self._stop[0], select.POLLIN)
+            while self._stop[0] not in (fd for fd, _ in wake.poll()):
                 self._events()
             self._events()  # the gate has ended: every event it made is queued
         except Exception as exc:  # the observation is lost, the gate is not
@@ -211,8 +214,8 @@ class Observer:
             while offset + EVENT.size <= len(data):
                 size, version, _, _, mask, fd, _pid = EVENT.unpack_from(data, offset)
                 offset += max(size, EVENT.size)
-                if version != FANOTIFY_VERSION:
-                    self.why = self.why or f"fanotify events of version {version}, not 3"
+                if version != FANOTIFY_VERSION:  # another layout: not even its fd is known
+                    raise OSError(0, f"fanotify events of version {version}, not 3")
                 if fd < 0:
                     if mask & FAN_Q_OVERFLOW:
                         self.why = self.why or "events were lost (the kernel's queue overflowed)"
