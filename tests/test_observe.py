@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import trio
-from conftest import PY
+from conftest import PY, git
 
 from dagrunner.process import observe
 from dagrunner.process.contain import detect
@@ -139,6 +139,21 @@ def test_a_gate_that_runs_git_is_incomplete(tmp_path: Path, observable: None) ->
     gate = job(tmp_path, tree, "git", "git init -q . && git status --short >/dev/null")
     result = run(gate)
     assert result.observation == Observation(complete=False, why=observe.GIT)
+
+
+def test_a_worktrees_git_database_read_outside_the_tree_makes_it_incomplete(
+    tmp_path: Path, repo: Path, observable: None
+) -> None:
+    """A worktree's git database is outside it, bound for its gates on its own (a trusted
+    run's writable common dir, an envelope's read-only one): a gate that reads it there,
+    never opening the tree's ``.git`` file, read the tree's content through git, unseen."""
+    tree = tmp_path / "wt"
+    git(repo, "worktree", "add", "-q", str(tree))
+    common = repo / ".git"
+    gate = job(tmp_path, tree, "common", f"cat '{common}/HEAD' README", writable=(str(common),))
+    assert run(gate).observation == Observation(complete=False, why=observe.GIT)
+    plain = run(job(tmp_path, tree, "plain", "cat README", read_only=(str(common),)))
+    assert plain.observation == Observation(complete=True, read=frozenset({"README"}))
 
 
 def test_a_file_opened_then_removed_is_recorded_by_its_name(

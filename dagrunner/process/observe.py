@@ -10,6 +10,8 @@ the kernel shows it waiting there, the observer opens ``/proc/<pid>/root/<tree>`
 gate's own mount, and every mount below it), marks it, holds the namespace open (so every
 event's path is read in it), and lets the gate go.
 A thread reads the events: each carries an open file, whose path ``/proc/self/fd`` names.
+A git database bound into the view on its own (a worktree's common git dir) is marked too:
+an open there is git's, reading the tree's content unseen (``GIT``).
 
 Whatever goes wrong here makes the observation incomplete, never the gate's result: the
 keys then fall back to the whole tree.  What is not seen: a ``stat`` without an open, an
@@ -123,6 +125,7 @@ class Observer:
         self._fan = self._ns = -1
         self._read: set[str] = set()
         self._listed: set[str] = set()
+        self._git: list[str] = []  # git databases bound outside the tree, marked too
         self._thread: threading.Thread | None = None
         self._stop: tuple[int, ...] = ()  # a pipe: written when the gate has ended
         if not self.tree or why:
@@ -185,7 +188,12 @@ class Observer:
         self._ns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         folders = []
         try:
-            for point in [self.tree, *_mounts_under(Path(f"/proc/{pid}/mountinfo"), self.tree)]:
+            points = _mounts(Path(f"/proc/{pid}/mountinfo"))
+            # the tree's mounts; and a git database bound on its own (a worktree's common
+            # git dir): an open there is git's, read for the tree unseen
+            self._git = [p for p in points if _git_database(root + p, p, self.tree)]
+            under = [p for p in points if p.startswith(self.tree + "/")]
+            for point in dict.fromkeys([self.tree, *under, *self._git]):
                 folders.append(os.open(root + point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
             for folder in folders:
                 _mark(self._fan, folder)
@@ -235,7 +243,9 @@ class Observer:
         if path.endswith(" (deleted)") and found.st_nlink == 0:
             path = path[: -len(" (deleted)")]  # opened, then removed (or replaced)
         rel = _relative(path, self.tree)
-        if rel is None:
+        if rel is None and any(path == g or path.startswith(g + "/") for g in self._git):
+            self.why = self.why or GIT
+        elif rel is None:
             self.why = self.why or f"an open the observer could not place ({path!r})"
         elif ".git" in rel.split("/"):
             self.why = self.why or GIT
@@ -292,15 +302,20 @@ def _relative(path: str, tree: str) -> str | None:
     return rel
 
 
-def _mounts_under(mountinfo: Path, tree: str) -> list[str]:
-    """The mount points strictly below ``tree`` in a namespace's ``mountinfo``; a writable
-    place bound inside the tree is a mount of its own, to be marked too."""
-    found = []
-    for line in mountinfo.read_bytes().splitlines():
-        point = _unescape(line.split(b" ")[4])
-        if point.startswith(tree + "/"):
-            found.append(point)
+def _mounts(mountinfo: Path) -> list[str]:
+    """The mount points in a namespace's ``mountinfo``, each once."""
+    found = [_unescape(line.split(b" ")[4]) for line in mountinfo.read_bytes().splitlines()]
     return list(dict.fromkeys(found))
+
+
+def _git_database(where: str, point: str, tree: str) -> bool:
+    """Whether the mount at ``point`` (reached at ``where``), outside ``tree``, is a git
+    database: a ``.git`` folder, or a bare repository's (HEAD, objects and refs)."""
+    if point == tree or point.startswith(tree + "/"):
+        return False
+    if ".git" in point.split("/"):
+        return True
+    return all(os.path.exists(f"{where}/{name}") for name in ("HEAD", "objects", "refs"))
 
 
 def _unescape(field: bytes) -> str:
