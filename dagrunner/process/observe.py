@@ -13,10 +13,11 @@ A thread reads the events: each carries an open file, whose path ``/proc/self/fd
 A git database bound into the view on its own (a worktree's common git dir) is marked too:
 an open there is git's, reading the tree's content unseen (``GIT``).
 
-Whatever goes wrong here makes the observation incomplete, never the gate's result: the
-keys then fall back to the whole tree.  What is not seen: a ``stat`` without an open, an
-``O_PATH`` open, a read through another mount of the same files (a mount namespace the
-gate makes itself, a nested sandbox); docs/cache.md, "Observed reads".
+A mount namespace a gate process makes copies the marked mount without its mark: the gate
+starts under a seccomp filter that tells of it (``nested``), and the observation is then
+incomplete.  Whatever goes wrong here makes the observation incomplete, never the gate's
+result: the keys then fall back to the whole tree.  What is not seen: a ``stat`` without
+an open, an ``O_PATH`` open; docs/cache.md, "Observed reads".
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ import functools
 import json
 import os
 import select
+import socket
 import stat
 import struct
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import trio
 
+from dagrunner.process import nested
 from dagrunner.records.run import Observation
 
 FAN_CLOEXEC, FAN_NONBLOCK, FAN_CLASS_NOTIF = 0x1, 0x2, 0x0
@@ -128,16 +132,18 @@ class Observer:
         self._git: list[str] = []  # git databases bound outside the tree, marked too
         self._thread: threading.Thread | None = None
         self._stop: tuple[int, ...] = ()  # a pipe: written when the gate has ended
+        self._listener = -1  # the gate's seccomp filter's (``nested``)
         if not self.tree or why:
             return
         try:
             self._fan = _fanotify()
             info, block = os.pipe(), os.pipe()
+            sock = tuple(end.detach() for end in socket.socketpair())
         except OSError as exc:
             self.why = f"fanotify is refused here ({exc.strerror or exc})"
             self.close()
             return
-        self._ours, self.fds = (info[0], block[1]), (info[1], block[0])
+        self._ours, self.fds = (info[0], block[1], sock[0]), (info[1], block[0], sock[1])
         self._waits_on = block[0]  # the number bubblewrap's child reads its block pipe at
 
     def options(self) -> list[str]:
@@ -145,6 +151,11 @@ class Observer:
         if not self.fds:
             return []
         return ["--info-fd", str(self.fds[0]), "--block-fd", str(self.fds[1])]
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as the gate starts it: under the filter that tells of its own mount
+        namespaces (``nested``), when observed."""
+        return nested.watched(list(argv), self.fds[2]) if self.fds else list(argv)
 
     def started(self) -> None:
         """The child holds its ends: close ours of them (else the info pipe never ends)."""
@@ -162,10 +173,10 @@ class Observer:
                 await self._attach()
         except Exception as exc:  # a bug here must not fail the gate: it is unobserved
             self.why = self.why or f"the observer could not attach ({exc})"
-        if not self.why:
-            self._stop = os.pipe()
-            self._thread = threading.Thread(target=self._drain, name="dagrunner-observe")
-            self._thread.start()
+        # started even so: the calls the gate's filter tells of wait for an answer
+        self._stop = os.pipe()
+        self._thread = threading.Thread(target=self._drain, name="dagrunner-observe")
+        self._thread.start()
         with contextlib.suppress(OSError):
             os.write(self._ours[1], b"x")  # the gate goes
 
@@ -204,10 +215,25 @@ class Observer:
     def _drain(self) -> None:
         try:
             wake = select.poll()  # not select(): a busy runner's descriptors pass 1024
-            wake.register(self._fan, select.POLLIN)
-            wake.register(self._stop[0], select.POLLIN)
-            while self._stop[0] not in (fd for fd, _ in wake.poll()):
+            for fd in (self._fan, self._stop[0], self._ours[2]):
+                wake.register(fd, select.POLLIN)
+            while True:
+                ready = dict(wake.poll())
+                if self._ours[2] in ready:  # the filter's listener, once
+                    wake.unregister(self._ours[2])
+                    self._listener = nested.receive(self._ours[2])
+                    if self._listener < 0:
+                        self.why = self.why or "the gate's own mount namespaces are not watched"
+                    else:
+                        wake.register(self._listener, select.POLLIN)
+                if self._listener in ready:
+                    if ready[self._listener] & select.POLLIN and nested.answer(self._listener):
+                        self.why = self.why or nested.MADE
+                    elif not ready[self._listener] & select.POLLIN:  # no process left
+                        wake.unregister(self._listener)
                 self._events()
+                if self._stop[0] in ready:
+                    break
             self._events()  # the gate has ended: every event it made is queued
         except Exception as exc:  # the observation is lost, the gate is not
             self.why = self.why or f"the observer failed ({exc})"
@@ -271,8 +297,9 @@ class Observer:
 
     def close(self) -> None:
         self.started()
-        fds = [fd for fd in (*self._ours, *self._stop, self._fan, self._ns) if fd >= 0]
-        self._ours, self._stop, self._fan, self._ns = (), (), -1, -1
+        fds = [*self._ours, *self._stop, self._fan, self._ns, self._listener]
+        self._ours, self._stop, self._fan, self._ns, self._listener = (), (), -1, -1, -1
+        fds = [fd for fd in fds if fd >= 0]
         # A fanotify group with marks, and a mount namespace, each wait for the kernel's
         # grace period when closed (15 ms a gate): apart, the gate's result does not wait.
         _CLOSER.submit(_close, fds)
