@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import trio
-from conftest import PY
+from conftest import PY, git
 
-from dagrunner.process import observe
+from dagrunner.process import nested, observe
 from dagrunner.process.contain import detect
 from dagrunner.process.sandbox import AttemptResult, GateJob, run_job
 from dagrunner.records.run import Observation
@@ -120,12 +120,78 @@ def test_two_gates_at_once_in_one_tree_each_see_only_their_own(
     assert seen["second"] == Observation(complete=True, read=frozenset({"unread.txt"}))
 
 
+def test_a_writable_place_inside_the_tree_is_a_mount_of_its_own_and_seen_too(
+    tmp_path: Path, observable: None
+) -> None:
+    tree = tree_of(tmp_path)
+    (tree / "out").mkdir()
+    (tree / "out" / "made.txt").write_text("made\n")
+    gate = job(tmp_path, tree, "place", "cat out/made.txt a.txt", writable=("out",))
+    result = run(gate)
+    assert result.observation == Observation(
+        complete=True, read=frozenset({"out/made.txt", "a.txt"})
+    )
+
+
 def test_a_gate_that_runs_git_is_incomplete(tmp_path: Path, observable: None) -> None:
     tree = tree_of(tmp_path)
     assert shutil.which("git")
     gate = job(tmp_path, tree, "git", "git init -q . && git status --short >/dev/null")
     result = run(gate)
     assert result.observation == Observation(complete=False, why=observe.GIT)
+
+
+def test_a_worktrees_git_database_read_outside_the_tree_makes_it_incomplete(
+    tmp_path: Path, repo: Path, observable: None
+) -> None:
+    """A worktree's git database is outside it, bound for its gates on its own (a trusted
+    run's writable common dir, an envelope's read-only one): a gate that reads it there,
+    never opening the tree's ``.git`` file, read the tree's content through git, unseen."""
+    tree = tmp_path / "wt"
+    git(repo, "worktree", "add", "-q", str(tree))
+    common = repo / ".git"
+    gate = job(tmp_path, tree, "common", f"cat '{common}/HEAD' README", writable=(str(common),))
+    assert run(gate).observation == Observation(complete=False, why=observe.GIT)
+    plain = run(job(tmp_path, tree, "plain", "cat README", read_only=(str(common),)))
+    assert plain.observation == Observation(complete=True, read=frozenset({"README"}))
+
+
+# A gate's code maps a user namespace its child made (a root gate keeps CAP_SETUID); the
+# child makes a mount namespace, whose copy of the tree's mount carries no mark.
+NESTED = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+ready, go = os.pipe(), os.pipe()
+pid = os.fork()
+if pid == 0:
+    assert libc.unshare(0x10000000) == 0  # CLONE_NEWUSER
+    os.write(ready[1], b"x"); os.read(go[0], 1)
+    assert libc.unshare(0x20000) == 0  # CLONE_NEWNS
+    open("a.txt").read(); os._exit(0)
+os.read(ready[0], 1)
+for name, text in (("setgroups", "deny"), ("uid_map", "0 1000 1"), ("gid_map", "0 1000 1")):
+    with open(f"/proc/{pid}/{name}", "w") as f: f.write(text)
+os.write(go[1], b"x")
+assert os.waitpid(pid, 0)[1] == 0
+"""
+
+
+def test_a_mount_namespace_of_the_gates_own_makes_it_incomplete(
+    tmp_path: Path, observable: None
+) -> None:
+    """Its copy of the tree's mount has no mark: what is read through it is not seen.  The
+    gate still does what it did (the call goes on), and threads still start (clone3 is
+    answered ENOSYS: the C library falls back to clone)."""
+    tree = tree_of(tmp_path)
+    (tree / "nest.py").write_text(NESTED)
+    tool = job(tmp_path, tree, "tool", "unshare --user --mount cat a.txt")
+    assert run(tool).observation == Observation(complete=False, why=nested.MADE)
+    assert Path(tool.log_path).read_text() == "a\n"
+    code = run(job(tmp_path, tree, "code", f"{PY} -I nest.py"))
+    assert code.observation == Observation(complete=False, why=nested.MADE)
+    threads = f"{PY} -I -c 'import threading; t = threading.Thread(target=open, args=(\"a.txt\",)); t.start(); t.join()'"
+    assert run(job(tmp_path, tree, "threads", threads)).observation == Observation(
+        complete=True, read=frozenset({"a.txt"})
+    )
 
 
 def test_a_file_opened_then_removed_is_recorded_by_its_name(

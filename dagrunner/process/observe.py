@@ -10,11 +10,14 @@ the kernel shows it waiting there, the observer opens ``/proc/<pid>/root/<tree>`
 gate's own mount, and every mount below it), marks it, holds the namespace open (so every
 event's path is read in it), and lets the gate go.
 A thread reads the events: each carries an open file, whose path ``/proc/self/fd`` names.
+A git database bound into the view on its own (a worktree's common git dir) is marked too:
+an open there is git's, reading the tree's content unseen (``GIT``).
 
-Whatever goes wrong here makes the observation incomplete, never the gate's result: the
-keys then fall back to the whole tree.  What is not seen: a ``stat`` without an open, an
-``O_PATH`` open, a read through another mount of the same files (a mount namespace the
-gate makes itself, a nested sandbox); docs/cache.md, "Observed reads".
+A mount namespace a gate process makes copies the marked mount without its mark: the gate
+starts under a seccomp filter that tells of it (``nested``), and the observation is then
+incomplete.  Whatever goes wrong here makes the observation incomplete, never the gate's
+result: the keys then fall back to the whole tree.  What is not seen: a ``stat`` without
+an open, an ``O_PATH`` open; docs/cache.md, "Observed reads".
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ import functools
 import json
 import os
 import select
+import socket
 import stat
 import struct
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import trio
 
+from dagrunner.process import nested
 from dagrunner.records.run import Observation
 
 FAN_CLOEXEC, FAN_NONBLOCK, FAN_CLASS_NOTIF = 0x1, 0x2, 0x0
@@ -123,18 +129,21 @@ class Observer:
         self._fan = self._ns = -1
         self._read: set[str] = set()
         self._listed: set[str] = set()
+        self._git: list[str] = []  # git databases bound outside the tree, marked too
         self._thread: threading.Thread | None = None
         self._stop: tuple[int, ...] = ()  # a pipe: written when the gate has ended
+        self._listener = -1  # the gate's seccomp filter's (``nested``)
         if not self.tree or why:
             return
         try:
             self._fan = _fanotify()
             info, block = os.pipe(), os.pipe()
+            sock = tuple(end.detach() for end in socket.socketpair())
         except OSError as exc:
             self.why = f"fanotify is refused here ({exc.strerror or exc})"
             self.close()
             return
-        self._ours, self.fds = (info[0], block[1]), (info[1], block[0])
+        self._ours, self.fds = (info[0], block[1], sock[0]), (info[1], block[0], sock[1])
         self._waits_on = block[0]  # the number bubblewrap's child reads its block pipe at
 
     def options(self) -> list[str]:
@@ -142,6 +151,11 @@ class Observer:
         if not self.fds:
             return []
         return ["--info-fd", str(self.fds[0]), "--block-fd", str(self.fds[1])]
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as the gate starts it: under the filter that tells of its own mount
+        namespaces (``nested``), when observed."""
+        return nested.watched(list(argv), self.fds[2]) if self.fds else list(argv)
 
     def started(self) -> None:
         """The child holds its ends: close ours of them (else the info pipe never ends)."""
@@ -159,10 +173,10 @@ class Observer:
                 await self._attach()
         except Exception as exc:  # a bug here must not fail the gate: it is unobserved
             self.why = self.why or f"the observer could not attach ({exc})"
-        if not self.why:
-            self._stop = os.pipe()
-            self._thread = threading.Thread(target=self._drain, name="dagrunner-observe")
-            self._thread.start()
+        # started even so: the calls the gate's filter tells of wait for an answer
+        self._stop = os.pipe()
+        self._thread = threading.Thread(target=self._drain, name="dagrunner-observe")
+        self._thread.start()
         with contextlib.suppress(OSError):
             os.write(self._ours[1], b"x")  # the gate goes
 
@@ -185,7 +199,12 @@ class Observer:
         self._ns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         folders = []
         try:
-            for point in [self.tree, *_mounts_under(Path(f"/proc/{pid}/mountinfo"), self.tree)]:
+            points = _mounts(Path(f"/proc/{pid}/mountinfo"))
+            # the tree's mounts; and a git database bound on its own (a worktree's common
+            # git dir): an open there is git's, read for the tree unseen
+            self._git = [p for p in points if _git_database(root + p, p, self.tree)]
+            under = [p for p in points if p.startswith(self.tree + "/")]
+            for point in dict.fromkeys([self.tree, *under, *self._git]):
                 folders.append(os.open(root + point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
             for folder in folders:
                 _mark(self._fan, folder)
@@ -195,8 +214,26 @@ class Observer:
 
     def _drain(self) -> None:
         try:
-            while self._stop[0] not in select.select([self._fan, self._stop[0]], [], [])[0]:
+            wake = select.poll()  # not select(): a busy runner's descriptors pass 1024
+            for fd in (self._fan, self._stop[0], self._ours[2]):
+                wake.register(fd, select.POLLIN)
+            while True:
+                ready = dict(wake.poll())
+                if self._ours[2] in ready:  # the filter's listener, once
+                    wake.unregister(self._ours[2])
+                    self._listener = nested.receive(self._ours[2])
+                    if self._listener < 0:
+                        self.why = self.why or "the gate's own mount namespaces are not watched"
+                    else:
+                        wake.register(self._listener, select.POLLIN)
+                if self._listener in ready:
+                    if ready[self._listener] & select.POLLIN and nested.answer(self._listener):
+                        self.why = self.why or nested.MADE
+                    elif not ready[self._listener] & select.POLLIN:  # no process left
+                        wake.unregister(self._listener)
                 self._events()
+                if self._stop[0] in ready:
+                    break
             self._events()  # the gate has ended: every event it made is queued
         except Exception as exc:  # the observation is lost, the gate is not
             self.why = self.why or f"the observer failed ({exc})"
@@ -211,8 +248,8 @@ class Observer:
             while offset + EVENT.size <= len(data):
                 size, version, _, _, mask, fd, _pid = EVENT.unpack_from(data, offset)
                 offset += max(size, EVENT.size)
-                if version != FANOTIFY_VERSION:
-                    self.why = self.why or f"fanotify events of version {version}, not 3"
+                if version != FANOTIFY_VERSION:  # another layout: not even its fd is known
+                    raise OSError(0, f"fanotify events of version {version}, not 3")
                 if fd < 0:
                     if mask & FAN_Q_OVERFLOW:
                         self.why = self.why or "events were lost (the kernel's queue overflowed)"
@@ -232,7 +269,9 @@ class Observer:
         if path.endswith(" (deleted)") and found.st_nlink == 0:
             path = path[: -len(" (deleted)")]  # opened, then removed (or replaced)
         rel = _relative(path, self.tree)
-        if rel is None:
+        if rel is None and any(path == g or path.startswith(g + "/") for g in self._git):
+            self.why = self.why or GIT
+        elif rel is None:
             self.why = self.why or f"an open the observer could not place ({path!r})"
         elif ".git" in rel.split("/"):
             self.why = self.why or GIT
@@ -258,8 +297,9 @@ class Observer:
 
     def close(self) -> None:
         self.started()
-        fds = [fd for fd in (*self._ours, *self._stop, self._fan, self._ns) if fd >= 0]
-        self._ours, self._stop, self._fan, self._ns = (), (), -1, -1
+        fds = [*self._ours, *self._stop, self._fan, self._ns, self._listener]
+        self._ours, self._stop, self._fan, self._ns, self._listener = (), (), -1, -1, -1
+        fds = [fd for fd in fds if fd >= 0]
         # A fanotify group with marks, and a mount namespace, each wait for the kernel's
         # grace period when closed (15 ms a gate): apart, the gate's result does not wait.
         _CLOSER.submit(_close, fds)
@@ -289,15 +329,20 @@ def _relative(path: str, tree: str) -> str | None:
     return rel
 
 
-def _mounts_under(mountinfo: Path, tree: str) -> list[str]:
-    """The mount points strictly below ``tree`` in a namespace's ``mountinfo``; a writable
-    place bound inside the tree is a mount of its own, to be marked too."""
-    found = []
-    for line in mountinfo.read_bytes().splitlines():
-        point = _unescape(line.split(b" ")[4])
-        if point.startswith(tree + "/"):
-            found.append(point)
+def _mounts(mountinfo: Path) -> list[str]:
+    """The mount points in a namespace's ``mountinfo``, each once."""
+    found = [_unescape(line.split(b" ")[4]) for line in mountinfo.read_bytes().splitlines()]
     return list(dict.fromkeys(found))
+
+
+def _git_database(where: str, point: str, tree: str) -> bool:
+    """Whether the mount at ``point`` (reached at ``where``), outside ``tree``, is a git
+    database: a ``.git`` folder, or a bare repository's (HEAD, objects and refs)."""
+    if point == tree or point.startswith(tree + "/"):
+        return False
+    if ".git" in point.split("/"):
+        return True
+    return all(os.path.exists(f"{where}/{name}") for name in ("HEAD", "objects", "refs"))
 
 
 def _unescape(field: bytes) -> str:

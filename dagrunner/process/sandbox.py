@@ -340,7 +340,7 @@ async def _run(
     mine = not job.observe or is_inside(Path(job.observe), Path(job.tree or job.cwd))
     observer = Observer(job.observe, why=NOT_BWRAPPED if not bwrapped else "" if mine else NOT_TREE)
     box = jail(
-        job.argv,
+        observer.argv(job.argv),
         token=token,
         work=Path(job.sandbox_dir).parent,
         hide=hide,
