@@ -200,3 +200,26 @@ inputs = ["**"]
     # base), and so was the target's head when w3 failed (gated once to see whether the
     # target is red); w3 changed what it read: its run, and the one confirming the failure
     assert runs.read_text().count("ran") == 3
+
+
+def test_a_warm_tool_cache_falls_back_to_the_whole_tree_key(
+    capsys: pytest.CaptureFixture[str], tree: dict[str, Path]
+) -> None:
+    """A gate whose tool cache folder holds something (its first run left it) may trust it
+    for files it only stat-ed: its next runs are keyed by the whole tree, and say why."""
+    text = """
+        [env]
+        pass = ["PATH"]
+        [gates.lint]
+        run = "cat src/a.py > /dev/null; mkdir -p \\"$XDG_CACHE_HOME/lint\\"; date > \\"$XDG_CACHE_HOME/lint/stamp\\""
+        inputs = ["**"]
+    """
+    _, body, _ = check(capsys, tree["repo"], text)
+    assert gate(body, "lint")["cache"]["observed"]["keyed_by"] == "reads"  # cold: observed
+    (tree["repo"] / "src" / "a.py").write_text("A = 2\n")
+    _, body, _ = check(capsys, tree["repo"], text)
+    observed = gate(body, "lint")["cache"]["observed"]
+    assert observed["keyed_by"] == "whole tree" and "tool caches were warm" in observed["why"]
+    (tree["repo"] / "README").write_text("docs\n")
+    _, body, _ = check(capsys, tree["repo"], text)
+    assert gate(body, "lint")["status"] == "passed"
