@@ -18,7 +18,7 @@ from conftest import git
 
 from dagrunner.engine.cache import READ_SETS, Store
 from dagrunner.engine.cachestep import RunCache
-from dagrunner.engine.dry_run import explain_gate
+from dagrunner.engine.dry_run import dry_run, explain_gate
 from dagrunner.engine.graph import topological_order
 from dagrunner.engine.keys import KeyParts
 from dagrunner.engine.plan import RunOptions
@@ -297,6 +297,15 @@ def test_explain_names_the_observed_file_that_changed(tree: dict[str, Path]) -> 
     (tree["repo"] / "extra.md").unlink()
     (tree["repo"] / "src" / "a.py").write_text("A = 1\n")
     assert _explain(tree, "build")["hit"] is True
+
+
+def test_a_dry_run_says_what_the_read_sets_answer(tree: dict[str, Path]) -> None:
+    drive(cache_for(tree))
+    (tree["repo"] / "README").write_text("docs\n")
+    (tree["repo"] / "tests" / "t.py").write_text("T = 2\n")
+    options = RunOptions(repo=tree["repo"], manifest=tree["manifest"], cache_root=tree["store"])
+    said = {gate: body["action"] for gate, body in dry_run(options)["gates"].items()}
+    assert said == {"build": "cached", "test": "run", "lint": "cached", "docs": "run"}
 
 
 def _explain(t: dict[str, Path], gate: str) -> dict[str, Any]:
