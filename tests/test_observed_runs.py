@@ -26,26 +26,24 @@ from dagrunner.process.contain import detect
 MANIFEST = """
     [env]
     pass = ["PATH"]
-    [sandbox]
-    writable = ["{outside}"]
     [gates.build]
-    run = "echo build >> {ran}; mkdir -p dist; cat src/a.py > dist/out.txt"
+    run = "mkdir -p dist; cat src/a.py > dist/out.txt"
     inputs = ["**"]
     [gates.test]
-    run = "echo test >> {ran}; grep -q A dist/out.txt"
+    run = "grep -q A dist/out.txt"
     inputs = ["**"]
     needs = ["build"]
     [gates.deep]
-    run = "echo deep >> {ran}; sh -c '{py} tools/outer.py'"
+    run = "sh -c '{py} tools/outer.py'"
     inputs = ["**"]
     [gates.readme]
-    run = "echo readme >> {ran}; cat README > /dev/null"
+    run = "cat README > /dev/null"
     inputs = ["**"]
     [gates.vcs]
-    run = "echo vcs >> {ran}; git status --short > /dev/null"
+    run = "git status --short > /dev/null"
     inputs = ["**"]
     [gates.lint]
-    run = "echo lint >> {ran}; cat src/a.py README > /dev/null"
+    run = "cat src/a.py README > /dev/null"
     inputs = ["src/**"]
 """
 OUTER = """\
@@ -56,7 +54,7 @@ sys.exit(0 if "ok" in out.stdout else 1)
 
 
 @pytest.fixture
-def tree(repo: Path, tmp_path: Path) -> dict[str, Path]:
+def tree(repo: Path) -> dict[str, Path]:
     found = detect()
     if not (found.bwrap and found.views) or observe.refused():
         pytest.skip("this machine does not observe gates' reads (dagrunner doctor: observe)")
@@ -71,17 +69,15 @@ def tree(repo: Path, tmp_path: Path) -> dict[str, Path]:
         (repo / rel).write_text(text)
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "tree")
-    return {"repo": repo, "ran": tmp_path / "ran.log"}
+    return {"repo": repo}
 
 
 def run(
     capsys: pytest.CaptureFixture[str], t: dict[str, Path], *args: str
 ) -> tuple[set[str], dict[str, Any]]:
-    t["ran"].write_text("")
-    text = MANIFEST.format(ran=t["ran"], outside=t["ran"].parent, py=PY)
-    code, body, _ = check(capsys, t["repo"], text, *args)
+    code, body, _ = check(capsys, t["repo"], MANIFEST.format(py=PY), *args)
     assert code == 0, [(g["id"], g["reason"]) for g in body["gates"]]
-    return set(t["ran"].read_text().split()), body
+    return {g["id"] for g in body["gates"] if g["status"] != "cached"}, body
 
 
 def gate(body: dict[str, Any], name: str) -> dict[str, Any]:
@@ -167,7 +163,7 @@ def test_an_incomplete_observation_falls_back_to_the_whole_tree_key(
 
 
 def test_an_envelope_that_changes_nothing_a_gate_read_gets_its_verdict_from_its_base(
-    project: Path, tmp_path: Path
+    project: Path,
 ) -> None:
     """In the queue: w1's tree runs ``heavy`` (it reads src/a.txt only); w2, built on w1
     landed, edits only a file heavy never read, and is answered from w1's tree's verdict."""
@@ -175,18 +171,16 @@ def test_an_envelope_that_changes_nothing_a_gate_read_gets_its_verdict_from_its_
         pytest.skip("this machine does not observe gates' reads (dagrunner doctor: observe)")
     (project / "src").mkdir()
     (project / "src" / "a.txt").write_text("GOOD\n")
-    runs = tmp_path / "runs.txt"
     commit_release_manifest(
         project,
-        f"""
-[sandbox]
-writable = ["{tmp_path}"]
+        """
 [gates.heavy]
-run = "echo ran >> '{runs}'; ! grep -q BAD src/a.txt"
+run = "! grep -q BAD src/a.txt"
 inputs = ["**"]
 """,
     )
     states: dict[str, str] = {}
+    reused: dict[str, int] = {}
     for name, change in [
         ("w1", lambda p: (p / "shared.txt").write_text("docs, once\n")),
         ("w2", lambda p: (p / "shared.txt").write_text("docs, twice\n")),
@@ -195,11 +189,10 @@ inputs = ["**"]
         submit(repo_info(project), [worker(project, name, change)])
         result = integrate(repo=project, window=1, batch=1)
         states |= {str(o.worker): str(o.state) for o in result.envelopes}
+        reused[name] = result.gates_reused
     assert states == {"w1": "landed", "w2": "landed", "w3": "gates-failed"}
-    # w1's tree ran it; w2's was answered from w1's verdict (w1 landed: its tree is the
-    # base), and so was the target's head when w3 failed (gated once to see whether the
-    # target is red); w3 changed what it read: its run, and the one confirming the failure
-    assert runs.read_text().count("ran") == 3
+    # w1's tree ran it; w2's was answered from w1's verdict (w1 landed: its tree is the base)
+    assert reused["w1"] == 0 and reused["w2"] == 1
 
 
 def test_a_warm_tool_cache_falls_back_to_the_whole_tree_key(
@@ -223,3 +216,25 @@ def test_a_warm_tool_cache_falls_back_to_the_whole_tree_key(
     (tree["repo"] / "README").write_text("docs\n")
     _, body, _ = check(capsys, tree["repo"], text)
     assert gate(body, "lint")["status"] == "passed"
+
+
+def test_a_folder_the_manifest_lets_a_gate_write_counts_as_a_cache(
+    capsys: pytest.CaptureFixture[str], tree: dict[str, Path], tmp_path: Path
+) -> None:
+    """``writable`` outside the tree is kept between runs (``/var/cache/my-tool``): a gate
+    with something there is keyed by the whole tree."""
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    text = f"""
+        [sandbox]
+        writable = ["{kept}"]
+        [gates.lint]
+        run = "cat src/a.py > /dev/null"
+        inputs = ["**"]
+    """
+    _, body, _ = check(capsys, tree["repo"], text)
+    assert gate(body, "lint")["cache"]["observed"]["keyed_by"] == "reads"  # empty: cold
+    (kept / "stamp").write_text("a cache\n")
+    (tree["repo"] / "src" / "a.py").write_text("A = 2\n")
+    _, body, _ = check(capsys, tree["repo"], text)
+    assert gate(body, "lint")["cache"]["observed"]["keyed_by"] == "whole tree"

@@ -26,6 +26,7 @@ from dagrunner.engine.scheduler import Outcome
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors.base import Executor
 from dagrunner.executors.local import LocalExecutor
+from dagrunner.files import is_inside
 from dagrunner.git import guard
 from dagrunner.git.command import git
 from dagrunner.manifest.load import GateSpec
@@ -226,6 +227,11 @@ class GateRunner:
             said = self.suspects.pop(node, "")
         return replace(outcome, status=Status.FAILED, reason=said) if said else outcome
 
+    def kept(self, gate: GateSpec, root: Path) -> list[Path]:
+        """The folders outside ``root`` the manifest lets ``gate`` write: kept between runs."""
+        named = [Path(w) for w in (*self.plan.manifest.sandbox.writable, *gate.writable)]
+        return [w for w in named if w.is_absolute() and not is_inside(w, root)]
+
     def executor_of(self, gate: GateSpec) -> Executor:
         """A worker node edits its worktree on this machine; gates go where the run sends them."""
         return self.local if gate.kind == "worker" else self.executor
@@ -238,7 +244,9 @@ class GateRunner:
         tools = None
         if gate.kind == "gate" and self.executor_of(gate).name == "local":
             tools = await trio.to_thread.run_sync(self.tools.folder, gate.id, root)  # a copy
-        warm = tools is not None and await trio.to_thread.run_sync(_warm, tools)
+        # a cache it may trust by stat: its tool caches, a folder the manifest lets it write
+        places = [*([tools] if tools is not None else []), *self.kept(gate, root)]
+        warm = await trio.to_thread.run_sync(lambda: any(map(_warm, places)))
         try:
             for number in range(1, gate.retries + 2):
                 job = self.job(gate, number, root, tools)
@@ -286,7 +294,8 @@ CONTENT_ADDRESSED = frozenset({"npm", "pip"})
 
 
 def _warm(folder: Path) -> bool:
-    """Whether a gate's tool cache folder holds anything a tool may trust by ``stat``."""
+    """Whether a folder kept between a gate's runs (its tool caches, a ``writable`` one)
+    holds anything a tool may trust by ``stat``."""
     try:
         with os.scandir(folder) as entries:
             for entry in entries:
