@@ -158,15 +158,10 @@ class RunCache:
         """The stored keys that answer ``gate`` now, in order: a verdict key per read set
         kept under its shape (each also as scoped to the trees whose verdicts hold here),
         then its whole key (an incomplete observation's pass, or a gate keyed by inputs)."""
-        found = []
-        if self.by_read(gate, parts):
-            for read in self.store.read_sets(parts.shape):
-                verdict, _ = parts.verdict(read)
-                for key in self.answering(verdict):
-                    found.append(Candidate(key, verdict, read))
-        whole = self.answering(parts.key, gate)
-        found += [Candidate(key, parts.key, None) for key in whole]
-        return found
+        sets = self.store.read_sets(parts.shape) if self.by_read(gate, parts) else []
+        verdicts = [(parts.verdict(read)[0], read) for read in sets]
+        found = [Candidate(k, v, read) for v, read in verdicts for k in self.answering(v)]
+        return found + [Candidate(k, parts.key, None) for k in self.answering(parts.key, gate)]
 
     def answering(self, key: str, gate: str = "") -> list[str]:
         """``key``, and as scoped to this tree and to the trees whose verdicts hold here: for
@@ -223,6 +218,15 @@ class RunCache:
         found += reads_warnings(self.seen, by_read, self.undeclared)
         return found + self.store.warnings + ([self.landed_warning] if self.landed_warning else [])
 
+    def ran_key(self, gate: str, parts: KeyParts) -> tuple[str, frozenset[str] | None]:
+        """The key a run of ``gate`` holds, and the read set it is made of: the verdict key
+        of the files its reads stand for, or (no complete observation) its whole key."""
+        seen = self.seen.get(gate)
+        if not (self.by_read(gate, parts) and seen is not None and seen.complete):
+            return parts.key, None
+        read = frozenset(p for p in self.stands.get(gate, ()) if p in parts.inputs)
+        return parts.verdict(read)[0], read
+
     def proof(self, gate: str, *, read: int | None = None) -> CacheProof:
         parts = self.current(gate)
         if not isinstance(parts, KeyParts):
@@ -237,7 +241,7 @@ class RunCache:
             }
         return CacheProof(
             cacheable=True,
-            key=parts.key,
+            key=self.ran_key(gate, parts)[0],  # a run's; a hit's is the key that answered
             parts=parts.summary(),
             tree_scoped=scoped,
             observed=self.observation(gate, read=read),
@@ -399,12 +403,9 @@ class RunCache:
         if result.status is Status.CACHED or not isinstance(parts, KeyParts):
             self.land(gate)
             return
-        seen = self.seen.get(gate)
-        key, read, ids = parts.key, None, None
-        if self.by_read(gate, parts) and seen is not None and seen.complete:
-            read = frozenset(p for p in self.stands.get(gate, ()) if p in parts.inputs)
-            key, ids = parts.verdict(read)
-            self.by_reads += 1
+        key, read = self.ran_key(gate, parts)
+        ids = parts.verdict(read)[1] if read is not None else None
+        self.by_reads += read is not None
         self.effective[gate] = key
         if result.status is Status.PASSED:
             if read is not None:  # an untrusted tree's verdict holds for itself until it lands
