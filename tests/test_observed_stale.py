@@ -100,7 +100,7 @@ def tree(repo: Path) -> Path:
     (repo / "statcache.py").write_text(STATCACHE)
     (repo / "lib" / "__init__.py").write_text("")
     (repo / "lib" / "mod.py").write_text("X = 1\n")
-    (repo / ".gitignore").write_text("reports/\ndist/\n__pycache__/\n.statcache\n")
+    (repo / ".gitignore").write_text("reports/\ndist/\n__pycache__/\n.statcache\n*.ignored\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "tree")
     return repo
@@ -186,6 +186,7 @@ def test_caches_that_trust_stat_never_answer_for_an_edit(
         ("f2", "bad\n"),  # ... and must see this
         ("lib/__init__.py", "# imports runs again: lib.mod from its bytecode\n"),
         ("lib/mod.py", "raise SystemExit(1)\n"),  # ... and must see this
+        ("d/bad.ignored", "git ignores me, ls does not\n"),  # listing lists it
     ]
     verdicts(capsys, tree)
     for done, (path, text) in enumerate(steps):

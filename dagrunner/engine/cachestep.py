@@ -22,17 +22,12 @@ from dagrunner.engine.inputs import (
     Before,
     Snapshot,
     held_before,
+    listing,
     neutral,
     stands_for,
     take_snapshot,
 )
-from dagrunner.engine.keys import (
-    Candidate,
-    KeyParts,
-    compute_keys,
-    store_keys,
-    tree_scope,
-)
+from dagrunner.engine.keys import Candidate, KeyParts, compute_keys, store_keys, tree_scope
 from dagrunner.engine.landed import Verified, head_tree, landed_answer, manifest_digest
 from dagrunner.engine.landed import clean_tree as landed_tree
 from dagrunner.engine.scheduler import Flights, Outcome, Wait
@@ -129,6 +124,7 @@ class RunCache:
         observes = any(isinstance(p, KeyParts) and p.names for p in self.keys.values())
         self.before = held_before(repo, manifest, self.snapshot) if observes else Before()
         self.by_reads = 0  # passes and hits keyed by what the gate read
+        self.listing = listing(repo)  # the names in a folder a gate listed, now
         self.setup_seconds = time.monotonic() - started
         self.stored = 0
 
@@ -159,7 +155,7 @@ class RunCache:
         kept under its shape (each also as scoped to the trees whose verdicts hold here),
         then its whole key (an incomplete observation's pass, or a gate keyed by inputs)."""
         sets = self.store.read_sets(parts.shape) if self.by_read(gate, parts) else []
-        verdicts = [(parts.verdict(read)[0], read) for read in sets]
+        verdicts = [(parts.verdict(read, self.listing)[0], read) for read in sets]
         found = [Candidate(k, v, read) for v, read in verdicts for k in self.answering(v)]
         return found + [Candidate(k, parts.key, None) for k in self.answering(parts.key, gate)]
 
@@ -224,8 +220,9 @@ class RunCache:
         seen = self.seen.get(gate)
         if not (self.by_read(gate, parts) and seen is not None and seen.complete):
             return parts.key, None
-        read = frozenset(p for p in self.stands.get(gate, ()) if p in parts.inputs)
-        return parts.verdict(read)[0], read
+        stands = self.stands.get(gate, ())
+        read = frozenset(p for p in stands if p in parts.inputs or p.endswith("/"))
+        return parts.verdict(read, self.listing)[0], read
 
     def proof(self, gate: str, *, read: int | None = None) -> CacheProof:
         parts = self.current(gate)
@@ -404,7 +401,7 @@ class RunCache:
             self.land(gate)
             return
         key, read = self.ran_key(gate, parts)
-        ids = parts.verdict(read)[1] if read is not None else None
+        ids = parts.verdict(read, self.listing)[1] if read is not None else None
         self.by_reads += read is not None
         self.effective[gate] = key
         if result.status is Status.PASSED:

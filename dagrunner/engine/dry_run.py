@@ -20,7 +20,7 @@ from typing import Any
 
 from dagrunner.engine.cache import Store
 from dagrunner.engine.graph import Graph, bottom_levels, critical_path, spec, topological_order
-from dagrunner.engine.inputs import take_snapshot
+from dagrunner.engine.inputs import listing, take_snapshot
 from dagrunner.engine.keys import CACHE_FORMAT, KeyParts, compute_keys, store_keys
 from dagrunner.engine.landed import clean_tree as landed_tree
 from dagrunner.engine.landed import manifest_digest, read_proof
@@ -43,7 +43,7 @@ def dry_run(options: RunOptions) -> dict[str, Any]:
         else {}
     )
     gates: dict[str, dict[str, Any]] = {}
-    answered = answers(graph, keys, store, read=not options.no_cache)
+    answered = answers(graph, keys, store, repo, read=not options.no_cache)
     for node in graph.nodes:
         parts, answer = answered[node]
         hit = answer is not None
@@ -121,7 +121,7 @@ def explain_gate(
     every = compute_keys(
         manifest, sub, snapshot, {n: envs[n] for n in sub.nodes}, repo, hide=store.root, tree=tree
     )
-    current, answer = answers(sub, store_keys(every), store)[gate]
+    current, answer = answers(sub, store_keys(every), store, repo)[gate]
     stored = store.newest_parts(manifest.name, gate)
     # A hit is a hit, whichever entry is newest (after a revert, an older one matches).
     changes = (
@@ -230,7 +230,12 @@ def _observed(current: KeyParts, stored: dict[str, Any], read: dict[str, Any]) -
 
 
 def answers(
-    graph: Graph, keys: Mapping[str, KeyParts | str], store: Store, *, read: bool = True
+    graph: Graph,
+    keys: Mapping[str, KeyParts | str],
+    store: Store,
+    root: Path,
+    *,
+    read: bool = True,
 ) -> dict[str, tuple[KeyParts | str, str | None]]:
     """Each gate's key parts with its needs' keys as they would settle here, and the stored
     key that would answer it (None: it would run).  A need that would run holds its whole
@@ -238,6 +243,7 @@ def answers(
     running unless that key answers them (never a hit a run would not give)."""
     settled: dict[str, str] = {}
     found: dict[str, tuple[KeyParts | str, str | None]] = {}
+    names = listing(root)
     for node in topological_order(graph):
         parts = keys.get(node, "not cacheable: the gate declares no inputs")
         if not isinstance(parts, KeyParts):
@@ -245,7 +251,7 @@ def answers(
             continue
         parts = replace(parts, needs={n: settled.get(n, k) for n, k in parts.needs.items()})
         sets = store.read_sets(parts.shape) if parts.names and read else []
-        tried = [parts.verdict(r)[0] for r in sets] + [parts.key] * read
+        tried = [parts.verdict(r, names)[0] for r in sets] + [parts.key] * read
         answer = next((k for k in tried if store.lookup(k) is not None), None)
         settled[node] = answer or parts.key
         found[node] = (parts, answer)

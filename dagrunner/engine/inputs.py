@@ -19,7 +19,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -307,7 +307,10 @@ def stands_for(
             found.update(keys)
         elif path in (folders if folder else written) or path.startswith(neutral):
             continue  # what a need that ran in this run wrote (or a folder of it)
-        elif before.held(path, folder=folder):
+        elif not before.held(path, folder=folder):
+            if folder:  # its names count, ignored ones too (a test file git ignores)
+                found.add(f"{path}/")
+        else:
             return frozenset(), (
                 f"it opened {path}, which the tree held outside its snapshot before it ran "
                 "(an ignored cache or install: what it stands for is not seen)"
@@ -325,3 +328,18 @@ def neutral(gate: GateSpec) -> tuple[str, ...]:
     """The ignored folders whose content ``gate``'s verdict does not depend on."""
     words = gate.run if isinstance(gate.run, str) else " ".join(gate.run)
     return () if ORDERING.search(words) else (PYTEST_CACHE,)
+
+
+def listing(root: Path) -> Callable[[str], str | None]:
+    """The names in a folder of ``root`` (all of them: a file git ignores is listed too),
+    as one id; None when it is not a folder now."""
+
+    def names(folder: str) -> str | None:
+        try:
+            with os.scandir(root / folder) as entries:
+                found = sorted(entry.name for entry in entries)
+        except OSError:
+            return None
+        return blob_id("\0".join(found).encode("utf-8", "surrogateescape"))
+
+    return names

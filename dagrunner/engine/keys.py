@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,10 +91,16 @@ class KeyParts:
         known only once it ran, and a tree of the same shape may well be answered by it."""
         return f"shape:{self.shape}"
 
-    def verdict(self, read: Iterable[str]) -> tuple[str, dict[str, str | None]]:
-        """The verdict key of a run that read ``read`` (files of the snapshot) on this tree,
-        and the content id of each (None: not in the tree now, so no stored set matches)."""
-        ids = {path: self.inputs.get(path) for path in sorted(read)}
+    def verdict(
+        self, read: Iterable[str], listing: Callable[[str], str | None] = lambda _: None
+    ) -> tuple[str, dict[str, str | None]]:
+        """The verdict key of a run that read ``read`` (files of the snapshot, and folders it
+        listed, each ending in ``/``) on this tree, and the content id of each (None: not in
+        the tree now, so no stored set matches); a folder's is ``listing``'s, of its names."""
+        ids = {
+            path: listing(path[:-1]) if path.endswith("/") else self.inputs.get(path)
+            for path in sorted(read)
+        }
         return _digest({"format": CACHE_FORMAT, "shape": self.shape, "reads": ids}), ids
 
     @property
