@@ -120,6 +120,19 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         else 'no network namespace for gates here: a gate with network = "isolated" will not start',
         "" if isolating else "enable user namespaces (or run as root) to isolate gates' networks",
     )
+    from dagrunner.process.observe import way
+
+    observed, how = way(bool(contained.bwrap and contained.views))
+    report.facts["reads_observed"] = observed
+    report.add(
+        "PASS" if observed else "NOTE",
+        "observe",
+        how,
+        ""
+        if observed
+        else "run as root with bubblewrap installed to key each gate on the "
+        'files it opened; see dagrunner\'s docs/cache.md, "Observed reads"',
+    )
     if contained.views and not contained.bwrap:
         report.add(
             "NOTE",

@@ -70,6 +70,7 @@ def test_doctor_reports_each_check(project: Path, capsys: pytest.CaptureFixture[
         "git-config": "PASS",
         "containment": "PASS" if contained else "WARN",
         "network": "PASS" if body["network_isolation"] else "NOTE",
+        "observe": "PASS" if body["reads_observed"] else "NOTE",
         "root": "PASS",
         "disk": "PASS",
         "seeds": "NOTE" if body["seed_share"] == "copy" else "PASS",

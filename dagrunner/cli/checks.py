@@ -170,7 +170,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_explain(args: argparse.Namespace) -> int:
-    from dagrunner.engine.cachestep import explain_gate
+    from dagrunner.engine.dry_run import explain_gate
     from dagrunner.engine.steps import plan_step
 
     options = RunOptions(repo=args.repo, manifest=args.manifest)

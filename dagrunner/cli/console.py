@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from dagrunner.records.run import GateResult, RunRecord, Speed, Status, failures_first
+from dagrunner.records.evidence import Speed
+from dagrunner.records.run import GateResult, RunRecord, Status, failures_first
 from dagrunner.report.logtail import read_log, strip_ansi
 from dagrunner.units import format_duration, format_size
 
@@ -241,6 +242,8 @@ def summary_table(record: RunRecord, run_dir: str, *, tail_lines: int = 20) -> s
         detail = said.commit or ", ".join(said.conflicts or said.failed_gates or ())
         lines.append(f"envelope {envelope.state:<12} {envelope.id}  {detail or said.reason or ''}")
     lines += failure_tails(record, Path(run_dir), tail_lines=tail_lines)
+    # the run's warnings (a gate that read outside its inputs, a cache entry damaged...)
+    lines += [f"warning: {warning}"[:400] for warning in record.warnings]
     lines.append(f"report: {run_dir}/index.html")
     return "\n".join(lines)
 

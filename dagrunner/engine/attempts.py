@@ -26,6 +26,7 @@ from dagrunner.engine.scheduler import Outcome
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors.base import Executor
 from dagrunner.executors.local import LocalExecutor
+from dagrunner.files import is_inside
 from dagrunner.git import guard
 from dagrunner.git.command import git
 from dagrunner.manifest.load import GateSpec
@@ -160,6 +161,8 @@ class GateRunner:
             network=gate.network,
             wait_for_workers=self.plan.manifest.executor.wait_for_workers,
             margin=self.plan.manifest.executor.margin,
+            # what it reads keys it (inputs = the whole tree) or shows undeclared inputs
+            observe=str(root) if self.cache.observes(gate.id) else "",
         )
 
     async def __call__(self, node: str, t0: float) -> Outcome:
@@ -224,6 +227,11 @@ class GateRunner:
             said = self.suspects.pop(node, "")
         return replace(outcome, status=Status.FAILED, reason=said) if said else outcome
 
+    def kept(self, gate: GateSpec, root: Path) -> list[Path]:
+        """The folders outside ``root`` the manifest lets ``gate`` write: kept between runs."""
+        named = [Path(w) for w in (*self.plan.manifest.sandbox.writable, *gate.writable)]
+        return [w for w in named if w.is_absolute() and not is_inside(w, root)]
+
     def executor_of(self, gate: GateSpec) -> Executor:
         """A worker node edits its worktree on this machine; gates go where the run sends them."""
         return self.local if gate.kind == "worker" else self.executor
@@ -236,6 +244,9 @@ class GateRunner:
         tools = None
         if gate.kind == "gate" and self.executor_of(gate).name == "local":
             tools = await trio.to_thread.run_sync(self.tools.folder, gate.id, root)  # a copy
+        # a cache it may trust by stat: its tool caches, a folder the manifest lets it write
+        places = [*([tools] if tools is not None else []), *self.kept(gate, root)]
+        warm = await trio.to_thread.run_sync(lambda: any(map(_warm, places)))
         try:
             for number in range(1, gate.retries + 2):
                 job = self.job(gate, number, root, tools)
@@ -259,6 +270,7 @@ class GateRunner:
         if not attempts:
             return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
         attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")
+        self.cache.seen_reading(node, result.observation, warm=warm)  # before its proof
         outcome = replace(judge(gate, tuple(attempts), command), cache=self.cache.miss_proof(node))
         if gate.junit is None:  # a failure's tests named from its output, where it says them
             if outcome.status is not Status.FAILED:
@@ -275,6 +287,30 @@ class GateRunner:
             where = Path(os.path.normpath(root / gate.cwd)) / gate.junit
             tests = await trio.to_thread.run_sync(lambda: read_junit(where, since=began))
         return replace(outcome, tests=tests)
+
+
+# Download caches, addressed by content: what they hold never stands for a file of the tree
+CONTENT_ADDRESSED = frozenset({"npm", "pip"})
+
+
+def _warm(folder: Path) -> bool:
+    """Whether a folder kept between a gate's runs (its tool caches, a ``writable`` one)
+    holds anything a tool may trust by ``stat``."""
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name in CONTENT_ADDRESSED:
+                    continue
+                if not entry.is_dir(follow_symlinks=False):
+                    return True
+                with os.scandir(entry.path) as inside:
+                    if any(inside):
+                        return True
+    except FileNotFoundError:
+        return False  # not made yet: cold
+    except OSError:
+        return True  # unreadable: assume the worst
+    return False
 
 
 def _modified(changed: list[str], keep: Path, left: list[str], running: list[str]) -> str:

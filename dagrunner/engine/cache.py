@@ -22,16 +22,19 @@ import hmac
 import os
 import secrets
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from dagrunner.engine.keys import CACHE_FORMAT, KeyParts
+from dagrunner.engine.keys import KeyParts
 from dagrunner.files import atomic_write, mark_own_output
 from dagrunner.git.repo import cache_root
-from dagrunner.records.run import GateResult
+from dagrunner.records.run import GateResult, Observation
+
+READ_SETS = 8  # read sets kept under one shape key (docs/cache.md)
 
 # -- the store ---------------------------------------------------------------------------
 
@@ -107,6 +110,46 @@ class Store:
     def _entry(self, key: str) -> Path:
         return self.root / "entries" / key[:2] / f"{key}.json"
 
+    def _read_sets(self, shape: str) -> Path:
+        return self.root / "reads" / shape[:2] / shape
+
+    def read_sets(self, shape: str) -> list[frozenset[str]]:
+        """The read sets of the complete observations kept under a shape key (``keys.py``),
+        most recently used first; each one signed, so a gate cannot plant one."""
+        try:
+            files = [(p.stat().st_mtime, p) for p in self._read_sets(shape).glob("*.json")]
+        except OSError:
+            return []
+        found = []
+        for _, path in sorted(files, key=lambda f: f[0], reverse=True):
+            body = self.verified(path)
+            paths = body.get("read") if body is not None and body.get("shape") == shape else None
+            if isinstance(paths, list) and all(isinstance(p, str) for p in paths):
+                found.append(frozenset(paths))
+        return found
+
+    def keep_read_set(self, shape: str, gate: str, read: frozenset[str]) -> None:
+        """Keep ``read`` under ``shape``, and only the :data:`READ_SETS` newest there: each
+        is one more lookup on every run, and an old one answers an old tree."""
+        folder = self._read_sets(shape)
+        name = hashlib.sha256("\0".join(sorted(read)).encode("utf-8", "surrogateescape"))
+        path = folder / f"{name.hexdigest()}.json"
+        if path.exists():
+            with contextlib.suppress(OSError):
+                os.utime(path)
+            return
+        self.sign_to(path, {"shape": shape, "gate": gate, "read": sorted(read)})
+        with contextlib.suppress(OSError):
+            kept = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+            for old in kept[READ_SETS:]:
+                old.unlink(missing_ok=True)
+
+    def used_read_set(self, shape: str, read: frozenset[str]) -> None:
+        """A set that answered a lookup is kept longest (least recently used goes first)."""
+        name = hashlib.sha256("\0".join(sorted(read)).encode("utf-8", "surrogateescape"))
+        with contextlib.suppress(OSError):
+            os.utime(self._read_sets(shape) / f"{name.hexdigest()}.json")
+
     def _gate_index(self, manifest_name: str, gate: str) -> Path:
         return self.root / "gates" / manifest_name / f"{gate}.json"
 
@@ -154,9 +197,11 @@ class Store:
         run_id: str,
         log: Path,
         key: str | None = None,
+        read: Mapping[str, str | None] | None = None,
     ) -> None:
         """Store a pass under ``key`` (default: its input key; a tree-scoped key for a
-        verdict that holds only for one tree, ``cachestep._tree_scoped``)."""
+        verdict that holds only for one tree, ``keys.tree_scope``; a verdict key for a gate
+        keyed by ``read``, the files it read and their content ids, kept for explain)."""
         key = key or parts.key
         path = self._entry(key)
         try:
@@ -180,25 +225,54 @@ class Store:
             atomic_write(path, orjson.dumps({"body": body, "hmac": signature}), durable=False)
             atomic_write(
                 self._gate_index(manifest_name, parts.gate),
-                orjson.dumps({"key": key, "run_id": run_id, "parts": parts.to_json()}),
+                orjson.dumps(
+                    {"key": key, "run_id": run_id, "parts": parts.to_json(), "read": read}
+                ),
                 durable=False,
             )
         except OSError as exc:
             self.warnings.append(f"could not store cache entry for {parts.gate!r}: {exc}")
+
+    def alias(self, hit: Hit, key: str) -> None:
+        """Store ``hit``'s verdict under ``key`` too: a verdict scoped to a tree that has
+        landed since holds for every tree with its verdict key (``RunCache.lookup``)."""
+        path = self._entry(key)
+        try:
+            log_bytes = hit.log.read_bytes()
+            if path.exists():
+                return
+            body = {
+                "key": key,
+                "gate": str(hit.result.get("id", "")),
+                "run_id": hit.run_id,
+                "stored_at": hit.stored_at,
+                "duration": hit.duration,
+                "result": hit.result,
+                "log_sha256": hashlib.sha256(log_bytes).hexdigest(),
+            }
+            signature = self._sign(body)
+            atomic_write(path.with_suffix(".log"), log_bytes, durable=False)
+            atomic_write(path, orjson.dumps({"body": body, "hmac": signature}), durable=False)
+        except OSError as exc:
+            self.warnings.append(f"could not store cache entry {key[:12]}: {exc}")
 
     def newest_parts(self, manifest_name: str, gate: str) -> dict[str, Any] | None:
         try:
             data = orjson.loads(self._gate_index(manifest_name, gate).read_bytes())
             parts: dict[str, Any] = data["parts"]
             parts["key"] = data["key"]
+            parts["read"] = data.get("read")
             return parts
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
             return None
 
+    def _all_read_sets(self) -> Iterator[Path]:
+        return (self.root / "reads").glob("*/*/*.json")
+
     def prune(self, max_size: int, *, dry_run: bool = False) -> dict[str, Any]:
         """Delete least-recently-used entries until the store is at most ``max_size`` bytes."""
         entries = []
-        for path in (self.root / "entries").glob("*/*.json"):
+        for path in [*(self.root / "entries").glob("*/*.json"), *self._all_read_sets()]:
             with contextlib.suppress(OSError):
                 log = path.with_suffix(".log")
                 size = path.stat().st_size + (log.stat().st_size if log.exists() else 0)
@@ -220,76 +294,64 @@ class Store:
         }
 
 
-def explain(current: KeyParts | str, stored: dict[str, Any] | None) -> list[str]:
-    """Sentences saying why the gate's current key differs from its newest stored entry."""
-    if isinstance(current, str):
-        return [current]
-    if stored is None:
-        return ["no stored entry for this gate yet: the next passing run stores one"]
-    if stored.get("key") == current.key:
-        return [f"no change: the current key {current.key[:12]} has a stored entry (a hit)"]
-    found: list[str] = []
-    now = current.to_json()
-    if stored.get("format") != CACHE_FORMAT:
-        found.append(f"cache format changed ({stored.get('format')} -> {CACHE_FORMAT})")
-    if stored.get("salt") != now["salt"]:
-        found.append("cache_salt changed")
-    for name in sorted(set(now["definition"]) | set(stored.get("definition", {}))):
-        old, new = stored.get("definition", {}).get(name), now["definition"].get(name)
-        if old != new:
-            found.append(f"definition: {name} changed ({old!r} -> {new!r})")
-    found += _differences(
-        stored.get("env", {}),
-        now["env"],
-        "env: {} now reaches the gate",
-        "env: {} no longer reaches the gate",
-        "env: {} has a different value",
-    )
-    found += _differences(
-        stored.get("inputs", {}),
-        now["inputs"],
-        "input added: {}",
-        "input removed: {}",
-        "input changed: {}",
-    )
-    for need in sorted(set(stored.get("needs", {})) | set(now["needs"])):
-        if stored.get("needs", {}).get(need) != now["needs"].get(need):
-            found.append(f"upstream key changed: {need}")
-    old_tools, lines = stored.get("tools", {}), stored.get("tool_lines", {})
-    for command in sorted(set(old_tools) | set(now["tools"])):
-        if old_tools.get(command) != now["tools"].get(command):
-            found.append(
-                f"tool changed: {command}"
-                + _tool_difference(lines.get(command, ""), now["tool_lines"].get(command, ""))
-            )
-    return found or ["the key differs but no component does (a stored entry from another tool?)"]
-
-
-def _tool_difference(old: str, new: str, most: int = 6) -> str:
-    """The lines of a tool's output that differ (``-old`` / ``+new``), not just its first line."""
-    from dagrunner.report.logtail import strip_ansi  # only explain needs it; not on a run's path
-
-    old, new = strip_ansi(old), strip_ansi(new)  # a tool's output is untrusted, like a gate's
-    old_lines, new_lines = old.splitlines(), new.splitlines()
-    removed = [line for line in old_lines if line not in set(new_lines)]
-    added = [line for line in new_lines if line not in set(old_lines)]
-    shown = [f"-{line}" for line in removed[:most]] + [f"+{line}" for line in added[:most]]
-    if not shown:
-        return " (the same lines in another order, or only its exit status differs)"
-    more = len(removed) + len(added) - len(shown)
-    return ": " + "; ".join(shown) + (f" (and {more} more)" if more > 0 else "")
-
-
-def _differences(
-    old: dict[str, Any], new: dict[str, Any], added: str, removed: str, changed: str
+def undeclared_reads(
+    parts: KeyParts | str | None, seen: Observation | None, ids: Mapping[str, str]
 ) -> list[str]:
-    """One sentence per key that appeared, vanished or changed value, in key order."""
+    """Files of the tree (``ids``: its snapshot) a gate keyed by narrower inputs read
+    outside them: the inputs to add before a stale pass teaches them."""
+    if not isinstance(parts, KeyParts) or parts.names or seen is None:
+        return []
+    return sorted(p for p in seen.read if p in ids and p not in parts.inputs)
+
+
+def reads_account(
+    parts: KeyParts,
+    seen: Observation | None,
+    ids: Mapping[str, str],
+    by_read: bool,
+    read: int | None = None,
+    stands: frozenset[str] | None = None,
+) -> dict[str, Any]:
+    """A gate's proof of what it was seen to read (``read``: the size of the stored read
+    set that answered it; ``stands``: the files a run's reads stand for, bytecode's
+    sources among them) and what it is keyed by: its reads, the whole tree (its
+    observation was incomplete), or its declared inputs."""
+    if read is not None:
+        return {"keyed_by": "reads", "read": read}
+    body: dict[str, Any] = {"keyed_by": "declared inputs"}
+    if by_read:
+        body["keyed_by"] = "reads" if seen and seen.complete else "whole tree"
+    if seen is None:  # answered by its whole key, or not asked
+        return body
+    body |= {"complete": seen.complete, "why": seen.why}
+    count = len(stands) if stands else sum(1 for p in seen.read if p in ids)
+    body |= {"read": count, "listed": len(seen.listed)}
+    if undeclared := undeclared_reads(parts, seen, ids):
+        body |= {"undeclared": undeclared[:10], "undeclared_count": len(undeclared)}
+    return body
+
+
+def reads_warnings(
+    seen: Mapping[str, Observation],
+    by_read: Mapping[str, KeyParts],
+    undeclared: Callable[[str], list[str]],
+) -> list[str]:
+    """The run's warnings about reads: each gate that read outside its inputs, and the gates
+    keyed by their reads whose observation was incomplete (one line per reason)."""
     found = []
-    for key in sorted(set(old) | set(new)):
-        if key not in old:
-            found.append(added.format(key))
-        elif key not in new:
-            found.append(removed.format(key))
-        elif old[key] != new[key]:
-            found.append(changed.format(key))
-    return found
+    for gate in sorted(seen):
+        if files := undeclared(gate):
+            more = f" and {len(files) - 10} more" if files[10:] else ""
+            found.append(
+                f"gate {gate!r} read files outside its inputs, which its cache key does not "
+                f"hold: {', '.join(files[:10])}{more} (add them to its inputs)"
+            )
+    fell: dict[str, list[str]] = {}
+    for gate, observation in sorted(seen.items()):
+        if gate in by_read and not observation.complete:
+            fell.setdefault(observation.why or "incomplete", []).append(gate)
+    return found + [
+        f"observation incomplete ({why}): keyed by the whole tree instead of what it read: "
+        + ", ".join(gates)
+        for why, gates in fell.items()
+    ]

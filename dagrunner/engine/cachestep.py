@@ -7,31 +7,34 @@ it too (single flight), then is looked up again."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
-from dagrunner.engine.cache import Store
+from dagrunner.engine.cache import Store, reads_account, reads_warnings, undeclared_reads
 from dagrunner.engine.graph import Graph, spec
-from dagrunner.engine.inputs import Snapshot, take_snapshot
-from dagrunner.engine.keys import KeyParts, compute_keys, store_keys
-from dagrunner.engine.landed import Verified, manifest_digest, read_proof
+from dagrunner.engine.inputs import (
+    Before,
+    Snapshot,
+    held_before,
+    listing,
+    neutral,
+    stands_for,
+    take_snapshot,
+)
+from dagrunner.engine.keys import Candidate, KeyParts, compute_keys, store_keys, tree_scope
+from dagrunner.engine.landed import Verified, head_tree, landed_answer, manifest_digest
 from dagrunner.engine.landed import clean_tree as landed_tree
 from dagrunner.engine.scheduler import Flights, Outcome, Wait
-from dagrunner.engine.tools import remembered
+from dagrunner.engine.tools import remembering
 from dagrunner.executors.base import Fingerprint
-from dagrunner.git.command import git, split_z
-from dagrunner.manifest.globs import glob_regex
 from dagrunner.manifest.load import Manifest
-from dagrunner.process.command import tool_fingerprint
-from dagrunner.records.run import CacheProof, GateResult, Status
+from dagrunner.records.run import CacheProof, GateResult, Observation, Status
 from dagrunner.units import format_duration
 
 
@@ -74,7 +77,7 @@ class RunCache:
         self.tree = (
             landed_tree(repo)
             if isinstance(landed, Verified)
-            else _head_tree(repo)
+            else head_tree(repo)
             if whole_tree
             else None
         )
@@ -85,46 +88,118 @@ class RunCache:
             landed += "manifest; every gate runs"
         self.landed = landed if isinstance(landed, Verified) else None
         self.landed_warning = landed if isinstance(landed, str) else ""
+        if fingerprint is None and remember_tools:
+            fingerprint = remembering(repo, self.store, manifest.sandbox.writable)
         declared = any(spec(graph, n).inputs and spec(graph, n).kind == "gate" for n in graph.nodes)
+        # whole-tree keys need the tree id only: no snapshot unless a gate has inputs
+        self.snapshot = take_snapshot(repo) if declared else Snapshot(repo, [], {}, git=True)
         if self.tree or declared:
-            # whole-tree keys need the tree id only: no snapshot unless a gate has inputs
-            snapshot = take_snapshot(repo) if declared else Snapshot(repo, [], {}, git=True)
-            self.snapshot_files, self.hashed_files = len(snapshot.paths), snapshot.hashed
+            self.snapshot_files, self.hashed_files = len(self.snapshot.paths), self.snapshot.hashed
             self.all_keys = compute_keys(
                 manifest,
                 graph,
-                snapshot,
+                self.snapshot,
                 envs,
                 repo,
                 hide=self.store.root,
-                fingerprint=fingerprint or (self.remembering(repo) if remember_tools else None),
+                fingerprint=fingerprint,
                 tree=self.tree,
             )
         else:
             self.all_keys = {n: "not cacheable: the gate declares no inputs" for n in graph.nodes}
         self.keys = store_keys(self.all_keys)
         cacheable = any(isinstance(k, KeyParts) for k in self.keys.values())
-        self.scoped = (
-            _tree_scoped(graph, self.keys, repo, trusted, ahead) if trusted and cacheable else {}
-        )
+        # An untrusted tree (an envelope's): which verdicts hold for this exact tree only
+        self.scope = tree_scope(repo, trusted, ahead) if trusted and cacheable else None
+        self.scoped = {  # gate -> the changed paths outside its inputs (the reuse rule)
+            g: outside
+            for g, p in self.keys.items()
+            if isinstance(p, KeyParts)
+            and self.scope
+            and (outside := self.scope.outside(spec(graph, g).inputs))
+        }
+        self.effective: dict[str, str] = {}  # gate -> the key its dependants hold, once settled
+        self.seen: dict[str, Observation] = {}  # gate -> what its last attempt was seen to read
+        self.stands: dict[str, frozenset[str]] = {}  # gate -> the files its reads stand for
+        observes = any(isinstance(p, KeyParts) and p.names for p in self.keys.values())
+        self.before = held_before(repo, manifest, self.snapshot) if observes else Before()
+        self.by_reads = 0  # passes and hits keyed by what the gate read
+        self.listing = listing(repo)  # the names in a folder a gate listed, now
         self.setup_seconds = time.monotonic() - started
         self.stored = 0
 
-    def remembering(self, repo: Path) -> Fingerprint:
-        """Tool fingerprints here, remembered by identity (``toolmemo.py``)."""
-        hide = self.store.root
-        writable = self.manifest.sandbox.writable
+    # -- keys from what a gate read (issue 46) ----------------------------------------------
 
-        def fingerprint(command: str, env: Mapping[str, str]) -> tuple[str, str]:
-            return remembered(
-                command,
-                env,
-                repo,
-                lambda: tool_fingerprint(command, env, repo, hide=hide, writable=writable),
-                self.store,
-            )
+    def observes(self, gate: str) -> bool:
+        """Whether ``gate``'s reads are recorded: to key it (its inputs are the whole tree),
+        or to report the files it read outside narrower inputs."""
+        return isinstance(self.keys.get(gate), KeyParts) and spec(self.graph, gate).observe
 
-        return fingerprint
+    def by_read(self, gate: str, parts: KeyParts) -> bool:
+        """Keyed by its reads: its inputs are the whole tree, and the reuse rule does not
+        scope it to this tree (a tree that could not be compared)."""
+        return bool(parts.names) and gate not in self.scoped
+
+    def current(self, gate: str, known: Mapping[str, str] | None = None) -> KeyParts | str:
+        """``gate``'s key parts with the keys its needs settled on (an observed need's
+        verdict key is known only once it was answered or ran)."""
+        parts = self.keys.get(gate)
+        if not isinstance(parts, KeyParts):
+            return parts or "not cacheable"
+        known = self.effective if known is None else known
+        needs = {need: known.get(need, key) for need, key in parts.needs.items()}
+        return parts if needs == parts.needs else replace(parts, needs=needs)
+
+    def candidates(self, gate: str, parts: KeyParts) -> list[Candidate]:
+        """The stored keys that answer ``gate`` now, in order: a verdict key per read set
+        kept under its shape (each also as scoped to the trees whose verdicts hold here),
+        then its whole key (an incomplete observation's pass, or a gate keyed by inputs)."""
+        sets = self.store.read_sets(parts.shape) if self.by_read(gate, parts) else []
+        verdicts = [(parts.verdict(read, self.listing)[0], read) for read in sets]
+        found = [Candidate(k, v, read) for v, read in verdicts for k in self.answering(v)]
+        return found + [Candidate(k, parts.key, None) for k in self.answering(parts.key, gate)]
+
+    def answering(self, key: str, gate: str = "") -> list[str]:
+        """``key``, and as scoped to this tree and to the trees whose verdicts hold here: for
+        a gate the reuse rule scopes (``gate``), or a verdict key in an untrusted tree."""
+        scope = self.scope
+        if scope is None or (gate and gate not in self.scoped):
+            return [key]
+        return [key, scope.own(key), *scope.keys(key)]
+
+    def seen_reading(self, gate: str, seen: Observation | None, *, warm: bool = False) -> None:
+        """What ``gate``'s attempt was seen to read (``AttemptResult.observation``), and
+        whether its tool caches were warm: a cache validated by ``stat`` (mypy's, ruff's,
+        black's) stands for files it did not open, so such a run is keyed by the whole tree.
+        The reads of a run keyed by them become the files they stand for (``stands_for``)."""
+        if seen is None:
+            return
+        parts = self.keys.get(gate)
+        if isinstance(parts, KeyParts) and self.by_read(gate, parts) and seen.complete:
+            why = "its tool caches were warm (what a cache validated by stat holds is not seen)"
+            found: frozenset[str] = frozenset()
+            if not warm:
+                ran = (self.seen.get(a) for a in nx.ancestors(self.graph, gate))
+                written = frozenset(path for need in ran if need for path in need.read)
+                leave = neutral(spec(self.graph, gate))
+                found, why = stands_for(seen, parts.inputs, self.before, written, leave)
+            if why:
+                seen = replace(seen, complete=False, why=why)
+            self.stands[gate] = found
+        self.seen[gate] = seen
+
+    def undeclared(self, gate: str) -> list[str]:
+        """Files of the tree ``gate`` read that its narrower inputs do not name."""
+        return undeclared_reads(self.keys.get(gate), self.seen.get(gate), self.snapshot.ids)
+
+    def observation(self, gate: str, *, read: int | None = None) -> dict[str, Any] | None:
+        """The proof's account of what ``gate`` was seen to read, and what it is keyed by."""
+        parts = self.keys.get(gate)
+        if not isinstance(parts, KeyParts) or not spec(self.graph, gate).observe:
+            return None
+        by_read = self.by_read(gate, parts)
+        seen, stands = self.seen.get(gate), self.stands.get(gate)
+        return reads_account(parts, seen, self.snapshot.ids, by_read, read, stands)
 
     def warnings(self) -> list[str]:
         found = [
@@ -133,51 +208,83 @@ class RunCache:
             if isinstance(parts, KeyParts)
             for glob in parts.unmatched
         ]
+        by_read = {
+            g: p for g, p in self.keys.items() if isinstance(p, KeyParts) and self.by_read(g, p)
+        }
+        found += reads_warnings(self.seen, by_read, self.undeclared)
         return found + self.store.warnings + ([self.landed_warning] if self.landed_warning else [])
 
-    def proof(self, gate: str) -> CacheProof:
-        parts = self.keys.get(gate)
+    def ran_key(self, gate: str, parts: KeyParts) -> tuple[str, frozenset[str] | None]:
+        """The key a run of ``gate`` holds, and the read set it is made of: the verdict key
+        of the files its reads stand for, or (no complete observation) its whole key."""
+        seen = self.seen.get(gate)
+        if not (self.by_read(gate, parts) and seen is not None and seen.complete):
+            return parts.key, None
+        stands = self.stands.get(gate, ())
+        read = frozenset(p for p in stands if p in parts.inputs or p.endswith("/"))
+        return parts.verdict(read, self.listing)[0], read
+
+    def proof(self, gate: str, *, read: int | None = None) -> CacheProof:
+        parts = self.current(gate)
         if not isinstance(parts, KeyParts):
-            return CacheProof(cacheable=False, reason=parts or "not cacheable")
+            return CacheProof(cacheable=False, reason=parts)
         scoped = None
-        if gate in self.scoped:
-            key, outside = self.scoped[gate].own, self.scoped[gate].outside
+        if gate in self.scoped and self.scope is not None:
             scoped = {
-                "key": key,
+                "key": self.scope.own(parts.key),
                 "reason": "the tree under test differs from the trusted target outside the "
                 "gate's inputs, so its verdict is reused only for this exact tree",
-                "outside_inputs": list(outside[:20]),
+                "outside_inputs": list(self.scoped[gate][:20]),
             }
-        return CacheProof(cacheable=True, key=parts.key, parts=parts.summary(), tree_scoped=scoped)
+        return CacheProof(
+            cacheable=True,
+            key=self.ran_key(gate, parts)[0],  # a run's; a hit's is the key that answered
+            parts=parts.summary(),
+            tree_scoped=scoped,
+            observed=self.observation(gate, read=read),
+        )
 
     def lookup(self, gate: str) -> Outcome | Wait | None:
-        """A CACHED outcome with its proof when a passing entry has this gate's key (or,
-        for a tree-scoped gate, its key for this exact tree); a :class:`Wait` when another
-        run computes one of those keys now; None when this run must compute it."""
+        """A CACHED outcome with its proof when a passing entry answers this gate (a verdict
+        key of a read set kept under its shape, its whole key, or either scoped to a tree
+        whose verdicts hold here); a :class:`Wait` when another run computes one of those
+        now; None when this run must compute it.  Its needs have settled."""
         if not self.all_answered(gate):
             return None  # what needs it will run, and may need what it leaves in the tree
         answered = self.from_landed(gate)
         if answered is not None:
+            whole = self.all_keys.get(gate)
+            self.effective[gate] = whole.key if isinstance(whole, KeyParts) else ""
             return answered
-        parts = self.keys.get(gate)
+        parts = self.current(gate)
         if not self.read or not isinstance(parts, KeyParts):
             return None
-        keys = self.answering(gate, parts)
-        hit = next((h for h in map(self.store.lookup, keys) if h is not None), None)
-        if hit is None:
+        found = self.candidates(gate, parts)
+        hit, chosen = None, None
+        for chosen in found:
+            if (hit := self.store.lookup(chosen.key)) is not None:
+                break
+        if hit is None or chosen is None:
             flights = self.flights
             if flights is not None and gate not in self.waited:
-                for key in keys:
+                flight = [c.key for c in found] + [parts.flight] * self.by_read(gate, parts)
+                for key in flight:
                     if key in flights.running:
                         # once: a flight that ends without a pass leaves this run to compute
                         # it itself, beside the others, not behind them one by one
                         flights.waited += 1
                         self.waited.add(gate)
                         return Wait(done=flights.running[key], key=key)
-                mine = self.store_key(gate, parts)
+                mine = parts.flight if self.by_read(gate, parts) else self.store_key(gate, parts)
                 flights.claim(mine)
                 self.claimed[gate] = mine
             return None
+        self.effective[gate] = chosen.counts
+        if chosen.read is not None:
+            self.store.used_read_set(parts.shape, chosen.read)
+            self.by_reads += 1
+            if self.scope is not None and chosen.key == self.scope.keys(chosen.counts)[0]:
+                self.store.alias(hit, chosen.counts)  # the target's own tree: trusted now
         if self.flights is not None:
             self.flights.reused += 1
         log = self.run_dir / "logs" / f"{gate}.log"
@@ -186,80 +293,78 @@ class RunCache:
             out.write(f"[dagrunner: cached result of run {hit.run_id}; its log follows]\n".encode())
             with hit.log.open("rb") as src:
                 shutil.copyfileobj(src, out)
+        read = len(chosen.read) if chosen.read is not None else None
         proof = replace(
-            self.proof(gate),
+            self.proof(gate, read=read),
+            key=chosen.counts,
             hit=True,
             stored_by_run=hit.run_id,
             stored_at=hit.stored_at,
             saved=hit.duration,
         )
+        said = f"none of the {read} files it read changed; " if read is not None else ""
         return Outcome(
             status=Status.CACHED,
-            reason=f"cached: key {parts.key[:12]} passed in run {hit.run_id} "
+            reason=f"cached: {said}key {chosen.counts[:12]} passed in run {hit.run_id} "
             f"({hit.stored_at}); saved {format_duration(hit.duration)}",
             cache=proof,
             command=str(hit.result.get("command", "")),
         )
 
-    def answering(self, gate: str, parts: KeyParts) -> list[str]:  # its, this tree's, the head's
-        scoped = self.scoped.get(gate)
-        return [parts.key, *((scoped.own, *scoped.trusted) if scoped else ())]
-
     def all_answered(self, gate: str) -> bool:
         """In an integration tree (a checkout keeps what gates left), whether all that needs
         ``gate`` has a pass: a cached pass restores no ``dist/`` for a gate that runs."""
-        for later in nx.descendants(self.graph, gate) if self.fresh else ():
+        if not self.fresh:
+            return True
+        predicted: dict[str, str] = {}
+        for later in nx.descendants(self.graph, gate):
             proven = self.landed.proof.gates.get(later) if self.landed is not None else None
             whole = self.all_keys.get(later)  # a landed proof's key (the whole tree's too)
             if proven and isinstance(whole, KeyParts) and proven.key == whole.key:
+                predicted[later] = whole.key
                 continue
-            if not self.read or not isinstance(parts := self.keys.get(later), KeyParts):
+            if not self.read or not isinstance(self.keys.get(later), KeyParts):
                 return False
-            for key in self.answering(later, parts):  # each entry read once a run
-                if key not in self.has_pass:
-                    self.has_pass[key] = self.store.lookup(key) is not None
-                if self.has_pass[key]:
-                    break
-            else:
+            answer = self.predict(later, predicted)
+            if answer is None:
                 return False
+            predicted[later] = answer
         return True
+
+    def predict(self, gate: str, predicted: dict[str, str]) -> str | None:
+        """The key ``gate`` would be answered under (what its dependants would hold), its
+        needs settled or ``predicted`` (None: it would run); each entry read once a run."""
+        for need in spec(self.graph, gate).needs:
+            if need not in self.effective and need not in predicted:
+                answer = self.predict(need, predicted) if self.read else None
+                if answer is None:
+                    return None
+                predicted[need] = answer
+        parts = self.current(gate, {**self.effective, **predicted})
+        if not isinstance(parts, KeyParts):
+            return None
+        for candidate in self.candidates(gate, parts):
+            if candidate.key not in self.has_pass:
+                self.has_pass[candidate.key] = self.store.lookup(candidate.key) is not None
+            if self.has_pass[candidate.key]:
+                return candidate.counts
+        return None
 
     def from_landed(self, gate: str) -> Outcome | None:
         """A CACHED outcome when the verified landed proof holds this gate's key exactly."""
         parts = self.all_keys.get(gate)
-        verified = self.landed
-        if verified is None or not self.read or not isinstance(parts, KeyParts):
+        if self.landed is None or not self.read or not isinstance(parts, KeyParts):
             return None
-        proven = verified.proof.gates.get(gate)
-        if proven is None or proven.key != parts.key:
+        found = landed_answer(self.landed, gate, parts.key, self.run_dir / "logs" / f"{gate}.log")
+        if found is None:
             return None
-        commit = verified.proof.commit
-        log = self.run_dir / "logs" / f"{gate}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(
-            f"[dagrunner: answered by the landed proof on {commit} (signed by "
-            f"{verified.signer}); the gate did not run here]\n"
-        )
         if self.flights is not None:
             self.flights.reused += 1
+        proof = CacheProof(cacheable=True, key=parts.key, parts=parts.summary(), hit=True)
         return Outcome(
             status=Status.CACHED,
-            reason=f"cached (landed proof {commit[:12]}): key {parts.key[:12]} {proven.verdict} "
-            f"when it landed, signed by {verified.signer}; saved {format_duration(proven.duration)}",
-            cache=CacheProof(
-                cacheable=True,
-                key=parts.key,
-                parts=parts.summary(),
-                hit=True,
-                saved=proven.duration,
-                landed={
-                    "commit": commit,
-                    "signer": verified.signer,
-                    "verdict": proven.verdict,
-                    "landed_at": verified.proof.landed_at,
-                    "runner": dict(verified.proof.runner),
-                },
-            ),
+            reason=found.reason,
+            cache=replace(proof, saved=found.saved, landed=found.landed),
         )
 
     def landed_keys(self) -> dict[str, str]:
@@ -275,26 +380,44 @@ class RunCache:
         why = "cache reads disabled (--no-cache)" if not self.read else "no entry"
         return replace(proof, hit=False, reason=why)
 
+    def verdict_key(self, verdict: str) -> str:
+        """Where a verdict key's pass is stored: in an untrusted tree, scoped to it (it holds
+        for other trees once this one has landed: ``answering``)."""
+        return self.scope.own(verdict) if self.scope is not None else verdict
+
     def store_key(self, gate: str, parts: KeyParts) -> str:
         """The key this run stores ``gate``'s pass under: its input key, or this tree's."""
-        scoped = self.scoped.get(gate)
-        return scoped.own if scoped else parts.key
+        return self.scope.own(parts.key) if gate in self.scoped and self.scope else parts.key
 
     def settled(self, result: GateResult) -> None:
-        """A gate's result is recorded: a plain pass (not flaky, not cached) of a cacheable
-        gate is stored now, so that runs waiting for its key are answered from it."""
-        parts = self.keys.get(result.id)
-        if result.status is Status.PASSED and isinstance(parts, KeyParts):
+        """A gate's result is recorded: the key its dependants hold is known (an observed
+        gate's verdict key, from what it read), and a plain pass (not flaky, not cached) of a
+        cacheable gate is stored now, so that runs waiting for its key are answered from it.
+        A complete observation stores the pass under its verdict key, with the read set
+        kept under its shape key; an incomplete one under its whole key, as without it."""
+        gate = result.id
+        parts = self.current(gate)
+        if result.status is Status.CACHED or not isinstance(parts, KeyParts):
+            self.land(gate)
+            return
+        key, read = self.ran_key(gate, parts)
+        ids = parts.verdict(read, self.listing)[1] if read is not None else None
+        self.by_reads += read is not None
+        self.effective[gate] = key
+        if result.status is Status.PASSED:
+            if read is not None:  # an untrusted tree's verdict holds for itself until it lands
+                self.store.keep_read_set(parts.shape, gate, read)
             self.store.store(
                 manifest_name=self.manifest.name,
                 parts=parts,
                 result=result,
                 run_id=self.run_id,
-                log=self.run_dir / "logs" / f"{result.id}.log",
-                key=self.store_key(result.id, parts),
+                log=self.run_dir / "logs" / f"{gate}.log",
+                key=self.store_key(gate, parts) if read is None else self.verdict_key(key),
+                read=ids,
             )
             self.stored += 1
-        self.land(result.id)
+        self.land(gate)
 
     def land(self, gate: str | None = None) -> None:
         """Waiters on what this run claimed (``gate``'s key, or all) look again."""
@@ -318,133 +441,6 @@ class RunCache:
             "snapshot_files": self.snapshot_files,
             "hashed_files": self.hashed_files,
             "landed": sum(1 for r in results if r.cache and r.cache.landed),
+            "by_reads": self.by_reads,
             "landed_keys": self.landed_keys(),
         }
-
-
-def _head_tree(repo: Path) -> str | None:
-    """HEAD's tree, for a tree the integrator has just reset to exactly its commit (an
-    integration slot: ``reset --hard`` and ``clean -ffdx``), so no status is needed."""
-    done = git(["rev-parse", "--verify", "-q", "HEAD^{tree}"], cwd=repo, check=False)
-    return done.text if done.returncode == 0 else None
-
-
-@dataclass(frozen=True)
-class Scoped:
-    """A gate the reuse rule scopes to this exact tree: its key for this tree, the changed
-    paths outside its inputs, and its keys for the trees whose verdicts hold here too."""
-
-    own: str
-    outside: tuple[str, ...]
-    trusted: tuple[str, ...]
-
-
-def _tree_scoped(
-    graph: Graph, keys: Mapping[str, KeyParts | str], repo: Path, trusted: str, ahead: str | None
-) -> dict[str, Scoped]:
-    """The reuse rule for an untrusted tree (an envelope's): a verdict computed on it may be
-    reused by input key only when the tree equals the ``trusted`` commit outside the gate's
-    declared inputs; otherwise only for this exact tree (docs/security.md).
-
-    Trees whose tree-scoped verdicts hold here too: the trusted commit's (judged while it
-    was an envelope's, it has landed since), and, in the pipeline, the trees of the commits
-    between it and ``ahead`` (this tree's speculative base): this tree lands only after every
-    one of them has landed, so only once their verdicts are trusted ones; when one does not
-    land, this tree is built and gated again without it.  A tree that cannot be compared
-    scopes every gate."""
-    tree = git(["rev-parse", "--verify", "-q", "HEAD^{tree}"], cwd=repo, check=False)
-    head = git(["rev-parse", "--verify", "-q", f"{trusted}^{{tree}}"], cwd=repo, check=False)
-    diff = git(
-        ["diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", trusted, "HEAD", "--"],
-        cwd=repo,
-        check=False,
-    )
-    dirty = git(["status", "--porcelain", "-z", "--untracked-files=all"], cwd=repo, check=False)
-    chain = git(["log", "--format=%T", f"{trusted}..{ahead}", "--"], cwd=repo, check=False)
-    known = tree.returncode == 0 and diff.returncode == 0 and not dirty.stdout
-    changed = tuple(split_z(diff.stdout)) if known else ("(the tree could not be compared)",)
-    ident = tree.text if known else "unknown"
-    trees = [head.text, *(chain.text.split() if ahead and chain.returncode == 0 else ())]
-    scoped = {}
-    for gate, parts in keys.items():
-        if not isinstance(parts, KeyParts):
-            continue
-        patterns = [glob_regex(g) for g in spec(graph, gate).inputs]
-        outside = tuple(p for p in changed if not any(r.match(p) for r in patterns))
-        if outside or not known:
-            also = tuple(_scoped(parts.key, t) for t in trees)
-            scoped[gate] = Scoped(_scoped(parts.key, ident), outside, also)
-    return scoped
-
-
-def _scoped(key: str, tree: str) -> str:
-    """The cache key of a verdict that holds for one exact tree only."""
-    return hashlib.sha256(f"tree-scoped\0{key}\0{tree}".encode()).hexdigest()
-
-
-def explain_gate(
-    *,
-    manifest: Manifest,
-    graph: Graph,
-    repo: Path,
-    envs: dict[str, dict[str, str]],
-    gate: str,
-    store: Store | None = None,
-    target: str = "main",
-    environ: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """What ``cache explain GATE`` prints: the current key, what changed since the newest
-    entry, and whether HEAD's landed proof would answer it (``landed.py``)."""
-    from dagrunner.engine.cache import explain
-    from dagrunner.engine.graph import select
-
-    sub = select(graph, [gate], where=str(manifest.path))
-    snapshot = take_snapshot(repo)
-    store = store or Store()
-    tree = landed_tree(repo)
-    environ = os.environ if environ is None else environ
-    every = compute_keys(
-        manifest, sub, snapshot, {n: envs[n] for n in sub.nodes}, repo, hide=store.root, tree=tree
-    )
-    current = store_keys(every)[gate]
-    stored = store.newest_parts(manifest.name, gate)
-    hit = isinstance(current, KeyParts) and store.lookup(current.key) is not None
-    # A hit is a hit, whichever entry is newest (after a revert, an older one matches).
-    changes = (
-        [f"hit: the current key {current.key[:12]} has a stored entry"]
-        if hit and isinstance(current, KeyParts)
-        else explain(current, stored)
-    )
-    return {
-        "gate": gate,
-        "cacheable": isinstance(current, KeyParts),
-        "key": current.key if isinstance(current, KeyParts) else None,
-        "stored_key": stored.get("key") if stored else None,
-        "hit": hit,
-        "changes": changes,
-        "landed": _landed_answer(repo, manifest, gate, every[gate], target, environ),
-    }
-
-
-def _landed_answer(
-    repo: Path,
-    manifest: Manifest,
-    gate: str,
-    parts: KeyParts | str,
-    target: str,
-    environ: Mapping[str, str],
-) -> dict[str, Any]:
-    """Whether HEAD's landed proof would answer ``gate`` under ``--reuse-landed``, and why."""
-    verified = read_proof(repo, target, environ)
-    if isinstance(verified, str):
-        return {"answers": False, "why": verified}
-    proof = verified.proof
-    said: dict[str, Any] = {"commit": proof.commit, "signer": verified.signer}
-    proven = proof.gates.get(gate)
-    if proof.manifest_digest != manifest_digest(manifest.path):
-        return {**said, "answers": False, "why": "the proof was made with another manifest"}
-    if proven is None:
-        return {**said, "answers": False, "why": "the proof does not hold this gate"}
-    key = parts.key if isinstance(parts, KeyParts) else None
-    why = "the key matches" if proven.key == key else "this run computes another key"
-    return {**said, "answers": proven.key == key, "why": why, "proof_key": proven.key, "key": key}

@@ -1,4 +1,5 @@
-"""``release-check --dry-run``: what a run would do, without running a gate.
+"""``release-check --dry-run`` and ``cache explain``: what a run would do, and why, without
+running a gate.
 
 Loads and plans exactly as a run does, computes every cacheable gate's key and
 looks it up (the ``tools`` fingerprint commands do run: a key cannot be known
@@ -11,14 +12,21 @@ entry, no history).
 from __future__ import annotations
 
 import heapq
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from dagrunner.engine.cache import Store
-from dagrunner.engine.graph import bottom_levels, critical_path, spec
-from dagrunner.engine.inputs import take_snapshot
-from dagrunner.engine.keys import KeyParts, compute_keys
+from dagrunner.engine.graph import Graph, bottom_levels, critical_path, spec, topological_order
+from dagrunner.engine.inputs import listing, take_snapshot
+from dagrunner.engine.keys import CACHE_FORMAT, KeyParts, compute_keys, store_keys
+from dagrunner.engine.landed import clean_tree as landed_tree
+from dagrunner.engine.landed import manifest_digest, read_proof
 from dagrunner.engine.plan import RunOptions
 from dagrunner.engine.steps import load_step, plan_step
+from dagrunner.manifest.load import Manifest
 from dagrunner.records.run import CacheProof
 
 
@@ -35,15 +43,12 @@ def dry_run(options: RunOptions) -> dict[str, Any]:
         else {}
     )
     gates: dict[str, dict[str, Any]] = {}
+    answered = answers(graph, keys, store, repo, read=not options.no_cache)
     for node in graph.nodes:
-        parts = keys.get(node, "not cacheable: the gate declares no inputs")
-        hit = (
-            isinstance(parts, KeyParts)
-            and not options.no_cache
-            and store.lookup(parts.key) is not None
-        )
+        parts, answer = answered[node]
+        hit = answer is not None
         proof = (
-            CacheProof(cacheable=True, key=parts.key, parts=parts.summary(), hit=hit)
+            CacheProof(cacheable=True, key=answer or parts.key, parts=parts.summary(), hit=hit)
             if isinstance(parts, KeyParts)
             else CacheProof(cacheable=False, reason=parts)
         )
@@ -88,3 +93,196 @@ def start_order(graph: Any, durations: dict[str, float]) -> list[str]:
             if waiting[user] == 0:
                 heapq.heappush(ready, (-priority[user], user))
     return order
+
+
+# -- cache explain ------------------------------------------------------------------
+
+
+def explain_gate(
+    *,
+    manifest: Manifest,
+    graph: Graph,
+    repo: Path,
+    envs: dict[str, dict[str, str]],
+    gate: str,
+    store: Store | None = None,
+    target: str = "main",
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """What ``cache explain GATE`` prints: the current key, what changed since the newest
+    entry, and whether HEAD's landed proof would answer it (``landed.py``)."""
+    from dagrunner.engine.graph import select
+
+    sub = select(graph, [gate], where=str(manifest.path))
+    snapshot = take_snapshot(repo)
+    store = store or Store()
+    tree = landed_tree(repo)
+    environ = os.environ if environ is None else environ
+    every = compute_keys(
+        manifest, sub, snapshot, {n: envs[n] for n in sub.nodes}, repo, hide=store.root, tree=tree
+    )
+    current, answer = answers(sub, store_keys(every), store, repo)[gate]
+    stored = store.newest_parts(manifest.name, gate)
+    # A hit is a hit, whichever entry is newest (after a revert, an older one matches).
+    changes = (
+        [f"hit: the current key {answer[:12]} has a stored entry"]
+        if answer
+        else explain(current, stored)
+    )
+    return {
+        "gate": gate,
+        "cacheable": isinstance(current, KeyParts),
+        "key": answer or (current.key if isinstance(current, KeyParts) else None),
+        "stored_key": stored.get("key") if stored else None,
+        "hit": answer is not None,
+        "changes": changes,
+        "landed": _landed_answer(repo, manifest, gate, every[gate], target, environ),
+    }
+
+
+def _landed_answer(
+    repo: Path,
+    manifest: Manifest,
+    gate: str,
+    parts: KeyParts | str,
+    target: str,
+    environ: Mapping[str, str],
+) -> dict[str, Any]:
+    """Whether HEAD's landed proof would answer ``gate`` under ``--reuse-landed``, and why."""
+    verified = read_proof(repo, target, environ)
+    if isinstance(verified, str):
+        return {"answers": False, "why": verified}
+    proof = verified.proof
+    said: dict[str, Any] = {"commit": proof.commit, "signer": verified.signer}
+    proven = proof.gates.get(gate)
+    if proof.manifest_digest != manifest_digest(manifest.path):
+        return {**said, "answers": False, "why": "the proof was made with another manifest"}
+    if proven is None:
+        return {**said, "answers": False, "why": "the proof does not hold this gate"}
+    key = parts.key if isinstance(parts, KeyParts) else None
+    why = "the key matches" if proven.key == key else "this run computes another key"
+    return {**said, "answers": proven.key == key, "why": why, "proof_key": proven.key, "key": key}
+
+
+def explain(current: KeyParts | str, stored: dict[str, Any] | None) -> list[str]:
+    """Sentences saying why the gate's current key differs from its newest stored entry."""
+    if isinstance(current, str):
+        return [current]
+    if stored is None:
+        return ["no stored entry for this gate yet: the next passing run stores one"]
+    if stored.get("key") == current.key:
+        return [f"no change: the current key {current.key[:12]} has a stored entry (a hit)"]
+    found: list[str] = []
+    now = current.to_json()
+    if current.names and isinstance(read := stored.get("read"), dict):
+        found += _observed(current, stored, read)  # by reads: not every file is an input
+        now["inputs"], stored = {}, {**stored, "inputs": {}}
+    if stored.get("format") != CACHE_FORMAT:
+        found.append(f"cache format changed ({stored.get('format')} -> {CACHE_FORMAT})")
+    if stored.get("salt") != now["salt"]:
+        found.append("cache_salt changed")
+    for name in sorted(set(now["definition"]) | set(stored.get("definition", {}))):
+        old, new = stored.get("definition", {}).get(name), now["definition"].get(name)
+        if old != new:
+            found.append(f"definition: {name} changed ({old!r} -> {new!r})")
+    found += _differences(
+        stored.get("env", {}),
+        now["env"],
+        "env: {} now reaches the gate",
+        "env: {} no longer reaches the gate",
+        "env: {} has a different value",
+    )
+    found += _differences(
+        stored.get("inputs", {}),
+        now["inputs"],
+        "input added: {}",
+        "input removed: {}",
+        "input changed: {}",
+    )
+    for need in sorted(set(stored.get("needs", {})) | set(now["needs"])):
+        if stored.get("needs", {}).get(need) != now["needs"].get(need):
+            found.append(f"upstream key changed: {need}")
+    old_tools, lines = stored.get("tools", {}), stored.get("tool_lines", {})
+    for command in sorted(set(old_tools) | set(now["tools"])):
+        if old_tools.get(command) != now["tools"].get(command):
+            found.append(
+                f"tool changed: {command}"
+                + _tool_difference(lines.get(command, ""), now["tool_lines"].get(command, ""))
+            )
+    return found or ["the key differs but no component does (a stored entry from another tool?)"]
+
+
+def _observed(current: KeyParts, stored: dict[str, Any], read: dict[str, Any]) -> list[str]:
+    """What changed of an observed gate's key: a file it read (against the newest stored
+    read set), or the tree's name set (a file added, removed, renamed, its mode)."""
+    found = [
+        f"observed file changed: {path} (the gate read it)"
+        for path, ident in sorted(read.items())
+        if current.inputs.get(path) != ident
+    ]
+    if stored.get("names") != current.names:
+        old, new = set(stored.get("inputs", {})), set(current.inputs)
+        found += [f"file added: {p} (the tree's name set changed)" for p in sorted(new - old)]
+        found += [f"file removed: {p} (the tree's name set changed)" for p in sorted(old - new)]
+        if old == new:
+            found.append("the tree's name set changed: a file's mode or a symlink's target")
+    return found
+
+
+def answers(
+    graph: Graph,
+    keys: Mapping[str, KeyParts | str],
+    store: Store,
+    root: Path,
+    *,
+    read: bool = True,
+) -> dict[str, tuple[KeyParts | str, str | None]]:
+    """Each gate's key parts with its needs' keys as they would settle here, and the stored
+    key that would answer it (None: it would run).  A need that would run holds its whole
+    key here: what it will read is not known before it runs, so its dependants count as
+    running unless that key answers them (never a hit a run would not give)."""
+    settled: dict[str, str] = {}
+    found: dict[str, tuple[KeyParts | str, str | None]] = {}
+    names = listing(root)
+    for node in topological_order(graph):
+        parts = keys.get(node, "not cacheable: the gate declares no inputs")
+        if not isinstance(parts, KeyParts):
+            found[node] = (parts, None)
+            continue
+        parts = replace(parts, needs={n: settled.get(n, k) for n, k in parts.needs.items()})
+        sets = store.read_sets(parts.shape) if parts.names and read else []
+        tried = [parts.verdict(r, names)[0] for r in sets] + [parts.key] * read
+        answer = next((k for k in tried if store.lookup(k) is not None), None)
+        settled[node] = answer or parts.key
+        found[node] = (parts, answer)
+    return found
+
+
+def _tool_difference(old: str, new: str, most: int = 6) -> str:
+    """The lines of a tool's output that differ (``-old`` / ``+new``), not just its first line."""
+    from dagrunner.report.logtail import strip_ansi  # only explain needs it; not on a run's path
+
+    old, new = strip_ansi(old), strip_ansi(new)  # a tool's output is untrusted, like a gate's
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    removed = [line for line in old_lines if line not in set(new_lines)]
+    added = [line for line in new_lines if line not in set(old_lines)]
+    shown = [f"-{line}" for line in removed[:most]] + [f"+{line}" for line in added[:most]]
+    if not shown:
+        return " (the same lines in another order, or only its exit status differs)"
+    more = len(removed) + len(added) - len(shown)
+    return ": " + "; ".join(shown) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _differences(
+    old: dict[str, Any], new: dict[str, Any], added: str, removed: str, changed: str
+) -> list[str]:
+    """One sentence per key that appeared, vanished or changed value, in key order."""
+    found = []
+    for key in sorted(set(old) | set(new)):
+        if key not in old:
+            found.append(added.format(key))
+        elif key not in new:
+            found.append(removed.format(key))
+        elif old[key] != new[key]:
+            found.append(changed.format(key))
+    return found

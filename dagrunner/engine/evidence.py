@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dagrunner.engine.graph import Graph, critical_path, spec
 from dagrunner.manifest.load import BudgetSpec
-from dagrunner.records.run import Budget, BudgetMiss, CriticalPath, GateResult, Speed, Status
+from dagrunner.records.evidence import Budget, BudgetMiss, CriticalPath, Speed
+from dagrunner.records.run import GateResult, Status
 from dagrunner.units import format_duration
 
 

@@ -6,6 +6,9 @@ only modified and untracked files are read and hashed; outside git every file
 is hashed.  Ids are git blob ids (sha1 of ``blob <size>\\0<content>``) either
 way, so they compare across both paths.  Gitignored files are left out unless
 a glob names one exactly (no wildcard).
+
+And what the snapshot leaves out that a gate keyed by its reads may have read
+(``Before``, ``stands_for``): ignored caches may stand for files only ``stat``-ed.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ import bisect
 import hashlib
 import os
 import re
+import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dagrunner.files import read_regular
 from dagrunner.git.command import git, split_z, toplevel
 from dagrunner.manifest.globs import glob_regex, literal_prefix
+from dagrunner.manifest.load import GateSpec, Manifest
+from dagrunner.records.run import Observation
 
 _WILDCARD = re.compile(r"[*?\[]")
 
@@ -49,7 +55,27 @@ class Snapshot:
     ids: dict[str, str]
     git: bool
     hashed: int = 0  # files read and hashed (the rest reused git's ids)
+    modes: dict[str, str] = field(default_factory=dict)  # path -> git's mode (100644, 120000...)
+    untracked: frozenset[str] = frozenset()  # in a git work tree: files outside its index
     _cache: dict[str, list[str]] = field(default_factory=dict)
+    _names: dict[frozenset[str], str] = field(default_factory=dict)
+
+    def names(self, leave_out: Iterable[str] = ()) -> str:
+        """A digest of the tree's name set: every path with its mode, and the target of a
+        symlink (and a submodule's commit).  A gate keyed by its reads is keyed by this too:
+        a reading process is seen, a ``stat`` or a failed lookup is not, so a file added,
+        removed, renamed or made executable must miss."""
+        skip = frozenset(leave_out)
+        if skip not in self._names:
+            digest = hashlib.sha256()
+            for path in self.paths:
+                if path in skip:
+                    continue
+                mode = self.modes.get(path, "100644")
+                target = self.ids[path] if mode in ("120000", "160000") else ""
+                digest.update(f"{path}\0{mode}\0{target}\0".encode("utf-8", "surrogateescape"))
+            self._names[skip] = digest.hexdigest()
+        return self._names[skip]
 
     def match(self, pattern: str) -> list[str]:
         """Paths the glob matches (an exact path names an ignored file too)."""
@@ -78,8 +104,22 @@ class Snapshot:
         if ident is None:
             return False
         self.ids[rel] = ident
+        self.modes[rel] = _mode(path)
         self.hashed += 1
         return True
+
+
+def _mode(path: Path) -> str:
+    """git's mode for a file of the work tree: a symlink, an executable, a plain file."""
+    try:
+        found = path.lstat().st_mode
+    except OSError:
+        return "100644"
+    if stat.S_ISLNK(found):
+        return "120000"
+    if stat.S_ISDIR(found):
+        return "160000"
+    return "100755" if found & 0o111 else "100644"
 
 
 def take_snapshot(root: Path) -> Snapshot:
@@ -91,17 +131,19 @@ def take_snapshot(root: Path) -> Snapshot:
 
 def _git_snapshot(root: Path) -> Snapshot:
     ids: dict[str, str] = {}
+    modes: dict[str, str] = {}
     staged = git(["ls-files", "-s", "-z"], cwd=root).stdout
     for entry in staged.split(b"\0"):
         if not entry:
             continue
         meta, _, name = entry.partition(b"\t")
         mode, oid, stage = meta.split(b" ")
+        rel = name.decode("utf-8", "surrogateescape")
         if mode == b"160000":  # a submodule: its commit id stands for its content
-            ids[name.decode("utf-8", "surrogateescape")] = oid.decode()
+            ids[rel], modes[rel] = oid.decode(), mode.decode()
             continue
         if stage in (b"0", b"2"):
-            ids[name.decode("utf-8", "surrogateescape")] = oid.decode()
+            ids[rel], modes[rel] = oid.decode(), mode.decode()
     # Worktree files that differ from the index (stat-based; a false positive is just re-hashed)
     changed = split_z(git(["diff-files", "--name-only", "-z"], cwd=root).stdout)
     untracked = split_z(git(["ls-files", "--others", "--exclude-standard", "-z"], cwd=root).stdout)
@@ -118,20 +160,30 @@ def _git_snapshot(root: Path) -> Snapshot:
         if ident is None:
             ids.pop(rel, None)
         else:
-            ids[rel] = ident
-    return Snapshot(root=root, paths=sorted(ids), ids=ids, git=True, hashed=hashed)
+            ids[rel], modes[rel] = ident, _mode(path)
+    return Snapshot(
+        root=root,
+        paths=sorted(ids),
+        ids=ids,
+        git=True,
+        hashed=hashed,
+        modes=modes,
+        untracked=frozenset(untracked) & ids.keys(),
+    )
 
 
 def _walk_snapshot(root: Path) -> Snapshot:
     ids: dict[str, str] = {}
+    modes: dict[str, str] = {}
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d != ".git"]
         for name in files:
             path = Path(folder) / name
             ident = file_id(path)
             if ident is not None:
-                ids[path.relative_to(root).as_posix()] = ident
-    return Snapshot(root=root, paths=sorted(ids), ids=ids, git=False, hashed=len(ids))
+                rel = path.relative_to(root).as_posix()
+                ids[rel], modes[rel] = ident, _mode(path)
+    return Snapshot(root=root, paths=sorted(ids), ids=ids, git=False, hashed=len(ids), modes=modes)
 
 
 def input_files(snapshot: Snapshot, patterns: Iterable[str]) -> tuple[dict[str, str], list[str]]:
@@ -145,3 +197,149 @@ def input_files(snapshot: Snapshot, patterns: Iterable[str]) -> tuple[dict[str, 
         for path in found:
             files[path] = snapshot.ids[path]
     return files, unmatched
+
+
+# A Python module's cached bytecode (or the file it is written to first): opened instead of
+# its source, which is only stat-ed
+PYCACHE = re.compile(r"^(?P<dir>(?:.*/)?)__pycache__/(?P<name>[^./]+)\.[^/]*\.pyc(\.\d+)?$")
+
+
+@dataclass(frozen=True)
+class Before:
+    """What the tree held, before its gates ran, that its snapshot leaves out: the ignored
+    files (``unknown``: they could not be listed), the folders that hold only such files,
+    and the seed folders (a pattern of each) with their key files."""
+
+    ignored: frozenset[str] = frozenset()
+    folders: frozenset[str] = frozenset()
+    unknown: bool = False
+    untracked: frozenset[str] = frozenset()  # files of the snapshot outside git's index
+    seeds: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = ()
+
+    def held(self, path: str, *, folder: bool = False) -> bool:
+        """Whether ``path`` (a file, or a ``folder``) was there, ignored, before the gates
+        ran: a file the gate made new, or a folder of the snapshot, was not."""
+        return self.unknown or path in (self.folders if folder else self.ignored)
+
+    def seed_keys(self, path: str) -> tuple[str, ...] | None:
+        for folder, keys in self.seeds:
+            if any(folder.fullmatch(p) for p in _up(path)):
+                return keys
+        return None
+
+
+def _up(path: str) -> list[str]:
+    """``path`` and each folder above it (``a/b/c``: ``a/b/c``, ``a/b``, ``a``)."""
+    parts = path.split("/")
+    return ["/".join(parts[:n]) for n in range(len(parts), 0, -1)]
+
+
+def held_before(repo: Path, manifest: Manifest, snapshot: Snapshot) -> Before:
+    """What ``repo`` holds outside ``snapshot`` now, before any gate runs (``stands_for``):
+    its ignored files, but those of its seeds (which their key files stand for)."""
+    seeds = manifest.worktrees.seeds
+    patterns = tuple(
+        (glob_regex(pattern), tuple(input_files(snapshot, seed.key)[0]))
+        for seed in seeds
+        for pattern in (seed.path, *seed.also)
+    )
+    if not snapshot.git:
+        return Before(seeds=patterns)  # a walked tree: every file is in the snapshot
+    leave = [f":(exclude,glob){p}" for seed in seeds for p in (seed.path, *seed.also)]
+    listed = git(
+        ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--", ".", *leave],
+        cwd=repo,
+        check=False,
+    )
+    if listed.returncode != 0:
+        return Before(unknown=True, seeds=patterns)
+    files = frozenset(split_z(listed.stdout))
+    above = {folder for path in files for folder in _up(path)[1:]}
+    return Before(
+        ignored=files,
+        folders=frozenset(f for f in above if not _holds(snapshot.paths, f)),
+        seeds=patterns,
+        untracked=snapshot.untracked,
+    )
+
+
+def _holds(paths: list[str], folder: str) -> bool:
+    """Whether the sorted snapshot ``paths`` have a file under ``folder``."""
+    at = bisect.bisect_left(paths, f"{folder}/")
+    return at < len(paths) and paths[at].startswith(f"{folder}/")
+
+
+def stands_for(
+    seen: Observation,
+    ids: Mapping[str, str],
+    before: Before,
+    written: frozenset[str],
+    neutral: tuple[str, ...] = (),
+) -> tuple[frozenset[str], str]:
+    """The files of the snapshot a complete observation's reads stand for, and why they do
+    not stand for all the gate learnt ("" when they do).  A file the tree held outside its
+    snapshot before the gate ran (an ignored cache: bytecode, ``target/``, ``.eslintcache``)
+    may stand for files the gate only stat-ed, which no observer sees: bytecode is its
+    source, a seed's folder its key files; a file a need wrote in this run is the need's
+    (its key is in the gate's: ``written`` holds what needs that ran opened, and the folders
+    above); ``neutral`` folders hold nothing a verdict depends on; any other makes the
+    observation incomplete."""
+    found: set[str] = set()
+    folders = {above for path in written for above in _up(path)[1:]}
+    for path in sorted(seen.read | seen.listed):
+        if path in ids and (path not in before.untracked or path in written):
+            found.add(path)
+            continue
+        if path in ids:  # a file outside git's index: a cache the gate wrote, maybe
+            return frozenset(), (
+                f"it opened {path}, a file of the tree outside git's index (a cache it wrote "
+                "may stand for files it only stat-ed: git add it, or ignore it)"
+            )
+        compiled = PYCACHE.match(path)
+        source = f"{compiled['dir']}{compiled['name']}.py" if compiled else ""
+        if source in ids:
+            found.add(source)
+            continue
+        if path.endswith("__pycache__") and path in seen.listed:
+            continue  # a folder of bytecode: each file of it is read above
+        keys, folder = before.seed_keys(path), path not in seen.read
+        if keys is not None:
+            found.update(keys)
+        elif path in (folders if folder else written) or path.startswith(neutral):
+            continue  # what a need that ran in this run wrote (or a folder of it)
+        elif not before.held(path, folder=folder):
+            if folder:  # its names count, ignored ones too (a test file git ignores)
+                found.add(f"{path}/")
+        else:
+            return frozenset(), (
+                f"it opened {path}, which the tree held outside its snapshot before it ran "
+                "(an ignored cache or install: what it stands for is not seen)"
+            )
+    return frozenset(found), ""
+
+
+# pytest's own cache (``cacheprovider``): the last failures, which only --lf, --ff, --nf and
+# --sw make a run depend on (such a gate gets no exemption: ``neutral``)
+PYTEST_CACHE = ".pytest_cache/"
+ORDERING = re.compile(r"(^|\s)--(lf|last-failed|ff|failed-first|nf|new-first|sw|stepwise)\b")
+
+
+def neutral(gate: GateSpec) -> tuple[str, ...]:
+    """The ignored folders whose content ``gate``'s verdict does not depend on."""
+    words = gate.run if isinstance(gate.run, str) else " ".join(gate.run)
+    return () if ORDERING.search(words) else (PYTEST_CACHE,)
+
+
+def listing(root: Path) -> Callable[[str], str | None]:
+    """The names in a folder of ``root`` (all of them: a file git ignores is listed too),
+    as one id; None when it is not a folder now."""
+
+    def names(folder: str) -> str | None:
+        try:
+            with os.scandir(root / folder) as entries:
+                found = sorted(entry.name for entry in entries)
+        except OSError:
+            return None
+        return blob_id("\0".join(found).encode("utf-8", "surrogateescape"))
+
+    return names

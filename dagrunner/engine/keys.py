@@ -5,13 +5,20 @@ The components are the resolved definition (run, cwd, timeout), the hermetic env
 input file, the keys of the gates it needs, the output of its declared ``tools`` commands,
 and :data:`CACHE_FORMAT`.  ``cache.py`` stores verdicts under these keys; ``landed.py``
 proves them.
+
+A gate whose inputs are the whole tree is keyed by what it was seen to read (issue 46,
+docs/cache.md): its *shape* key is everything above but the input contents, plus a digest
+of the tree's name set (every path, its mode, a symlink's target); its *verdict* key is the
+shape key with the content id of each file one complete observation saw it read.  And the
+reuse rule of an untrusted tree (:func:`tree_scope`) lives here: which verdicts hold for one
+exact tree only.
 """
 
 from __future__ import annotations
 
 import hashlib
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,11 +28,14 @@ import orjson
 from dagrunner.engine.graph import Graph, integration_map, spec, topological_order
 from dagrunner.engine.inputs import Snapshot, input_files
 from dagrunner.executors.base import Fingerprint
+from dagrunner.git.command import git, split_z
+from dagrunner.manifest.globs import glob_regex
 from dagrunner.manifest.load import GateSpec, Manifest
 from dagrunner.process.command import tool_fingerprint
 from dagrunner.process.sandbox import tree_environment
 
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
+WHOLE_TREE_GLOBS = frozenset({"**", "/**"})  # inputs that name every file: keyed by reads
 # Derived from the commit, so it would miss every entry on every commit; it is
 # recorded in the proof instead (docs/cache.md says why).
 NOT_KEYED_ENV = frozenset({"SOURCE_DATE_EPOCH"})
@@ -55,6 +65,43 @@ class KeyParts:
     # Keyed by the whole tree (``inputs`` is {TREE: tree id}) for a landed proof only: why the
     # gate is not cacheable in the store (it declares no inputs, or needs such a gate).
     whole_tree: str = ""
+    # The tree's name set digest (``Snapshot.names``) for a gate keyed by what it reads
+    # (:func:`observed`); "" for a gate keyed by its declared inputs alone.
+    names: str = ""
+
+    @property
+    def shape(self) -> str:
+        """The key of everything but the input contents, and the tree's name set: the read
+        sets of its complete observations are kept under it (``Store.read_sets``)."""
+        return _digest(
+            {
+                "format": CACHE_FORMAT,
+                "definition": self.definition,
+                "env": self.env,
+                "salt": _hash_text(self.salt),
+                "names": self.names,
+                "needs": self.needs,
+                "tools": self.tools,
+            }
+        )
+
+    @property
+    def flight(self) -> str:
+        """What a run computing an observed gate claims (``Flights``): its verdict key is
+        known only once it ran, and a tree of the same shape may well be answered by it."""
+        return f"shape:{self.shape}"
+
+    def verdict(
+        self, read: Iterable[str], listing: Callable[[str], str | None] = lambda _: None
+    ) -> tuple[str, dict[str, str | None]]:
+        """The verdict key of a run that read ``read`` (files of the snapshot, and folders it
+        listed, each ending in ``/``) on this tree, and the content id of each (None: not in
+        the tree now, so no stored set matches); a folder's is ``listing``'s, of its names."""
+        ids = {
+            path: listing(path[:-1]) if path.endswith("/") else self.inputs.get(path)
+            for path in sorted(read)
+        }
+        return _digest({"format": CACHE_FORMAT, "shape": self.shape, "reads": ids}), ids
 
     @property
     def key(self) -> str:
@@ -67,6 +114,9 @@ class KeyParts:
                 "inputs": self.inputs,
                 "needs": self.needs,
                 "tools": self.tools,
+                # a gate keyed by its reads: its whole key (an incomplete observation's) holds
+                # the modes and symlinks of the name set too, as its verdict keys do
+                **({"names": self.names} if self.names else {}),
             }
         )
 
@@ -81,6 +131,7 @@ class KeyParts:
             "needs": self.needs,
             "tools": {cmd: self.tool_lines.get(cmd, "").split("\n")[0] for cmd in self.tools},
             "format": CACHE_FORMAT,
+            **({"shape": self.shape} if self.names else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -95,7 +146,24 @@ class KeyParts:
             "tools": self.tools,
             "tool_lines": self.tool_lines,
             "format": CACHE_FORMAT,
+            "names": self.names,
         }
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A stored key that may answer a gate, the key its dependants then hold (a verdict key,
+    not its scoped form), and the read set it came from (None: the gate's whole key)."""
+
+    key: str
+    counts: str
+    read: frozenset[str] | None
+
+
+def observed(gate: GateSpec) -> bool:
+    """Whether ``gate`` is keyed by what it reads: its inputs are the whole tree and its
+    manifest does not say ``observe = false``."""
+    return gate.kind == "gate" and gate.observe and bool(WHOLE_TREE_GLOBS & set(gate.inputs))
 
 
 """(command, the gate's environment) -> (hash of its output, the output for people)."""
@@ -161,6 +229,7 @@ def compute_keys(
             ({TREE: tree}, []) if whole and tree else input_files(snapshot, gate.inputs)
         )
         files = {path: ident for path, ident in files.items() if path not in outputs}
+        names = snapshot.names(outputs) if observed(gate) and not (whole and tree) else ""
         needs: dict[str, str] = {}
         for need in gate.needs:
             parts = result[need]
@@ -177,6 +246,7 @@ def compute_keys(
             tools=fingerprints,
             tool_lines=lines,
             whole_tree=whole or "",
+            names=names,
         )
     return result
 
@@ -212,3 +282,65 @@ def _definition(gate: GateSpec) -> dict[str, Any]:
         "cwd": gate.cwd,
         "timeout": gate.timeout,
     }
+
+
+@dataclass(frozen=True)
+class TreeScope:
+    """An untrusted tree (an envelope's) against the trusted commit: its id, the paths that
+    differ (``known`` False: it could not be compared), and the trees whose tree-scoped
+    verdicts hold here too (the trusted commit's, and the pipeline's commits up to this
+    tree's speculative base)."""
+
+    ident: str
+    changed: tuple[str, ...]
+    known: bool
+    trusted: tuple[str, ...]
+
+    def outside(self, inputs: Iterable[str]) -> tuple[str, ...]:
+        """The changed paths no input glob matches (every one when not ``known``)."""
+        if not self.known:
+            return ("(the tree could not be compared)",)
+        patterns = [glob_regex(g) for g in inputs]
+        return tuple(p for p in self.changed if not any(r.match(p) for r in patterns))
+
+    def keys(self, key: str) -> tuple[str, ...]:
+        """``key`` scoped to each tree whose verdicts hold here (this one's is :meth:`own`)."""
+        return tuple(scoped_key(key, tree) for tree in self.trusted)
+
+    def own(self, key: str) -> str:
+        return scoped_key(key, self.ident)
+
+
+def tree_scope(repo: Path, trusted: str, ahead: str | None) -> TreeScope:
+    """The reuse rule for an untrusted tree (an envelope's): a verdict computed on it may be
+    reused by input key only when the tree equals the ``trusted`` commit outside the gate's
+    declared inputs; otherwise only for this exact tree (docs/security.md).
+
+    Trees whose tree-scoped verdicts hold here too: the trusted commit's (judged while it
+    was an envelope's, it has landed since), and, in the pipeline, the trees of the commits
+    between it and ``ahead`` (this tree's speculative base): this tree lands only after every
+    one of them has landed, so only once their verdicts are trusted ones; when one does not
+    land, this tree is built and gated again without it.  A tree that cannot be compared
+    scopes every gate."""
+    tree = git(["rev-parse", "--verify", "-q", "HEAD^{tree}"], cwd=repo, check=False)
+    head = git(["rev-parse", "--verify", "-q", f"{trusted}^{{tree}}"], cwd=repo, check=False)
+    diff = git(
+        ["diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", trusted, "HEAD", "--"],
+        cwd=repo,
+        check=False,
+    )
+    dirty = git(["status", "--porcelain", "-z", "--untracked-files=all"], cwd=repo, check=False)
+    chain = git(["log", "--format=%T", f"{trusted}..{ahead}", "--"], cwd=repo, check=False)
+    known = tree.returncode == 0 and diff.returncode == 0 and not dirty.stdout
+    trees = [head.text, *(chain.text.split() if ahead and chain.returncode == 0 else ())]
+    return TreeScope(
+        ident=tree.text if known else "unknown",
+        changed=tuple(split_z(diff.stdout)) if known else (),
+        known=known,
+        trusted=tuple(trees),
+    )
+
+
+def scoped_key(key: str, tree: str) -> str:
+    """The cache key of a verdict that holds for one exact tree only."""
+    return hashlib.sha256(f"tree-scoped\0{key}\0{tree}".encode()).hexdigest()

@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from dagrunner.git.command import IDENTITY, git
+from dagrunner.units import format_duration
 from dagrunner.version import VERSION
 
 NOTES_REF = "refs/notes/dagrunner"
@@ -124,6 +125,42 @@ class Verified:
     signer: str  # the principal in allowed_signers
 
 
+@dataclass(frozen=True, kw_only=True)
+class LandedAnswer:
+    """A gate answered by a verified landed proof: the one line for its record, what its
+    run took then, and whose proof it is (``CacheProof.landed``)."""
+
+    reason: str
+    saved: float
+    landed: dict[str, Any]
+
+
+def landed_answer(verified: Verified, gate: str, key: str, log: Path) -> LandedAnswer | None:
+    """When the verified proof holds ``gate`` under exactly ``key``: the answer, and a log
+    saying where the verdict came from (the gate did not run here)."""
+    proven = verified.proof.gates.get(gate)
+    if proven is None or proven.key != key:
+        return None
+    commit = verified.proof.commit
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(
+        f"[dagrunner: answered by the landed proof on {commit} (signed by "
+        f"{verified.signer}); the gate did not run here]\n"
+    )
+    return LandedAnswer(
+        reason=f"cached (landed proof {commit[:12]}): key {key[:12]} {proven.verdict} when it "
+        f"landed, signed by {verified.signer}; saved {format_duration(proven.duration)}",
+        saved=proven.duration,
+        landed={
+            "commit": commit,
+            "signer": verified.signer,
+            "verdict": proven.verdict,
+            "landed_at": verified.proof.landed_at,
+            "runner": dict(verified.proof.runner),
+        },
+    )
+
+
 def manifest_digest(path: Path) -> str:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -138,6 +175,13 @@ def clean_tree(repo: Path) -> str | None:
     if tree.returncode != 0 or status.returncode != 0 or status.stdout:
         return None
     return tree.text
+
+
+def head_tree(repo: Path) -> str | None:
+    """HEAD's tree, for a tree the integrator has just reset to exactly its commit (an
+    integration slot: ``reset --hard`` and ``clean -ffdx``), so no status is needed."""
+    done = git(["rev-parse", "--verify", "-q", "HEAD^{tree}"], cwd=repo, check=False)
+    return done.text if done.returncode == 0 else None
 
 
 def runner_facts(executor: str) -> dict[str, str]:

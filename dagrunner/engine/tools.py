@@ -46,6 +46,7 @@ from dagrunner.files import open_regular, read_regular
 
 if TYPE_CHECKING:
     from dagrunner.engine.cache import Store
+    from dagrunner.executors.base import Fingerprint
 
 PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 NODE = re.compile(r"node(js)?")
@@ -78,6 +79,22 @@ def remembered(
     if command_identity(command, env, cwd) == identity:  # nothing changed while it ran
         store.sign_to(path, {"identity": identity, "digest": digest, "text": text})
     return digest, text
+
+
+def remembering(repo: Path, store: Store, writable: tuple[str, ...]) -> Fingerprint:
+    """Tool fingerprints in ``repo``, remembered by identity in ``store``."""
+    from dagrunner.process.command import tool_fingerprint
+
+    def fingerprint(command: str, env: Mapping[str, str]) -> tuple[str, str]:
+        return remembered(
+            command,
+            env,
+            repo,
+            lambda: tool_fingerprint(command, env, repo, hide=store.root, writable=writable),
+            store,
+        )
+
+    return fingerprint
 
 
 def command_identity(command: str, env: Mapping[str, str], cwd: Path) -> str | None:

@@ -106,6 +106,9 @@ class GateSpec:
     split: SplitSpec | None = None  # shards share out these files (engine/shards.py)
     shard_of: str = ""  # a shard: the gate it was split from ...
     shard_files: tuple[str, ...] = ()  # ... and the files it runs
+    # Key the gate by the files it was seen to read when its inputs are the whole tree, and
+    # report its reads outside narrower inputs (docs/cache.md); false: declared inputs only.
+    observe: bool = True
 
 
 KINDS = ("gate", "worker", "integrate", "land")
@@ -210,6 +213,7 @@ def _read_gate(gate_id: str, table: Table, defaults: GateSpec, kind: str = "gate
         writable=table.take("writable", writable_paths, ()),
         network=table.take("network", network, defaults.network),
         split=table.take("split", split_spec, None) if kind == "gate" else None,
+        observe=table.take("observe", boolean, True) if kind == "gate" else False,
         kind=kind,
         base=table.take("base", string, "HEAD") if kind == "worker" else "HEAD",
         setup=table.take("setup", string_list, ()) if kind == "worker" else (),

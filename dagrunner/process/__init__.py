@@ -7,7 +7,9 @@
 - ``capabilities``: what a gate that is root of its namespaces may still do.
 - ``cgroups``: the cgroup hierarchies this process may use.
 - ``tree``: a gate's process tree: sampled, swept, ended.
-- ``logs``: the bounded log and redaction.
+- ``logs``: the bounded log and redaction; the pump that fills it from the gate's output.
+- ``observe``: what a gate opened in its tree, seen by fanotify on its own mount of it;
+  ``nested``: the seccomp filter that tells it of a mount namespace a gate makes itself.
 - ``share``: how a tree gets its own copy of a shared folder (a seed, a tool cache): a
   reflink copy, an overlay mount, else a plain copy.
 - ``toolcaches``: gates' tool caches: the trusted tier (the main checkout's runs alone write

@@ -359,6 +359,7 @@ def jail(
     max_pids: int | None,
     view: View | None = None,
     isolated: bool = False,
+    observe: Sequence[str] = (),  # bubblewrap's options of the gate's observer (observe.py)
 ) -> Jail:
     """Wrap ``argv`` in this machine's containment; ``work`` holds the leftover count file.
     With a mount namespace that allows it (``Containment.views``), the gate sees ``view``;
@@ -388,7 +389,7 @@ def jail(
         root = [] if found.userns else capabilities.bwrap_options()  # else bwrap drops all
         command = bubblewrapped(
             command,
-            options=[*view.bwrap_options(), *root],
+            options=[*view.bwrap_options(), *root, *observe],
             left=left,
             cwd=cwd,
             bwrap=found.bwrap,

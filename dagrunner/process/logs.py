@@ -6,9 +6,12 @@ straight to disk, and only the tail is held, in a buffer trimmed as it grows.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+
+import trio
 
 ELISION = b"\n[dagrunner: %d bytes left out of this log; it keeps the first %d and last %d bytes]\n"
 
@@ -93,3 +96,26 @@ def redact_file(path: Path, secrets: Mapping[str, str]) -> int:
     if count:
         path.write_bytes(data)
     return count
+
+
+async def pump(
+    stream: trio.abc.ReceiveStream,
+    log: BoundedLog,
+    drained: trio.Event,
+    refused: list[bool] | None = None,
+) -> None:
+    """Copy the gate's output into its log; with ``refused``, add to it, for each line that
+    tells of a refused write, whether it is a ``bwrap:`` line (a view bubblewrap could not
+    set up, not a write of the gate's)."""
+    try:
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            while chunk := await stream.receive_some(65536):
+                log.write(chunk)
+                if refused is not None and len(refused) < 64 and b"Read-only file system" in chunk:
+                    refused += [
+                        line.startswith(b"bwrap: ")
+                        for line in chunk.splitlines()
+                        if b"Read-only file system" in line
+                    ]
+    finally:
+        drained.set()

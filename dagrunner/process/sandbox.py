@@ -23,10 +23,11 @@ from dagrunner.files import is_inside
 from dagrunner.manifest.load import DEFAULT_MAX_PIDS, EnvSpec
 from dagrunner.process.contain import detect, jail, spawn
 from dagrunner.process.home import furnish
-from dagrunner.process.logs import BoundedLog
+from dagrunner.process.logs import BoundedLog, pump
+from dagrunner.process.observe import NOT_BWRAPPED, NOT_TREE, Observer
 from dagrunner.process.tree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
 from dagrunner.process.view import View
-from dagrunner.records.run import TestRun
+from dagrunner.records.run import Observation, TestRun
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 FIXED_ENV = {"TZ": "UTC", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
@@ -64,6 +65,7 @@ class GateJob:
     cpu: float = 1.0  # declared: where a cluster places the attempt
     memory: int = 0
     junit: str = ""  # the JUnit file the gate writes, relative to cwd (a cluster brings it back)
+    observe: str = ""  # the tree (absolute) whose reads to record (``observe``), "" for none
     # On a cluster ([executor]): how long an attempt no worker can take waits for one, and
     # how far past timeout + grace the submitter waits for a result before giving up on it.
     wait_for_workers: float = 180.0
@@ -86,6 +88,7 @@ class AttemptResult:
     worker: str = ""  # the remote worker that ran it ("" here)
     ran: float | None = None  # seconds from the gate's start to its end, measured where it ran
     tests: TestRun | None = None  # its JUnit file, read where it ran (a cluster's worker)
+    observation: Observation | None = None  # None: not asked; else what it opened, or why not
 
     @property
     def passed(self) -> bool:
@@ -229,7 +232,12 @@ class _Child:
 
 
 async def _start(
-    argv: list[str], cwd: str, env: dict[str, str], dirs: tuple[Path, ...], home: Path | None
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    dirs: tuple[Path, ...],
+    home: Path | None,
+    fds: tuple[int, ...] = (),
 ) -> _Child:
     def popen() -> subprocess.Popen[bytes]:
         # The gate's own HOME and TMPDIR, made here on the spawner thread: a mkdir can take
@@ -246,6 +254,7 @@ async def _start(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            pass_fds=fds,
         )
 
     return _Child(await trio.to_thread.run_sync(spawn, popen))
@@ -325,8 +334,13 @@ async def _run(
     view = None if job.keep_home else _view(job, env, hide)
     if view is not None and detect().views:
         dirs = (*dirs, view.stage)
+    found = detect()  # a gate with a view runs under bubblewrap where it is: observable
+    bwrapped = view is not None and found.pidns and found.views and bool(found.bwrap)
+    # only in the tree its view binds afresh is a mount of the gate's own (not the root's)
+    mine = not job.observe or is_inside(Path(job.observe), Path(job.tree or job.cwd))
+    observer = Observer(job.observe, why=NOT_BWRAPPED if not bwrapped else "" if mine else NOT_TREE)
     box = jail(
-        job.argv,
+        observer.argv(job.argv),
         token=token,
         work=Path(job.sandbox_dir).parent,
         hide=hide,
@@ -335,24 +349,27 @@ async def _run(
         max_pids=job.max_pids,
         view=view,
         isolated=job.network == "isolated",
+        observe=observer.options(),
     )
     # Running before it starts: the orphan sweep (another run's, or this one's, in a thread)
     # must never take a just-spawned gate for the leftover of a finished one.
     RUNNING[token] = job.gate
     try:
         home = None if job.keep_home else Path(job.sandbox_dir)
-        process = await _start(box.argv, job.cwd, env, dirs, home)
+        process = await _start(box.argv, job.cwd, env, dirs, home, observer.fds)
     except OSError as exc:
         RUNNING.pop(token, None)
         box.remove()
         message = f"could not start {job.argv[0]!r}: {exc.strerror or exc}"
         log.note(message)
-        return AttemptResult(exit_code=None, error=message)
+        return AttemptResult(exit_code=None, error=message, observation=observer.finish())
     except BaseException:  # cancelled while starting: what did start is an orphan to sweep
         RUNNING.pop(token, None)
+        observer.close()
         raise
+    observer.started()
     watch = TreeWatch(root_pid=process.pid, token=token, jail=box)
-    refused: list[bool] = []  # _pump's, per line telling of EROFS: was it bubblewrap's own?
+    refused: list[bool] = []  # pump's, per line telling of EROFS: was it bubblewrap's own?
     timed_out = finished = False
     leftover = 0
     survivors: list[int] = []
@@ -360,8 +377,9 @@ async def _run(
     try:
         async with trio.open_nursery() as nursery:
             drained = trio.Event()
-            nursery.start_soon(_pump, stdout, log, drained, refused if view else None)
+            nursery.start_soon(pump, stdout, log, drained, refused if view else None)
             nursery.start_soon(_monitor, watch, job.sample_interval)
+            nursery.start_soon(observer.attach)  # the gate waits for it
             with trio.move_on_after(job.timeout if job.timeout else float("inf")) as scope:
                 await process.wait()
             if scope.cancelled_caught:
@@ -393,6 +411,8 @@ async def _run(
         with contextlib.suppress(trio.ClosedResourceError, OSError):
             await stdout.aclose()
         watch.settle_cpu()
+        with trio.CancelScope(shield=True):  # the gate has ended: every event it made is queued
+            observation = await trio.to_thread.run_sync(observer.finish)
         await trio.to_thread.run_sync(box.remove)
     if survivors:
         log.note(f"processes {survivors} survived SIGKILL")
@@ -408,30 +428,8 @@ async def _run(
         leftover_killed=leftover,
         survivors=tuple(survivors),
         containment=detect().mode,
+        observation=observation,
     )
-
-
-async def _pump(
-    stream: trio.abc.ReceiveStream,
-    log: BoundedLog,
-    drained: trio.Event,
-    refused: list[bool] | None = None,
-) -> None:
-    """Copy the gate's output into its log; with ``refused``, add to it, for each line that
-    tells of a refused write, whether it is a ``bwrap:`` line (a view bubblewrap could not
-    set up, not a write of the gate's)."""
-    try:
-        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
-            while chunk := await stream.receive_some(65536):
-                log.write(chunk)
-                if refused is not None and len(refused) < 64 and b"Read-only file system" in chunk:
-                    refused += [
-                        line.startswith(b"bwrap: ")
-                        for line in chunk.splitlines()
-                        if b"Read-only file system" in line
-                    ]
-    finally:
-        drained.set()
 
 
 async def _monitor(watch: TreeWatch, interval: float) -> None:

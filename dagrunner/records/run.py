@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagrunner.records.evidence import Budget, Speed
 from dagrunner.records.summary import RunIntegration
 
 
@@ -136,6 +137,54 @@ class TestRun:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Observation:
+    """What one gate run was seen to open in its tree, by every process of it (``process/observe``).
+
+    Paths are relative to the tree, posix, never ``..``; ``""`` is the tree's root folder."""
+
+    complete: bool  # False: events lost, git's database read, no observer: keys fall back
+    why: str = ""  # why it is incomplete, one line for people ("" when complete)
+    read: frozenset[str] = frozenset()  # files opened (to read, write or execute)
+    listed: frozenset[str] = frozenset()  # folders opened (listed, or a base of lookups)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "complete": self.complete,
+            "why": self.why,
+            "read": sorted(self.read),
+            "listed": sorted(self.listed),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Observation:
+        """The record ``to_json`` wrote; a stored one comes from a gate's run, so each field
+        is checked: a path that is not relative, clean and inside the tree is refused."""
+        if not isinstance(data, Mapping):
+            raise ValueError("an observation is an object")
+        complete, why = data.get("complete"), data.get("why", "")
+        if not isinstance(complete, bool) or not isinstance(why, str):
+            raise ValueError("an observation's complete is a boolean and its why a string")
+        return cls(
+            complete=complete,
+            why=why,
+            read=_tree_paths(data.get("read", ()), "read"),
+            listed=_tree_paths(data.get("listed", ()), "listed"),
+        )
+
+
+def _tree_paths(paths: Any, name: str) -> frozenset[str]:
+    if not isinstance(paths, list | tuple):
+        raise ValueError(f"an observation's {name} is a list of paths")
+    for path in paths:
+        parts = path.split("/") if isinstance(path, str) else None
+        if parts is None or (path and ("" in parts or "." in parts or ".." in parts)):
+            raise ValueError(f"an observation's {name} holds {path!r}: not a path in the tree")
+        if "\0" in path:
+            raise ValueError(f"an observation's {name} holds a NUL byte")
+    return frozenset(paths)
+
+
+@dataclass(frozen=True, kw_only=True)
 class GateResult:
     id: str
     status: Status
@@ -227,6 +276,7 @@ class CacheProof:
     stored_at: str | None = None
     saved: float | None = None  # what the cached verdict's run took
     landed: Mapping[str, Any] | None = None  # answered by a verified landed proof: whose
+    observed: Mapping[str, Any] | None = None  # what it was seen to read, what it is keyed by
 
     def to_json(self) -> dict[str, Any]:
         if not self.cacheable:
@@ -240,6 +290,7 @@ class CacheProof:
             "stored_at",
             "saved",
             "landed",
+            "observed",
         ):
             if (value := getattr(self, name)) is not None:
                 body[name] = value
@@ -250,7 +301,7 @@ class CacheProof:
         if not isinstance(body, dict):
             return None
         named = {"cacheable", "key", "tree_scoped", "hit", "reason", "stored_by_run"}
-        named |= {"stored_at", "saved", "landed"}
+        named |= {"stored_at", "saved", "landed", "observed"}
         return cls(
             cacheable=body.get("cacheable") is True,
             key=body.get("key"),
@@ -262,6 +313,7 @@ class CacheProof:
             stored_at=body.get("stored_at"),
             saved=body.get("saved"),
             landed=body.get("landed"),
+            observed=body.get("observed"),
         )
 
 
@@ -278,118 +330,6 @@ class GovernorSample:
     pressured: bool
 
 
-def _num(value: Any, default: float = 0.0) -> float:
-    return float(value) if isinstance(value, int | float) else default
-
-
-def _ratio(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
-
-
-@dataclass(frozen=True)
-class CriticalPath:
-    gates: tuple[str, ...] = ()
-    duration: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"gates": list(self.gates), "duration": self.duration}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Speed:
-    """The run's speed evidence, each figure measured in the run (``evidence.py``)."""
-
-    wall: float = 0.0
-    serial_sum: float = 0.0  # what one slot would have taken
-    speedup: float | None = None  # serial sum / wall
-    critical_path: CriticalPath = CriticalPath()
-    work: float = 0.0  # duration x declared cpu, summed
-    capacity_cpu: float = 0.0
-    lower_bound: float = 0.0  # max(critical path, work / capacity)
-    efficiency: float | None = None  # lower bound / wall
-    cache_saved: float = 0.0  # what the cached gates took when they last ran
-    cache_hits: int = 0
-    governor_wait: float = 0.0  # summed over gates
-
-    def to_json(self) -> dict[str, Any]:
-        body = {f: getattr(self, f) for f in self.__dataclass_fields__}
-        body["critical_path"] = self.critical_path.to_json()
-        return body
-
-    @classmethod
-    def from_json(cls, body: Any) -> Speed:
-        if not isinstance(body, dict):
-            return cls()
-        crit = body.get("critical_path")
-        crit = crit if isinstance(crit, dict) else {}
-        return cls(
-            wall=_num(body.get("wall")),
-            serial_sum=_num(body.get("serial_sum")),
-            speedup=_ratio(body.get("speedup")),
-            critical_path=CriticalPath(
-                tuple(str(g) for g in crit.get("gates", ())), _num(crit.get("duration"))
-            ),
-            work=_num(body.get("work")),
-            capacity_cpu=_num(body.get("capacity_cpu")),
-            lower_bound=_num(body.get("lower_bound")),
-            efficiency=_ratio(body.get("efficiency")),
-            cache_saved=_num(body.get("cache_saved")),
-            cache_hits=int(_num(body.get("cache_hits"))),
-            governor_wait=_num(body.get("governor_wait")),
-        )
-
-
-@dataclass(frozen=True)
-class BudgetMiss:
-    budget: str  # max_wall | min_speedup | gates.<id>.max_duration
-    limit: float
-    measured: float
-    message: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "budget": self.budget,
-            "limit": self.limit,
-            "measured": self.measured,
-            "message": self.message,
-        }
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The manifest's ``[budget]`` checked against the evidence."""
-
-    declared: bool = False
-    misses: tuple[BudgetMiss, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return not self.misses
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "declared": self.declared,
-            "ok": self.ok,
-            "misses": [m.to_json() for m in self.misses],
-        }
-
-    @classmethod
-    def from_json(cls, body: Any) -> Budget:
-        if not isinstance(body, dict):
-            return cls()
-        misses = tuple(
-            BudgetMiss(
-                str(m.get("budget")),
-                _num(m.get("limit")),
-                _num(m.get("measured")),
-                str(m.get("message")),
-            )
-            for m in body.get("misses", ())
-            if isinstance(m, dict)
-        )
-        return cls(bool(body.get("declared")), misses)
-
-
 @dataclass(kw_only=True)
 class RunRecord:
     """Everything ``run.json`` says; the report renders from this alone."""
@@ -403,8 +343,8 @@ class RunRecord:
     machine: dict[str, Any]
     governor: dict[str, Any]
     gates: list[GateResult]
-    speed: Speed = Speed()
-    budget: Budget = Budget()
+    speed: Speed = field(default_factory=Speed)
+    budget: Budget = field(default_factory=Budget)
     cache: dict[str, Any] = field(default_factory=dict)
     integration: RunIntegration | None = None  # what its integrations did (records/summary)
     options: dict[str, Any] = field(default_factory=dict)
