@@ -4,6 +4,7 @@ their own bubblewrap mount of the tree, by every process of theirs, whatever the
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +247,23 @@ def test_an_observation_round_trips_and_a_hostile_one_is_refused() -> None:
             Observation.from_json({**body, field: value})
     with pytest.raises(ValueError):
         Observation.from_json(["not", "an", "object"])  # type: ignore[arg-type]
+
+
+def test_a_gate_cancelled_while_running_leaves_no_observer_behind(
+    tmp_path: Path, observable: None
+) -> None:
+    """A speculation cancelled half-run (the queue does it every time a batch ahead fails):
+    its observer's reader thread and descriptors end with it; a thread left polling kept
+    the integrator's process from ever exiting."""
+    tree = tree_of(tmp_path)
+    gate = job(tmp_path, tree, "cancelled", "cat a.txt; sleep 30")
+
+    async def cancelled() -> None:
+        with trio.move_on_after(1.5):
+            await run_job(gate)
+
+    trio.run(cancelled)
+    left = [t for t in threading.enumerate() if t.name == "dagrunner-observe"]
+    for thread in left:
+        thread.join(timeout=5)
+    assert not [t for t in left if t.is_alive()]

@@ -175,7 +175,7 @@ class Observer:
             self.why = self.why or f"the observer could not attach ({exc})"
         # started even so: the calls the gate's filter tells of wait for an answer
         self._stop = os.pipe()
-        self._thread = threading.Thread(target=self._drain, name="dagrunner-observe")
+        self._thread = threading.Thread(target=self._drain, name="dagrunner-observe", daemon=True)
         self._thread.start()
         with contextlib.suppress(OSError):
             os.write(self._ours[1], b"x")  # the gate goes

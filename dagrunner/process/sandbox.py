@@ -408,12 +408,15 @@ async def _run(
                 await trio.to_thread.run_sync(watch.end, job.grace)
                 await process.wait()
         RUNNING.pop(token, None)
-        with contextlib.suppress(trio.ClosedResourceError, OSError):
-            await stdout.aclose()
-        watch.settle_cpu()
-        with trio.CancelScope(shield=True):  # the gate has ended: every event it made is queued
+        # Shielded, all of it: cancelled, each await here raised at once and left the
+        # observer's reader polling (the process could never exit) and the cgroups behind.
+        with trio.CancelScope(shield=True):
+            with contextlib.suppress(trio.ClosedResourceError, OSError):
+                await stdout.aclose()
+            watch.settle_cpu()
+            # the gate has ended: every event it made is queued
             observation = await trio.to_thread.run_sync(observer.finish)
-        await trio.to_thread.run_sync(box.remove)
+            await trio.to_thread.run_sync(box.remove)
     if survivors:
         log.note(f"processes {survivors} survived SIGKILL")
     if refused and process.returncode != 0:
