@@ -7,14 +7,16 @@ culprits among n, plus one confirmation each."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import git
-from test_integration import states
+from test_integration import states, worker
 from test_pipeline import recording
 from test_queue_volume import assert_every_landing_was_gated, breaking, naming_gate
 
+from dagrunner import watch
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.batching import FIRST, Sizer, group_size
 from dagrunner.integration.run import integrate
@@ -124,3 +126,44 @@ def test_batches_are_sized_by_generalized_binary_splitting() -> None:
     fixed = Sizer(fixed=3)
     fixed.judged(blamed=5)
     assert fixed.size == 3
+
+
+def test_a_failure_seen_whole_suspects_only_the_envelopes_that_changed_what_it_read(
+    project: Path, tmp_path: Path
+) -> None:
+    """Issue 46's blame from reads: a batch of 8 fails a check that names nothing; it was
+    seen to read ``.txt`` files only, so the four envelopes editing a page under ``docs/``
+    are no suspects: the suspects are gated apart at once (``named``), as named envelopes
+    are, and only they are narrowed; every envelope but the culprit lands."""
+    (project / "docs").mkdir()
+    for i in range(1, 9):
+        (project / f"n{i:02d}.txt").write_text(f"{i}\n")
+        (project / "docs" / f"d{i:02d}.md").write_text(f"# {i}\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "files to edit")
+    base = git(project, "rev-parse", "main").strip()
+    pages = {2, 4, 5, 7}
+
+    def edit(i: int) -> Callable[[Path], None]:
+        def change(path: Path) -> None:
+            page, text = path / "docs" / f"d{i:02d}.md", f"# {i}, edited\n"
+            (page if i in pages else path / f"n{i:02d}.txt").write_text(
+                "BROKEN\n" if i == 6 else text
+            )
+
+        return change
+
+    submit(repo_info(project), [worker(project, f"n{i:02d}", edit(i)) for i in range(1, 9)])
+    gate = tmp_path / "seen.toml"  # keyed by the tree: observed; nothing kept between runs
+    gate.write_text(
+        '[gates.check]\ninputs = ["**"]\nrun = "sleep 0.1; ! grep -rq BROKEN --include=*.txt ."\n'
+    )
+    integrate(repo=project, manifest=gate, batch=8, window=2)
+    final = states(project)
+    assert {k for k, v in final.items() if v != "landed"} == {"n06"}, final
+    assert final["n06"] == "gates-failed", final
+    # grep -q stops at the first BROKEN: what it had read by then is what it read
+    named = {e.worker for e in watch(repo=project, follow=False) if e.event == "named"}
+    assert "n06" in named and named <= {"n01", "n03", "n06", "n08"}, named
+    landed = git(project, "rev-list", "--count", f"{base}..main").strip()
+    assert landed != "0"

@@ -271,7 +271,9 @@ class GateRunner:
             return Outcome(status=Status.FAILED, reason="no attempt ran", command=command)
         attempts[-1] = replace(attempts[-1], log=f"logs/{node}.log")
         self.cache.seen_reading(node, result.observation, warm=warm)  # before its proof
-        outcome = replace(judge(gate, tuple(attempts), command), cache=self.cache.miss_proof(node))
+        outcome = judge(gate, tuple(attempts), command)
+        failed = outcome.status is Status.FAILED
+        outcome = replace(outcome, cache=self.cache.miss_proof(node, failed=failed))
         if gate.junit is None:  # a failure's tests named from its output, where it says them
             if outcome.status is not Status.FAILED:
                 return outcome

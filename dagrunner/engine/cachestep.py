@@ -373,12 +373,15 @@ class RunCache:
             return {}
         return {g: p.key for g, p in self.all_keys.items() if isinstance(p, KeyParts)}
 
-    def miss_proof(self, gate: str) -> CacheProof:
-        proof = self.proof(gate)
-        if not proof.cacheable:
-            return proof
+    def miss_proof(self, gate: str, *, failed: bool = False) -> CacheProof:
+        """A run's proof; a failed run seen whole names the files it read (the queue
+        suspects only the envelopes of a failed batch that changed one of them)."""
+        proof, seen = self.proof(gate), self.seen.get(gate)
         why = "cache reads disabled (--no-cache)" if not self.read else "no entry"
-        return replace(proof, hit=False, reason=why)
+        if failed and seen and proof.observed and proof.observed.get("keyed_by") == "reads":
+            paths = sorted(self.stands.get(gate, ()))
+            proof = replace(proof, observed={**proof.observed, "paths": paths})
+        return replace(proof, hit=False, reason=why) if proof.cacheable else proof
 
     def verdict_key(self, verdict: str) -> str:
         """Where a verdict key's pass is stored: in an untrusted tree, scoped to it (it holds

@@ -42,7 +42,7 @@ import trio
 from dagrunner.integration.items import NOT_STARTED, Finished, Item, Stage
 from dagrunner.integration.queue import URGENT, JournalLine, Queue
 from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
-from dagrunner.records.run import RunRecord
+from dagrunner.records.run import RunRecord, Status
 from dagrunner.report.logtail import Mentions, failing_lines, read_log
 
 if TYPE_CHECKING:
@@ -61,9 +61,41 @@ def named(envelopes: Sequence[Envelope], record: RunRecord, run_dir: Path) -> fr
     """The ids of the envelopes of a failed batch that its failure names (``Mentions``: a file
     one of them changes, in its failing gates' failed test cases or the lines of their log
     tails that say what failed or where), or none when more than half of them are named
-    (that names nothing).  The words are the gates' own, not to be trusted: they only choose
-    which envelopes are gated apart first; an envelope is still blamed only for a tree of
-    its own that failed, confirmed."""
+    (that names nothing); naming none, the suspects by reads (``read_suspects``).  The
+    words are the gates' own, not to be trusted: they only choose which envelopes are gated
+    apart first; an envelope is still blamed only for a tree of its own that failed,
+    confirmed."""
+    return _mentioned(envelopes, record, run_dir) or read_suspects(envelopes, record)
+
+
+def read_suspects(envelopes: Sequence[Envelope], record: RunRecord) -> frozenset[str]:
+    """The envelopes of a failed batch that changed a file its failing gates were seen to
+    read (what they read stands for: a module's source for its bytecode), or that add,
+    remove, rename or change the mode of any path (what a ``stat`` finds is not seen);
+    none when a failing gate was not seen whole, or when all are suspects.  The others,
+    editing only files the failure did not read, are gated apart at once, as the named are
+    (the suspects first).  An envelope's own account of its changes is a hostile worker's
+    word: it only chooses which are gated apart; a tree is judged by its gates alone."""
+    read: set[str] = set()
+    for gate in record.gates:
+        if gate.status.ok or gate.status in (Status.SKIPPED, Status.CANCELLED):
+            continue  # passed, or did not fail on its own: behind a need, or fail-fast
+        seen = gate.cache.observed if gate.cache is not None else None
+        if not seen or "paths" not in seen:  # not seen whole: anything may be its cause
+            return frozenset()
+        read.update(seen["paths"])
+
+    def suspect(change: dict[str, object]) -> bool:
+        plain = change.get("kind") == "modified" and change.get("mode") == change.get("old_mode")
+        return not plain or change.get("path") in read or change.get("old_path") in read
+
+    suspects = frozenset(
+        e.id for e in envelopes if any(map(suspect, e.fields.get("changed_files", ())))
+    )
+    return suspects if len(suspects) < len(envelopes) else frozenset()
+
+
+def _mentioned(envelopes: Sequence[Envelope], record: RunRecord, run_dir: Path) -> frozenset[str]:
     words: list[str] = []
     for gate in record.gates:
         if not gate.status.ok:
