@@ -267,7 +267,9 @@ class RunCache:
         if hit is None or chosen is None:
             flights = self.flights
             if flights is not None and gate not in self.waited:
-                flight = [c.key for c in found] + [parts.flight] * self.by_read(gate, parts)
+                # not in the queue: its trees' envelopes are mostly read (made it serial)
+                shaped = self.by_read(gate, parts) and self.scope is None
+                flight = [c.key for c in found] + [parts.flight] * shaped
                 for key in flight:
                     if key in flights.running:
                         # once: a flight that ends without a pass leaves this run to compute
@@ -374,11 +376,10 @@ class RunCache:
         return {g: p.key for g, p in self.all_keys.items() if isinstance(p, KeyParts)}
 
     def miss_proof(self, gate: str, *, failed: bool = False) -> CacheProof:
-        """A run's proof; a failed run seen whole names the files it read (the queue
-        suspects only the envelopes of a failed batch that changed one of them)."""
-        proof, seen = self.proof(gate), self.seen.get(gate)
+        """A run's proof; a failed run seen whole lists what it read (``read_suspects``)."""
+        proof = self.proof(gate)
         why = "cache reads disabled (--no-cache)" if not self.read else "no entry"
-        if failed and seen and proof.observed and proof.observed.get("keyed_by") == "reads":
+        if failed and proof.observed and proof.observed.get("keyed_by") == "reads":
             paths = sorted(self.stands.get(gate, ()))
             proof = replace(proof, observed={**proof.observed, "paths": paths})
         return replace(proof, hit=False, reason=why) if proof.cacheable else proof
