@@ -63,6 +63,7 @@ class Scenario:
     flaky: tuple[str, ...]  # gates that fail the first run on about a third of trees
     red: bool  # the target itself fails the docs gate
     hostile: bool  # the check runs what its tool cache holds
+    observed: bool = False  # gates keyed by the tree: by what they are seen to read (issue 46)
 
     @classmethod
     def of(cls, seed: int) -> Scenario:
@@ -88,6 +89,7 @@ class Scenario:
             flaky=tuple(g for g in ("lint", "check") if rng.random() < 0.4),
             red=rng.random() < 0.25,
             hostile=hostile,
+            observed=rng.random() < 0.5,  # drawn last: the seeds' other draws stay as they were
         )
 
     def manifest(self, state: Path) -> str:
@@ -119,7 +121,11 @@ class Scenario:
             )
 
         def gate(name: str, run: str, needs: str = "") -> str:  # a TOML literal string
-            return f"[gates.{name}]\nrun = '''{run}'''\n" + (
+            keyed = ""
+            if self.observed:  # keyed by its reads; only a flaky gate keeps a folder
+                keyed = 'inputs = ["**"]\n'
+                keyed += f'writable = ["{state}"]\n' if name in self.flaky else ""
+            return f"[gates.{name}]\nrun = '''{run}'''\n{keyed}" + (
                 f'needs = ["{needs}"]\n' if needs else ""
             )
 
@@ -135,7 +141,8 @@ class Scenario:
             gates.append(gate("slow", "sleep 0.6; ! grep -rq BROKEN --include=*.txt ."))
         if self.red:
             gates.append(gate("docs", "! grep -rq REDMARK --include=*.txt ."))
-        head = f'[sandbox]\nwritable = ["{state}"]\n\n[integrate]\nbaseline = "{self.baseline}"\n'
+        shared = "" if self.observed else f'[sandbox]\nwritable = ["{state}"]\n\n'
+        head = f'{shared}[integrate]\nbaseline = "{self.baseline}"\n'
         return head + "\n" + "\n".join(gates)
 
     def passes_alone(self, worker: Worker) -> bool:
