@@ -54,7 +54,9 @@ class Served:
     """What a service did before it stopped."""
 
     target: str
-    runs: list[IntegrationResult] = field(default_factory=list)
+    # how many runs, not their results: a service lives for weeks, and each result (every
+    # item's outcome) went to ``on_run`` already
+    runs: int = 0
     stopped_by: str = ""
     errors: list[DagrunnerError] = field(default_factory=list)  # runs that could not start
 
@@ -152,7 +154,7 @@ def _drain(
         finally:
             if gauges is not None:
                 gauges.in_flight, gauges.runs = 0, gauges.runs + 1
-        served.runs.append(result)
+        served.runs += 1
         if on_run is not None:
             on_run(result)
         if result.interrupted:

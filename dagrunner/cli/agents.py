@@ -76,6 +76,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         prune_keep=args.prune_keep,
     )
     if not args.json:
-        print(f"stopped ({served.stopped_by or 'done'}) after {len(served.runs)} run(s)")
+        print(f"stopped ({served.stopped_by or 'done'}) after {served.runs} run(s)")
     # stopped by a signal, as `integrate run` is: 130 (a service stops no other way)
     return ExitCode.INTERRUPTED if served.stopped_by else ExitCode.OK
