@@ -285,7 +285,11 @@ def stands_for(
     above); ``neutral`` folders hold nothing a verdict depends on; any other makes the
     observation incomplete."""
     found: set[str] = set()
-    folders = {above for path in written for above in _up(path)[1:]}
+    # the folders above what a need wrote, but those holding a file of the snapshot: a
+    # folder of the tree (``tests/``, where a need read its conftest) is listed for its
+    # names, ignored ones too, whoever else opened a file in it
+    paths = sorted(ids)
+    folders = {above for path in written for above in _up(path)[1:] if not _holds(paths, above)}
     for path in sorted(seen.read | seen.listed):
         if path in ids and (path not in before.untracked or path in written):
             found.add(path)
