@@ -60,3 +60,53 @@ def test_a_need_reading_in_a_folder_does_not_unkey_the_gates_listing_of_it(
     assert oracle == "failed"
     cached = statuses(capsys, repo, NEED_LISTS)["test"]
     assert cached == oracle, "a stale pass: the gate's listing of tests/ was not in its key"
+
+
+# A gate process that reads ``conf``, then renames it away and back: the observer names an
+# open when it reads the event (``/proc/self/fd``), so with its queue busy (a burst of new
+# files first) the read is recorded under the passing name, a file "the gate made new" that
+# counts for nothing, and ``conf`` is left out of the read set.
+RENAMES = """\
+import os, sys, time
+os.makedirs("junk", exist_ok=True)
+for n in range(12000):
+    os.close(os.open(f"junk/{n}", os.O_CREAT | os.O_WRONLY))
+time.sleep(1)
+for n in range(12000):  # a burst of opens: the observer reads its queue behind them
+    os.close(os.open(f"junk/{n}", os.O_RDONLY))
+data = open("conf").read()
+os.rename("conf", "conf.away")
+time.sleep(1.5)
+os.rename("conf.away", "conf")
+sys.exit(1 if "bad" in data else 0)
+"""
+RENAMING = """
+    [env]
+    pass = ["PATH"]
+    [gates.test]
+    run = ["{py}", "renames.py"]
+    inputs = ["**"]
+"""
+
+
+@pytest.mark.xfail(
+    reason="open: the observer names an open when it reads the event (see the review); "
+    "racy, so not strict",
+    strict=False,
+)
+def test_a_file_renamed_away_and_back_while_its_event_waits_is_still_read(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "renames.py").write_text(RENAMES)
+    (repo / "conf").write_text("good\n")
+    (repo / ".gitignore").write_text("junk/\n__pycache__/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    manifest = RENAMING.format(py=PY)
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "conf").write_text("bad\n")
+    oracle = statuses(capsys, repo, manifest, "--no-cache")["test"]
+    assert oracle == "failed"
+    cached = statuses(capsys, repo, manifest)["test"]
+    assert cached == oracle, "a stale pass: conf was read under the name it had for a moment"
