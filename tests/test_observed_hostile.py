@@ -4,6 +4,7 @@ where ``--no-cache`` fails."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,39 @@ def test_a_file_renamed_away_and_back_while_its_event_waits_is_still_read(
     assert oracle == "failed"
     cached = statuses(capsys, repo, manifest)["test"]
     assert cached == oracle, "a stale pass: conf was read under the name it had for a moment"
+
+
+# Two gates of one run share the tree: one reads ``conf`` and leaves what it found in an
+# ignored file, the other waits for that file (``test -e``: a stat, not seen) and reads it.
+# The reader's open is of a file "the gate made new in this run", which counts for
+# nothing; but another gate made it, so the reader's verdict depends on ``conf`` unkeyed.
+RELAY = """
+    [env]
+    pass = ["PATH"]
+    [gates.relay]
+    run = "mkdir -p junk; cat conf > junk/answer.part; mv junk/answer.part junk/answer"
+    inputs = ["**"]
+    [gates.test]
+    run = "n=0; until test -e junk/answer; do sleep 0.05; n=$((n+1)); test $n -lt 200 || exit 2; done; ! grep -q bad junk/answer"
+    inputs = ["**"]
+"""
+
+
+def test_a_file_another_gate_wrote_in_this_run_is_no_file_the_gate_made(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "conf").write_text("good\n")
+    (repo / ".gitignore").write_text("junk/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+
+    def run(*args: str) -> str:
+        shutil.rmtree(repo / "junk", ignore_errors=True)  # a clean checkout each time
+        return statuses(capsys, repo, RELAY, "--jobs", "2", *args)["test"]
+
+    assert run() == "passed"
+    (repo / "conf").write_text("bad\n")
+    oracle = run("--no-cache")
+    assert oracle == "failed"
+    assert run() == oracle, "a stale pass: the gate read conf through another gate's file"
