@@ -23,7 +23,9 @@ def observed(repo: Path) -> Path:
     return repo
 
 
-def statuses(capsys: pytest.CaptureFixture[str], repo: Path, manifest: str, *args: str) -> dict[str, str]:
+def statuses(
+    capsys: pytest.CaptureFixture[str], repo: Path, manifest: str, *args: str
+) -> dict[str, str]:
     _, body, _ = check(capsys, repo, manifest, *args)
     found: dict[str, Any] = {g["id"]: g["status"] for g in body["gates"]}
     return found
@@ -129,6 +131,10 @@ RELAY = """
 """
 
 
+@pytest.mark.xfail(
+    reason="open: a file made new in the run is taken for the gate's own (see the review)",
+    strict=True,
+)
 def test_a_file_another_gate_wrote_in_this_run_is_no_file_the_gate_made(
     capsys: pytest.CaptureFixture[str], observed: Path
 ) -> None:
@@ -147,3 +153,58 @@ def test_a_file_another_gate_wrote_in_this_run_is_no_file_the_gate_made(
     oracle = run("--no-cache")
     assert oracle == "failed"
     assert run() == oracle, "a stale pass: the gate read conf through another gate's file"
+
+
+# A need with narrower inputs is observed but not held to ``stands_for``: every file it
+# opened, an ignored cache held before the run included, is "the need's" for the gates after
+# it.  A gate whose tool trusts that cache by ``stat`` then opens only what changed, and an
+# edit of a file it only stat-ed is answered from a read set that never held it.
+STATCACHE = """\
+import json, os, sys
+try:
+    seen = json.load(open(".statcache"))
+except (OSError, ValueError):
+    seen = {}
+bad = False
+for name in ["f1", "f2"]:
+    st = os.stat(name)
+    stamp = [st.st_mtime_ns, st.st_size]
+    if seen.get(name, [None])[0] != stamp:
+        seen[name] = [stamp, "bad" in open(name).read()]
+    bad = bad or seen[name][1]
+json.dump(seen, open(".statcache", "w"))
+sys.exit(1 if bad else 0)
+"""
+PEEKS = """
+    [env]
+    pass = ["PATH"]
+    [gates.peek]
+    run = "cat f1 .statcache > /dev/null 2>&1; true"
+    inputs = ["f1"]
+    [gates.test]
+    run = ["{py}", "statcache.py"]
+    inputs = ["**"]
+    needs = ["peek"]
+"""
+
+
+def test_a_cache_a_narrow_need_opened_does_not_stand_for_nothing(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "statcache.py").write_text(STATCACHE)
+    (repo / "f1").write_text("good\n")
+    (repo / "f2").write_text("good\n")
+    (repo / ".gitignore").write_text(".statcache\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    manifest = PEEKS.format(py=PY)
+    assert statuses(capsys, repo, manifest)["test"] == "passed"  # cold: opens f1, f2
+    (repo / "f1").write_text("good, once more\n")  # peek runs; test opens only f1 now
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "f2").write_text("bad, and longer\n")  # test only stat-ed f2 last time
+    cached = statuses(capsys, repo, manifest)["test"]
+    (repo / ".statcache").unlink()
+    oracle = statuses(capsys, repo, manifest, "--no-cache")["test"]
+    assert oracle == "failed"
+    assert cached == oracle, "a stale pass: the need's open of .statcache excused the gate's"
