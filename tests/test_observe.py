@@ -121,6 +121,18 @@ def test_two_gates_at_once_in_one_tree_each_see_only_their_own(
     assert seen["second"] == Observation(complete=True, read=frozenset({"unread.txt"}))
 
 
+def test_what_a_gate_wrote_is_told_apart_from_what_it_only_opened(
+    tmp_path: Path, observable: None
+) -> None:
+    """Only a need's writes are excused for the gates after it (``stands_for``): a file it
+    only opened, a cache it read, is not its to answer for."""
+    tree = tree_of(tmp_path)
+    gate = job(tmp_path, tree, "writes", "cat a.txt > /dev/null; echo made > made.txt")
+    assert run(gate).observation == Observation(
+        complete=True, read=frozenset({"a.txt", "made.txt"}), wrote=frozenset({"made.txt"})
+    )
+
+
 def test_a_writable_place_inside_the_tree_is_a_mount_of_its_own_and_seen_too(
     tmp_path: Path, observable: None
 ) -> None:
@@ -232,16 +244,27 @@ def test_unobservable_gate_runs_and_says_why(tmp_path: Path) -> None:
 
 def test_an_observation_round_trips_and_a_hostile_one_is_refused() -> None:
     seen = Observation(
-        complete=True, read=frozenset({"a.txt", "sub/b c.txt"}), listed=frozenset({""})
+        complete=True,
+        read=frozenset({"a.txt", "sub/b c.txt"}),
+        listed=frozenset({""}),
+        wrote=frozenset({"a.txt"}),
     )
     body = seen.to_json()
-    assert body == {"complete": True, "why": "", "read": ["a.txt", "sub/b c.txt"], "listed": [""]}
+    assert body == {
+        "complete": True,
+        "why": "",
+        "read": ["a.txt", "sub/b c.txt"],
+        "listed": [""],
+        "wrote": ["a.txt"],
+    }
     assert Observation.from_json(body) == seen
     for bad in ("../x", "/etc/passwd", "a/../../x", "a//b", "a/", "./a", 3, None, "a\0b"):
         with pytest.raises(ValueError):
             Observation.from_json({**body, "read": [bad]})
         with pytest.raises(ValueError):
             Observation.from_json({**body, "listed": [bad]})
+        with pytest.raises(ValueError):
+            Observation.from_json({**body, "wrote": [bad]})
     for field, value in (("complete", "yes"), ("why", 1), ("read", "a.txt"), ("listed", {})):
         with pytest.raises(ValueError):
             Observation.from_json({**body, field: value})

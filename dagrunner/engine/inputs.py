@@ -281,7 +281,7 @@ def stands_for(
     snapshot before the gate ran (an ignored cache: bytecode, ``target/``, ``.eslintcache``)
     may stand for files the gate only stat-ed, which no observer sees: bytecode is its
     source, a seed's folder its key files; a file a need wrote in this run is the need's
-    (its key is in the gate's: ``written`` holds what needs that ran opened, and the folders
+    (its key is in the gate's: ``written`` holds what needs that ran wrote, and the folders
     above); ``neutral`` folders hold nothing a verdict depends on; any other makes the
     observation incomplete."""
     found: set[str] = set()

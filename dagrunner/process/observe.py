@@ -44,7 +44,8 @@ from dagrunner.records.run import Observation
 FAN_CLOEXEC, FAN_NONBLOCK, FAN_CLASS_NOTIF = 0x1, 0x2, 0x0
 FAN_MARK_ADD, FAN_MARK_MOUNT = 0x1, 0x10
 FAN_OPEN, FAN_OPEN_EXEC, FAN_Q_OVERFLOW, FAN_ONDIR = 0x20, 0x1000, 0x4000, 0x40000000
-MASK = FAN_OPEN | FAN_OPEN_EXEC | FAN_ONDIR
+FAN_CLOSE_WRITE = 0x8  # what the gate wrote: only that of a need is excused for its gates
+MASK = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE | FAN_ONDIR
 _CLOSER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dagrunner-observe")
 EVENT = struct.Struct("IBBHQii")  # fanotify_event_metadata: len, vers, _, len, mask, fd, pid
 FANOTIFY_VERSION = 3
@@ -129,6 +130,7 @@ class Observer:
         self._fan = self._ns = -1
         self._read: set[str] = set()
         self._listed: set[str] = set()
+        self._wrote: set[str] = set()  # files closed after being opened to write
         self._git: list[str] = []  # git databases bound outside the tree, marked too
         self._thread: threading.Thread | None = None
         self._stop: tuple[int, ...] = ()  # a pipe: written when the gate has ended
@@ -256,13 +258,13 @@ class Observer:
                     continue
                 try:
                     if not self.why:  # incomplete already: the rest is only closed
-                        self._place(fd)
+                        self._place(fd, mask)
                 except OSError as exc:
                     self.why = f"an open the observer could not name ({exc})"
                 finally:
                     os.close(fd)
 
-    def _place(self, fd: int) -> None:
+    def _place(self, fd: int, mask: int) -> None:
         path = os.readlink(f"/proc/self/fd/{fd}")
         found = os.fstat(fd)  # FAN_ONDIR is in the event's mask only for FID groups
         folder = stat.S_ISDIR(found.st_mode)
@@ -278,7 +280,10 @@ class Observer:
         elif folder:
             self._listed.add(rel)
         else:
-            self._read.add(rel)
+            if mask & (FAN_OPEN | FAN_OPEN_EXEC):
+                self._read.add(rel)
+            if mask & FAN_CLOSE_WRITE:
+                self._wrote.add(rel)
 
     def finish(self) -> Observation | None:
         """The observation (None when none was asked for); closes everything."""
@@ -293,7 +298,7 @@ class Observer:
         if self.why:
             return Observation(complete=False, why=self.why)
         return Observation(complete=True, read=frozenset(self._read),
-                           listed=frozenset(self._listed))  # fmt: skip
+                           listed=frozenset(self._listed), wrote=frozenset(self._wrote))  # fmt: skip
 
     def close(self) -> None:
         self.started()

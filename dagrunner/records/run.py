@@ -146,6 +146,7 @@ class Observation:
     why: str = ""  # why it is incomplete, one line for people ("" when complete)
     read: frozenset[str] = frozenset()  # files opened (to read, write or execute)
     listed: frozenset[str] = frozenset()  # folders opened (listed, or a base of lookups)
+    wrote: frozenset[str] = frozenset()  # files closed after an open to write (in ``read``)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -153,6 +154,7 @@ class Observation:
             "why": self.why,
             "read": sorted(self.read),
             "listed": sorted(self.listed),
+            "wrote": sorted(self.wrote),
         }
 
     @classmethod
@@ -169,6 +171,7 @@ class Observation:
             why=why,
             read=_tree_paths(data.get("read", ()), "read"),
             listed=_tree_paths(data.get("listed", ()), "listed"),
+            wrote=_tree_paths(data.get("wrote", ()), "wrote"),
         )
 
 
