@@ -128,8 +128,9 @@ def test_what_a_gate_wrote_is_told_apart_from_what_it_only_opened(
     only opened, a cache it read, is not its to answer for."""
     tree = tree_of(tmp_path)
     gate = job(tmp_path, tree, "writes", "cat a.txt > /dev/null; echo made > made.txt")
+    made = frozenset({"made.txt"})  # written, and a file born while the gate ran
     assert run(gate).observation == Observation(
-        complete=True, read=frozenset({"a.txt", "made.txt"}), wrote=frozenset({"made.txt"})
+        complete=True, read=frozenset({"a.txt", "made.txt"}), wrote=made, new=made
     )
 
 
@@ -248,6 +249,7 @@ def test_an_observation_round_trips_and_a_hostile_one_is_refused() -> None:
         read=frozenset({"a.txt", "sub/b c.txt"}),
         listed=frozenset({""}),
         wrote=frozenset({"a.txt"}),
+        new=frozenset({"a.txt"}),
     )
     body = seen.to_json()
     assert body == {
@@ -256,6 +258,7 @@ def test_an_observation_round_trips_and_a_hostile_one_is_refused() -> None:
         "read": ["a.txt", "sub/b c.txt"],
         "listed": [""],
         "wrote": ["a.txt"],
+        "new": ["a.txt"],
     }
     assert Observation.from_json(body) == seen
     for bad in ("../x", "/etc/passwd", "a/../../x", "a//b", "a/", "./a", 3, None, "a\0b"):
@@ -265,6 +268,8 @@ def test_an_observation_round_trips_and_a_hostile_one_is_refused() -> None:
             Observation.from_json({**body, "listed": [bad]})
         with pytest.raises(ValueError):
             Observation.from_json({**body, "wrote": [bad]})
+        with pytest.raises(ValueError):
+            Observation.from_json({**body, "new": [bad]})
     for field, value in (("complete", "yes"), ("why", 1), ("read", "a.txt"), ("listed", {})):
         with pytest.raises(ValueError):
             Observation.from_json({**body, field: value})

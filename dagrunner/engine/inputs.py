@@ -314,6 +314,11 @@ def stands_for(
         elif not before.held(path, folder=folder):
             if folder:  # its names count, ignored ones too (a test file git ignores)
                 found.add(f"{path}/")
+            elif path not in seen.new:  # a new name of an older file: a link, a rename
+                return frozenset(), (
+                    f"it opened {path}, a name the tree did not hold of a file older than "
+                    "its run (a link to or a rename of a file it did not open by its name)"
+                )
         else:
             return frozenset(), (
                 f"it opened {path}, which the tree held outside its snapshot before it ran "

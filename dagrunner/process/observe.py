@@ -33,6 +33,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -64,7 +65,33 @@ def _libc() -> ctypes.CDLL:
     libc.fanotify_mark.argtypes = [
         ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p,
     ]  # fmt: skip
+    libc.statx.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.c_char_p,
+    ]
     return libc
+
+
+AT_EMPTY_PATH, STATX_BTIME, STATX_BTIME_AT = 0x1000, 0x800, 80  # struct statx: stx_btime at 80
+CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)  # Linux's; Python 3.13 names it
+
+
+def _born(fd: int) -> int | None:
+    """When the open file ``fd``'s inode was made (ns since the epoch), None if unknown."""
+    out = ctypes.create_string_buffer(256)
+    try:
+        if _libc().statx(fd, b"", AT_EMPTY_PATH, STATX_BTIME, out) != 0:
+            return None
+    except AttributeError:  # a C library without statx
+        return None
+    (mask,) = struct.unpack_from("I", out.raw, 0)
+    if not mask & STATX_BTIME:
+        return None
+    sec, nsec = struct.unpack_from("qI", out.raw, STATX_BTIME_AT)
+    return sec * 1_000_000_000 + nsec
 
 
 def _fanotify() -> int:
@@ -131,6 +158,10 @@ class Observer:
         self._read: set[str] = set()
         self._listed: set[str] = set()
         self._wrote: set[str] = set()  # files closed after being opened to write
+        # files whose inode was made while the gate ran (a name the tree did not hold, of
+        # an older inode, is a link or a rename of a file of the tree: ``stands_for``)
+        self._new: set[str] = set()
+        self._start = 0  # the file system's clock (coarse) when the gate was let go
         self._git: list[str] = []  # git databases bound outside the tree, marked too
         self._thread: threading.Thread | None = None
         self._stop: tuple[int, ...] = ()  # a pipe: written when the gate has ended
@@ -176,6 +207,8 @@ class Observer:
         except Exception as exc:  # a bug here must not fail the gate: it is unobserved
             self.why = self.why or f"the observer could not attach ({exc})"
         # started even so: the calls the gate's filter tells of wait for an answer
+        # the clock inodes are stamped with: a file the gate makes is born at or after it
+        self._start = time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
         self._stop = os.pipe()
         self._thread = threading.Thread(target=self._drain, name="dagrunner-observe", daemon=True)
         self._thread.start()
@@ -284,6 +317,9 @@ class Observer:
                 self._read.add(rel)
             if mask & FAN_CLOSE_WRITE:
                 self._wrote.add(rel)
+            born = _born(fd)
+            if born is not None and born >= self._start:
+                self._new.add(rel)
 
     def finish(self) -> Observation | None:
         """The observation (None when none was asked for); closes everything."""
@@ -298,7 +334,8 @@ class Observer:
         if self.why:
             return Observation(complete=False, why=self.why)
         return Observation(complete=True, read=frozenset(self._read),
-                           listed=frozenset(self._listed), wrote=frozenset(self._wrote))  # fmt: skip
+                           listed=frozenset(self._listed), wrote=frozenset(self._wrote),
+                           new=frozenset(self._new))  # fmt: skip
 
     def close(self) -> None:
         self.started()

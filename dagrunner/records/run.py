@@ -147,6 +147,7 @@ class Observation:
     read: frozenset[str] = frozenset()  # files opened (to read, write or execute)
     listed: frozenset[str] = frozenset()  # folders opened (listed, or a base of lookups)
     wrote: frozenset[str] = frozenset()  # files closed after an open to write (in ``read``)
+    new: frozenset[str] = frozenset()  # files of ``read`` whose inode was made during the run
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -155,6 +156,7 @@ class Observation:
             "read": sorted(self.read),
             "listed": sorted(self.listed),
             "wrote": sorted(self.wrote),
+            "new": sorted(self.new),
         }
 
     @classmethod
@@ -172,6 +174,7 @@ class Observation:
             read=_tree_paths(data.get("read", ()), "read"),
             listed=_tree_paths(data.get("listed", ()), "listed"),
             wrote=_tree_paths(data.get("wrote", ()), "wrote"),
+            new=_tree_paths(data.get("new", ()), "new"),
         )
 
 
