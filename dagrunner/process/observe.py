@@ -91,7 +91,7 @@ def _born(fd: int) -> int | None:
     if not mask & STATX_BTIME:
         return None
     sec, nsec = struct.unpack_from("qI", out.raw, STATX_BTIME_AT)
-    return sec * 1_000_000_000 + nsec
+    return int(sec) * 1_000_000_000 + int(nsec)
 
 
 def _fanotify() -> int:
