@@ -65,13 +65,9 @@ def _libc() -> ctypes.CDLL:
     libc.fanotify_mark.argtypes = [
         ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p,
     ]  # fmt: skip
-    libc.statx.argtypes = [
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_uint,
-        ctypes.c_char_p,
-    ]
+    with contextlib.suppress(AttributeError):  # no statx: no birth times (``_born``)
+        libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                               ctypes.c_char_p]  # fmt: skip
     return libc
 
 
