@@ -301,7 +301,9 @@ def stands_for(
             )
         compiled = PYCACHE.match(path)
         source = f"{compiled['dir']}{compiled['name']}.py" if compiled else ""
-        if source in ids:
+        # bytecode held before the run, or made in it: not an older file linked or renamed
+        # to a bytecode name (its content would go unkeyed)
+        if source in ids and (path in seen.new or before.held(path)):
             found.add(source)
             continue
         if path.endswith("__pycache__") and path in seen.listed:

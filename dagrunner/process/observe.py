@@ -157,6 +157,7 @@ class Observer:
         # files whose inode was made while the gate ran (a name the tree did not hold, of
         # an older inode, is a link or a rename of a file of the tree: ``stands_for``)
         self._new: set[str] = set()
+        self._inodes: dict[str, set[tuple[int, int]]] = {}  # the older ones, by the name read
         self._start = 0  # the file system's clock (coarse) when the gate was let go
         self._git: list[str] = []  # git databases bound outside the tree, marked too
         self._thread: threading.Thread | None = None
@@ -306,16 +307,46 @@ class Observer:
             self.why = self.why or f"an open the observer could not place ({path!r})"
         elif ".git" in rel.split("/"):
             self.why = self.why or GIT
-        elif folder:
-            self._listed.add(rel)
         else:
-            if mask & (FAN_OPEN | FAN_OPEN_EXEC):
-                self._read.add(rel)
-            if mask & FAN_CLOSE_WRITE:
-                self._wrote.add(rel)
             born = _born(fd)
             if born is not None and born >= self._start:
                 self._new.add(rel)
+            else:  # its name is read now, not when it was opened: checked once the gate ends
+                self._inodes.setdefault(rel, set()).add((found.st_dev, found.st_ino))
+            if folder:
+                self._listed.add(rel)
+            elif mask & (FAN_OPEN | FAN_OPEN_EXEC):
+                self._read.add(rel)
+            if not folder and mask & FAN_CLOSE_WRITE:
+                self._wrote.add(rel)
+
+    def _renamed(self) -> str:
+        """A name of an older file or folder the gate opened that holds another now (or
+        none): it was renamed or swapped while its event waited, so the name may be wrong
+        ('' when each still holds what was opened)."""
+        for rel, inodes in sorted(self._inodes.items()):
+            try:
+                now = os.lstat(os.path.join(self.tree, rel) if rel else self.tree)
+            except OSError:
+                return rel
+            if {(now.st_dev, now.st_ino)} == inodes:
+                continue
+            # bytecode is rewritten by replacing it: a new file under the name is the gate's
+            if not (rel.endswith(".pyc") and _replaced(now.st_ino, rel, self)):
+                return rel
+        return ""
+
+    def born_in_run(self, path: str) -> bool:
+        """Whether the file at ``path`` (in the tree) was made while the gate ran."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            born = _born(fd)
+        finally:
+            os.close(fd)
+        return born is not None and born >= self._start
 
     def finish(self) -> Observation | None:
         """The observation (None when none was asked for); closes everything."""
@@ -327,6 +358,8 @@ class Observer:
         elif not self.why:
             self.why = "the gate was not observed (it did not start, or was stopped first)"
         self.close()
+        if not self.why and (moved := self._renamed()):
+            self.why = f"{moved} was renamed, replaced or removed while the gate ran"
         if self.why:
             return Observation(complete=False, why=self.why)
         return Observation(complete=True, read=frozenset(self._read),
@@ -341,6 +374,12 @@ class Observer:
         # A fanotify group with marks, and a mount namespace, each wait for the kernel's
         # grace period when closed (15 ms a gate): apart, the gate's result does not wait.
         _CLOSER.submit(_close, fds)
+
+
+def _replaced(inode: int, rel: str, observer: Observer) -> bool:
+    """Whether ``rel`` now holds a file the gate made (``inode``'s, born in the run)."""
+    path = os.path.join(observer.tree, rel)
+    return observer.born_in_run(path) and os.lstat(path).st_ino == inode
 
 
 def _close(fds: list[int]) -> None:
