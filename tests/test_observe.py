@@ -121,6 +121,19 @@ def test_two_gates_at_once_in_one_tree_each_see_only_their_own(
     assert seen["second"] == Observation(complete=True, read=frozenset({"unread.txt"}))
 
 
+def test_what_a_gate_wrote_is_told_apart_from_what_it_only_opened(
+    tmp_path: Path, observable: None
+) -> None:
+    """Only a need's writes are excused for the gates after it (``stands_for``): a file it
+    only opened, a cache it read, is not its to answer for."""
+    tree = tree_of(tmp_path)
+    gate = job(tmp_path, tree, "writes", "cat a.txt > /dev/null; echo made > made.txt")
+    made = frozenset({"made.txt"})  # written, and a file born while the gate ran
+    assert run(gate).observation == Observation(
+        complete=True, read=frozenset({"a.txt", "made.txt"}), wrote=made, new=made
+    )
+
+
 def test_a_writable_place_inside_the_tree_is_a_mount_of_its_own_and_seen_too(
     tmp_path: Path, observable: None
 ) -> None:
@@ -195,14 +208,21 @@ def test_a_mount_namespace_of_the_gates_own_makes_it_incomplete(
     )
 
 
-def test_a_file_opened_then_removed_is_recorded_by_its_name(
+def test_a_file_of_the_tree_opened_then_removed_makes_it_incomplete(
     tmp_path: Path, observable: None
 ) -> None:
+    """An older file's name is read with its event, later: once removed, or swapped with
+    another, the name it was recorded by may not be the one it was opened by."""
     tree = tree_of(tmp_path)
     script = f"{PY} -I -c \"import os; f = open('a.txt'); os.remove('a.txt'); f.read()\""
     result = run(job(tmp_path, tree, "removed", script))
-    assert result.observation is not None and result.observation.complete
-    assert result.observation.read == {"a.txt"}
+    assert result.observation is not None and not result.observation.complete
+    assert "a.txt was renamed, replaced or removed" in result.observation.why
+    made = (
+        f"{PY} -I -c \"import os; open('m.txt', 'w').close(); open('m.txt'); os.remove('m.txt')\""
+    )
+    seen = run(job(tmp_path, tree, "made", made)).observation
+    assert seen is not None and seen.complete and seen.read == {"m.txt"}  # its own: no matter
 
 
 def test_an_observer_that_cannot_attach_leaves_the_gate_alone(
@@ -232,16 +252,31 @@ def test_unobservable_gate_runs_and_says_why(tmp_path: Path) -> None:
 
 def test_an_observation_round_trips_and_a_hostile_one_is_refused() -> None:
     seen = Observation(
-        complete=True, read=frozenset({"a.txt", "sub/b c.txt"}), listed=frozenset({""})
+        complete=True,
+        read=frozenset({"a.txt", "sub/b c.txt"}),
+        listed=frozenset({""}),
+        wrote=frozenset({"a.txt"}),
+        new=frozenset({"a.txt"}),
     )
     body = seen.to_json()
-    assert body == {"complete": True, "why": "", "read": ["a.txt", "sub/b c.txt"], "listed": [""]}
+    assert body == {
+        "complete": True,
+        "why": "",
+        "read": ["a.txt", "sub/b c.txt"],
+        "listed": [""],
+        "wrote": ["a.txt"],
+        "new": ["a.txt"],
+    }
     assert Observation.from_json(body) == seen
     for bad in ("../x", "/etc/passwd", "a/../../x", "a//b", "a/", "./a", 3, None, "a\0b"):
         with pytest.raises(ValueError):
             Observation.from_json({**body, "read": [bad]})
         with pytest.raises(ValueError):
             Observation.from_json({**body, "listed": [bad]})
+        with pytest.raises(ValueError):
+            Observation.from_json({**body, "wrote": [bad]})
+        with pytest.raises(ValueError):
+            Observation.from_json({**body, "new": [bad]})
     for field, value in (("complete", "yes"), ("why", 1), ("read", "a.txt"), ("listed", {})):
         with pytest.raises(ValueError):
             Observation.from_json({**body, field: value})

@@ -43,7 +43,7 @@ MANIFEST = """
 """
 # What each gate reads when it runs (test reads dist/, which build writes: not in the tree)
 READS = {
-    "build": {"src/a.py", "pkg.json"},
+    "build": {"src/a.py", "pkg.json", "dist/out.js"},
     "test": {"tests/t.py", "dist/out.js"},
     "lint": {"src/a.py", "README"},
     "docs": {"docs/guide.md"},
@@ -103,8 +103,12 @@ def drive(
         if hit is not None:
             result = GateResult(id=gate, status=hit.status, reason=hit.reason, cache=hit.cache)
         else:
+            made = frozenset(p for p in READS[gate] if p.startswith("dist/")) - {
+                p for n in cache.graph.predecessors(gate) for p in READS[n]
+            }  # build makes dist/, which test then reads
             observed = (seen or {}).get(
-                gate, Observation(complete=True, read=frozenset(READS[gate]))
+                gate,
+                Observation(complete=True, read=frozenset(READS[gate]), wrote=made, new=made),
             )
             cache.seen_reading(gate, observed)
             (cache.run_dir / "logs" / f"{gate}.log").write_text(f"{gate} ran\n")

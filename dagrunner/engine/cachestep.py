@@ -180,7 +180,9 @@ class RunCache:
             found: frozenset[str] = frozenset()
             if not warm:
                 ran = (self.seen.get(a) for a in nx.ancestors(self.graph, gate))
-                written = frozenset(path for need in ran if need for path in need.read)
+                # what needs wrote, never what they only opened: a cache a need read
+                # may stand for files the gate only stat-ed (``stands_for``)
+                written = frozenset(path for need in ran if need for path in need.wrote)
                 leave = neutral(spec(self.graph, gate))
                 found, why = stands_for(seen, parts.inputs, self.before, written, leave)
             if why:

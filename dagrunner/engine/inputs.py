@@ -281,11 +281,15 @@ def stands_for(
     snapshot before the gate ran (an ignored cache: bytecode, ``target/``, ``.eslintcache``)
     may stand for files the gate only stat-ed, which no observer sees: bytecode is its
     source, a seed's folder its key files; a file a need wrote in this run is the need's
-    (its key is in the gate's: ``written`` holds what needs that ran opened, and the folders
+    (its key is in the gate's: ``written`` holds what needs that ran wrote, and the folders
     above); ``neutral`` folders hold nothing a verdict depends on; any other makes the
     observation incomplete."""
     found: set[str] = set()
-    folders = {above for path in written for above in _up(path)[1:]}
+    # the folders above what a need wrote, but those holding a file of the snapshot: a
+    # folder of the tree (``tests/``, where a need read its conftest) is listed for its
+    # names, ignored ones too, whoever else opened a file in it
+    paths = sorted(ids)
+    folders = {above for path in written for above in _up(path)[1:] if not _holds(paths, above)}
     for path in sorted(seen.read | seen.listed):
         if path in ids and (path not in before.untracked or path in written):
             found.add(path)
@@ -297,7 +301,9 @@ def stands_for(
             )
         compiled = PYCACHE.match(path)
         source = f"{compiled['dir']}{compiled['name']}.py" if compiled else ""
-        if source in ids:
+        # bytecode held before the run, or made in it: not an older file linked or renamed
+        # to a bytecode name (its content would go unkeyed)
+        if source in ids and (path in seen.new or before.held(path)):
             found.add(source)
             continue
         if path.endswith("__pycache__") and path in seen.listed:
@@ -310,6 +316,11 @@ def stands_for(
         elif not before.held(path, folder=folder):
             if folder:  # its names count, ignored ones too (a test file git ignores)
                 found.add(f"{path}/")
+            elif path not in seen.new:  # a new name of an older file: a link, a rename
+                return frozenset(), (
+                    f"it opened {path}, a name the tree did not hold of a file older than "
+                    "its run (a link to or a rename of a file it did not open by its name)"
+                )
         else:
             return frozenset(), (
                 f"it opened {path}, which the tree held outside its snapshot before it ran "

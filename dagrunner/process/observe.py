@@ -33,6 +33,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,7 +45,8 @@ from dagrunner.records.run import Observation
 FAN_CLOEXEC, FAN_NONBLOCK, FAN_CLASS_NOTIF = 0x1, 0x2, 0x0
 FAN_MARK_ADD, FAN_MARK_MOUNT = 0x1, 0x10
 FAN_OPEN, FAN_OPEN_EXEC, FAN_Q_OVERFLOW, FAN_ONDIR = 0x20, 0x1000, 0x4000, 0x40000000
-MASK = FAN_OPEN | FAN_OPEN_EXEC | FAN_ONDIR
+FAN_CLOSE_WRITE = 0x8  # what the gate wrote: only that of a need is excused for its gates
+MASK = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE | FAN_ONDIR
 _CLOSER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dagrunner-observe")
 EVENT = struct.Struct("IBBHQii")  # fanotify_event_metadata: len, vers, _, len, mask, fd, pid
 FANOTIFY_VERSION = 3
@@ -63,7 +65,29 @@ def _libc() -> ctypes.CDLL:
     libc.fanotify_mark.argtypes = [
         ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p,
     ]  # fmt: skip
+    with contextlib.suppress(AttributeError):  # no statx: no birth times (``_born``)
+        libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                               ctypes.c_char_p]  # fmt: skip
     return libc
+
+
+AT_EMPTY_PATH, STATX_BTIME, STATX_BTIME_AT = 0x1000, 0x800, 80  # struct statx: stx_btime at 80
+CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)  # Linux's; Python 3.13 names it
+
+
+def _born(fd: int) -> int | None:
+    """When the open file ``fd``'s inode was made (ns since the epoch), None if unknown."""
+    out = ctypes.create_string_buffer(256)
+    try:
+        if _libc().statx(fd, b"", AT_EMPTY_PATH, STATX_BTIME, out) != 0:
+            return None
+    except AttributeError:  # a C library without statx
+        return None
+    (mask,) = struct.unpack_from("I", out.raw, 0)
+    if not mask & STATX_BTIME:
+        return None
+    sec, nsec = struct.unpack_from("qI", out.raw, STATX_BTIME_AT)
+    return int(sec) * 1_000_000_000 + int(nsec)
 
 
 def _fanotify() -> int:
@@ -129,6 +153,12 @@ class Observer:
         self._fan = self._ns = -1
         self._read: set[str] = set()
         self._listed: set[str] = set()
+        self._wrote: set[str] = set()  # files closed after being opened to write
+        # files whose inode was made while the gate ran (a name the tree did not hold, of
+        # an older inode, is a link or a rename of a file of the tree: ``stands_for``)
+        self._new: set[str] = set()
+        self._inodes: dict[str, set[tuple[int, int]]] = {}  # the older ones, by the name read
+        self._start = 0  # the file system's clock (coarse) when the gate was let go
         self._git: list[str] = []  # git databases bound outside the tree, marked too
         self._thread: threading.Thread | None = None
         self._stop: tuple[int, ...] = ()  # a pipe: written when the gate has ended
@@ -174,6 +204,8 @@ class Observer:
         except Exception as exc:  # a bug here must not fail the gate: it is unobserved
             self.why = self.why or f"the observer could not attach ({exc})"
         # started even so: the calls the gate's filter tells of wait for an answer
+        # the clock inodes are stamped with: a file the gate makes is born at or after it
+        self._start = time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
         self._stop = os.pipe()
         self._thread = threading.Thread(target=self._drain, name="dagrunner-observe", daemon=True)
         self._thread.start()
@@ -256,13 +288,13 @@ class Observer:
                     continue
                 try:
                     if not self.why:  # incomplete already: the rest is only closed
-                        self._place(fd)
+                        self._place(fd, mask)
                 except OSError as exc:
                     self.why = f"an open the observer could not name ({exc})"
                 finally:
                     os.close(fd)
 
-    def _place(self, fd: int) -> None:
+    def _place(self, fd: int, mask: int) -> None:
         path = os.readlink(f"/proc/self/fd/{fd}")
         found = os.fstat(fd)  # FAN_ONDIR is in the event's mask only for FID groups
         folder = stat.S_ISDIR(found.st_mode)
@@ -275,10 +307,46 @@ class Observer:
             self.why = self.why or f"an open the observer could not place ({path!r})"
         elif ".git" in rel.split("/"):
             self.why = self.why or GIT
-        elif folder:
-            self._listed.add(rel)
         else:
-            self._read.add(rel)
+            born = _born(fd)
+            if born is not None and born >= self._start:
+                self._new.add(rel)
+            else:  # its name is read now, not when it was opened: checked once the gate ends
+                self._inodes.setdefault(rel, set()).add((found.st_dev, found.st_ino))
+            if folder:
+                self._listed.add(rel)
+            elif mask & (FAN_OPEN | FAN_OPEN_EXEC):
+                self._read.add(rel)
+            if not folder and mask & FAN_CLOSE_WRITE:
+                self._wrote.add(rel)
+
+    def _renamed(self) -> str:
+        """A name of an older file or folder the gate opened that holds another now (or
+        none): it was renamed or swapped while its event waited, so the name may be wrong
+        ('' when each still holds what was opened)."""
+        for rel, inodes in sorted(self._inodes.items()):
+            try:
+                now = os.lstat(os.path.join(self.tree, rel) if rel else self.tree)
+            except OSError:
+                return rel
+            if {(now.st_dev, now.st_ino)} == inodes:
+                continue
+            # bytecode is rewritten by replacing it: a new file under the name is the gate's
+            if not (rel.endswith(".pyc") and _replaced(now.st_ino, rel, self)):
+                return rel
+        return ""
+
+    def born_in_run(self, path: str) -> bool:
+        """Whether the file at ``path`` (in the tree) was made while the gate ran."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            born = _born(fd)
+        finally:
+            os.close(fd)
+        return born is not None and born >= self._start
 
     def finish(self) -> Observation | None:
         """The observation (None when none was asked for); closes everything."""
@@ -290,10 +358,13 @@ class Observer:
         elif not self.why:
             self.why = "the gate was not observed (it did not start, or was stopped first)"
         self.close()
+        if not self.why and (moved := self._renamed()):
+            self.why = f"{moved} was renamed, replaced or removed while the gate ran"
         if self.why:
             return Observation(complete=False, why=self.why)
         return Observation(complete=True, read=frozenset(self._read),
-                           listed=frozenset(self._listed))  # fmt: skip
+                           listed=frozenset(self._listed), wrote=frozenset(self._wrote),
+                           new=frozenset(self._new))  # fmt: skip
 
     def close(self) -> None:
         self.started()
@@ -303,6 +374,12 @@ class Observer:
         # A fanotify group with marks, and a mount namespace, each wait for the kernel's
         # grace period when closed (15 ms a gate): apart, the gate's result does not wait.
         _CLOSER.submit(_close, fds)
+
+
+def _replaced(inode: int, rel: str, observer: Observer) -> bool:
+    """Whether ``rel`` now holds a file the gate made (``inode``'s, born in the run)."""
+    path = os.path.join(observer.tree, rel)
+    return observer.born_in_run(path) and os.lstat(path).st_ino == inode
 
 
 def _close(fds: list[int]) -> None:

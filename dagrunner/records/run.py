@@ -146,6 +146,8 @@ class Observation:
     why: str = ""  # why it is incomplete, one line for people ("" when complete)
     read: frozenset[str] = frozenset()  # files opened (to read, write or execute)
     listed: frozenset[str] = frozenset()  # folders opened (listed, or a base of lookups)
+    wrote: frozenset[str] = frozenset()  # files closed after an open to write (in ``read``)
+    new: frozenset[str] = frozenset()  # files of ``read`` whose inode was made during the run
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -153,6 +155,8 @@ class Observation:
             "why": self.why,
             "read": sorted(self.read),
             "listed": sorted(self.listed),
+            "wrote": sorted(self.wrote),
+            "new": sorted(self.new),
         }
 
     @classmethod
@@ -169,6 +173,8 @@ class Observation:
             why=why,
             read=_tree_paths(data.get("read", ()), "read"),
             listed=_tree_paths(data.get("listed", ()), "listed"),
+            wrote=_tree_paths(data.get("wrote", ()), "wrote"),
+            new=_tree_paths(data.get("new", ()), "new"),
         )
 
 

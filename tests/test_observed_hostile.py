@@ -1,0 +1,280 @@
+"""Hostile review of keys from observed reads (issue 46): trees a cached verdict must not
+answer, each reproduced end to end -- a real ``release-check`` whose cached answer is a pass
+where ``--no-cache`` fails."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PY, check, git
+
+from dagrunner.process import observe
+from dagrunner.process.contain import detect
+
+
+@pytest.fixture
+def observed(repo: Path) -> Path:
+    found = detect()
+    if not (found.bwrap and found.views) or observe.refused():
+        pytest.skip("this machine does not observe gates' reads (dagrunner doctor: observe)")
+    return repo
+
+
+def statuses(
+    capsys: pytest.CaptureFixture[str], repo: Path, manifest: str, *args: str
+) -> dict[str, str]:
+    _, body, _ = check(capsys, repo, manifest, *args)
+    found: dict[str, Any] = {g["id"]: g["status"] for g in body["gates"]}
+    return found
+
+
+# A need that opens one file of tests/ (its conftest) made every folder above what it
+# opened count as "written by the need": the gate's listing of tests/ was then keyed by
+# nothing, and an ignored test file the listing finds is the stale pass 9df88d1 closed.
+NEED_LISTS = """
+    [env]
+    pass = ["PATH"]
+    [gates.prep]
+    run = "cat tests/conftest.txt > /dev/null"
+    inputs = ["**"]
+    [gates.test]
+    run = "for f in tests/*; do ! grep -q bad \\"$f\\" || exit 1; done"
+    inputs = ["**"]
+    needs = ["prep"]
+"""
+
+
+def test_a_need_reading_in_a_folder_does_not_unkey_the_gates_listing_of_it(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "tests").mkdir()
+    (repo / "tests" / "conftest.txt").write_text("good\n")
+    (repo / "tests" / "test_a.txt").write_text("good\n")
+    (repo / ".gitignore").write_text("*.local\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    assert statuses(capsys, repo, NEED_LISTS)["test"] == "passed"
+    (repo / "tests" / "scratch.local").write_text("bad\n")  # ignored; the loop finds it
+    oracle = statuses(capsys, repo, NEED_LISTS, "--no-cache")["test"]
+    assert oracle == "failed"
+    cached = statuses(capsys, repo, NEED_LISTS)["test"]
+    assert cached == oracle, "a stale pass: the gate's listing of tests/ was not in its key"
+
+
+# A gate process that reads ``conf``, then renames it away and back: the observer names an
+# open when it reads the event (``/proc/self/fd``), so with its queue busy (a burst of new
+# files first) the read is recorded under the passing name, a file "the gate made new" that
+# counts for nothing, and ``conf`` is left out of the read set.
+RENAMES = """\
+import os, sys, time
+os.makedirs("junk", exist_ok=True)
+for n in range(12000):
+    os.close(os.open(f"junk/{n}", os.O_CREAT | os.O_WRONLY))
+time.sleep(1)
+for n in range(12000):  # a burst of opens: the observer reads its queue behind them
+    os.close(os.open(f"junk/{n}", os.O_RDONLY))
+data = open("conf").read()
+os.rename("conf", "conf.away")
+time.sleep(1.5)
+os.rename("conf.away", "conf")
+sys.exit(1 if "bad" in data else 0)
+"""
+RENAMING = """
+    [env]
+    pass = ["PATH"]
+    [gates.test]
+    run = ["{py}", "renames.py"]
+    inputs = ["**"]
+"""
+
+
+def test_a_file_renamed_away_and_back_while_its_event_waits_is_still_read(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "renames.py").write_text(RENAMES)
+    (repo / "conf").write_text("good\n")
+    (repo / ".gitignore").write_text("junk/\n__pycache__/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    manifest = RENAMING.format(py=PY)
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "conf").write_text("bad\n")
+    oracle = statuses(capsys, repo, manifest, "--no-cache")["test"]
+    assert oracle == "failed"
+    cached = statuses(capsys, repo, manifest)["test"]
+    assert cached == oracle, "a stale pass: conf was read under the name it had for a moment"
+
+
+# Two gates of one run share the tree: one reads ``conf`` and leaves what it found in an
+# ignored file, the other waits for that file (``test -e``: a stat, not seen) and reads it.
+# The reader's open is of a file made new while it ran (after it started: the relay waits),
+# which counts for nothing; but another gate made it, so the reader's verdict depends on
+# ``conf`` unkeyed.
+RELAY = """
+    [env]
+    pass = ["PATH"]
+    [gates.relay]
+    run = "sleep 0.5; mkdir -p junk; cat conf > junk/answer.part; mv junk/answer.part junk/answer"
+    inputs = ["**"]
+    [gates.test]
+    run = "n=0; until test -e junk/answer; do sleep 0.05; n=$((n+1)); test $n -lt 200 || exit 2; done; ! grep -q bad junk/answer"
+    inputs = ["**"]
+"""
+
+
+@pytest.mark.xfail(
+    reason="open: a file made new in the run is taken for the gate's own (see the review); "
+    "not strict: when the relay's file is born before the reader starts, it is caught",
+    strict=False,
+)
+def test_a_file_another_gate_wrote_in_this_run_is_no_file_the_gate_made(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "conf").write_text("good\n")
+    (repo / ".gitignore").write_text("junk/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+
+    def run(*args: str) -> str:
+        shutil.rmtree(repo / "junk", ignore_errors=True)  # a clean checkout each time
+        return statuses(capsys, repo, RELAY, "--jobs", "2", *args)["test"]
+
+    assert run() == "passed"
+    (repo / "conf").write_text("bad\n")
+    oracle = run("--no-cache")
+    assert oracle == "failed"
+    assert run() == oracle, "a stale pass: the gate read conf through another gate's file"
+
+
+# A need with narrower inputs is observed but not held to ``stands_for``: every file it
+# opened, an ignored cache held before the run included, is "the need's" for the gates after
+# it.  A gate whose tool trusts that cache by ``stat`` then opens only what changed, and an
+# edit of a file it only stat-ed is answered from a read set that never held it.
+STATCACHE = """\
+import json, os, sys
+try:
+    seen = json.load(open(".statcache"))
+except (OSError, ValueError):
+    seen = {}
+bad = False
+for name in ["f1", "f2"]:
+    st = os.stat(name)
+    stamp = [st.st_mtime_ns, st.st_size]
+    if seen.get(name, [None])[0] != stamp:
+        seen[name] = [stamp, "bad" in open(name).read()]
+    bad = bad or seen[name][1]
+json.dump(seen, open(".statcache", "w"))
+sys.exit(1 if bad else 0)
+"""
+PEEKS = """
+    [env]
+    pass = ["PATH"]
+    [gates.peek]
+    run = "cat f1 .statcache > /dev/null 2>&1; true"
+    inputs = ["f1"]
+    [gates.test]
+    run = ["{py}", "statcache.py"]
+    inputs = ["**"]
+    needs = ["peek"]
+"""
+
+
+def test_a_cache_a_narrow_need_opened_does_not_stand_for_nothing(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "statcache.py").write_text(STATCACHE)
+    (repo / "f1").write_text("good\n")
+    (repo / "f2").write_text("good\n")
+    (repo / ".gitignore").write_text(".statcache\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    manifest = PEEKS.format(py=PY)
+    assert statuses(capsys, repo, manifest)["test"] == "passed"  # cold: opens f1, f2
+    (repo / "f1").write_text("good, once more\n")  # peek runs; test opens only f1 now
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "f2").write_text("bad, and longer\n")  # test only stat-ed f2 last time
+    cached = statuses(capsys, repo, manifest)["test"]
+    (repo / ".statcache").unlink()
+    oracle = statuses(capsys, repo, manifest, "--no-cache")["test"]
+    assert oracle == "failed"
+    assert cached == oracle, "a stale pass: the need's open of .statcache excused the gate's"
+
+
+# The same without a race: a gate that reads ``conf`` through a hard link it made (link(2)
+# opens nothing), or after renaming it away (and back), opens only a name the tree did not
+# hold before it ran, a file "the gate made new", which counts for nothing.
+BY_LINK = """
+    [env]
+    pass = ["PATH"]
+    [gates.linked]
+    run = "mkdir -p junk; ln -f conf junk/c; ! grep -q bad junk/c"
+    inputs = ["**"]
+    [gates.moved]
+    run = "mkdir -p junk; mv conf2 junk/m; grep -q bad junk/m; s=$?; mv junk/m conf2; test $s = 1"
+    inputs = ["**"]
+    [gates.bytecode]
+    run = "mkdir -p __pycache__; ln -f conf3 __pycache__/x.cpython-311.pyc; ! grep -q bad __pycache__/x.cpython-311.pyc"
+    inputs = ["**"]
+"""
+
+
+def test_a_file_read_through_a_link_or_a_rename_the_gate_made_is_still_read(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "conf").write_text("good\n")
+    (repo / "conf2").write_text("good\n")
+    (repo / "conf3").write_text("good\n")
+    (repo / "x.py").write_text("X = 1\n")  # a bytecode name stands for it
+    (repo / ".gitignore").write_text("junk/\n__pycache__/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+
+    def run(*args: str) -> dict[str, str]:
+        for made in ("junk", "__pycache__"):  # a clean checkout each time
+            shutil.rmtree(repo / made, ignore_errors=True)
+        return statuses(capsys, repo, BY_LINK, *args)
+
+    assert run() == {"linked": "passed", "moved": "passed", "bytecode": "passed"}
+    for name in ("conf", "conf2", "conf3"):
+        (repo / name).write_text("bad\n")
+    oracle = run("--no-cache")
+    assert oracle == {"linked": "failed", "moved": "failed", "bytecode": "failed"}
+    assert run() == oracle, "a stale pass: a file was read under a name the gate made"
+
+
+# What birth times cannot tell: ``conf`` read, then swapped with ``conf2`` (a file of the
+# tree too) while its event waits, and swapped back.  The read is named ``conf2``, a name the
+# snapshot holds; its content id is conf2's, and conf's edit is answered from the cache.
+SWAPS = RENAMES.replace(
+    'os.rename("conf", "conf.away")', 'os.rename("conf2", "t"); os.rename("conf", "conf2")'
+).replace(
+    'os.rename("conf.away", "conf")',
+    'os.rename("conf2", "conf"); os.rename("t", "conf2")',
+)
+
+
+def test_a_file_swapped_with_another_while_its_event_waits_is_still_read(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    assert SWAPS != RENAMES
+    (repo / "renames.py").write_text(SWAPS)
+    (repo / "conf").write_text("good\n")
+    (repo / "conf2").write_text("other\n")
+    (repo / ".gitignore").write_text("junk/\n__pycache__/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    manifest = RENAMING.format(py=PY)
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "conf").write_text("bad\n")
+    oracle = statuses(capsys, repo, manifest, "--no-cache")["test"]
+    assert oracle == "failed"
+    assert statuses(capsys, repo, manifest)["test"] == oracle, "a stale pass: read as conf2"
