@@ -101,7 +101,8 @@ class editing:
 
     def __call__(self) -> None:
         line = self.form.format(f"bench edit {self.token} {next(self.count)}")
-        self.target.write_bytes(self.original + f"\n{line}\n".encode())
+        gap = "\n\n" if self.target.suffix == ".py" else "\n"  # as ruff format wants
+        self.target.write_bytes(self.original + f"{gap}{line}\n".encode())
 
     def __enter__(self) -> editing:
         return self
