@@ -2,7 +2,8 @@
 runner (tox, nox, npm), pair by pair in one run.
 
     python scripts/bench_runner.py --project PATH --peer 'tox -e py3.11,typing'
-        [--manifest FILE] [--edit src/pkg/mod.py] [--pairs 5] [--path DIR]
+        [--manifest FILE] [--edit src/pkg/mod.py [--edit README.md ...]] [--pairs 5] [--path DIR]
+        [--figures cold,cached,edited,observe]
 
 PATH is a checkout of a public project, installed as its contributing guide says (clone
 one: nothing of it is committed here); FILE its manifest (default: PATH's
@@ -15,20 +16,28 @@ median of the pairs' ratios:
 
 - cold: ``release-check --no-cache`` against the peer;
 - fully cached: ``release-check`` with nothing changed since its last run;
-- edited: one line added to ``--edit`` (a comment, new each pair) before each side runs.
+- edited: one line added to ``--edit`` (a comment, new each pair) before each side runs;
+  given several times, one figure per file (a source file, a docs page, the README);
+- observe (only when asked in ``--figures``): not against the peer, but
+  ``release-check --no-cache`` with the manifest as it is against a copy of it with
+  ``observe = false`` on every gate: what observing the gates' reads costs (issue 46).
 
-The peer has no cache of its own: it runs its checks every time.  Targets (issue 35):
-cold <= 1.05x, fully cached <= 0.1x, edited <= 0.8x.
+``--figures`` picks which to measure (default ``cold,cached,edited``).  The peer has no cache
+of its own: it runs its checks every time.  Targets (issue 35): cold <= 1.05x, fully cached
+<= 0.1x, edited <= 0.8x; issue 46: a docs-only edit <= 0.05x, observe <= 1.05x.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,10 +71,47 @@ def pairs(
 def report(name: str, a: list[float], b: list[float], codes: set[int]) -> None:
     ratios = [x / y for x, y in zip(a, b, strict=True)]
     print(
-        f"{name:<13} dagrunner {statistics.median(a):6.2f} s   peer {statistics.median(b):6.2f} s"
+        f"{name:<13}  dagrunner {statistics.median(a):6.2f} s   peer {statistics.median(b):6.2f} s"
         f"   ratio {statistics.median(ratios):5.3f} (pairs {min(ratios):.3f}-{max(ratios):.3f})"
         f"   exit codes {sorted(codes)}"
     )
+
+
+def without_observing(text: str) -> str:
+    """The manifest ``text`` with ``observe = false`` in each gate's table."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        out.append(line)
+        if re.fullmatch(r"\[gates\.[^\]]+\]\s*(#.*)?\n?", line):
+            out.append("observe = false\n")
+    return "".join(out)
+
+
+class editing:
+    """Before each side of a pair: one line added to ``target`` (a comment, new each time);
+    the file put back when done."""
+
+    def __init__(self, target: Path) -> None:
+        self.target, self.original = target, target.read_bytes()
+        self.count = iter(range(10_000))
+        # new in every bench run: an earlier run's edits are cached
+        self.token = os.urandom(4).hex()
+        suffix = target.suffix
+        self.form = "<!-- {} -->" if suffix == ".md" else "// {}" if suffix in JS else "# {}"
+
+    def __call__(self) -> None:
+        line = self.form.format(f"bench edit {self.token} {next(self.count)}")
+        gap = "\n\n" if self.target.suffix == ".py" else "\n"  # as ruff format wants
+        self.target.write_bytes(self.original + f"{gap}{line}\n".encode())
+
+    def __enter__(self) -> editing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.target.write_bytes(self.original)
+
+
+JS = (".js", ".ts", ".mjs", ".cjs", ".tsx", ".jsx")
 
 
 def main() -> int:
@@ -73,7 +119,11 @@ def main() -> int:
     parser.add_argument("--project", type=Path, required=True)
     parser.add_argument("--peer", required=True, help="the project's own runner, as one string")
     parser.add_argument("--manifest", type=Path)
-    parser.add_argument("--edit", help="a source file (relative) edited before each edited pair")
+    parser.add_argument(
+        "--edit", action="append", default=[],
+        help="a file (relative) edited before each edited pair; again for another figure",
+    )  # fmt: skip
+    parser.add_argument("--figures", default="cold,cached,edited", help="which, comma-separated")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--path", help="first on both PATHs (the project's venv's bin)")
     args = parser.parse_args()
@@ -87,27 +137,28 @@ def main() -> int:
     ours = [PY, "-m", "dagrunner", "release-check", str(manifest), "--quiet"]
     peer = shlex.split(args.peer)
     peer = ["/bin/sh", "-c", args.peer] if any(c in args.peer for c in "&|;") else peer
+    figures = set(args.figures.split(","))
     print(f"project {project.name}; dagrunner: {shlex.join(ours[3:])}; peer: {args.peer}")
     timed([*ours, "--no-cache"], project, env)  # warm: tool caches, venvs, the gate cache
     timed(peer, project, env)
-    report("cold", *pairs(args.pairs, [*ours, "--no-cache"], peer, project, env))
-    timed(ours, project, env)
-    report("fully cached", *pairs(args.pairs, ours, peer, project, env))
-    if args.edit:
-        target = project / args.edit
-        original = target.read_bytes()
-        count = iter(range(10_000))
-        token = os.urandom(4).hex()  # new in every bench run: an earlier run's edits are cached
-        comment = "//" if target.suffix in (".js", ".ts", ".mjs", ".cjs") else "#"
-
-        def edit() -> None:
-            line = f"\n{comment} bench edit {token} {next(count)}\n"
-            target.write_bytes(original + line.encode())
-
+    if "cold" in figures:
+        report("cold", *pairs(args.pairs, [*ours, "--no-cache"], peer, project, env))
+    if "observe" in figures:
+        # outside the tree: a file of it would be in every gate's key
+        unobserved = Path(tempfile.mkdtemp()) / "unobserved.toml"
+        unobserved.write_text(without_observing(manifest.read_text()))
+        theirs = [PY, "-m", "dagrunner", "release-check", str(unobserved), "--quiet", "--no-cache"]
         try:
-            report("edited", *pairs(args.pairs, ours, peer, project, env, before=edit))
+            report("observe", *pairs(args.pairs, [*ours, "--no-cache"], theirs, project, env))
         finally:
-            target.write_bytes(original)
+            shutil.rmtree(unobserved.parent)
+    timed(ours, project, env)
+    if "cached" in figures:
+        report("fully cached", *pairs(args.pairs, ours, peer, project, env))
+    for edited in args.edit if "edited" in figures else []:
+        with editing(project / edited) as edit:
+            report(f"edited {edited}", *pairs(args.pairs, ours, peer, project, env, edit))
+        timed(ours, project, env)  # the tree as it was, cached again for the next figure
     return 0
 
 

@@ -238,3 +238,27 @@ def test_a_folder_the_manifest_lets_a_gate_write_counts_as_a_cache(
     (tree["repo"] / "src" / "a.py").write_text("A = 2\n")
     _, body, _ = check(capsys, tree["repo"], text)
     assert gate(body, "lint")["cache"]["observed"]["keyed_by"] == "whole tree"
+
+
+def test_a_tool_cache_of_empty_folders_is_cold(
+    capsys: pytest.CaptureFixture[str], tree: dict[str, Path]
+) -> None:
+    """yarn 1 makes ``$XDG_CACHE_HOME/yarn/v6/.tmp`` at every ``yarn run``, and leaves it
+    empty: folders holding no file hold nothing a tool may trust, so the gate stays keyed by
+    what it read (on a yarn workspace every gate fell back to the whole tree)."""
+    text = """
+        [env]
+        pass = ["PATH"]
+        [gates.lint]
+        run = "cat src/a.py > /dev/null; mkdir -p \\"$XDG_CACHE_HOME/yarn/v6/.tmp\\""
+        inputs = ["**"]
+    """
+    _, body, _ = check(capsys, tree["repo"], text)
+    assert gate(body, "lint")["cache"]["observed"]["keyed_by"] == "reads"
+    (tree["repo"] / "src" / "a.py").write_text("A = 2\n")  # runs again, its folders there
+    _, body, _ = check(capsys, tree["repo"], text)
+    assert gate(body, "lint")["status"] == "passed"
+    assert gate(body, "lint")["cache"]["observed"]["keyed_by"] == "reads"
+    (tree["repo"] / "src" / "b.py").write_text("B = 2\n")
+    _, body, _ = check(capsys, tree["repo"], text)
+    assert gate(body, "lint")["status"] == "cached"

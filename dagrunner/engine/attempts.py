@@ -295,21 +295,20 @@ class GateRunner:
 CONTENT_ADDRESSED = frozenset({"npm", "pip"})
 
 
-def _warm(folder: Path) -> bool:
+def _warm(folder: Path, top: bool = True) -> bool:
     """Whether a folder kept between a gate's runs (its tool caches, a ``writable`` one)
-    holds anything a tool may trust by ``stat``."""
+    holds anything a tool may trust by ``stat``: any file or link at any depth.  Folders
+    alone hold nothing (yarn 1 makes ``yarn/v6/.tmp`` at every ``yarn run`` and leaves it
+    empty: counted warm, every yarn gate fell back to the whole tree)."""
     try:
         with os.scandir(folder) as entries:
             for entry in entries:
-                if entry.name in CONTENT_ADDRESSED:
+                if top and entry.name in CONTENT_ADDRESSED:
                     continue
-                if not entry.is_dir(follow_symlinks=False):
+                if not entry.is_dir(follow_symlinks=False) or _warm(Path(entry.path), False):
                     return True
-                with os.scandir(entry.path) as inside:
-                    if any(inside):
-                        return True
     except FileNotFoundError:
-        return False  # not made yet: cold
+        return not top  # not made yet: cold (one vanishing inside: assume the worst)
     except OSError:
         return True  # unreadable: assume the worst
     return False
