@@ -78,9 +78,12 @@ def report(name: str, a: list[float], b: list[float], codes: set[int]) -> None:
 
 
 def without_observing(text: str) -> str:
-    """The manifest ``text`` with ``observe = false`` in each gate's table."""
+    """The manifest ``text`` with ``observe = false`` in each gate's table (and none of its
+    own ``observe`` lines: observed keys are opt-in, ``[defaults] observe = true``)."""
     out = []
     for line in text.splitlines(keepends=True):
+        if re.fullmatch(r"observe\s*=.*\n?", line):
+            continue
         out.append(line)
         if re.fullmatch(r"\[gates\.[^\]]+\]\s*(#.*)?\n?", line):
             out.append("observe = false\n")

@@ -100,7 +100,7 @@ def make_repo(root: Path, args: argparse.Namespace) -> None:
     root.mkdir(parents=True)
     (root / "manifests").mkdir()
     baseline = 'baseline = "differential"\n' if args.red else ""
-    keyed = 'inputs = ["**"]\n' if args.docs else ""
+    keyed = 'inputs = ["**"]\nobserve = true\n' if args.docs else ""
     (root / "manifests" / "release.toml").write_text(
         f"[integrate]\n{baseline}\n[gates.check]\ncpu = 1\n{keyed}"
         'run = ["python3", "check.py"]\njunit = "out/junit.xml"\n'
@@ -331,7 +331,7 @@ def main() -> int:
             whole_repo = base / "whole"
             sh(["git", "clone", "-q", str(repo), str(whole_repo)], base)
             manifest = whole_repo / "manifests" / "release.toml"
-            manifest.write_text(manifest.read_text() + "observe = false\n")
+            manifest.write_text(manifest.read_text().replace("observe = true", "observe = false"))
             sh(["git", "commit", "-qam", "the whole tree keys the check"], whole_repo)
             os.environ["DAGRUNNER_CACHE_DIR"] = str(base / "cache-whole")
             whole = dagrunner(whole_repo, files, args)

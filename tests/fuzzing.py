@@ -123,7 +123,7 @@ class Scenario:
         def gate(name: str, run: str, needs: str = "") -> str:  # a TOML literal string
             keyed = ""
             if self.observed:  # keyed by its reads; only a flaky gate keeps a folder
-                keyed = 'inputs = ["**"]\n'
+                keyed = 'inputs = ["**"]\nobserve = true\n'
                 keyed += f'writable = ["{state}"]\n' if name in self.flaky else ""
             return f"[gates.{name}]\nrun = '''{run}'''\n{keyed}" + (
                 f'needs = ["{needs}"]\n' if needs else ""

@@ -156,7 +156,8 @@ def test_a_failure_seen_whole_suspects_only_the_envelopes_that_changed_what_it_r
     submit(repo_info(project), [worker(project, f"n{i:02d}", edit(i)) for i in range(1, 9)])
     gate = tmp_path / "seen.toml"  # keyed by the tree: observed; nothing kept between runs
     gate.write_text(
-        '[gates.check]\ninputs = ["**"]\nrun = "sleep 0.1; ! grep -rq BROKEN --include=*.txt ."\n'
+        '[gates.check]\ninputs = ["**"]\nobserve = true\n'
+        'run = "sleep 0.1; ! grep -rq BROKEN --include=*.txt ."\n'
     )
     integrate(repo=project, manifest=gate, batch=8, window=2)
     final = states(project)

@@ -40,9 +40,11 @@ NEED_LISTS = """
     [gates.prep]
     run = "cat tests/conftest.txt > /dev/null"
     inputs = ["**"]
+    observe = true
     [gates.test]
     run = "for f in tests/*; do ! grep -q bad \\"$f\\" || exit 1; done"
     inputs = ["**"]
+    observe = true
     needs = ["prep"]
 """
 
@@ -89,6 +91,7 @@ RENAMING = """
     [gates.test]
     run = ["{py}", "renames.py"]
     inputs = ["**"]
+    observe = true
 """
 
 
@@ -121,9 +124,11 @@ RELAY = """
     [gates.relay]
     run = "sleep 0.5; mkdir -p junk; cat conf > junk/answer.part; mv junk/answer.part junk/answer"
     inputs = ["**"]
+    observe = true
     [gates.test]
     run = "n=0; until test -e junk/answer; do sleep 0.05; n=$((n+1)); test $n -lt 200 || exit 2; done; ! grep -q bad junk/answer"
     inputs = ["**"]
+    observe = true
 """
 
 
@@ -178,9 +183,11 @@ PEEKS = """
     [gates.peek]
     run = "cat f1 .statcache > /dev/null 2>&1; true"
     inputs = ["f1"]
+    observe = true
     [gates.test]
     run = ["{py}", "statcache.py"]
     inputs = ["**"]
+    observe = true
     needs = ["peek"]
 """
 
@@ -216,12 +223,15 @@ BY_LINK = """
     [gates.linked]
     run = "mkdir -p junk; ln -f conf junk/c; ! grep -q bad junk/c"
     inputs = ["**"]
+    observe = true
     [gates.moved]
     run = "mkdir -p junk; mv conf2 junk/m; grep -q bad junk/m; s=$?; mv junk/m conf2; test $s = 1"
     inputs = ["**"]
+    observe = true
     [gates.bytecode]
     run = "mkdir -p __pycache__; ln -f conf3 __pycache__/x.cpython-311.pyc; ! grep -q bad __pycache__/x.cpython-311.pyc"
     inputs = ["**"]
+    observe = true
 """
 
 

@@ -29,13 +29,16 @@ MANIFEST = """
     [gates.build]
     run = "true"
     inputs = ["**"]
+    observe = true
     [gates.test]
     run = "true"
     inputs = ["**"]
+    observe = true
     needs = ["build"]
     [gates.lint]
     run = "true"
     inputs = ["src/**"]
+    observe = true
     [gates.docs]
     run = "true"
     inputs = ["**"]

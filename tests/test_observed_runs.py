@@ -29,22 +29,28 @@ MANIFEST = """
     [gates.build]
     run = "mkdir -p dist; cat src/a.py > dist/out.txt"
     inputs = ["**"]
+    observe = true
     [gates.test]
     run = "grep -q A dist/out.txt"
     inputs = ["**"]
+    observe = true
     needs = ["build"]
     [gates.deep]
     run = "sh -c '{py} tools/outer.py'"
     inputs = ["**"]
+    observe = true
     [gates.readme]
     run = "cat README > /dev/null"
     inputs = ["**"]
+    observe = true
     [gates.vcs]
     run = "git status --short > /dev/null"
     inputs = ["**"]
+    observe = true
     [gates.lint]
     run = "cat src/a.py README > /dev/null"
     inputs = ["src/**"]
+    observe = true
 """
 OUTER = """\
 import subprocess, sys
@@ -177,6 +183,7 @@ def test_an_envelope_that_changes_nothing_a_gate_read_gets_its_verdict_from_its_
 [gates.heavy]
 run = "! grep -q BAD src/a.txt"
 inputs = ["**"]
+observe = true
 """,
     )
     states: dict[str, str] = {}
@@ -206,6 +213,7 @@ def test_a_warm_tool_cache_falls_back_to_the_whole_tree_key(
         [gates.lint]
         run = "cat src/a.py > /dev/null; mkdir -p \\"$XDG_CACHE_HOME/lint\\"; date > \\"$XDG_CACHE_HOME/lint/stamp\\""
         inputs = ["**"]
+        observe = true
     """
     _, body, _ = check(capsys, tree["repo"], text)
     assert gate(body, "lint")["cache"]["observed"]["keyed_by"] == "reads"  # cold: observed
@@ -231,6 +239,7 @@ def test_a_folder_the_manifest_lets_a_gate_write_counts_as_a_cache(
         [gates.lint]
         run = "cat src/a.py > /dev/null"
         inputs = ["**"]
+        observe = true
     """
     _, body, _ = check(capsys, tree["repo"], text)
     assert gate(body, "lint")["cache"]["observed"]["keyed_by"] == "reads"  # empty: cold
@@ -252,6 +261,7 @@ def test_a_tool_cache_of_empty_folders_is_cold(
         [gates.lint]
         run = "cat src/a.py > /dev/null; mkdir -p \\"$XDG_CACHE_HOME/yarn/v6/.tmp\\""
         inputs = ["**"]
+        observe = true
     """
     _, body, _ = check(capsys, tree["repo"], text)
     assert gate(body, "lint")["cache"]["observed"]["keyed_by"] == "reads"

@@ -24,37 +24,48 @@ MANIFEST = """
     [gates.make]
     run = "mkdir -p dist; cp f2 dist/out"
     inputs = ["**"]
+    observe = true
     [gates.use]
     run = "! grep -q bad dist/out"
     inputs = ["**"]
+    observe = true
     needs = ["make"]
     [gates.deep]
     run = "sh -c '{py} deep.py'"
     inputs = ["**"]
+    observe = true
     [gates.link]
     run = "! grep -q bad ln"
     inputs = ["**"]
+    observe = true
     [gates.mode]
     run = "test ! -x f3"
     inputs = ["**"]
+    observe = true
     [gates.exists]
     run = "test ! -e d/flag"
     inputs = ["**"]
+    observe = true
     [gates.listing]
     run = "! ls d | grep -q bad"
     inputs = ["**"]
+    observe = true
     [gates.imports]
     run = ["{py}", "-c", "import lib.mod"]
     inputs = ["**"]
+    observe = true
     [gates.statcache]
     run = ["{py}", "statcache.py", ".statcache"]
     inputs = ["**"]
+    observe = true
     [gates.treecache]
     run = ["{py}", "statcache.py", "ucache.json"]
     inputs = ["**"]
+    observe = true
     [gates.toolcache]
     run = '{py} statcache.py "$XDG_CACHE_HOME/statcache"'
     inputs = ["**"]
+    observe = true
 """
 FILES = ["f1", "f2", "f3", "d/x", "d/y", "lib/mod.py"]
 # A tool with a cache validated by stat (as ruff's, mypy's, black's, eslint's): a file whose

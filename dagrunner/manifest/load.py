@@ -108,7 +108,7 @@ class GateSpec:
     shard_files: tuple[str, ...] = ()  # ... and the files it runs
     # Key the gate by the files it was seen to read when its inputs are the whole tree, and
     # report its reads outside narrower inputs (docs/cache.md); false: declared inputs only.
-    observe: bool = True
+    observe: bool = False
 
 
 KINDS = ("gate", "worker", "integrate", "land")
@@ -213,7 +213,7 @@ def _read_gate(gate_id: str, table: Table, defaults: GateSpec, kind: str = "gate
         writable=table.take("writable", writable_paths, ()),
         network=table.take("network", network, defaults.network),
         split=table.take("split", split_spec, None) if kind == "gate" else None,
-        observe=table.take("observe", boolean, True) if kind == "gate" else False,
+        observe=table.take("observe", boolean, defaults.observe) if kind == "gate" else False,
         kind=kind,
         base=table.take("base", string, "HEAD") if kind == "worker" else "HEAD",
         setup=table.take("setup", string_list, ()) if kind == "worker" else (),
@@ -309,6 +309,8 @@ def _read_defaults(table: Table) -> GateSpec:
         estimate=table.take("estimate", duration, base.estimate),
         log_limit=table.take("log_limit", size, base.log_limit),
         network=table.take("network", network, base.network),
+        # opt-in until a file another gate beside it made is told from its own (docs/cache.md)
+        observe=table.take("observe", boolean, False),
     )
     table.finish()
     return spec
