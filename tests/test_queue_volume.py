@@ -500,8 +500,11 @@ def test_a_named_envelope_is_confirmed_by_a_rerun_when_the_rest_fails_too(
     assert set(final.values()) == {"landed"}, final
     named = [e.id.split(".")[1] for e in watch(repo=project, follow=False) if e.event == "named"]
     assert named == ["n03"], named
-    confirmed = [r.envelopes for r in result.pipeline if r.confirm]
-    assert [e[0].split(".")[1] for e in confirmed] == ["n03", "n06"], confirmed
+    confirmed = [r.envelopes[0].split(".")[1] for r in result.pipeline if r.confirm]
+    # n03 re-run before it is blamed, n06 after; another confirmation is a run that failed
+    # for the machine's sake (seen once under a loaded CI: n05), re-run and landed
+    assert [e for e in confirmed if e in ("n03", "n06")] == ["n03", "n06"], confirmed
+    assert all(final[e] == "landed" for e in confirmed if e not in ("n03", "n06")), confirmed
     assert_every_landing_was_gated(project, base, tmp_path)
 
 

@@ -168,10 +168,9 @@ class RunCache:
         return [key, scope.own(key), *scope.keys(key)]
 
     def seen_reading(self, gate: str, seen: Observation | None, *, warm: bool = False) -> None:
-        """What ``gate``'s attempt was seen to read (``AttemptResult.observation``), and
-        whether its tool caches were warm: a cache validated by ``stat`` (mypy's, ruff's,
-        black's) stands for files it did not open, so such a run is keyed by the whole tree.
-        The reads of a run keyed by them become the files they stand for (``stands_for``)."""
+        """What ``gate``'s attempt was seen to read, and whether its tool caches were warm
+        (a cache trusted by ``stat`` stands for files it did not open: keyed by the whole
+        tree); the reads of a run keyed by them become the files they stand for."""
         if seen is None:
             return
         parts = self.keys.get(gate)
@@ -180,8 +179,7 @@ class RunCache:
             found: frozenset[str] = frozenset()
             if not warm:
                 ran = (self.seen.get(a) for a in nx.ancestors(self.graph, gate))
-                # what needs wrote, never what they only opened: a cache a need read
-                # may stand for files the gate only stat-ed (``stands_for``)
+                # what needs wrote, not what they opened (a cache may stand for stat-ed files)
                 written = frozenset(path for need in ran if need for path in need.wrote)
                 leave = neutral(spec(self.graph, gate))
                 found, why = stands_for(seen, parts.inputs, self.before, written, leave)
