@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import git
+from conftest import git, skip_unless_reads_observed
 from test_integration import states, worker
 from test_pipeline import recording
 from test_queue_volume import assert_every_landing_was_gated, breaking, naming_gate
@@ -21,17 +21,13 @@ from dagrunner.git.repo import repo_info
 from dagrunner.integration.batching import FIRST, Sizer, group_size
 from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
-from dagrunner.process import observe
-from dagrunner.process.contain import detect
 from dagrunner.records.integration import Speculation
 
 
 @pytest.fixture
 def observable() -> None:
     """Blame from reads needs gates' reads observed (inside a gate, say, they are not)."""
-    found = detect()
-    if not (found.bwrap and found.views) or observe.refused():
-        pytest.skip("this machine does not observe gates' reads (dagrunner doctor: observe)")
+    skip_unless_reads_observed()
 
 
 def anonymous_gate(tmp: Path) -> Path:

@@ -9,17 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PY, check, git
-
-from dagrunner.process import observe
-from dagrunner.process.contain import detect
+from conftest import PY, check, git, skip_unless_reads_observed
 
 
 @pytest.fixture
 def observed(repo: Path) -> Path:
-    found = detect()
-    if not (found.bwrap and found.views) or observe.refused():
-        pytest.skip("this machine does not observe gates' reads (dagrunner doctor: observe)")
+    skip_unless_reads_observed()
     return repo
 
 

@@ -14,14 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CLI, PY, check, commit_release_manifest, git
+from conftest import CLI, PY, check, commit_release_manifest, git, skip_unless_reads_observed
 from test_integration import worker
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
-from dagrunner.process import observe
-from dagrunner.process.contain import detect
 
 MANIFEST = """
     [env]
@@ -61,9 +59,7 @@ sys.exit(0 if "ok" in out.stdout else 1)
 
 @pytest.fixture
 def tree(repo: Path) -> dict[str, Path]:
-    found = detect()
-    if not (found.bwrap and found.views) or observe.refused():
-        pytest.skip("this machine does not observe gates' reads (dagrunner doctor: observe)")
+    skip_unless_reads_observed()
     for rel, text in {
         "src/a.py": "A = 1\n",
         "src/b.py": "B = 1\n",
@@ -173,8 +169,7 @@ def test_an_envelope_that_changes_nothing_a_gate_read_gets_its_verdict_from_its_
 ) -> None:
     """In the queue: w1's tree runs ``heavy`` (it reads src/a.txt only); w2, built on w1
     landed, edits only a file heavy never read, and is answered from w1's tree's verdict."""
-    if not (detect().bwrap and detect().views) or observe.refused():
-        pytest.skip("this machine does not observe gates' reads (dagrunner doctor: observe)")
+    skip_unless_reads_observed()
     (project / "src").mkdir()
     (project / "src" / "a.txt").write_text("GOOD\n")
     commit_release_manifest(
