@@ -120,14 +120,19 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         else 'no network namespace for gates here: a gate with network = "isolated" will not start',
         "" if isolating else "enable user namespaces (or run as root) to isolate gates' networks",
     )
-    from dagrunner.process.observe import way
+    from dagrunner.process.observe import refused
 
-    observed, how = way(bool(contained.bwrap and contained.views))
+    why = refused() or (
+        "" if contained.bwrap and contained.views else "gates do not run under bubblewrap here"
+    )
+    observed = not why
     report.facts["reads_observed"] = observed
     report.add(
         "PASS" if observed else "NOTE",
         "observe",
-        how,
+        "reads observed: fanotify on each gate's own mount of its tree (bubblewrap)"
+        if observed
+        else f"reads not observed: {why}; whole-tree gates keyed by the whole tree",
         ""
         if observed
         else "run as root with bubblewrap installed to key each gate on the "

@@ -256,7 +256,8 @@ def test_an_observation_round_trips_and_a_hostile_one_is_refused() -> None:
         read=frozenset({"a.txt", "sub/b c.txt"}),
         listed=frozenset({""}),
         wrote=frozenset({"a.txt"}),
-        new=frozenset({"a.txt"}),
+        new=frozenset({"a.txt", "out"}),
+        foreign=frozenset({"out"}),
     )
     body = seen.to_json()
     assert body == {
@@ -265,7 +266,8 @@ def test_an_observation_round_trips_and_a_hostile_one_is_refused() -> None:
         "read": ["a.txt", "sub/b c.txt"],
         "listed": [""],
         "wrote": ["a.txt"],
-        "new": ["a.txt"],
+        "new": ["a.txt", "out"],
+        "foreign": ["out"],
     }
     assert Observation.from_json(body) == seen
     for bad in ("../x", "/etc/passwd", "a/../../x", "a//b", "a/", "./a", 3, None, "a\0b"):
@@ -273,6 +275,8 @@ def test_an_observation_round_trips_and_a_hostile_one_is_refused() -> None:
             Observation.from_json({**body, "read": [bad]})
         with pytest.raises(ValueError):
             Observation.from_json({**body, "listed": [bad]})
+        with pytest.raises(ValueError):
+            Observation.from_json({**body, "foreign": [bad]})
         with pytest.raises(ValueError):
             Observation.from_json({**body, "wrote": [bad]})
         with pytest.raises(ValueError):

@@ -127,11 +127,6 @@ RELAY = """
 """
 
 
-@pytest.mark.xfail(
-    reason="open: a file made new in the run is taken for the gate's own (see the review); "
-    "not strict: when the relay's file is born before the reader starts, it is caught",
-    strict=False,
-)
 def test_a_file_another_gate_wrote_in_this_run_is_no_file_the_gate_made(
     capsys: pytest.CaptureFixture[str], observed: Path
 ) -> None:
@@ -283,3 +278,79 @@ def test_a_file_swapped_with_another_while_its_event_waits_is_still_read(
     oracle = statuses(capsys, repo, manifest, "--no-cache")["test"]
     assert oracle == "failed"
     assert statuses(capsys, repo, manifest)["test"] == oracle, "a stale pass: read as conf2"
+
+
+# The same through a folder's names: the relay names a file after what ``conf`` says, the
+# reader only lists the folder.  A new folder's names were keyed by nothing (not in the tree
+# before the run, so "no names" at every lookup).
+NAMES = """
+    [env]
+    pass = ["PATH"]
+    [gates.relay]
+    run = "sleep 0.5; mkdir -p junk; touch junk/$(cat conf)"
+    inputs = ["**"]
+    observe = true
+    [gates.test]
+    run = "n=0; until test -n \\"$(ls junk 2>/dev/null)\\"; do sleep 0.05; n=$((n+1)); test $n -lt 200 || exit 2; done; ! ls junk | grep -q bad"
+    inputs = ["**"]
+    observe = true
+"""
+
+
+def test_a_folder_another_gate_made_in_this_run_is_no_folder_the_gate_made(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "conf").write_text("good\n")
+    (repo / ".gitignore").write_text("junk/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+
+    def run(*args: str) -> str:
+        shutil.rmtree(repo / "junk", ignore_errors=True)
+        return statuses(capsys, repo, NAMES, "--jobs", "2", *args)["test"]
+
+    assert run() == "passed"
+    (repo / "conf").write_text("bad\n")
+    oracle = run("--no-cache")
+    assert oracle == "failed"
+    assert run() == oracle, "a stale pass: the gate listed names another gate made from conf"
+
+
+# What a gate makes itself stays its own beside another gate: written to a temporary name
+# and renamed (as most tools write), then read back, in a folder it made and lists.
+OWN = """
+    [env]
+    pass = ["PATH"]
+    [gates.other]
+    run = "mkdir -p junk2; cat conf > junk2/copy; sleep 1"
+    inputs = ["**"]
+    observe = true
+    [gates.build]
+    run = "sleep 0.3; mkdir -p out/sub; cat src > out/sub/x.part; mv out/sub/x.part out/sub/x; ls out out/sub > /dev/null; cat out/sub/x > /dev/null"
+    inputs = ["**"]
+    observe = true
+"""
+
+
+def test_what_a_gate_made_itself_beside_another_gate_is_its_own(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "conf").write_text("conf\n")
+    (repo / "src").write_text("source\n")
+    (repo / "README").write_text("read me\n")
+    (repo / ".gitignore").write_text("junk2/\nout/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+
+    def run() -> dict[str, str]:
+        for made in ("junk2", "out"):
+            shutil.rmtree(repo / made, ignore_errors=True)
+        return statuses(capsys, repo, OWN, "--jobs", "2")
+
+    assert run() == {"other": "passed", "build": "passed"}
+    (repo / "README").write_text("read me again\n")  # read by neither
+    assert run() == {"other": "cached", "build": "cached"}
+    (repo / "src").write_text("source 2\n")
+    assert run() == {"other": "cached", "build": "passed"}

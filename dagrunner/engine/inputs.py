@@ -313,9 +313,14 @@ def stands_for(
             found.update(keys)
         elif path in (folders if folder else written) or path.startswith(neutral):
             continue  # what a need that ran in this run wrote (or a folder of it)
+        elif path in seen.foreign:  # made beside it, from what it may not have read
+            return frozenset(), (
+                f"it opened {path}, which another gate (or a process it did not see write) "
+                "made while it ran, from files it may never have read"
+            )
         elif not before.held(path, folder=folder):
-            if folder:  # its names count, ignored ones too (a test file git ignores)
-                found.add(f"{path}/")
+            if folder and path not in seen.new:  # its names count, ignored ones too
+                found.add(f"{path}/")  # (a new one holds only what the gate made: ``foreign``)
             elif path not in seen.new:  # a new name of an older file: a link, a rename
                 return frozenset(), (
                     f"it opened {path}, a name the tree did not hold of a file older than "

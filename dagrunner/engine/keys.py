@@ -35,6 +35,9 @@ from dagrunner.process.command import tool_fingerprint
 from dagrunner.process.sandbox import tree_environment
 
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
+# 2: a file or folder another gate made while the gate ran makes its reads incomplete (the
+# read sets kept before may have left such a file's sources out)
+READS_FORMAT = 2
 WHOLE_TREE_GLOBS = frozenset({"**", "/**"})  # inputs that name every file: keyed by reads
 # Derived from the commit, so it would miss every entry on every commit; it is
 # recorded in the proof instead (docs/cache.md says why).
@@ -76,6 +79,7 @@ class KeyParts:
         return _digest(
             {
                 "format": CACHE_FORMAT,
+                "reads": READS_FORMAT,
                 "definition": self.definition,
                 "env": self.env,
                 "salt": _hash_text(self.salt),

@@ -40,6 +40,7 @@ from pathlib import Path
 import trio
 
 from dagrunner.process import nested
+from dagrunner.process.share import mount_points
 from dagrunner.records.run import Observation
 
 FAN_CLOEXEC, FAN_NONBLOCK, FAN_CLASS_NOTIF = 0x1, 0x2, 0x0
@@ -50,6 +51,7 @@ MASK = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE | FAN_ONDIR
 _CLOSER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dagrunner-observe")
 EVENT = struct.Struct("IBBHQii")  # fanotify_event_metadata: len, vers, _, len, mask, fd, pid
 FANOTIFY_VERSION = 3
+WALK = 20000  # entries of the new folders a gate listed, checked for its own (``_all_made``)
 READY_TIMEOUT = 30.0  # for the view to come up (bubblewrap dies with its own error before)
 NOT_BWRAPPED = "the gate does not run under bubblewrap (none here, or a command keeping its HOME)"
 NOT_TREE = "the folder to observe is not in the gate's tree (no mount of the gate's own holds it)"
@@ -132,15 +134,6 @@ def refused() -> str:
     return ""
 
 
-def way(bwrap: bool) -> tuple[bool, str]:
-    """(observed, how or why not) for ``doctor``: gates with a view run under bubblewrap
-    (``bwrap``) where the machine has it."""
-    why = refused() or ("" if bwrap else "gates do not run under bubblewrap here")
-    if why:
-        return False, f"reads not observed: {why}; whole-tree gates keyed by the whole tree"
-    return True, "reads observed: fanotify on each gate's own mount of its tree (bubblewrap)"
-
-
 class Observer:
     """One gate attempt's observer: the pipes its bubblewrap gets (``fds``, ``options``),
     then ``attach`` (the gate waits for it) and ``finish`` (the observation)."""
@@ -157,6 +150,8 @@ class Observer:
         # files whose inode was made while the gate ran (a name the tree did not hold, of
         # an older inode, is a link or a rename of a file of the tree: ``stands_for``)
         self._new: set[str] = set()
+        self._made: set[tuple[int, int]] = set()  # the files it wrote, by inode (renames keep it)
+        self._fresh: dict[str, set[tuple[int, int]]] = {}  # its opens of new files, by inode
         self._inodes: dict[str, set[tuple[int, int]]] = {}  # the older ones, by the name read
         self._start = 0  # the file system's clock (coarse) when the gate was let go
         self._git: list[str] = []  # git databases bound outside the tree, marked too
@@ -231,7 +226,7 @@ class Observer:
         self._ns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         folders = []
         try:
-            points = _mounts(Path(f"/proc/{pid}/mountinfo"))
+            points = mount_points(Path(f"/proc/{pid}/mountinfo"))
             # the tree's mounts; and a git database bound on its own (a worktree's common
             # git dir): an open there is git's, read for the tree unseen
             self._git = [p for p in points if _git_database(root + p, p, self.tree)]
@@ -308,17 +303,20 @@ class Observer:
         elif ".git" in rel.split("/"):
             self.why = self.why or GIT
         else:
-            born = _born(fd)
+            born, node = _born(fd), (found.st_dev, found.st_ino)
             if born is not None and born >= self._start:
                 self._new.add(rel)
+                if not folder:
+                    self._fresh.setdefault(rel, set()).add(node)
             else:  # its name is read now, not when it was opened: checked once the gate ends
-                self._inodes.setdefault(rel, set()).add((found.st_dev, found.st_ino))
+                self._inodes.setdefault(rel, set()).add(node)
             if folder:
                 self._listed.add(rel)
             elif mask & (FAN_OPEN | FAN_OPEN_EXEC):
                 self._read.add(rel)
             if not folder and mask & FAN_CLOSE_WRITE:
                 self._wrote.add(rel)
+                self._made.add(node)
 
     def _renamed(self) -> str:
         """A name of an older file or folder the gate opened that holds another now (or
@@ -364,7 +362,31 @@ class Observer:
             return Observation(complete=False, why=self.why)
         return Observation(complete=True, read=frozenset(self._read),
                            listed=frozenset(self._listed), wrote=frozenset(self._wrote),
-                           new=frozenset(self._new))  # fmt: skip
+                           new=frozenset(self._new), foreign=self._foreign())  # fmt: skip
+
+    def _foreign(self) -> frozenset[str]:
+        """The new files it opened but never wrote (by inode: a rename keeps it), and the new
+        folders it listed that hold an entry other than such a file of its own: another
+        gate's, made beside it from what this one never read (``stands_for``)."""
+        found = {rel for rel, nodes in self._fresh.items() if not nodes <= self._made}
+        listed = self._listed & self._new
+        return frozenset(found | {r for r in listed if not self._all_made(f"{self.tree}/{r}")})
+
+    def _all_made(self, folder: str) -> bool:
+        """Whether each entry under ``folder`` now is a file the gate wrote or a folder of
+        them (a bytecode folder aside; a walk past ``WALK`` entries says no).  A folder gone
+        by now leaves nothing: its names were the gate's own to make and remove."""
+        stack, count = [folder], 0
+        while stack:
+            with contextlib.suppress(FileNotFoundError):  # gone by now (an entry, or all)
+                for entry in list(os.scandir(stack.pop())):
+                    count += 1
+                    mode, node = _node(entry)
+                    if count > WALK or not (stat.S_ISDIR(mode) or node in self._made):
+                        return False
+                    if stat.S_ISDIR(mode) and entry.name != "__pycache__":
+                        stack.append(entry.path)
+        return True
 
     def close(self) -> None:
         self.started()
@@ -374,6 +396,15 @@ class Observer:
         # A fanotify group with marks, and a mount namespace, each wait for the kernel's
         # grace period when closed (15 ms a gate): apart, the gate's result does not wait.
         _CLOSER.submit(_close, fds)
+
+
+def _node(entry: os.DirEntry[str]) -> tuple[int, tuple[int, int]]:
+    """(mode, (device, inode)) of ``entry``: a regular file's inode, (0, 0) for any other."""
+    try:
+        found = entry.stat(follow_symlinks=False)
+    except FileNotFoundError:  # removed since it was listed: nothing
+        return stat.S_IFDIR, (0, 0)
+    return found.st_mode, (found.st_dev, found.st_ino) if stat.S_ISREG(found.st_mode) else (0, 0)
 
 
 def _replaced(inode: int, rel: str, observer: Observer) -> bool:
@@ -406,12 +437,6 @@ def _relative(path: str, tree: str) -> str | None:
     return rel
 
 
-def _mounts(mountinfo: Path) -> list[str]:
-    """The mount points in a namespace's ``mountinfo``, each once."""
-    found = [_unescape(line.split(b" ")[4]) for line in mountinfo.read_bytes().splitlines()]
-    return list(dict.fromkeys(found))
-
-
 def _git_database(where: str, point: str, tree: str) -> bool:
     """Whether the mount at ``point`` (reached at ``where``), outside ``tree``, is a git
     database: a ``.git`` folder, or a bare repository's (HEAD, objects and refs)."""
@@ -420,16 +445,3 @@ def _git_database(where: str, point: str, tree: str) -> bool:
     if ".git" in point.split("/"):
         return True
     return all(os.path.exists(f"{where}/{name}") for name in ("HEAD", "objects", "refs"))
-
-
-def _unescape(field: bytes) -> str:
-    r"""mountinfo's octal escapes (``\040`` a space) undone."""
-    out, i = bytearray(), 0
-    while i < len(field):
-        if field[i : i + 1] == b"\\" and field[i + 1 : i + 4].isdigit():
-            out.append(int(field[i + 1 : i + 4], 8))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return out.decode("utf-8", "surrogateescape")

@@ -264,10 +264,19 @@ def _overlays() -> Iterator[tuple[Path, str]]:
         yield Path(_unescape(fields[4])), options.get("upperdir", "")
 
 
+def mount_points(mountinfo: Path) -> list[str]:
+    """The mount points in a namespace's ``mountinfo`` (a ``/proc/PID/mountinfo``), each once."""
+    text = mountinfo.read_bytes().decode("utf-8", "surrogateescape")
+    return list(dict.fromkeys(_unescape(line.split(" ")[4]) for line in text.splitlines()))
+
+
 def _unescape(text: str) -> str:
     """mountinfo's octal escapes (``\\040`` for a space) undone."""
     return (
-        text.encode().decode("unicode_escape").encode("latin-1").decode("utf-8", "surrogateescape")
+        text.encode("utf-8", "surrogateescape")
+        .decode("unicode_escape")
+        .encode("latin-1")
+        .decode("utf-8", "surrogateescape")
     )
 
 

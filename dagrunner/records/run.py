@@ -148,6 +148,9 @@ class Observation:
     listed: frozenset[str] = frozenset()  # folders opened (listed, or a base of lookups)
     wrote: frozenset[str] = frozenset()  # files closed after an open to write (in ``read``)
     new: frozenset[str] = frozenset()  # files of ``read`` whose inode was made during the run
+    # of ``new`` and ``listed``: files made in the run that the gate never closed after a
+    # write (another gate's, beside it), and folders made in the run holding such a file
+    foreign: frozenset[str] = frozenset()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -157,6 +160,7 @@ class Observation:
             "listed": sorted(self.listed),
             "wrote": sorted(self.wrote),
             "new": sorted(self.new),
+            "foreign": sorted(self.foreign),
         }
 
     @classmethod
@@ -175,6 +179,7 @@ class Observation:
             listed=_tree_paths(data.get("listed", ()), "listed"),
             wrote=_tree_paths(data.get("wrote", ()), "wrote"),
             new=_tree_paths(data.get("new", ()), "new"),
+            foreign=_tree_paths(data.get("foreign", ()), "foreign"),
         )
 
 
