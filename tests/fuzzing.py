@@ -64,6 +64,10 @@ class Scenario:
     red: bool  # the target itself fails the docs gate
     hostile: bool  # the check runs what its tool cache holds
     observed: bool = False  # gates keyed by the tree: by what they are seen to read (issue 46)
+    # observed only: a relay gate beside the check copies the tree's text files into a new
+    # file, which the check reads instead when it is there (a file another gate made); the
+    # workers' files are in the target already, so an edit leaves the tree's names as they were
+    relay: bool = False
 
     @classmethod
     def of(cls, seed: int) -> Scenario:
@@ -90,6 +94,7 @@ class Scenario:
             red=rng.random() < 0.25,
             hostile=hostile,
             observed=rng.random() < 0.5,  # drawn last: the seeds' other draws stay as they were
+            relay=rng.random() < 0.5,
         )
 
     def manifest(self, state: Path) -> str:
@@ -137,6 +142,18 @@ class Scenario:
                 "lint" if self.chain else "",
             ),
         ]
+        if self.observed and self.relay:  # the same verdict, read through another gate's file
+            gates[1] = gates[1].replace(
+                f"! grep {grep} BROKEN --include=*.txt .",
+                "sleep 0.3; if [ -e relay/all ]; then ! grep -q BROKEN relay/all; "
+                f"else ! grep {grep} BROKEN --include=*.txt .; fi",
+            )
+            gates.append(
+                gate(
+                    "relay",
+                    "mkdir -p relay; cat ./*.txt > relay/all.part; mv relay/all.part relay/all",
+                )
+            )
         if self.slow:
             gates.append(gate("slow", "sleep 0.6; ! grep -rq BROKEN --include=*.txt ."))
         if self.red:
@@ -208,9 +225,12 @@ def make_repo(scenario: Scenario, root: Path, state: Path) -> tuple[Path, str]:
     repo = root / "repo"
     repo.mkdir(parents=True)
     git(repo, "init", "-q", "-b", "main")
-    (repo / ".gitignore").write_text("reports/\n")
+    (repo / ".gitignore").write_text("reports/\nrelay/\n")
     (repo / "shared.txt").write_text("one\ntwo\nthree\n")
     (repo / "README.txt").write_text("REDMARK\n" if scenario.red else "fine\n")
+    if scenario.observed and scenario.relay:  # workers edit their file: the names stay
+        for worker in scenario.workers:
+            (repo / f"{worker.name}.txt").write_text("fine\n")
     (repo / "manifests").mkdir()
     (repo / "manifests" / "release.toml").write_text(scenario.manifest(state))
     git(repo, "add", "-A")

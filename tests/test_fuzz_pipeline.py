@@ -25,6 +25,9 @@ FOUND = [
     # a conflicting front went while a suspect behind it was waiting for its confirmation,
     # which was never launched: the integrator waited for a run that never came (a hang)
     80,
+    # a relay gate beside the check copied the tree's files into a new file the check read
+    # instead: the check's reads were keyed by nothing, and a BROKEN edit landed (observed)
+    6103,
 ]
 
 
@@ -39,6 +42,7 @@ def test_the_fixed_seeds_cover_every_feature_of_a_scenario() -> None:
         assert not all(getattr(s, feature) for s in scenarios), feature
     assert {g for s in scenarios for g in s.flaky} == {"lint", "check"}
     assert {s.window for s in scenarios} >= {1, 2, 4}
+    assert {(s.observed, s.relay) for s in scenarios if s.observed} == {(True, True), (True, False)}
 
 
 @pytest.mark.parametrize("seed", SEEDS + FOUND)
