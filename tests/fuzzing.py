@@ -281,10 +281,33 @@ def run(seed: int, root: Path) -> Outcome:
             hit = git(repo, "grep", "-l", mark, commit, "--", "*.txt", check=False).strip()
             if hit:
                 outcome.broken.append(f"landed {commit[:12]} fails on {mark}: {hit}")
+    outcome.broken += stale_cached(repo, root)
     if landed:
         outcome.broken += oracle(scenario, repo, root, state)
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+# What each gate fails on (every gate is a function of the tree's text files, but flakes)
+FAILS_ON = {"lint": "LINTBAD", "check": "BROKEN", "slow": "BROKEN", "docs": "REDMARK"}
+
+
+def stale_cached(repo: Path, root: Path) -> list[str]:
+    """Every verdict the queue answered from the cache on a tree where its gate fails: a
+    stale pass, even where another gate failed the tree (so nothing landed by it)."""
+    found = []
+    trees = Path(os.environ.get("DAGRUNNER_WORKTREE_ROOT", root / "worktrees"))
+    for record in sorted(trees.glob("*/.integration/.reports/*/*/run.json")):
+        run = orjson.loads(record.read_bytes())
+        commit = (run.get("git") or {}).get("commit")
+        for gate in run.get("gates", []):
+            mark = FAILS_ON.get(gate.get("id", ""))
+            if gate.get("status") != "cached" or not mark or not commit:
+                continue
+            hit = git(repo, "grep", "-l", mark, commit, "--", "*.txt", check=False).strip()
+            if hit:
+                found.append(f"{gate['id']} answered from the cache on {commit[:12]}: {hit}")
+    return found
 
 
 def oracle(scenario: Scenario, repo: Path, root: Path, state: Path) -> list[str]:

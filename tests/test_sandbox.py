@@ -380,3 +380,40 @@ def test_yarn_1_in_a_gate_prints_its_scripts_output_and_no_warning_of_its_own(
     home = next(line.removeprefix("home=") for line in lines if line.startswith("home="))
     assert lines[0] == "hello", log
     assert lines[1] == f"{home}/.yarn/bin", "yarn's global prefix is the gate's own HOME"
+
+
+def test_a_view_bubblewrap_could_not_set_up_is_started_again_and_a_gate_saying_bwrap_is_not(
+    tmp_path: Path,
+) -> None:
+    """bubblewrap dies when a mount of the machine goes while it copies the mount table
+    (containers/bubblewrap#650: a tool-cache overlay of another gate, say): the gate never
+    started, and is started again.  Here the view cannot be set up at all (a folder of this
+    process's /proc, which the gate's own /proc lacks): started four times, then failed.  A
+    gate that itself prints a 'bwrap:' line and exits 1 is not started again."""
+    import trio
+
+    from dagrunner.process.contain import detect
+    from dagrunner.process.logs import SETUP_NOTE
+    from dagrunner.process.sandbox import SETUP_WAITS, GateJob, run_job
+
+    if not (detect().bwrap and detect().views):
+        pytest.skip("needs bubblewrap to hold gates' views")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+
+    def job(name: str, script: str, **extra: Any) -> GateJob:
+        return GateJob(gate=name, argv=("/bin/sh", "-c", script), cwd=str(tree),
+                       env={"PATH": "/usr/bin:/bin"}, sandbox_dir=str(tmp_path / name),
+                       log_path=str(tmp_path / f"{name}.log"), log_limit=1 << 20, timeout=60.0,
+                       **extra)  # fmt: skip
+
+    unset = trio.run(run_job, job("unset", "echo ran", read_only=(f"/proc/{os.getpid()}",)))
+    log = (tmp_path / "unset.log").read_text()
+    assert unset.unset and unset.exit_code == 1 and not unset.passed
+    assert log.count("bwrap: ") == len(SETUP_WAITS) + 1 and "ran" not in log, log
+    assert log.count(SETUP_NOTE) == len(SETUP_WAITS), log
+
+    said = trio.run(run_job, job("said", "echo 'bwrap: not really' >&2; exit 1"))
+    log = (tmp_path / "said.log").read_text()
+    assert not said.unset and said.exit_code == 1
+    assert log.count("bwrap: ") == 1 and SETUP_NOTE not in log, log

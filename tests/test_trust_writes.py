@@ -164,7 +164,7 @@ def test_when_bubblewrap_cannot_set_up_the_view_the_log_does_not_blame_the_gate(
     'bwrap: ' that tells of a read-only file system -- the gate never wrote anything.  Such
     a line gets the set-up note, not "a write outside the gate's own places was refused"."""
     from dagrunner.process.contain import jail
-    from dagrunner.process.sandbox import BWRAP_NOTE, EROFS_NOTE
+    from dagrunner.process.logs import BWRAP_NOTE, EROFS_NOTE
     from dagrunner.process.view import View
 
     place = _outside_the_covers()  # the root there is a read-only bind

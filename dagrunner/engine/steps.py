@@ -41,8 +41,9 @@ from dagrunner.git.command import head_info
 from dagrunner.git.repo import resolve_repo
 from dagrunner.manifest.load import Manifest, default_manifest, load_manifest
 from dagrunner.process.contain import detect, disable_dumping, network_isolation
+from dagrunner.process.logs import secret_values
 from dagrunner.process.prove import last_proof
-from dagrunner.process.sandbox import gate_environment, secret_values
+from dagrunner.process.sandbox import gate_environment
 from dagrunner.process.tree import sweep_orphans
 from dagrunner.records.run import GateResult, GovernorSample, RunRecord, RunStatus
 from dagrunner.report.rundir import prepare_run_dir, write_run_dir

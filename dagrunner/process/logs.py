@@ -1,7 +1,8 @@
 """A log file that keeps a gate's first and last bytes and says how many it left out.
 
 Memory stays bounded by the cap however much a gate prints: the head goes
-straight to disk, and only the tail is held, in a buffer trimmed as it grows.
+straight to disk, and only the tail is held, in a buffer trimmed as it grows.  Also what a
+log says of its own (the notes for bubblewrap's failures) and keeps out (secrets).
 """
 
 from __future__ import annotations
@@ -13,6 +14,20 @@ from types import TracebackType
 
 import trio
 
+EROFS_NOTE = (
+    "a write outside the gate's own places was refused (read-only file system): a gate writes "
+    "only its tree, HOME, TMPDIR and what the manifest names ([sandbox] writable, or the "
+    "gate's writable)"
+)
+BWRAP_NOTE = (
+    "bubblewrap could not set up the gate's view (its 'bwrap:' message is above): a path the "
+    "view binds or hides may be missing or unmountable; the gate itself may not have started"
+)
+# A mount of the machine's that goes while bubblewrap copies the mount table fails its view
+# (containers/bubblewrap#650: dagrunner's own tool-cache overlays come and go, so do other
+# programs'): the gate never started, and is started again (``sandbox.SETUP_WAITS``).
+SETUP_NOTE = "bubblewrap could not set the gate's view up (above); the gate never started: again"
+OPENING = 512  # bytes of a gate's output kept apart: a 'bwrap:' line first is bubblewrap's
 ELISION = b"\n[dagrunner: %d bytes left out of this log; it keeps the first %d and last %d bytes]\n"
 
 
@@ -28,9 +43,12 @@ class BoundedLog:
         self._tail = bytearray()
         self._file = path.open("wb")
         self._notes: list[bytes] = []
+        self.opening = bytearray()  # the first bytes of this attempt's output (cleared for another)
 
     def write(self, data: bytes | bytearray) -> None:
         self.total += len(data)
+        if len(self.opening) < OPENING:
+            self.opening += data[: OPENING - len(self.opening)]
         room = self.head_limit - self.head_written
         if room > 0:
             self._file.write(data[:room])
@@ -119,3 +137,33 @@ async def pump(
                     ]
     finally:
         drained.set()
+
+
+# Caller variables that are never secrets, or whose values are everywhere (paths, terminals).
+NOT_SECRET = frozenset(
+    {"PATH", "PWD", "OLDPWD", "HOME", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "TZ", "SHLVL"}
+    | {"HOSTNAME", "TMPDIR", "_", "COLUMNS", "LINES", "PYTHONPATH", "VIRTUAL_ENV"}
+)
+MIN_SECRET = 8  # shorter values are too common to redact without mangling every log
+
+
+def secret_values(
+    caller: Mapping[str, str], envs: Mapping[str, Mapping[str, str]]
+) -> dict[str, str]:
+    """value -> name of every caller variable that no gate was given: redacted from logs.
+
+    A gate cannot print what it was not given, unless it reads the runner some
+    other way; this is the last line if it ever does.
+    """
+    given = {value for env in envs.values() for value in env.values()}
+    found: dict[str, str] = {}
+    for name, value in caller.items():
+        if (
+            len(value) >= MIN_SECRET
+            and not value.startswith(("/", "~"))  # paths (PYENV_DIR=/x): not secrets, and common
+            and value not in given
+            and name not in NOT_SECRET
+            and not name.startswith(("LC_", "XDG_", "DAGRUNNER_"))
+        ):
+            found.setdefault(value, name)
+    return dict(sorted(found.items(), key=lambda item: -len(item[0])))  # longest first

@@ -23,7 +23,7 @@ from dagrunner.files import is_inside
 from dagrunner.manifest.load import DEFAULT_MAX_PIDS, EnvSpec
 from dagrunner.process.contain import detect, jail, spawn
 from dagrunner.process.home import furnish
-from dagrunner.process.logs import BoundedLog, pump
+from dagrunner.process.logs import BWRAP_NOTE, EROFS_NOTE, SETUP_NOTE, BoundedLog, pump
 from dagrunner.process.observe import NOT_BWRAPPED, NOT_TREE, Observer
 from dagrunner.process.tree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
 from dagrunner.process.view import View
@@ -32,6 +32,7 @@ from dagrunner.records.run import Observation, TestRun
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 FIXED_ENV = {"TZ": "UTC", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
 KILL_GRACE = 3.0
+SETUP_WAITS = (0.05, 0.2, 0.6)  # before each start again of a gate whose view was not set up
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +90,7 @@ class AttemptResult:
     ran: float | None = None  # seconds from the gate's start to its end, measured where it ran
     tests: TestRun | None = None  # its JUnit file, read where it ran (a cluster's worker)
     observation: Observation | None = None  # None: not asked; else what it opened, or why not
+    unset: bool = False  # bubblewrap could not set its view up: the gate never started
 
     @property
     def passed(self) -> bool:
@@ -155,36 +157,6 @@ def tree_environment(env: dict[str, str], tree: Path, seeds: Iterable[str]) -> d
     return env
 
 
-# Caller variables that are never secrets, or whose values are everywhere (paths, terminals).
-NOT_SECRET = frozenset(
-    {"PATH", "PWD", "OLDPWD", "HOME", "SHELL", "TERM", "USER", "LOGNAME", "LANG", "TZ", "SHLVL"}
-    | {"HOSTNAME", "TMPDIR", "_", "COLUMNS", "LINES", "PYTHONPATH", "VIRTUAL_ENV"}
-)
-MIN_SECRET = 8  # shorter values are too common to redact without mangling every log
-
-
-def secret_values(
-    caller: Mapping[str, str], envs: Mapping[str, Mapping[str, str]]
-) -> dict[str, str]:
-    """value -> name of every caller variable that no gate was given: redacted from logs.
-
-    A gate cannot print what it was not given, unless it reads the runner some
-    other way; this is the last line if it ever does.
-    """
-    given = {value for env in envs.values() for value in env.values()}
-    found: dict[str, str] = {}
-    for name, value in caller.items():
-        if (
-            len(value) >= MIN_SECRET
-            and not value.startswith(("/", "~"))  # paths (PYENV_DIR=/x): not secrets, and common
-            and value not in given
-            and name not in NOT_SECRET
-            and not name.startswith(("LC_", "XDG_", "DAGRUNNER_"))
-        ):
-            found.setdefault(value, name)
-    return dict(sorted(found.items(), key=lambda item: -len(item[0])))  # longest first
-
-
 async def run_job(job: GateJob) -> AttemptResult:
     """Run ``job`` once and report how it ended.  Cancellation ends the tree first."""
     become_subreaper()
@@ -199,7 +171,19 @@ async def run_job(job: GateJob) -> AttemptResult:
     env[TOKEN_VAR] = token
     log = BoundedLog(Path(job.log_path), job.log_limit)
     try:
-        return await _run(job, env, token, log, (home, tmp))
+        result = await _run(job, env, token, log, (home, tmp))
+        for wait in SETUP_WAITS:  # bubblewrap dies when a mount goes while it copies the table
+            if not result.unset:
+                break
+            log.note(SETUP_NOTE)
+            for made in (home, home.with_name(f"{home.name}.view")):  # nothing ran in them
+                shutil.rmtree(made, ignore_errors=True)
+            await trio.sleep(wait)
+            log.opening.clear()
+            result = await _run(job, env, token, log, (home, tmp))
+        if result.unset:
+            log.note(f"the view was not set up in {len(SETUP_WAITS) + 1} starts: the gate fails")
+        return result
     finally:
         log.close()
 
@@ -311,17 +295,6 @@ def _places(tree: Path, paths: tuple[str, ...]) -> list[Path]:
     return found
 
 
-EROFS_NOTE = (
-    "a write outside the gate's own places was refused (read-only file system): a gate writes "
-    "only its tree, HOME, TMPDIR and what the manifest names ([sandbox] writable, or the "
-    "gate's writable)"
-)
-BWRAP_NOTE = (
-    "bubblewrap could not set up the gate's view (its 'bwrap:' message is above): a path the "
-    "view binds or hides may be missing or unmountable; the gate itself may not have started"
-)
-
-
 async def _run(
     job: GateJob, env: dict[str, str], token: str, log: BoundedLog, dirs: tuple[Path, ...]
 ) -> AttemptResult:
@@ -370,7 +343,7 @@ async def _run(
     observer.started()
     watch = TreeWatch(root_pid=process.pid, token=token, jail=box)
     refused: list[bool] = []  # pump's, per line telling of EROFS: was it bubblewrap's own?
-    timed_out = finished = False
+    timed_out = finished = unset = False
     leftover = 0
     survivors: list[int] = []
     stdout = process.stdout
@@ -388,6 +361,9 @@ async def _run(
                 survivors = await trio.to_thread.run_sync(watch.end, job.grace)
                 await process.wait()
             else:
+                # its init writes what was left once the gate ended: no such file, and a
+                # 'bwrap:' line first (once drained), is a view bubblewrap could not set up
+                unset = box.bwrap and process.returncode == 1 and not box.left_file.exists()
                 left = watch.leftovers_after_exit()
                 leftover = len(left) + box.leftovers()
                 if left:
@@ -428,6 +404,7 @@ async def _run(
         cpu_seconds=round(watch.cpu_seconds, 3),
         log_bytes=log.total,
         log_elided=log.elided,
+        unset=unset and log.opening.startswith(b"bwrap: "),
         leftover_killed=leftover,
         survivors=tuple(survivors),
         containment=detect().mode,
