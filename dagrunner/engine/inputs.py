@@ -215,11 +215,39 @@ class Before:
     unknown: bool = False
     untracked: frozenset[str] = frozenset()  # files of the snapshot outside git's index
     seeds: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = ()
+    # files dagrunner removed before a gate started (its own JUnit file: ``clear``)
+    removed: set[str] = field(default_factory=set)
 
     def held(self, path: str, *, folder: bool = False) -> bool:
         """Whether ``path`` (a file, or a ``folder``) was there, ignored, before the gates
         ran: a file the gate made new, or a folder of the snapshot, was not."""
+        if not folder and path in self.removed:
+            return False
         return self.unknown or path in (self.folders if folder else self.ignored)
+
+    def clear(self, root: Path, rel: str) -> None:
+        """Remove ``rel``, the JUnit file a gate declares, left in ``root`` by an earlier run,
+        before the gate starts: what it held is then never read, and the gate's new file is
+        its own (made in its run), not an ignored cache that makes its observation
+        incomplete.  Never through a link (the tree may be an envelope's, whose ``build``
+        may name any folder), and only a plain file: a folder opened at each step without
+        following links, so a gate swapping one in meanwhile cannot redirect it."""
+        *folders, name = rel.split("/")
+        if not name or ".." in folders or "." in folders:
+            return
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in folders:
+                step = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = step
+            if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=fd)
+                self.removed.add(rel)
+        except OSError:
+            return  # not there, or not a plain file under plain folders: left alone
+        finally:
+            os.close(fd)
 
     def seed_keys(self, path: str) -> tuple[str, ...] | None:
         for folder, keys in self.seeds:
