@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +153,87 @@ def test_the_junit_file_is_never_removed_through_a_link_nor_when_it_is_tracked(
     git(tree, "commit", "-qm", "a linked build folder")
     check(capsys, tree, JUNIT)
     assert (outside / "junit" / "tests.xml").exists()
+
+
+LISTS = """
+[env]
+pass = ["PATH"]
+[gates.lists]
+run = "sleep 1; ls -a > /dev/null; cat src/a.py > /dev/null"
+inputs = ["**"]
+observe = true
+[gates.makes]
+run = "mkdir -p build && echo made > build/out.txt; rm -rf stale"
+inputs = ["**"]
+"""
+
+
+def ran(capsys: pytest.CaptureFixture[str], repo: Path) -> set[str]:
+    code, body, _ = check(capsys, repo, LISTS)
+    assert code == 0, [(g["id"], g["reason"]) for g in body["gates"]]
+    return {g["id"] for g in body["gates"] if g["status"] != "cached"}
+
+
+def test_a_folder_another_gate_makes_during_the_run_is_not_in_a_listing_key(
+    capsys: pytest.CaptureFixture[str], tree: Path
+) -> None:
+    """Every tree of the queue starts without the folders its gates make (``build/``,
+    ``.tox``, ``.mypy_cache``): a gate that lists the tree's root was stored with the
+    names it held once the gate ended, another gate's ``build`` among them, and a fresh
+    tree (a docs-only envelope's) never matched it.  Names made in this run are left out
+    of a listing's key: the gate keyed by them is the tree's, as it was before its run."""
+    (tree / ".gitignore").write_text("reports/\nbuild/\nstale/\n")
+    git(tree, "commit", "-qam", "ignore build")
+    assert "lists" in ran(capsys, tree)
+    shutil.rmtree(tree / "build")  # a fresh tree: what the last run made is not there
+    (tree / "README").write_text("an edit of the docs\n")
+    assert "lists" not in ran(capsys, tree)
+
+
+def test_a_name_another_gate_removed_during_the_run_is_not_answered_without(
+    capsys: pytest.CaptureFixture[str], tree: Path
+) -> None:
+    """The other way round: a name the tree held before the run and a gate removed while
+    it ran was not seen; a tree that holds it is not answered by that run."""
+    (tree / ".gitignore").write_text("reports/\nbuild/\nstale/\n")
+    git(tree, "commit", "-qam", "ignore build")
+    (tree / "stale").mkdir()
+    assert "lists" in ran(capsys, tree)  # makes removed stale/ while lists slept
+    (tree / "stale").mkdir()
+    (tree / "README").write_text("an edit of the docs\n")
+    assert "lists" in ran(capsys, tree)
+
+
+RELAY = """
+[env]
+pass = ["PATH"]
+[gates.check]
+run = '''files=$(ls tests); for i in $(seq 100); do [ -e tests/gen_test.txt ] && break; sleep 0.1; done
+[ -e tests/gen_test.txt ] || exit 3  # gen ran beside it (a stat: not seen)
+for f in $files; do ! grep -q FAIL tests/$f || exit 1; done'''
+inputs = ["**"]
+observe = true
+[gates.gen]
+run = "sleep 0.5; echo FAIL > tests/gen_test.txt; sleep 1"
+"""
+
+
+def test_a_file_another_gate_made_after_the_listing_is_not_answered_for_once_it_is_there(
+    capsys: pytest.CaptureFixture[str], tree: Path
+) -> None:
+    """``check`` lists ``tests/`` before ``gen`` writes a failing file there (ignored), and
+    waits for it by ``stat`` (not seen): it never saw the file in its listing, and passed.
+    Keyed by the names once it ended, that pass answered the next run, where the file was
+    there from the start and ``check`` would read it: a stale pass.  The names made in the
+    run are not in the key, so the next run misses, and fails."""
+    (tree / "tests").mkdir()
+    (tree / "tests" / "ok.txt").write_text("fine\n")
+    (tree / ".gitignore").write_text("reports/\ntests/gen_test.txt\n")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "tests")
+    code, body, _ = check(capsys, tree, RELAY)
+    assert code == 0, [(g["id"], g["reason"]) for g in body["gates"]]
+    (tree / "README").write_text("an edit of the docs\n")
+    code, body, _ = check(capsys, tree, RELAY)
+    found = next(g for g in body["gates"] if g["id"] == "check")
+    assert code != 0 and found["status"] == "failed", found["reason"]

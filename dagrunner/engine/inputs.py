@@ -27,6 +27,7 @@ from dagrunner.files import read_regular
 from dagrunner.git.command import git, split_z, toplevel
 from dagrunner.manifest.globs import glob_regex, literal_prefix
 from dagrunner.manifest.load import GateSpec, Manifest
+from dagrunner.process.observe import born
 from dagrunner.records.run import Observation
 
 _WILDCARD = re.compile(r"[*?\[]")
@@ -374,14 +375,27 @@ def neutral(gate: GateSpec) -> tuple[str, ...]:
     return () if ORDERING.search(words) else (PYTEST_CACHE,)
 
 
-def listing(root: Path) -> Callable[[str], str | None]:
+def listing(root: Path, since: int | None = None) -> Callable[[str], str | None]:
     """The names in a folder of ``root`` (all of them: a file git ignores is listed too),
-    as one id; None when it is not a folder now."""
+    as one id; None when it is not a folder now.  With ``since`` (ns since the epoch: when
+    the run began, before any gate), a name made since is left out: every tree of the queue
+    starts without the folders its gates make (``build/``, ``.tox``), and a gate stored
+    with another gate's ``build`` in the root it listed never answered a fresh tree.  The
+    tree's names as they were before the run key it: a name made in the run is its gates'
+    product (one a gate opened is its own, or another's, which makes the observation
+    incomplete); a name removed in the run is not in the key either, so a tree that holds
+    it misses; one removed and made again is new, left out, and so misses too; a name
+    whose birth is unknown is kept (a miss at worst), and so is one made just after
+    ``since`` that a file system's coarser clock stamped before it."""
 
     def names(folder: str) -> str | None:
         try:
             with os.scandir(root / folder) as entries:
-                found = sorted(entry.name for entry in entries)
+                found = sorted(
+                    entry.name
+                    for entry in entries
+                    if since is None or (made := born(entry.path)) is None or made < since
+                )
         except OSError:
             return None
         return blob_id("\0".join(found).encode("utf-8", "surrogateescape"))
