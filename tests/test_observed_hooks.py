@@ -237,3 +237,24 @@ def test_a_file_another_gate_made_after_the_listing_is_not_answered_for_once_it_
     code, body, _ = check(capsys, tree, RELAY)
     found = next(g for g in body["gates"] if g["id"] == "check")
     assert code != 0 and found["status"] == "failed", found["reason"]
+
+
+def test_a_gate_in_a_folder_is_given_the_paths_under_it_relative_to_it(
+    capsys: pytest.CaptureFixture[str], tree: Path
+) -> None:
+    """As ``git ls-files`` run there lists them: ``src/a.py`` is ``a.py`` to a gate whose
+    ``cwd`` is ``src``, and nothing outside ``src`` is given."""
+    counts = "import sys; sys.exit(sorted(sys.argv[1:]) != ['a.py', 'b.py'])"
+    argv = [sys.executable, "-c", SELECT, "--always-run", "--", sys.executable, "-c", counts]
+    manifest = f"""
+[env]
+pass = ["PATH"]
+[gates.lint]
+run = [{", ".join(json.dumps(a) for a in argv)}]
+cwd = "src"
+inputs = ["**"]
+observe = true
+"""
+    code, body, _ = check(capsys, tree, manifest)
+    assert code == 0, [(g["id"], g["reason"]) for g in body["gates"]]
+    assert body["gates"][0]["cache"]["observed"]["keyed_by"] == "reads"
