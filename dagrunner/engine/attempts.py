@@ -21,6 +21,7 @@ import trio
 
 from dagrunner.engine.cachestep import RunCache
 from dagrunner.engine.graph import spec
+from dagrunner.engine.keys import WHOLE_TREE_GLOBS, declared_outputs
 from dagrunner.engine.plan import NodeKinds, Plan
 from dagrunner.engine.scheduler import Outcome
 from dagrunner.errors import DagrunnerError, ExitCode
@@ -126,6 +127,7 @@ class GateRunner:
         # the trusted tier only for the caller's main checkout; a private layer elsewhere
         self.tools = ToolCaches(plan.repo, own=not plan.read_only)
         self.suspects: dict[str, str] = {}  # gate -> what changed while it ran
+        self.listed: str | None = None  # the snapshot's paths, once a gate is given them
 
     def job(self, gate: GateSpec, attempt: int, root: Path, tools: Path | None) -> GateJob:
         """``tools``: the gate's tool cache folder (``ToolCaches``), when it has one."""
@@ -163,6 +165,34 @@ class GateRunner:
             margin=self.plan.manifest.executor.margin,
             # what it reads keys it (inputs = the whole tree) or shows undeclared inputs
             observe=str(root) if self.cache.observes(gate.id) else "",
+            paths=self.paths(gate, root),
+        )
+
+    def clear_junit(self, gate: GateSpec, root: Path) -> None:
+        """An observed gate's JUnit file, left by an earlier run and not a file of the
+        snapshot, removed before it starts (``inputs.Before.clear``)."""
+        assert gate.junit is not None
+        rel = os.path.normpath(os.path.join(gate.cwd, gate.junit))
+        if root == self.cache.snapshot.root and rel not in self.cache.snapshot.ids:
+            self.cache.before.clear(root, rel)
+
+    def paths(self, gate: GateSpec, root: Path) -> str:
+        """The snapshot's paths (the key's name set: tracked files and those not yet added
+        that git does not ignore, declared outputs left out) under the gate's folder,
+        relative to it, for a gate keyed by the whole tree of the snapshot; else "".  What
+        it lists is then in its key, and no ``git ls-files`` reads git's database, which
+        the observer cannot see (``process/home``, ``starter/hookgates``)."""
+        shot = self.cache.snapshot
+        if not WHOLE_TREE_GLOBS & set(gate.inputs) or root != shot.root or not shot.paths:
+            return ""
+        if self.listed is None:
+            outputs = declared_outputs(self.plan.graph)
+            self.listed = "\0".join(p for p in shot.paths if p not in outputs)
+        under = os.path.normpath(gate.cwd).strip("/")
+        if under in ("", "."):
+            return self.listed
+        return "\0".join(
+            p[len(under) + 1 :] for p in self.listed.split("\0") if p.startswith(f"{under}/")
         )
 
     async def __call__(self, node: str, t0: float) -> Outcome:
@@ -249,6 +279,8 @@ class GateRunner:
         warm = await trio.to_thread.run_sync(lambda: any(map(_warm, places)))
         try:
             for number in range(1, gate.retries + 2):
+                if tools is not None and gate.junit and self.cache.observes(gate.id):
+                    await trio.to_thread.run_sync(self.clear_junit, gate, root)
                 job = self.job(gate, number, root, tools)
                 if not Path(job.cwd).is_dir():
                     return Outcome(

@@ -124,7 +124,7 @@ class RunCache:
         observes = any(isinstance(p, KeyParts) and p.names for p in self.keys.values())
         self.before = held_before(repo, manifest, self.snapshot) if observes else Before()
         self.by_reads = 0  # passes and hits keyed by what the gate read
-        self.listing = listing(repo)  # the names in a folder a gate listed, now
+        self.listing = listing(repo, time.time_ns())  # a listed folder's names, but the run's
         self.setup_seconds = time.monotonic() - started
         self.stored = 0
 

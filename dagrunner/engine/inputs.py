@@ -27,6 +27,7 @@ from dagrunner.files import read_regular
 from dagrunner.git.command import git, split_z, toplevel
 from dagrunner.manifest.globs import glob_regex, literal_prefix
 from dagrunner.manifest.load import GateSpec, Manifest
+from dagrunner.process.observe import born
 from dagrunner.records.run import Observation
 
 _WILDCARD = re.compile(r"[*?\[]")
@@ -215,11 +216,39 @@ class Before:
     unknown: bool = False
     untracked: frozenset[str] = frozenset()  # files of the snapshot outside git's index
     seeds: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = ()
+    # files dagrunner removed before a gate started (its own JUnit file: ``clear``)
+    removed: set[str] = field(default_factory=set)
 
     def held(self, path: str, *, folder: bool = False) -> bool:
         """Whether ``path`` (a file, or a ``folder``) was there, ignored, before the gates
         ran: a file the gate made new, or a folder of the snapshot, was not."""
+        if not folder and path in self.removed:
+            return False
         return self.unknown or path in (self.folders if folder else self.ignored)
+
+    def clear(self, root: Path, rel: str) -> None:
+        """Remove ``rel``, the JUnit file a gate declares, left in ``root`` by an earlier run,
+        before the gate starts: what it held is then never read, and the gate's new file is
+        its own (made in its run), not an ignored cache that makes its observation
+        incomplete.  Never through a link (the tree may be an envelope's, whose ``build``
+        may name any folder), and only a plain file: a folder opened at each step without
+        following links, so a gate swapping one in meanwhile cannot redirect it."""
+        *folders, name = rel.split("/")
+        if not name or ".." in folders or "." in folders:
+            return
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in folders:
+                step = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = step
+            if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=fd)
+                self.removed.add(rel)
+        except OSError:
+            return  # not there, or not a plain file under plain folders: left alone
+        finally:
+            os.close(fd)
 
     def seed_keys(self, path: str) -> tuple[str, ...] | None:
         for folder, keys in self.seeds:
@@ -346,14 +375,27 @@ def neutral(gate: GateSpec) -> tuple[str, ...]:
     return () if ORDERING.search(words) else (PYTEST_CACHE,)
 
 
-def listing(root: Path) -> Callable[[str], str | None]:
+def listing(root: Path, since: int | None = None) -> Callable[[str], str | None]:
     """The names in a folder of ``root`` (all of them: a file git ignores is listed too),
-    as one id; None when it is not a folder now."""
+    as one id; None when it is not a folder now.  With ``since`` (ns since the epoch: when
+    the run began, before any gate), a name made since is left out: every tree of the queue
+    starts without the folders its gates make (``build/``, ``.tox``), and a gate stored
+    with another gate's ``build`` in the root it listed never answered a fresh tree.  The
+    tree's names as they were before the run key it: a name made in the run is its gates'
+    product (one a gate opened is its own, or another's, which makes the observation
+    incomplete); a name removed in the run is not in the key either, so a tree that holds
+    it misses; one removed and made again is new, left out, and so misses too; a name
+    whose birth is unknown is kept (a miss at worst), and so is one made just after
+    ``since`` that a file system's coarser clock stamped before it."""
 
     def names(folder: str) -> str | None:
         try:
             with os.scandir(root / folder) as entries:
-                found = sorted(entry.name for entry in entries)
+                found = sorted(
+                    entry.name
+                    for entry in entries
+                    if since is None or (made := born(entry.path)) is None or made < since
+                )
         except OSError:
             return None
         return blob_id("\0".join(found).encode("utf-8", "surrogateescape"))

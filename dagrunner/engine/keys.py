@@ -36,8 +36,9 @@ from dagrunner.process.sandbox import tree_environment
 
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
 # 2: a file or folder another gate made while the gate ran makes its reads incomplete (the
-# read sets kept before may have left such a file's sources out)
-READS_FORMAT = 2
+# read sets kept before may have left such a file's sources out); 3: a listed folder's names
+# leave out those made in the run (verdicts kept before may hold a name the gate never saw)
+READS_FORMAT = 3
 WHOLE_TREE_GLOBS = frozenset({"**", "/**"})  # inputs that name every file: keyed by reads
 # Derived from the commit, so it would miss every entry on every commit; it is
 # recorded in the proof instead (docs/cache.md says why).

@@ -13,6 +13,14 @@ a ``yarn_prefix`` the manifest sets, still wins.  Not a variable: ``PREFIX`` and
 ``npm_config_prefix`` move npm's global prefix too (``PREFIX`` a Makefile's install
 folder), and yarn berry refuses ``YARN_PREFIX`` ("Unrecognized or legacy configuration
 settings found").  Nothing of the caller's comes in: the files say only the gate's HOME.
+
+A gate keyed by the whole tree also finds there the paths of the tree's snapshot, named by
+``$DAGRUNNER_PATHS`` (NUL-ended, relative to its folder): the list ``init``'s selector in a
+pre-commit hook's stead (``starter/hookgates``) runs on instead of ``git ls-files``, which
+reads git's database, unseen by the observer (docs/cache.md).  The name set the gate's key
+holds is exactly that list, so it changes only when the key does.  Only this gate sees its
+HOME: another gate cannot change what it is given (it can change only its own, as it can
+its own verdict).
 """
 
 from __future__ import annotations
@@ -20,7 +28,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+PATHS_VAR = "DAGRUNNER_PATHS"
+PATHS_FILE = ".dagrunner-paths"
 
-def furnish(home: Path) -> None:
-    """Write the gate's settings files into ``home``, a folder just made (its own)."""
+
+def furnish(home: Path, paths: str = "") -> None:
+    """Write the gate's settings files into ``home``, a folder just made (its own), and
+    ``paths`` (NUL-separated) where ``$DAGRUNNER_PATHS`` names them, when given."""
     (home / ".yarnrc").write_text(f"prefix {json.dumps(str(home / '.yarn'))}\n")
+    if paths:
+        (home / PATHS_FILE).write_bytes(paths.encode("utf-8", "surrogateescape") + b"\0")

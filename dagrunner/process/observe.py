@@ -92,6 +92,17 @@ def _born(fd: int) -> int | None:
     return int(sec) * 1_000_000_000 + int(nsec)
 
 
+def born(path: str | os.PathLike[str]) -> int | None:
+    """When ``path`` (a link not followed) was made, as ``_born``; None: not there."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    made = _born(fd)  # never raises
+    os.close(fd)
+    return made
+
+
 def _fanotify() -> int:
     """A new fanotify group (``OSError`` where the kernel or our privilege refuses).  Each
     event's file is opened non-blocking: a FIFO's would otherwise wait for a writer (this
@@ -334,18 +345,6 @@ class Observer:
                 return rel
         return ""
 
-    def born_in_run(self, path: str) -> bool:
-        """Whether the file at ``path`` (in the tree) was made while the gate ran."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            return False
-        try:
-            born = _born(fd)
-        finally:
-            os.close(fd)
-        return born is not None and born >= self._start
-
     def finish(self) -> Observation | None:
         """The observation (None when none was asked for); closes everything."""
         if not self.tree:
@@ -410,7 +409,8 @@ def _node(entry: os.DirEntry[str]) -> tuple[int, tuple[int, int]]:
 def _replaced(inode: int, rel: str, observer: Observer) -> bool:
     """Whether ``rel`` now holds a file the gate made (``inode``'s, born in the run)."""
     path = os.path.join(observer.tree, rel)
-    return observer.born_in_run(path) and os.lstat(path).st_ino == inode
+    made = born(path)  # in the run: since the gate was let go
+    return made is not None and made >= observer._start and os.lstat(path).st_ino == inode
 
 
 def _close(fds: list[int]) -> None:

@@ -22,7 +22,7 @@ import trio
 from dagrunner.files import is_inside
 from dagrunner.manifest.load import DEFAULT_MAX_PIDS, EnvSpec
 from dagrunner.process.contain import detect, jail, spawn
-from dagrunner.process.home import furnish
+from dagrunner.process.home import PATHS_FILE, PATHS_VAR, furnish
 from dagrunner.process.logs import BWRAP_NOTE, EROFS_NOTE, SETUP_NOTE, BoundedLog, pump
 from dagrunner.process.observe import NOT_BWRAPPED, NOT_TREE, Observer
 from dagrunner.process.tree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
@@ -67,6 +67,7 @@ class GateJob:
     memory: int = 0
     junit: str = ""  # the JUnit file the gate writes, relative to cwd (a cluster brings it back)
     observe: str = ""  # the tree (absolute) whose reads to record (``observe``), "" for none
+    paths: str = ""  # the tree's paths, NUL-separated, for ``$DAGRUNNER_PATHS`` (``home``)
     # On a cluster ([executor]): how long an attempt no worker can take waits for one, and
     # how far past timeout + grace the submitter waits for a result before giving up on it.
     wait_for_workers: float = 180.0
@@ -168,6 +169,7 @@ async def run_job(job: GateJob) -> AttemptResult:
     env = dict(job.env)
     if not job.keep_home:
         env.update(HOME=str(home), TMPDIR=str(tmp), TMP=str(tmp), TEMP=str(tmp))
+        env.update({PATHS_VAR: str(home / PATHS_FILE)} if job.paths else {})
     env[TOKEN_VAR] = token
     log = BoundedLog(Path(job.log_path), job.log_limit)
     try:
@@ -222,6 +224,7 @@ async def _start(
     dirs: tuple[Path, ...],
     home: Path | None,
     fds: tuple[int, ...] = (),
+    paths: str = "",
 ) -> _Child:
     def popen() -> subprocess.Popen[bytes]:
         # The gate's own HOME and TMPDIR, made here on the spawner thread: a mkdir can take
@@ -229,7 +232,7 @@ async def _start(
         for folder in dirs:
             folder.mkdir()
         if home is not None:
-            furnish(home)
+            furnish(home, paths)
         return subprocess.Popen(
             argv,
             cwd=cwd,
@@ -329,7 +332,7 @@ async def _run(
     RUNNING[token] = job.gate
     try:
         home = None if job.keep_home else Path(job.sandbox_dir)
-        process = await _start(box.argv, job.cwd, env, dirs, home, observer.fds)
+        process = await _start(box.argv, job.cwd, env, dirs, home, observer.fds, job.paths)
     except OSError as exc:
         RUNNING.pop(token, None)
         box.remove()

@@ -6,8 +6,11 @@
 (which replace the hook repository's default ``args``).  A gate that ran the tool on roots
 init guessed (``mypy src``) would check less: a type error in ``tests/`` landed that way.
 So the gate runs ``SELECT`` (a standard-library script, inline in the manifest): it lists
-the tracked files with ``git ls-files``, keeps those pre-commit would pass, and runs the
-hook's command on them.  A hook whose definition init does not know (another repository),
+the tree's files, keeps those pre-commit would pass, and runs the hook's command on them.
+The list is the one dagrunner gives (``$DAGRUNNER_PATHS``, ``process/home``: the tree's
+snapshot, the tracked files and those not yet added that git does not ignore), else, run
+by hand, ``git ls-files``: a gate that reads git's database cannot be keyed by what it
+read (docs/cache.md), and the snapshot's paths are in its key.  A hook whose definition init does not know (another repository),
 whose config it cannot read, or whose selection it cannot compute (a tag read from file
 contents, such as ``text``) is not replaced: it stays in the pre-commit gate, and why is
 said in the manifest.  Formatters are asked to check (``--check``) rather than rewrite: in
@@ -77,7 +80,8 @@ TAGS = {"file", "executable", "non-executable", "python", "pyi", "jupyter", "cyt
 # pre-commit's own xargs does), failing if any chunk fails.
 SELECT = r"""import os, re, stat, subprocess, sys
 i = sys.argv.index("--"); opt = dict(a[2:].partition("=")[::2] for a in sys.argv[1:i]); cmd = sys.argv[i + 1:]
-listed = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout
+named = os.environ.get("DAGRUNNER_PATHS")  # the tree's paths from dagrunner: no git read
+listed = open(named, "rb").read() if named else subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout
 paths = [p for p in listed.decode("utf-8", "surrogateescape").split("\0") if p]
 if not paths: sys.exit("dagrunner: git lists no tracked file here: nothing checked, so no pass")
 def tags(path):
