@@ -181,13 +181,26 @@ def test_a_folder_another_gate_makes_during_the_run_is_not_in_a_listing_key(
     ``.tox``, ``.mypy_cache``): a gate that lists the tree's root was stored with the
     names it held once the gate ended, another gate's ``build`` among them, and a fresh
     tree (a docs-only envelope's) never matched it.  Names made in this run are left out
-    of a listing's key: the gate keyed by them is the tree's, as it was before its run."""
+    of a listing's key -- when they are the gate's own or a need's: made beside it by
+    another gate, a name may stand for what the lister never read (the stale pass in
+    test_observed_hostile), so that run is keyed by the whole tree and says why."""
     (tree / ".gitignore").write_text("reports/\nbuild/\nstale/\n")
     git(tree, "commit", "-qam", "ignore build")
     assert "lists" in ran(capsys, tree)
     shutil.rmtree(tree / "build")  # a fresh tree: what the last run made is not there
     (tree / "README").write_text("an edit of the docs\n")
-    assert "lists" not in ran(capsys, tree)
+    _, body, _ = check(capsys, tree, LISTS)
+    lists = next(g for g in body["gates"] if g["id"] == "lists")
+    assert lists["status"] == "passed", lists
+    assert "build was made in this run by another gate" in lists["cache"]["observed"]["why"]
+    # made by a need, the name is the need's (its key is the lister's): a fresh tree matches
+    after = LISTS.replace("observe = true\n", 'observe = true\nneeds = ["makes"]\n', 1)
+    after += "observe = true\n"  # what it wrote is seen: its names are its own
+    for edit in ("", "another edit of the docs\n"):
+        shutil.rmtree(tree / "build")
+        (tree / "README").write_text(edit or "a third edit\n")
+        _, body, _ = check(capsys, tree, after)
+    assert {g["id"]: g["status"] for g in body["gates"]}["lists"] == "cached", body["gates"]
 
 
 def test_a_name_another_gate_removed_during_the_run_is_not_answered_without(

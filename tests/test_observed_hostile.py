@@ -354,3 +354,44 @@ def test_what_a_gate_made_itself_beside_another_gate_is_its_own(
     assert run() == {"other": "cached", "build": "cached"}
     (repo / "src").write_text("source 2\n")
     assert run() == {"other": "cached", "build": "passed"}
+
+
+# The names of a folder of the tree: a listing is keyed by the names it held before the
+# run, so another gate's name made in it during the run (here from ``conf``, which the
+# lister never read) was unkeyed; a fresh tree (as every tree of the queue is) then
+# answered the lister without that name.
+FLAGS = """
+    [env]
+    pass = ["PATH"]
+    [gates.flagger]
+    run = "touch tests/$(cat conf).flag"
+    inputs = ["**"]
+    observe = true
+    [gates.test]
+    run = "n=0; until ls tests | grep -q flag; do sleep 0.05; n=$((n+1)); test $n -lt 200 || exit 2; done; ! ls tests | grep -q bad"
+    inputs = ["**"]
+    observe = true
+"""
+
+
+def test_a_name_another_gate_made_in_a_folder_of_the_tree_is_no_name_of_its_listing(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "conf").write_text("good\n")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_a.txt").write_text("a test\n")
+    (repo / ".gitignore").write_text("*.flag\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+
+    def run(*args: str) -> str:
+        for flag in (repo / "tests").glob("*.flag"):
+            flag.unlink()  # a fresh tree each time
+        return statuses(capsys, repo, FLAGS, "--jobs", "2", *args)["test"]
+
+    assert run() == "passed"
+    (repo / "conf").write_text("bad\n")
+    oracle = run("--no-cache")
+    assert oracle == "failed"
+    assert run() == oracle, "a stale pass: the gate listed a name another gate made from conf"

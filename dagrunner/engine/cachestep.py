@@ -181,8 +181,8 @@ class RunCache:
                 ran = (self.seen.get(a) for a in nx.ancestors(self.graph, gate))
                 # what needs wrote, not what they opened (a cache may stand for stat-ed files)
                 written = frozenset(path for need in ran if need for path in need.wrote)
-                leave = neutral(spec(self.graph, gate))
-                found, why = stands_for(seen, parts.inputs, self.before, written, leave)
+                at = (self.before, written, neutral(spec(self.graph, gate)), self.listing.made)
+                found, why = stands_for(seen, parts.inputs, *at)
             if why:
                 seen = replace(seen, complete=False, why=why)
             self.stands[gate] = found

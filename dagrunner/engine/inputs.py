@@ -304,6 +304,7 @@ def stands_for(
     before: Before,
     written: frozenset[str],
     neutral: tuple[str, ...] = (),
+    made: Callable[[str], list[str]] = lambda _: [],
 ) -> tuple[frozenset[str], str]:
     """The files of the snapshot a complete observation's reads stand for, and why they do
     not stand for all the gate learnt ("" when they do).  A file the tree held outside its
@@ -360,6 +361,18 @@ def stands_for(
                 f"it opened {path}, which the tree held outside its snapshot before it ran "
                 "(an ignored cache or install: what it stands for is not seen)"
             )
+    # a name made in the run in a folder it listed: its own, a need's, or another gate's,
+    # whose name may stand for what this one never read (its listing is keyed without it)
+    own = seen.wrote | (seen.new - seen.foreign)
+    mine = own | written | folders | {above for path in own for above in _up(path)[1:]}
+    for listed in sorted(p[:-1] for p in found if p.endswith("/")):
+        for name in made(listed):
+            if name in mine or name.startswith(neutral) or name.endswith("__pycache__"):
+                continue  # (a bytecode folder's name: Python's own, whoever imported first)
+            return frozenset(), (
+                f"it listed {listed or 'the tree'}, where {name} was made in this run by "
+                "another gate, or in a way the observer does not see"
+            )
     return frozenset(found), ""
 
 
@@ -375,29 +388,49 @@ def neutral(gate: GateSpec) -> tuple[str, ...]:
     return () if ORDERING.search(words) else (PYTEST_CACHE,)
 
 
-def listing(root: Path, since: int | None = None) -> Callable[[str], str | None]:
+@dataclass(frozen=True)
+class Listing:
     """The names in a folder of ``root`` (all of them: a file git ignores is listed too),
     as one id; None when it is not a folder now.  With ``since`` (ns since the epoch: when
     the run began, before any gate), a name made since is left out: every tree of the queue
     starts without the folders its gates make (``build/``, ``.tox``), and a gate stored
     with another gate's ``build`` in the root it listed never answered a fresh tree.  The
-    tree's names as they were before the run key it: a name made in the run is its gates'
-    product (one a gate opened is its own, or another's, which makes the observation
-    incomplete); a name removed in the run is not in the key either, so a tree that holds
-    it misses; one removed and made again is new, left out, and so misses too; a name
-    whose birth is unknown is kept (a miss at worst), and so is one made just after
+    tree's names as they were before the run key it: a name made in the run must be the
+    gate's own product or a need's (``made``, ``stands_for``: another gate's makes the
+    observation incomplete); a name removed in the run is not in the key either, so a tree
+    that holds it misses; one removed and made again is new, left out, and so misses too; a
+    name whose birth is unknown is kept (a miss at worst), and so is one made just after
     ``since`` that a file system's coarser clock stamped before it."""
 
-    def names(folder: str) -> str | None:
-        try:
-            with os.scandir(root / folder) as entries:
-                found = sorted(
-                    entry.name
-                    for entry in entries
-                    if since is None or (made := born(entry.path)) is None or made < since
+    root: Path
+    since: int | None = None
+
+    def _entries(self, folder: str) -> list[tuple[str, bool]]:
+        """(name, made since the run began) of each entry of ``folder``; OSError: none."""
+        with os.scandir(self.root / folder) as entries:
+            return [
+                (
+                    e.name,
+                    self.since is not None and (m := born(e.path)) is not None and m >= self.since,
                 )
+                for e in entries
+            ]
+
+    def __call__(self, folder: str) -> str | None:
+        try:
+            found = sorted(name for name, new in self._entries(folder) if not new)
         except OSError:
             return None
         return blob_id("\0".join(found).encode("utf-8", "surrogateescape"))
 
-    return names
+    def made(self, folder: str) -> list[str]:
+        """The paths (in the tree) of the names made in ``folder`` since the run began."""
+        try:
+            return [f"{folder}/{n}" if folder else n for n, new in self._entries(folder) if new]
+        except OSError:
+            return []
+
+
+def listing(root: Path, since: int | None = None) -> Listing:
+    """``Listing``: a listed folder's names (those before the run, given ``since``)."""
+    return Listing(root, since)
