@@ -35,13 +35,14 @@ def test_serve_itself_never_imports_the_engine_and_its_drains_land(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     errors = tmp_path / "stderr"  # a file, not a pipe: a thousand lines would fill a pipe
-    server = subprocess.Popen(  # -X importtime: serve's own imports, one line each, on stderr
-        [sys.executable, "-X", "importtime", "-m", "dagrunner", "integrate", "serve", "--repo",
-         str(project), "--http", f"127.0.0.1:{port}", "--token-file", str(token)],
-        stdout=subprocess.PIPE,
-        stderr=errors.open("w"),
-        text=True,
-    )  # fmt: skip
+    with errors.open("w") as sink:
+        server = subprocess.Popen(  # -X importtime: serve's own imports, one line each, on stderr
+            [sys.executable, "-X", "importtime", "-m", "dagrunner", "integrate", "serve",
+             "--repo", str(project), "--http", f"127.0.0.1:{port}", "--token-file", str(token)],
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+        )  # fmt: skip
     said: dict[str, Any] = {}
     try:
         assert server.stdout is not None and server.stdout.readline() == "serving main\n"
