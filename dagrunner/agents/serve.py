@@ -3,9 +3,11 @@
 It holds the target's integrator lock for its whole life (a second ``serve`` or ``run`` for
 the target is ``integrator-busy``), drains the queue, and then waits for the journal to
 change -- inotify on the queue's folder where the kernel has it, a stat of the journal
-every half second where not -- and drains again.  SIGTERM or SIGINT stops it within
-seconds: a run in flight is interrupted by the pipeline's own handler (its items are queued
-again, never lost or failed) and the service ends; the next ``serve`` or ``run`` takes them.
+every half second where not -- and drains again.  Each drain runs in a child process
+(``agents/drain``): the service holds the HTTP and MCP faces, the journal's index and the
+lock, never the engine.  SIGTERM or SIGINT stops it within seconds: a run in flight is
+interrupted by the pipeline's own handler in the child (its items are queued again, never
+lost or failed) and the service ends; the next ``serve`` or ``run`` takes them.
 
 It never spins: a run that cannot start (no manifest on the target, an integration worktree
 it cannot use) is a ``stuck`` event on the target's items and waits until the target or the
