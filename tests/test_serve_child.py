@@ -112,3 +112,38 @@ def test_serve_killed_alone_leaves_its_drain_to_queue_its_items_again(project: P
         if server.poll() is None:
             server.kill()
         server.communicate(timeout=10)
+
+
+def test_a_drain_killed_alone_ends_serve_with_a_code_and_the_next_run_lands_it(
+    project: Path,
+) -> None:
+    commit_release_manifest(project, '[gates.slow]\nrun = "sleep 3"\n')
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dagrunner", "integrate", "serve", "--repo", str(project)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "serving main\n"
+        submit(repo_info(project), [envelope(project, "orphan")])
+        assert until(lambda: states_of(project).get("orphan") == "gating", 60), states_of(project)
+        children = psutil.Process(server.pid).children()
+        drains = [p for p in children if "drain" in " ".join(p.cmdline())]
+        assert len(drains) == 1, children
+        drains[0].kill()  # the OOM killer's choice, say: the drain alone
+        out, err = server.communicate(timeout=20)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate(timeout=10)
+    assert server.returncode == 3 and "drain-crashed" in out + err, (out, err)
+    ran = subprocess.run(
+        [sys.executable, "-m", "dagrunner", "integrate", "run", "--repo", str(project)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran
+    assert states_of(project)["orphan"] == "landed"
+    assert git(project, "cat-file", "-e", "main:orphan.txt") == ""

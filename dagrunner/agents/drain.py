@@ -96,7 +96,8 @@ def drain_in_child(
     """Run one drain in a child and wait for it, waking ``on_change`` whenever the journal
     changes meanwhile; ``cleanups``: first finish what a killed predecessor left."""
     command = [sys.executable, "-c", BOOT, str(Path(__file__).resolve().parents[2]),
-               "--target", target, "--executor", executor, "--parent", str(os.getpid())]  # fmt: skip
+               "--target", target, "--executor", executor, "--parent", str(os.getpid()),
+               "--lock-fd", str(lock_fd)]  # fmt: skip
     if repo is not None:
         command += ["--repo", str(repo)]
     if cleanups:
@@ -192,7 +193,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--executor", default="local")
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--cleanups", action="store_true")
+    parser.add_argument("--lock-fd", type=int)
     args = parser.parse_args(argv)
+    if args.lock_fd is not None:  # held by this process; never by a gate or git it starts
+        with contextlib.suppress(OSError):
+            os.set_inheritable(args.lock_fd, False)
     stop: list[str] = []
 
     def note(number: int, _frame: object) -> None:
