@@ -135,7 +135,7 @@ def _follow(
     while out in open_fds:
         if stop and time.monotonic() - forwarded >= FORWARD_EVERY:
             with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signal.Signals[stop[0]])
+                child.send_signal(signal.Signals.__members__.get(stop[0], signal.SIGTERM))
             forwarded = time.monotonic()
         try:
             ready, _, _ = select.select(open_fds, [], [], TICK)
