@@ -2,7 +2,8 @@
 own process never imports the engine -- networkx, trio, the report's templates -- while its
 drains land what arrives and its waiters over ``/mcp`` are answered (the wait's estimate
 included); a serve killed alone leaves its drain to queue its items again and end, never to
-gate on unowned."""
+gate on unowned; a drain killed alone ends serve with ``drain-crashed`` and the next
+integrator lands its item."""
 
 from __future__ import annotations
 
