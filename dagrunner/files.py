@@ -106,8 +106,9 @@ def locked(
     wait: bool = True,
     busy: Callable[[str], Exception] | None = None,
     waiting: str = "",
-) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (created if missing) for the block.
+) -> Iterator[int]:
+    """Hold an exclusive advisory lock on ``path`` (created if missing) for the block; its
+    file descriptor is the block's value (a child it is passed to holds the lock as well).
 
     With ``busy``, the holder writes who it is beside the lock (``.holder``);
     when the lock is taken, ``wait=False`` raises ``busy(who)``, and waiting
@@ -129,7 +130,7 @@ def locked(
             stamp = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
             holder.write_text(f"pid {os.getpid()} since {stamp}")
         try:
-            yield
+            yield handle.fileno()
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 

@@ -15,7 +15,8 @@ group SIGTERM, serve restarted after each.  At the end it verifies 0 lost (every
 item final, each landed one's file on the target), 0 duplicated (no envelope in two commits),
 0 stuck (nothing pending), ``worktree list`` working and no worktree of a landed item left;
 then it runs ``integrate prune --keep 0s`` and times status, stats and a submit against the
-same on an empty queue (a repository made the same way, timed turn about with it).  Prints items/min, serve's peak RSS and the state's disk growth.
+same on an empty queue (a repository made the same way, timed turn about with it).  Prints items/min, serve's peak RSS (its own process, as the issue's line counts it), its drain
+child's and both together, and the state's disk growth.
 Exit 1 when a check fails.
 """
 
@@ -118,7 +119,9 @@ class Server:
     def __init__(self, repo: Path, port: int, token: Path) -> None:
         self.repo, self.port, self.token = repo, port, token
         self.process: subprocess.Popen[bytes] | None = None
-        self.peak_rss = 0
+        self.peak_rss = 0  # serve's own process
+        self.peak_child = 0  # its drain child (serve runs each drain in a process of its own)
+        self.peak_total = 0  # serve and its drain child at one sample (libraries counted twice)
         self.lock = threading.Lock()
         self.done = False
         threading.Thread(target=self.sample, daemon=True).start()
@@ -161,7 +164,18 @@ class Server:
                 pid = self.process.pid if self.process and self.process.poll() is None else None
             if pid is not None:
                 with contextlib.suppress(psutil.Error):
-                    self.peak_rss = max(self.peak_rss, psutil.Process(pid).memory_info().rss)
+                    serve = psutil.Process(pid)
+                    own = serve.memory_info().rss
+                    self.peak_rss = max(self.peak_rss, own)
+                    # the drain, not a git a waiter's thread is forking (until it execs, a
+                    # forked child shows its parent's whole RSS)
+                    children = []
+                    for child in serve.children():
+                        with contextlib.suppress(psutil.Error):
+                            if "dagrunner.agents.drain" in " ".join(child.cmdline()):
+                                children.append(child.memory_info().rss)
+                    self.peak_child = max([self.peak_child, *children])
+                    self.peak_total = max(self.peak_total, own + sum(children))
             time.sleep(0.2)
 
 
@@ -350,6 +364,8 @@ def main() -> int:
           f"MCP reconnects {len(errors)}", flush=True)  # fmt: skip
     print(f"items/min: {60 * len(items) / drained:.1f} ({drained:.1f}s from serve's start)")
     print(f"serve peak RSS: {server.peak_rss / 2**20:.1f} MiB")
+    print(f"drain child peak RSS: {server.peak_child / 2**20:.1f} MiB; serve and its drain "
+          f"together at most {server.peak_total / 2**20:.1f} MiB")  # fmt: skip
     print(
         f"state growth: {(disk1 - disk0) / 1024:.0f} KiB ({(disk1 - disk0) / max(1, len(items)):.0f} B per item)"
     )

@@ -7,6 +7,7 @@
 - ``schemas``: the tools' bounded inputs and their output schemas.
 - ``server``: those tools over MCP (``dagrunner mcp``), on the official SDK.
 - ``serve``: the integrator as a long-lived service (``integrate serve``); ``http``: its
-  ``/metrics``, ``/healthz`` and the tools at ``/mcp`` behind a bearer token.
+  ``/metrics``, ``/healthz`` and the tools at ``/mcp`` behind a bearer token; ``drain``:
+  each of its drains in a child process, under its lock and its signals.
 - ``teach``: the section ``dagrunner agents-md`` prints for a project's ``AGENTS.md``.
 """

@@ -3,9 +3,11 @@
 It holds the target's integrator lock for its whole life (a second ``serve`` or ``run`` for
 the target is ``integrator-busy``), drains the queue, and then waits for the journal to
 change -- inotify on the queue's folder where the kernel has it, a stat of the journal
-every half second where not -- and drains again.  SIGTERM or SIGINT stops it within
-seconds: a run in flight is interrupted by the pipeline's own handler (its items are queued
-again, never lost or failed) and the service ends; the next ``serve`` or ``run`` takes them.
+every half second where not -- and drains again.  Each drain runs in a child process
+(``agents/drain``): the service holds the HTTP and MCP faces, the journal's index and the
+lock, never the engine.  SIGTERM or SIGINT stops it within seconds: a run in flight is
+interrupted by the pipeline's own handler in the child (its items are queued again, never
+lost or failed) and the service ends; the next ``serve`` or ``run`` takes them.
 
 It never spins: a run that cannot start (no manifest on the target, an integration worktree
 it cannot use) is a ``stuck`` event on the target's items and waits until the target or the
@@ -28,20 +30,15 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from dagrunner.agents.drain import Drained, drain_in_child, watch
 from dagrunner.errors import DagrunnerError
-from dagrunner.integration.queue import Queue, stuck_on_error
-from dagrunner.integration.run import (
-    Integrator,
-    check_integration_executor,
-    integrator_lock,
-)
-from dagrunner.records.integration import IntegrationResult
+from dagrunner.executors.factory import check_integration_executor
+from dagrunner.integration.queue import Queue, integrator_lock
 from dagrunner.worktrees.allocate import Context, default_target, open_context
 
 if TYPE_CHECKING:
     from dagrunner.agents.http import Gauges
 
-IN_MODIFY, IN_CREATE, IN_MOVED_TO, IN_NONBLOCK, IN_CLOEXEC = 0x2, 0x100, 0x80, 0x800, 0x80000
 IDLE_TICK = 0.5  # seconds between looks for a stop request while nothing changes
 # glibc's mallopt parameters (malloc.h): a long-lived service with a thread per HTTP request
 M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8
@@ -66,7 +63,7 @@ def serve(
     repo: Path | None = None,
     target: str | None = None,
     env: Mapping[str, str] | None = None,
-    on_run: Callable[[IntegrationResult], None] | None = None,
+    on_run: Callable[[Drained], None] | None = None,
     executor: str = "local",
     http: str | None = None,
     token_file: Path | None = None,
@@ -87,7 +84,7 @@ def serve(
     served = Served(target=goal)
     queue = Queue.of(ctx.info, target=goal)
     lock = ctx.info.state_dir / f"integrate-{goal.replace('/', '--')}.lock"
-    with integrator_lock(lock, wait=False), _stop_requests() as stop:
+    with integrator_lock(lock, wait=False) as lock_fd, _stop_requests() as stop:
         gauges, stop_http = None, None
         if http is not None:
             from dagrunner.agents import http as face
@@ -101,7 +98,8 @@ def serve(
         if prune_every is not None:
             pruner = Pruner(repo, lock, prune_every, prune_keep)
         try:
-            _drain(ctx, goal, queue, env, executor, on_run, on_error, served, stop, gauges, pruner)
+            drain = Drain(repo, goal, executor, env, lock_fd, queue)
+            _drain(ctx, drain, on_run, on_error, served, stop, gauges, pruner)
         finally:
             if stop_http is not None:
                 stop_http()
@@ -109,29 +107,40 @@ def serve(
     return served
 
 
+@dataclass(frozen=True)
+class Drain:
+    """How serve starts a drain: in a child process (``agents/drain``), under its lock."""
+
+    repo: Path | None
+    goal: str
+    executor: str
+    env: Mapping[str, str]
+    lock_fd: int
+    queue: Queue
+
+    def __call__(self, stop: list[str], *, cleanups: bool = False) -> Drained:
+        index = self.queue.index()
+        return drain_in_child(
+            repo=self.repo, target=self.goal, executor=self.executor, env=self.env,
+            lock_fd=self.lock_fd, stop=stop, journal=self.queue.journal,
+            on_change=index.refresh, cleanups=cleanups,
+        )  # fmt: skip
+
+
 def _drain(
     ctx: Context,
-    goal: str,
-    queue: Queue,
-    env: Mapping[str, str],
-    executor: str,
-    on_run: Callable[[IntegrationResult], None] | None,
+    drain: Drain,
+    on_run: Callable[[Drained], None] | None,
     on_error: Callable[[DagrunnerError], None] | None,
     served: Served,
     stop: list[str],
     gauges: Gauges | None,
     pruner: Pruner | None = None,
 ) -> None:
-    from dagrunner.engine.steps import new_run_id
-    from dagrunner.integration.recovery import finish_cleanups
-
-    # what a killed predecessor left: landed workers' worktrees it had not cleaned (each run's
-    # preflight does it too, but the queue may well be empty now)
-    finish_cleanups(
-        Integrator(ctx, target=goal, manifest=None, batch=None, env=env, run_id=new_run_id())
-    )
+    goal, queue = drain.goal, drain.queue
+    cleanups = True  # the first child finishes what a killed predecessor left
     while not stop:
-        if not queue.pending():
+        if not cleanups and not queue.pending():
             if pruner is not None:
                 pruner.when_due()
             _wait_for_change(queue.journal, stop, pruner.every if pruner else None)
@@ -139,27 +148,28 @@ def _drain(
         if gauges is not None:
             gauges.in_flight = 1
         try:
-            with stuck_on_error(queue):  # its items say why, to every waiter
-                result = Integrator(
-                    ctx, target=goal, manifest=None, batch=None, env=env, run_id=new_run_id(),
-                    executor=executor,
-                ).run()  # fmt: skip
-        except DagrunnerError as exc:
-            served.errors.append(exc)
+            result = drain(stop, cleanups=cleanups)
+        finally:
+            if gauges is not None:
+                gauges.in_flight = 0
+        cleanups = False
+        if result.body is None and result.error is None:
+            continue  # the queue had nothing (or a stop came first)
+        if gauges is not None:
+            gauges.runs += 1
+        if result.error is not None:
+            served.errors.append(result.error)
             if on_error is not None:
-                on_error(exc)
+                on_error(result.error)
             # the target cannot be gated: not again until something changes
             _back_off(lambda: _state_of(ctx, goal, queue.journal), stop, STUCK_BACKOFF)
             continue
-        finally:
-            if gauges is not None:
-                gauges.in_flight, gauges.runs = 0, gauges.runs + 1
         served.runs += 1
         if on_run is not None:
             on_run(result)
         if result.interrupted:
             stop.append("signal")
-        elif result.land_blocked is not None:
+        elif result.land_blocked:
             # landing was refused (the target's checkout dirty, its ref unwritable): the
             # run said so on its items once; gating again before the cause changes would
             # only be refused again, so wait for the checkout or the target to change
@@ -279,17 +289,8 @@ def _wait_for_change(journal: Path, stop: list[str], most: float | None = None) 
     on its folder, else a stat of it every ``IDLE_TICK``."""
     journal.parent.mkdir(parents=True, exist_ok=True)
     until = None if most is None else time.monotonic() + most
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-    if (
-        fd < 0
-        or libc.inotify_add_watch(
-            fd, str(journal.parent).encode(), IN_MODIFY | IN_CREATE | IN_MOVED_TO
-        )
-        < 0
-    ):
-        if fd >= 0:
-            os.close(fd)
+    fd = watch(journal.parent)
+    if fd is None:
         before = _stamp(journal)
         while (
             not stop and _stamp(journal) == before and (until is None or time.monotonic() < until)

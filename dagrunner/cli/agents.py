@@ -7,7 +7,6 @@ import argparse
 
 from dagrunner.cli.output import emit_json
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.records.integration import IntegrationResult
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -48,14 +47,16 @@ def cmd_agents_md(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``integrate serve``: a line per run (JSON Lines with --json), until SIGTERM/SIGINT."""
+    from dagrunner.agents.drain import Drained
     from dagrunner.agents.serve import serve
 
-    def said(result: IntegrationResult) -> None:
+    def said(drained: Drained) -> None:
+        run = drained.body or {}
         if args.json:
-            emit_json(result.to_json())
+            emit_json(run)
             return
-        states = ", ".join(f"{o.id} {o.state}" for o in result.envelopes) or "nothing to do"
-        print(f"{result.target}: {result.start[:12]} -> {result.end[:12]}: {states}", flush=True)
+        states = ", ".join(f"{o['id']} {o['state']}" for o in run["envelopes"]) or "nothing to do"
+        print(f"{run['target']}: {run['start'][:12]} -> {run['end'][:12]}: {states}", flush=True)
 
     def failed(exc: DagrunnerError) -> None:
         if args.json:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-
-import trio
+from typing import TYPE_CHECKING
 
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.executors.base import Executor
+
+if TYPE_CHECKING:  # light to import: `integrate serve`'s process checks the name only
+    from dagrunner.executors.base import Executor
 
 
 @contextlib.contextmanager
@@ -19,6 +20,8 @@ def executor_for(spec: str) -> Iterator[Executor]:
     (Not an ``async with``: it must open before the run's trio loop starts and close after
     it ends, and ``release_check`` runs that loop itself.)
     """
+    import trio
+
     executor = open_executor(spec)
     try:
         yield executor

@@ -24,9 +24,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-import trio
+from typing import TYPE_CHECKING, Any
 
 from dagrunner.git.command import git
 from dagrunner.integration.items import Finished, Item
@@ -34,6 +32,9 @@ from dagrunner.integration.queue import Queue
 from dagrunner.records.failures import WHOLE, Failures, named
 from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
 from dagrunner.records.run import RunRecord, Status
+
+if TYPE_CHECKING:  # trio at run time only in a run: `red_now` serves status and serve's tools
+    import trio
 
 
 class Baseline:
@@ -71,6 +72,8 @@ class Baseline:
             if head in self.pending:
                 await self.pending[head].wait()
                 continue
+            import trio
+
             done = self.pending[head] = trio.Event()
             try:
                 # its failures are confirmed as an item's are: only what fails twice is

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import trio
-
 from dagrunner.engine.landed import GateProof
 from dagrunner.integration.queue import Queue
 from dagrunner.manifest.load import Manifest
@@ -23,7 +21,9 @@ from dagrunner.records.integration import (
 )
 from dagrunner.records.run import RunRecord
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # trio in annotations only: the module's records serve processes without a run
+    import trio
+
     from dagrunner.envelope import Envelope
 
 MAX_AUTO_WINDOW = 4

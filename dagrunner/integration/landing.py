@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
-import trio
 
 from dagrunner.files import atomic_write, crash_point
 from dagrunner.git.command import git, is_dirty, split_z
@@ -236,6 +235,8 @@ async def clean(it: Integrator, ids: list[str]) -> None:
     def clean() -> dict[str, str]:
         with it.git_lock:
             return it.clean_workers(ids)
+
+    import trio  # here: the module's trailers and checkout reads serve processes without a run
 
     it.note_workers(await trio.to_thread.run_sync(clean))
 

@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 
 from dagrunner.envelope import Envelope, load_envelope, repo_identity
-from dagrunner.errors import DagrunnerError
+from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.files import append_line, crash_point, locked, read_lines
 from dagrunner.git.repo import RepoInfo
 from dagrunner.integration.journal import (
@@ -192,6 +192,21 @@ def stuck_on_error(queue: Queue) -> Iterator[None]:
         with contextlib.suppress(OSError, DagrunnerError):
             queue.stuck(exc.code, exc.message, exc.hint or "")
         raise
+
+
+def integrator_lock(path: Path, *, wait: bool) -> contextlib.AbstractContextManager[int]:
+    """Hold the per-target integrator lock; say who holds it when it is taken."""
+    return locked(
+        path,
+        wait=wait,
+        busy=lambda who: DagrunnerError(
+            "integrator-busy",
+            f"another integrator holds {path.name}: {who}",
+            exit_code=ExitCode.REFUSED,
+            hint="wait for it, or run without --no-wait to queue behind it",
+        ),
+        waiting="waiting for the integrator that holds the lock ({})",
+    )
 
 
 # -- compaction (``integrate prune``) ------------------------------------------------------

@@ -29,8 +29,13 @@ from dagrunner.integration.baseline import red_now
 from dagrunner.integration.events import median_gate_run
 from dagrunner.integration.landing import SHA_TRAILER, TRAILER
 from dagrunner.integration.needs import Batch
-from dagrunner.integration.queue import Pruned, Queue, prune_queue, stuck_on_error
-from dagrunner.integration.steps import Integrator, integrator_lock
+from dagrunner.integration.queue import (
+    Pruned,
+    Queue,
+    integrator_lock,
+    prune_queue,
+    stuck_on_error,
+)
 from dagrunner.manifest.load import load_manifest
 from dagrunner.records.integration import FINAL, IntegrationResult
 from dagrunner.worktrees.allocate import default_target, open_context
@@ -44,7 +49,6 @@ __all__ = [
     "SHA_TRAILER",
     "TRAILER",
     "IntegrationResult",
-    "Integrator",
     "check_integration_executor",
     "integrate",
     "integrator_lock",
@@ -72,7 +76,10 @@ def integrate(
     ``executor`` runs the gates (``local``, or ``dask://HOST:PORT``).  ``window``: queue items
     gated at once (default: the manifest's ``[integrate] window``, else adaptive);
     ``confirm_failures``: re-runs of failed gates before blame (default: the manifest's, 1)."""
+    # the run's machinery (the engine, trio, networkx, the report's templates) here, not at
+    # the module's import: status, prune and the tools `integrate serve` answers need none
     from dagrunner.engine.steps import new_run_id
+    from dagrunner.integration.steps import Integrator
 
     check_integration_executor(executor)  # before anything is read or applied
     env = os.environ if env is None else env

@@ -16,7 +16,6 @@ ends with every envelope in one final state and no commit twice.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import tempfile
 import threading
@@ -28,7 +27,7 @@ import trio
 from dagrunner.envelope import Envelope
 from dagrunner.errors import DagrunnerError, ExitCode
 from dagrunner.executors.factory import executor_for
-from dagrunner.files import crash_point, locked
+from dagrunner.files import crash_point
 from dagrunner.git.command import IDENTITY, git
 from dagrunner.git.link import pin_gitfile
 from dagrunner.git.repo import out_of_disk
@@ -53,21 +52,6 @@ from dagrunner.worktrees.ledger import Ledger
 from dagrunner.worktrees.prepare import release_seeds
 
 HUNK_LIMIT = 16 * 1024
-
-
-def integrator_lock(path: Path, *, wait: bool) -> contextlib.AbstractContextManager[None]:
-    """Hold the per-target integrator lock; say who holds it when it is taken."""
-    return locked(
-        path,
-        wait=wait,
-        busy=lambda who: DagrunnerError(
-            "integrator-busy",
-            f"another integrator holds {path.name}: {who}",
-            exit_code=ExitCode.REFUSED,
-            hint="wait for it, or run without --no-wait to queue behind it",
-        ),
-        waiting="waiting for the integrator that holds the lock ({})",
-    )
 
 
 class Integrator:

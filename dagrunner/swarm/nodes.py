@@ -32,7 +32,7 @@ from dagrunner.worktrees import export as exporting
 
 if TYPE_CHECKING:
     from dagrunner.engine.plan import Plan
-    from dagrunner.integration.run import Integrator
+    from dagrunner.integration.steps import Integrator
 
 
 @dataclass
@@ -113,7 +113,8 @@ class Swarm:
             return Status.FAILED, f"{exc.code}: {exc.message}"
 
     def integrate(self, node: str) -> tuple[Status, str]:
-        from dagrunner.integration.run import Integrator, integrator_lock
+        from dagrunner.integration.queue import integrator_lock
+        from dagrunner.integration.steps import Integrator
         from dagrunner.integration.submit import submit
         from dagrunner.integration.trees import seed_tree
         from dagrunner.worktrees import allocate as wt

@@ -1,0 +1,150 @@
+"""``integrate serve`` runs each drain in a child process (issue 48: serve's memory).  Serve's
+own process never imports the engine -- networkx, trio, the report's templates -- while its
+drains land what arrives and its waiters over ``/mcp`` are answered (the wait's estimate
+included); a serve killed alone leaves its drain to queue its items again and end, never to
+gate on unowned; a drain killed alone ends serve with ``drain-crashed`` and the next
+integrator lands its item."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import psutil
+from conftest import commit_release_manifest, envelope, git
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from test_agents import SLOW, call, free_port, states_of, until, until_final
+
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.submit import submit
+
+ENGINE = {"networkx", "trio", "jinja2"}  # what a drain imports and serve itself must not
+
+
+def test_serve_itself_never_imports_the_engine_and_its_drains_land(
+    project: Path, tmp_path: Path
+) -> None:
+    commit_release_manifest(project, '[gates.ok]\nrun = "sleep 2"\n')
+    token = tmp_path / "token"
+    token.write_text("tok-for-the-child-test\n")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    errors = tmp_path / "stderr"  # a file, not a pipe: a thousand lines would fill a pipe
+    with errors.open("w") as sink:
+        server = subprocess.Popen(  # -X importtime: serve's own imports, one line each, on stderr
+            [sys.executable, "-X", "importtime", "-m", "dagrunner", "integrate", "serve",
+             "--repo", str(project), "--http", f"127.0.0.1:{port}", "--token-file", str(token)],
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+        )  # fmt: skip
+    said: dict[str, Any] = {}
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "serving main\n"
+        inline = envelope(project, "remote").read_text()
+
+        async def main() -> None:
+            headers = {"Authorization": "Bearer tok-for-the-child-test"}
+            async with (
+                httpx2.AsyncClient(headers=headers, timeout=30) as client,
+                streamable_http_client(f"{base}/mcp", http_client=client) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                queued = await call(session, "dagrunner_submit", envelope=inline)
+                # a wait that ends before the item does: its answer carries an estimate
+                said["early"] = await call(
+                    session, "dagrunner_wait", id=queued["id"], timeout_seconds=1
+                )
+                said.update(await until_final(session, queued["id"]))
+
+        anyio.run(main)
+        submit(repo_info(project), [envelope(project, "cli")])  # and one by the command line
+        assert until(lambda: states_of(project).get("cli") == "landed", 60), states_of(project)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        out, _ = server.communicate(timeout=20)
+    err = errors.read_text()
+    assert server.returncode == 130, (out, err[-2000:])
+    assert said["state"] == "landed" and not said["early"]["final"], said
+    assert "eta_seconds" in said["early"], said
+    assert git(project, "cat-file", "-e", "main:remote.txt") == ""
+    assert git(project, "cat-file", "-e", "main:cli.txt") == ""
+    imported = {
+        line.split("|")[2].strip() for line in err.splitlines() if line.startswith("import time:")
+    }
+    assert "dagrunner.agents.server" in imported  # the capture works: the MCP face is there
+    assert "dagrunner.agents.follow" in imported
+    assert not {name.split(".")[0] for name in imported} & ENGINE, sorted(imported)
+    assert "dagrunner.integration.steps" not in imported
+
+
+def test_serve_killed_alone_leaves_its_drain_to_queue_its_items_again(project: Path) -> None:
+    commit_release_manifest(project, SLOW)  # a gate that waits: the drain is mid-gate
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dagrunner", "integrate", "serve", "--repo", str(project)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    drains: list[psutil.Process] = []
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "serving main\n"
+        submit(repo_info(project), [envelope(project, "waits")])
+        assert until(lambda: states_of(project).get("waits") == "gating", 60), states_of(project)
+        children = psutil.Process(server.pid).children()
+        drains = [p for p in children if "drain" in " ".join(p.cmdline())]
+        assert len(drains) == 1, children
+        server.kill()  # serve alone, not its group: the drain is told by the kernel
+        server.wait()
+        _, alive = psutil.wait_procs(drains, timeout=20)
+        assert not alive, "the drain outlived serve by 20 s"
+        assert until(lambda: states_of(project)["waits"] == "queued", 5), states_of(project)
+    finally:
+        for process in drains:
+            if process.is_running():
+                process.kill()
+        if server.poll() is None:
+            server.kill()
+        server.communicate(timeout=10)
+
+
+def test_a_drain_killed_alone_ends_serve_with_a_code_and_the_next_run_lands_it(
+    project: Path,
+) -> None:
+    commit_release_manifest(project, '[gates.slow]\nrun = "sleep 3"\n')
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dagrunner", "integrate", "serve", "--repo", str(project)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "serving main\n"
+        submit(repo_info(project), [envelope(project, "orphan")])
+        assert until(lambda: states_of(project).get("orphan") == "gating", 60), states_of(project)
+        children = psutil.Process(server.pid).children()
+        drains = [p for p in children if "drain" in " ".join(p.cmdline())]
+        assert len(drains) == 1, children
+        drains[0].kill()  # the OOM killer's choice, say: the drain alone
+        out, err = server.communicate(timeout=20)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate(timeout=10)
+    assert server.returncode == 3 and "drain-crashed" in out + err, (out, err)
+    ran = subprocess.run(
+        [sys.executable, "-m", "dagrunner", "integrate", "run", "--repo", str(project)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran
+    assert states_of(project)["orphan"] == "landed"
+    assert git(project, "cat-file", "-e", "main:orphan.txt") == ""
