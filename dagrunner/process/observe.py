@@ -366,27 +366,40 @@ class Observer:
 
     def _foreign(self) -> frozenset[str]:
         """The new files it opened but never wrote (by inode: a rename keeps it), and the new
-        folders it listed that hold an entry other than such a file of its own: another
-        gate's, made beside it from what this one never read (``stands_for``)."""
+        folders it listed that hold an entry other than a file it wrote or a folder holding
+        one (``_all_made``): another gate's, made beside it from what this one never read
+        (``stands_for``)."""
         found = {rel for rel, nodes in self._fresh.items() if not nodes <= self._made}
         listed = self._listed & self._new
-        return frozenset(found | {r for r in listed if not self._all_made(f"{self.tree}/{r}")})
+        return frozenset(found | {r for r in listed if not self._all_made(r)})
 
-    def _all_made(self, folder: str) -> bool:
-        """Whether each entry under ``folder`` now is a file the gate wrote or a folder of
-        them (a bytecode folder aside; a walk past ``WALK`` entries says no).  A folder gone
-        by now leaves nothing: its names were the gate's own to make and remove."""
-        stack, count = [folder], 0
+    def _all_made(self, rel: str) -> bool:
+        """Whether each entry under the folder ``rel`` now is a file the gate wrote, and each
+        folder in it one holding such a file (a bytecode folder aside; a walk past ``WALK``
+        entries says no).  A folder is no file: who made it is known only by what the gate
+        put in it (an empty one, or one of empty folders, may be another gate's, named after
+        what it read).  A folder gone by now leaves nothing: its names were the gate's own
+        to make and remove."""
+        top = f"{self.tree}/{rel}"
+        folders: set[str] = set()  # the folders in ``rel``
+        holding: set[str] = set()  # those holding a file the gate wrote
+        stack, count = [top], 0
         while stack:
             with contextlib.suppress(FileNotFoundError):  # gone by now (an entry, or all)
                 for entry in list(os.scandir(stack.pop())):
                     count += 1
-                    mode, node = _node(entry)
+                    if (found := _node(entry)) is None:
+                        continue  # removed since it was listed: nothing
+                    mode, node = found
+                    name = entry.path[len(top) + 1 :].split("/")[0]
                     if count > WALK or not (stat.S_ISDIR(mode) or node in self._made):
                         return False
                     if stat.S_ISDIR(mode) and entry.name != "__pycache__":
                         stack.append(entry.path)
-        return True
+                        folders.add(name)
+                    elif node in self._made:
+                        holding.add(name)
+        return folders <= holding
 
     def close(self) -> None:
         self.started()
@@ -398,12 +411,13 @@ class Observer:
         _CLOSER.submit(_close, fds)
 
 
-def _node(entry: os.DirEntry[str]) -> tuple[int, tuple[int, int]]:
-    """(mode, (device, inode)) of ``entry``: a regular file's inode, (0, 0) for any other."""
+def _node(entry: os.DirEntry[str]) -> tuple[int, tuple[int, int]] | None:
+    """(mode, (device, inode)) of ``entry``: a regular file's inode, (0, 0) for any other;
+    None when it is gone."""
     try:
         found = entry.stat(follow_symlinks=False)
-    except FileNotFoundError:  # removed since it was listed: nothing
-        return stat.S_IFDIR, (0, 0)
+    except FileNotFoundError:
+        return None
     return found.st_mode, (found.st_dev, found.st_ino) if stat.S_ISREG(found.st_mode) else (0, 0)
 
 
