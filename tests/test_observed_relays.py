@@ -100,3 +100,20 @@ def test_a_folder_of_folders_another_gate_made_is_no_folder_the_gate_made(
         wait('test -n "$(ls junk 2>/dev/null)"') + f"; {then}! ls junk | grep -q bad",
     )
     stale(capsys, observed, manifest, {".gitignore": "junk/\n"})
+
+
+# A listed bytecode folder counts for nothing (its files stand for their sources); the relay
+# names a file in one after ``conf``: a new one, or one the tree held before (ignored).
+@pytest.mark.parametrize("held", [False, True], ids=["new", "held"])
+def test_a_bytecode_folder_another_gate_named_files_in_is_no_folder_of_bytecode(
+    capsys: pytest.CaptureFixture[str], observed: Path, held: bool
+) -> None:
+    files = {".gitignore": "__pycache__/\n", "m.py": "M = 1\n"}
+    if held:  # before each run: the relay's names are gone, its folder is not
+        files["__pycache__/m.cpython-311.pyc"] = ""
+    manifest = gates(
+        "mkdir -p __pycache__; touch __pycache__/$(cat conf)",
+        wait('test -n "$(ls __pycache__ | grep -v pyc)"') + "; ! ls __pycache__ | grep -q bad",
+    )
+    made = ("__pycache__/good", "__pycache__/bad") if held else ("__pycache__",)
+    stale(capsys, observed, manifest, files, made=made)

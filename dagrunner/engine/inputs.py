@@ -306,8 +306,8 @@ def stands_for(
         if source in ids and (path in seen.new or before.held(path)):
             found.add(source)
             continue
-        if path.endswith("__pycache__") and path in seen.listed:
-            continue  # a folder of bytecode: each file of it is read above
+        if path.endswith("__pycache__") and path in seen.listed and path not in seen.foreign:
+            continue  # a folder of bytecode only: each file of it is read above
         keys, folder = before.seed_keys(path), path not in seen.read
         if keys is not None:
             found.update(keys)
@@ -316,7 +316,7 @@ def stands_for(
         elif path in seen.foreign:  # made beside it, from what it may not have read
             return frozenset(), (
                 f"it opened {path}, which another gate (or a process it did not see write) "
-                "made while it ran, from files it may never have read"
+                "made or filled while it ran, from files it may never have read"
             )
         elif not before.held(path, folder=folder):
             if folder and path not in seen.new:  # its names count, ignored ones too

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import trio
 
-from dagrunner.process import nested
+from dagrunner.process import made, nested
 from dagrunner.process.share import mount_points
 from dagrunner.records.run import Observation
 
@@ -51,7 +51,6 @@ MASK = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE | FAN_ONDIR
 _CLOSER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dagrunner-observe")
 EVENT = struct.Struct("IBBHQii")  # fanotify_event_metadata: len, vers, _, len, mask, fd, pid
 FANOTIFY_VERSION = 3
-WALK = 20000  # entries of the new folders a gate listed, checked for its own (``_all_made``)
 READY_TIMEOUT = 30.0  # for the view to come up (bubblewrap dies with its own error before)
 NOT_BWRAPPED = "the gate does not run under bubblewrap (none here, or a command keeping its HOME)"
 NOT_TREE = "the folder to observe is not in the gate's tree (no mount of the gate's own holds it)"
@@ -362,44 +361,9 @@ class Observer:
             return Observation(complete=False, why=self.why)
         return Observation(complete=True, read=frozenset(self._read),
                            listed=frozenset(self._listed), wrote=frozenset(self._wrote),
-                           new=frozenset(self._new), foreign=self._foreign())  # fmt: skip
-
-    def _foreign(self) -> frozenset[str]:
-        """The new files it opened but never wrote (by inode: a rename keeps it), and the new
-        folders it listed that hold an entry other than a file it wrote or a folder holding
-        one (``_all_made``): another gate's, made beside it from what this one never read
-        (``stands_for``)."""
-        found = {rel for rel, nodes in self._fresh.items() if not nodes <= self._made}
-        listed = self._listed & self._new
-        return frozenset(found | {r for r in listed if not self._all_made(r)})
-
-    def _all_made(self, rel: str) -> bool:
-        """Whether each entry under the folder ``rel`` now is a file the gate wrote, and each
-        folder in it one holding such a file (a bytecode folder aside; a walk past ``WALK``
-        entries says no).  A folder is no file: who made it is known only by what the gate
-        put in it (an empty one, or one of empty folders, may be another gate's, named after
-        what it read).  A folder gone by now leaves nothing: its names were the gate's own
-        to make and remove."""
-        top = f"{self.tree}/{rel}"
-        folders: set[str] = set()  # the folders in ``rel``
-        holding: set[str] = set()  # those holding a file the gate wrote
-        stack, count = [top], 0
-        while stack:
-            with contextlib.suppress(FileNotFoundError):  # gone by now (an entry, or all)
-                for entry in list(os.scandir(stack.pop())):
-                    count += 1
-                    if (found := _node(entry)) is None:
-                        continue  # removed since it was listed: nothing
-                    mode, node = found
-                    name = entry.path[len(top) + 1 :].split("/")[0]
-                    if count > WALK or not (stat.S_ISDIR(mode) or node in self._made):
-                        return False
-                    if stat.S_ISDIR(mode) and entry.name != "__pycache__":
-                        stack.append(entry.path)
-                        folders.add(name)
-                    elif node in self._made:
-                        holding.add(name)
-        return folders <= holding
+                           new=frozenset(self._new),
+                           foreign=made.foreign(self.tree, self._fresh, self._made,
+                                                self._listed, self._new))  # fmt: skip
 
     def close(self) -> None:
         self.started()
@@ -409,16 +373,6 @@ class Observer:
         # A fanotify group with marks, and a mount namespace, each wait for the kernel's
         # grace period when closed (15 ms a gate): apart, the gate's result does not wait.
         _CLOSER.submit(_close, fds)
-
-
-def _node(entry: os.DirEntry[str]) -> tuple[int, tuple[int, int]] | None:
-    """(mode, (device, inode)) of ``entry``: a regular file's inode, (0, 0) for any other;
-    None when it is gone."""
-    try:
-        found = entry.stat(follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    return found.st_mode, (found.st_dev, found.st_ino) if stat.S_ISREG(found.st_mode) else (0, 0)
 
 
 def _replaced(inode: int, rel: str, observer: Observer) -> bool:
