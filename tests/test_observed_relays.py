@@ -152,3 +152,20 @@ def test_bytecode_another_gate_wrote_is_not_its_source(
     )
     files = {".gitignore": "__pycache__/\n", "mod.py": "X = 1\n", "forge.py": FORGE}
     stale(capsys, observed, manifest, files, made=("__pycache__",))
+
+
+# The gate writes files and removes them; the relay's next new file in that folder takes a
+# freed inode number, which the gate "made" (ext4 hands out the lowest free one of the
+# folder's group: the gate's many files took the lowest ones there were).
+def test_an_inode_number_the_gate_freed_is_not_its_own_when_another_gate_reuses_it(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    manifest = gates(
+        wait("test -e junk/t199") + "; while test -e junk/t199; do sleep 0.01; done; "
+        "cat conf > junk/answer.part; mv junk/answer.part junk/answer",
+        "mkdir -p junk; for i in $(seq 0 199); do echo mine > junk/t$i; done; sleep 0.3; "
+        "for i in $(seq 0 199); do rm junk/t$i; done; "  # not listing junk: not judged as a folder
+        + wait("test -e junk/answer")
+        + "; ! grep -q bad junk/answer",
+    )
+    stale(capsys, observed, manifest, {".gitignore": "junk/\n"})

@@ -8,16 +8,60 @@ observation is then incomplete (``engine.inputs.stands_for``, docs/cache.md)."""
 
 from __future__ import annotations
 
+import array
 import contextlib
+import ctypes
+import fcntl
+import functools
 import os
 import re
 import stat
-from collections.abc import Mapping, Set
+import struct
+from collections.abc import Callable, Mapping, Set
 
-Node = tuple[int, int]  # (device, inode)
+# A file: (device, inode, birth time, generation), -1 for what is not known.  The inode
+# number alone is handed out again once the file is removed; its birth time is the file
+# system's coarse clock (a few ms); its generation (ext4, XFS) is drawn anew for each.
+Node = tuple[int, int, int, int]
+AT_EMPTY_PATH, STATX_BTIME, STATX_BTIME_AT = 0x1000, 0x800, 80  # struct statx: stx_btime at 80
+FS_IOC_GETVERSION = 0x80087601  # _IOR('v', 1, long)
 # a bytecode file's name in its folder (as ``engine.inputs.PYCACHE``), or its temporary one
 BYTECODE = re.compile(r"[^./]+\.[^/]*\.pyc(\.\d+)?")
 WALK = 20000  # entries of the new folders a gate listed, checked for its own (``_all_made``)
+
+
+@functools.cache
+def _statx() -> Callable[..., int] | None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        call = libc.statx
+    except AttributeError:  # a C library without statx: no birth times
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p]
+    found: Callable[..., int] = call
+    return found
+
+
+def born(fd: int) -> int | None:
+    """When the open file ``fd``'s inode was made (ns since the epoch), None if unknown."""
+    call, out = _statx(), ctypes.create_string_buffer(256)
+    if call is None or call(fd, b"", AT_EMPTY_PATH, STATX_BTIME, out) != 0:
+        return None
+    (mask,) = struct.unpack_from("I", out.raw, 0)
+    if not mask & STATX_BTIME:
+        return None
+    sec, nsec = struct.unpack_from("qI", out.raw, STATX_BTIME_AT)
+    return int(sec) * 1_000_000_000 + int(nsec)
+
+
+def identity(fd: int, found: os.stat_result, birth: int | None) -> Node:
+    """The open file ``fd`` (``found`` its ``fstat``, ``birth`` its ``born``) as a ``Node``."""
+    generation = array.array("l", [-1])
+    try:
+        fcntl.ioctl(fd, FS_IOC_GETVERSION, generation)
+    except OSError:  # a file system without generations (tmpfs): the rest must do
+        generation[0] = -1
+    return found.st_dev, found.st_ino, -1 if birth is None else birth, generation[0]
 
 
 def foreign(
@@ -82,10 +126,22 @@ def _bytecode(tree: str, rel: str) -> bool:
 
 
 def _node(entry: os.DirEntry[str]) -> tuple[int, Node] | None:
-    """(mode, (device, inode)) of ``entry``: a regular file's inode, (0, 0) for any other;
-    None when it is gone."""
+    """(mode, ``Node``) of ``entry``: a regular file's, (0, 0, 0, 0) for any other; None
+    when it is gone."""
     try:
         found = entry.stat(follow_symlinks=False)
     except FileNotFoundError:
         return None
-    return found.st_mode, (found.st_dev, found.st_ino) if stat.S_ISREG(found.st_mode) else (0, 0)
+    if not stat.S_ISREG(found.st_mode):
+        return found.st_mode, (0, 0, 0, 0)
+    try:  # not followed, never blocking: a regular file when it was listed, maybe not now
+        fd = os.open(entry.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return found.st_mode, (0, 0, 0, 0)  # not the gate's, then: says "not its own"
+    try:
+        now = os.fstat(fd)
+        return now.st_mode, identity(fd, now, born(fd))
+    finally:
+        os.close(fd)

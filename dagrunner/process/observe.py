@@ -66,29 +66,10 @@ def _libc() -> ctypes.CDLL:
     libc.fanotify_mark.argtypes = [
         ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p,
     ]  # fmt: skip
-    with contextlib.suppress(AttributeError):  # no statx: no birth times (``_born``)
-        libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
-                               ctypes.c_char_p]  # fmt: skip
     return libc
 
 
-AT_EMPTY_PATH, STATX_BTIME, STATX_BTIME_AT = 0x1000, 0x800, 80  # struct statx: stx_btime at 80
 CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)  # Linux's; Python 3.13 names it
-
-
-def _born(fd: int) -> int | None:
-    """When the open file ``fd``'s inode was made (ns since the epoch), None if unknown."""
-    out = ctypes.create_string_buffer(256)
-    try:
-        if _libc().statx(fd, b"", AT_EMPTY_PATH, STATX_BTIME, out) != 0:
-            return None
-    except AttributeError:  # a C library without statx
-        return None
-    (mask,) = struct.unpack_from("I", out.raw, 0)
-    if not mask & STATX_BTIME:
-        return None
-    sec, nsec = struct.unpack_from("qI", out.raw, STATX_BTIME_AT)
-    return int(sec) * 1_000_000_000 + int(nsec)
 
 
 def _fanotify() -> int:
@@ -149,8 +130,8 @@ class Observer:
         # files whose inode was made while the gate ran (a name the tree did not hold, of
         # an older inode, is a link or a rename of a file of the tree: ``stands_for``)
         self._new: set[str] = set()
-        self._made: set[tuple[int, int]] = set()  # the files it wrote, by inode (renames keep it)
-        self._fresh: dict[str, set[tuple[int, int]]] = {}  # its opens of new files, by inode
+        self._made: set[made.Node] = set()  # the files it wrote, by inode (renames keep it)
+        self._fresh: dict[str, set[made.Node]] = {}  # its opens of new files, by inode
         self._inodes: dict[str, set[tuple[int, int]]] = {}  # the older ones, by the name read
         self._start = 0  # the file system's clock (coarse) when the gate was let go
         self._git: list[str] = []  # git databases bound outside the tree, marked too
@@ -302,11 +283,14 @@ class Observer:
         elif ".git" in rel.split("/"):
             self.why = self.why or GIT
         else:
-            born, node = _born(fd), (found.st_dev, found.st_ino)
+            born, node = made.born(fd), (found.st_dev, found.st_ino)
+            # a file by more than its inode number, which the file system hands out again
+            # once freed (another gate's new file may get one the gate made and removed)
+            ident = made.identity(fd, found, born)
             if born is not None and born >= self._start:
                 self._new.add(rel)
                 if not folder:
-                    self._fresh.setdefault(rel, set()).add(node)
+                    self._fresh.setdefault(rel, set()).add(ident)
             else:  # its name is read now, not when it was opened: checked once the gate ends
                 self._inodes.setdefault(rel, set()).add(node)
             if folder:
@@ -315,7 +299,7 @@ class Observer:
                 self._read.add(rel)
             if not folder and mask & FAN_CLOSE_WRITE:
                 self._wrote.add(rel)
-                self._made.add(node)
+                self._made.add(ident)
 
     def _renamed(self) -> str:
         """A name of an older file or folder the gate opened that holds another now (or
@@ -340,7 +324,7 @@ class Observer:
         except OSError:
             return False
         try:
-            born = _born(fd)
+            born = made.born(fd)
         finally:
             os.close(fd)
         return born is not None and born >= self._start
