@@ -169,3 +169,21 @@ def test_an_inode_number_the_gate_freed_is_not_its_own_when_another_gate_reuses_
         + "; ! grep -q bad junk/answer",
     )
     stale(capsys, observed, manifest, {".gitignore": "junk/\n"})
+
+
+# The relay copies ``conf`` into a new file; the gate appends a line to it, then reads it:
+# it wrote the file (closed it after a write), so the file is taken for one it made.
+@pytest.mark.xfail(
+    reason="open: a file the gate wrote to is its own, made by it or not (its mount's events "
+    "do not tell an open that made a file from one that appends to another gate's); "
+    "docs/cache.md, Residuals",
+    strict=False,
+)
+def test_a_file_another_gate_made_that_the_gate_appended_to_is_not_its_own(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    manifest = gates(
+        "mkdir -p junk; cat conf > junk/log.part; mv junk/log.part junk/log",
+        wait("test -e junk/log") + "; echo test >> junk/log; ! grep -q bad junk/log",
+    )
+    stale(capsys, observed, manifest, {".gitignore": "junk/\n"})
