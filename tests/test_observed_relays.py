@@ -187,3 +187,23 @@ def test_a_file_another_gate_made_that_the_gate_appended_to_is_not_its_own(
         wait("test -e junk/log") + "; echo test >> junk/log; ! grep -q bad junk/log",
     )
     stale(capsys, observed, manifest, {".gitignore": "junk/\n"})
+
+
+# The residual docs/cache.md names: the gate writes a file, the relay rewrites it in place
+# (the same inode) from ``conf``, the gate reads it back.
+@pytest.mark.xfail(
+    reason="open: a file the gate wrote is its own even when another gate rewrote it in "
+    "place after (no event of its mount shows that write); docs/cache.md, Residuals",
+    strict=False,
+)
+def test_a_file_the_gate_wrote_that_another_gate_rewrote_is_not_its_own(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    manifest = gates(
+        wait("test -e junk/mine") + "; sleep 0.2; cat conf > junk/mine; touch junk/done",
+        "mkdir -p junk; echo good > junk/mine; "
+        + wait("test -e junk/done")
+        + "; ! grep -q bad junk/mine",
+    )
+    stale(capsys, observed, manifest, {".gitignore": "junk/\n"})
+
