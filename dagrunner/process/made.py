@@ -134,12 +134,18 @@ def _node(entry: os.DirEntry[str]) -> tuple[int, Node] | None:
         return None
     if not stat.S_ISREG(found.st_mode):
         return found.st_mode, (0, 0, 0, 0)
-    try:  # not followed, never blocking: a regular file when it was listed, maybe not now
-        fd = os.open(entry.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    # a regular file when it was listed, maybe not now (another gate runs on): held by a
+    # path that opens nothing, and read only once it is known to be a regular file still
+    try:
+        held = os.open(entry.path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    except OSError:
-        return found.st_mode, (0, 0, 0, 0)  # not the gate's, then: says "not its own"
+    try:
+        if not stat.S_ISREG(os.fstat(held).st_mode):
+            return stat.S_IFLNK, (0, 0, 0, 0)  # not a file the gate wrote: "not its own"
+        fd = os.open(f"/proc/self/fd/{held}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(held)
     try:
         now = os.fstat(fd)
         return now.st_mode, identity(fd, now, born(fd))
