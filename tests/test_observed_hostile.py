@@ -354,3 +354,66 @@ def test_what_a_gate_made_itself_beside_another_gate_is_its_own(
     assert run() == {"other": "cached", "build": "cached"}
     (repo / "src").write_text("source 2\n")
     assert run() == {"other": "cached", "build": "passed"}
+
+
+# pytest's cache counted for nothing (only --lf, --ff, --nf and --sw make a run depend on
+# what pytest keeps there); but a test may keep its own values there too (the ``cache``
+# fixture, ``config.cache``: plugins do): one read once from ``conf`` is a cache validated by
+# nothing, and the run that used it never opened ``conf``.  Once the value is gone (pytest's
+# ``--cache-clear``), that run's read set answers a tree whose run reads ``conf`` again.
+KEEPS = """\
+def test_conf(cache):
+    value = cache.get("demo/conf", None)
+    if value is None:
+        value = open("conf").read()
+        cache.set("demo/conf", value)
+    assert "bad" not in value
+"""
+KEEPING = """
+    [env]
+    pass = ["PATH"]
+    [gates.test]
+    run = ["{py}", "-m", "pytest", "-q", "-p", "no:benchmark", "test_keeps.py"]
+    inputs = ["**"]
+    observe = true
+"""
+
+
+def test_a_value_a_test_keeps_in_pytests_cache_is_no_cache_of_pytests(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "test_keeps.py").write_text(KEEPS)
+    (repo / "conf").write_text("good\n")
+    (repo / ".gitignore").write_text(".pytest_cache/\n__pycache__/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    manifest = KEEPING.format(py=PY)
+    assert statuses(capsys, repo, manifest)["test"] == "passed"  # opens conf, keeps it
+    (repo / "conf").write_text("good, once more\n")  # a miss: the kept value answers
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "conf").write_text("bad\n")
+    kept = repo / ".pytest_cache" / "v" / "demo"
+    shutil.rmtree(kept)  # the value is gone (``--cache-clear``), pytest's cache is not
+    cached = statuses(capsys, repo, manifest)["test"]
+    shutil.rmtree(kept, ignore_errors=True)
+    oracle = statuses(capsys, repo, manifest, "--no-cache")["test"]
+    assert oracle == "failed"
+    assert cached == oracle, "a stale pass: the value kept in .pytest_cache stood for conf"
+
+
+def test_pytests_own_cache_still_counts_for_nothing(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "test_keeps.py").write_text("def test_a():\n    assert 1\n")
+    (repo / "README").write_text("read me\n")
+    (repo / ".gitignore").write_text(".pytest_cache/\n__pycache__/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    manifest = KEEPING.format(py=PY)
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "test_keeps.py").write_text("def test_a():\n    assert 2\n")  # run, cache warm
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "README").write_text("read me again\n")  # read by no run
+    assert statuses(capsys, repo, manifest)["test"] == "cached"

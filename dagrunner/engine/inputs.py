@@ -282,7 +282,7 @@ def stands_for(
     may stand for files the gate only stat-ed, which no observer sees: bytecode is its
     source, a seed's folder its key files; a file a need wrote in this run is the need's
     (its key is in the gate's: ``written`` holds what needs that ran wrote, and the folders
-    above); ``neutral`` folders hold nothing a verdict depends on; any other makes the
+    above); ``neutral`` files hold nothing a verdict depends on; any other makes the
     observation incomplete."""
     found: set[str] = set()
     # the folders above what a need wrote, but those holding a file of the snapshot: a
@@ -311,7 +311,7 @@ def stands_for(
         keys, folder = before.seed_keys(path), path not in seen.read
         if keys is not None:
             found.update(keys)
-        elif path in (folders if folder else written) or path.startswith(neutral):
+        elif path in (folders if folder else written) or path in neutral:
             continue  # what a need that ran in this run wrote (or a folder of it)
         elif path in seen.foreign:  # made beside it, from what it may not have read
             return frozenset(), (
@@ -334,16 +334,20 @@ def stands_for(
     return frozenset(found), ""
 
 
-# pytest's own cache (``cacheprovider``): the last failures, which only --lf, --ff, --nf and
-# --sw make a run depend on (such a gate gets no exemption: ``neutral``)
-PYTEST_CACHE = ".pytest_cache/"
+# pytest's own cache (``cacheprovider``): the last failures, the tests seen and where a
+# stepwise run stopped, which only --lf, --ff, --nf and --sw make a run depend on (such a
+# gate gets no exemption: ``neutral``); not a value a test or plugin keeps there itself
+# (``cache.set``: read once from the tree, it stands for what it was read from)
+PYTEST_CACHE = tuple(
+    f".pytest_cache/v/cache/{name}" for name in ("lastfailed", "nodeids", "stepwise")
+)
 ORDERING = re.compile(r"(^|\s)--(lf|last-failed|ff|failed-first|nf|new-first|sw|stepwise)\b")
 
 
 def neutral(gate: GateSpec) -> tuple[str, ...]:
-    """The ignored folders whose content ``gate``'s verdict does not depend on."""
+    """The ignored files whose content ``gate``'s verdict does not depend on."""
     words = gate.run if isinstance(gate.run, str) else " ".join(gate.run)
-    return () if ORDERING.search(words) else (PYTEST_CACHE,)
+    return () if ORDERING.search(words) else PYTEST_CACHE
 
 
 def listing(root: Path) -> Callable[[str], str | None]:

@@ -37,8 +37,9 @@ from dagrunner.process.sandbox import tree_environment
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
 # 2: a file or folder another gate made while the gate ran makes its reads incomplete (the
 # read sets kept before may have left such a file's sources out); 3: a folder is the gate's
-# only if it holds a file the gate wrote, a file is known by more than its inode number, and
-# a bytecode folder holding another file counts (the same)
+# only if it holds a file the gate wrote, a file is known by more than its inode number, a
+# bytecode folder holding another file counts (the same), and of .pytest_cache/ only
+# pytest's own files count for nothing (a value a test kept there stood for its source)
 READS_FORMAT = 3
 WHOLE_TREE_GLOBS = frozenset({"**", "/**"})  # inputs that name every file: keyed by reads
 # Derived from the commit, so it would miss every entry on every commit; it is
