@@ -417,3 +417,38 @@ def test_pytests_own_cache_still_counts_for_nothing(
     assert statuses(capsys, repo, manifest)["test"] == "passed"
     (repo / "README").write_text("read me again\n")  # read by no run
     assert statuses(capsys, repo, manifest)["test"] == "cached"
+
+
+# The same through pytest's last failures: the gate's command has no --lf, its ini file (a
+# file of the tree) has.  A run after a failure runs the failed test alone and never opens
+# what the others read; once the failure is fixed, its read set answered a tree where a
+# test it did not run fails.  Last failures held before the run count now.
+LAST_FAILED = {
+    "pytest.ini": "[pytest]\naddopts = --lf\n",
+    "test_a.py": "def test_a():\n    assert 'bad' not in open('conf').read()\n",
+    "test_b.py": "def test_b():\n    assert 1\n",
+}
+
+
+def test_last_failures_an_ini_file_runs_by_are_no_cache_of_pytests(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    for name, text in LAST_FAILED.items():
+        (repo / name).write_text(text)
+    (repo / "conf").write_text("good\n")
+    (repo / ".gitignore").write_text(".pytest_cache/\n__pycache__/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    manifest = KEEPING.format(py=PY).replace("test_keeps.py", ".")
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "test_b.py").write_text("def test_b():\n    assert 0\n")
+    assert statuses(capsys, repo, manifest)["test"] == "failed"  # the last failure: test_b
+    (repo / "test_b.py").write_text("def test_b():\n    assert 2\n")
+    assert statuses(capsys, repo, manifest)["test"] == "passed"  # test_b alone
+    (repo / "conf").write_text("bad\n")
+    cached = statuses(capsys, repo, manifest)["test"]
+    shutil.rmtree(repo / ".pytest_cache")
+    oracle = statuses(capsys, repo, manifest, "--no-cache")["test"]
+    assert oracle == "failed"
+    assert cached == oracle, "a stale pass: test_a, which reads conf, did not run"

@@ -181,7 +181,7 @@ class RunCache:
                 ran = (self.seen.get(a) for a in nx.ancestors(self.graph, gate))
                 # what needs wrote, not what they opened (a cache may stand for stat-ed files)
                 written = frozenset(path for need in ran if need for path in need.wrote)
-                leave = neutral(spec(self.graph, gate))
+                leave = neutral(spec(self.graph, gate), self.before)
                 found, why = stands_for(seen, parts.inputs, self.before, written, leave)
             if why:
                 seen = replace(seen, complete=False, why=why)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import os
 import re
 import stat
@@ -215,6 +216,7 @@ class Before:
     unknown: bool = False
     untracked: frozenset[str] = frozenset()  # files of the snapshot outside git's index
     seeds: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = ()
+    failures: bool = False  # pytest's cache held last failures (``neutral``)
 
     def held(self, path: str, *, folder: bool = False) -> bool:
         """Whether ``path`` (a file, or a ``folder``) was there, ignored, before the gates
@@ -260,7 +262,31 @@ def held_before(repo: Path, manifest: Manifest, snapshot: Snapshot) -> Before:
         folders=frozenset(f for f in above if not _holds(snapshot.paths, f)),
         seeds=patterns,
         untracked=snapshot.untracked,
+        failures=_failures(repo / LAST_FAILED),
     )
+
+
+def _failures(path: Path) -> bool:
+    """Whether pytest's last failures at ``path`` name any test, or may (a file the tree's
+    gates wrote: not followed, never waited on, read up to ``FAILURES_READ``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return True
+        data = os.read(fd, FAILURES_READ + 1)
+        if len(data) > FAILURES_READ:
+            return True
+        held = json.loads(data or b"{}")
+    except (OSError, ValueError):
+        return True
+    finally:
+        os.close(fd)
+    return bool(held)
 
 
 def _holds(paths: list[str], folder: str) -> bool:
@@ -334,20 +360,25 @@ def stands_for(
     return frozenset(found), ""
 
 
-# pytest's own cache (``cacheprovider``): the last failures, the tests seen and where a
-# stepwise run stopped, which only --lf, --ff, --nf and --sw make a run depend on (such a
-# gate gets no exemption: ``neutral``); not a value a test or plugin keeps there itself
-# (``cache.set``: read once from the tree, it stands for what it was read from)
-PYTEST_CACHE = tuple(
-    f".pytest_cache/v/cache/{name}" for name in ("lastfailed", "nodeids", "stepwise")
-)
+# pytest's own cache (``cacheprovider``): the last failures and the tests seen, which only
+# --lf, --ff and --nf make a run depend on (such a gate gets no exemption: ``neutral``), and
+# --lf only when there are last failures: an ini file of the tree may ask for it (where a
+# stepwise run stopped is read only by a run that asks for --sw: never exempt); not a value
+# a test or plugin keeps there itself (``cache.set``: read once from the tree, it stands
+# for what it was read from)
+LAST_FAILED = ".pytest_cache/v/cache/lastfailed"
+FAILURES_READ = 1 << 20  # more than that is not "no failures"
+PYTEST_CACHE = (LAST_FAILED, ".pytest_cache/v/cache/nodeids")
 ORDERING = re.compile(r"(^|\s)--(lf|last-failed|ff|failed-first|nf|new-first|sw|stepwise)\b")
 
 
-def neutral(gate: GateSpec) -> tuple[str, ...]:
-    """The ignored files whose content ``gate``'s verdict does not depend on."""
+def neutral(gate: GateSpec, before: Before) -> tuple[str, ...]:
+    """The ignored files whose content ``gate``'s verdict does not depend on, in a tree
+    that held ``before`` when its gates started."""
     words = gate.run if isinstance(gate.run, str) else " ".join(gate.run)
-    return () if ORDERING.search(words) else PYTEST_CACHE
+    if ORDERING.search(words):
+        return ()
+    return tuple(p for p in PYTEST_CACHE if not (p == LAST_FAILED and before.failures))
 
 
 def listing(root: Path) -> Callable[[str], str | None]:
