@@ -288,3 +288,19 @@ def test_what_another_gate_hands_the_gate_by_no_open_of_a_file(
     }[way]
     files = {".gitignore": "junk/\n", "serve.py": SERVE, "hear.py": HEAR}
     stale(capsys, observed, gates(relay, test), files)
+
+
+# The same by a rename over it: the relay's file is new, made while the gate ran, so no
+# need's (a need ends before the gate starts), whatever its name.
+NEED_REPLACED = NEED_REWRITTEN.replace(
+    'run = "cat conf > junk/answer"',
+    'run = "' + wait("test -e go") + "; cat conf > junk/a.part; mv junk/a.part junk/answer; "
+    'touch junk/done"',
+).replace('run = "sleep 1; ', 'run = "touch go; ' + wait("test -e junk/done") + "; ")
+
+
+def test_a_file_another_gate_put_in_place_of_one_a_need_wrote_is_not_the_needs(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    assert NEED_REPLACED.count("touch go") == 1 and "mv junk/a.part" in NEED_REPLACED
+    stale(capsys, observed, NEED_REPLACED, {".gitignore": "junk/\n"})

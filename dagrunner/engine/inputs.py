@@ -337,8 +337,11 @@ def stands_for(
         keys, folder = before.seed_keys(path), path not in seen.read
         if keys is not None:
             found.update(keys)
-        elif path in (folders if folder else written) or path in neutral:
-            continue  # what a need that ran in this run wrote (or a folder of it)
+        elif path in (folders if folder else written) and path not in seen.foreign:
+            continue  # what a need that ran in this run wrote (or a folder of it), not a
+            # file made while the gate ran (needs end first): another gate's, by that name
+        elif path in neutral:
+            continue
         elif path in seen.foreign:  # made beside it, from what it may not have read
             return frozenset(), (
                 f"it opened {path}, which another gate (or a process it did not see write) "
