@@ -304,3 +304,20 @@ def test_a_file_another_gate_put_in_place_of_one_a_need_wrote_is_not_the_needs(
 ) -> None:
     assert NEED_REPLACED.count("touch go") == 1 and "mv junk/a.part" in NEED_REPLACED
     stale(capsys, observed, NEED_REPLACED, {".gitignore": "junk/\n"})
+
+
+# A file under a seed (``node_modules``) stands for the seed's key files (its lockfile); one
+# another gate made there while the gate ran, from what it read, does not.
+def test_a_file_another_gate_made_in_a_seed_is_not_the_seeds(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    manifest = gates(
+        "mkdir -p deps; cat conf > deps/x.part; mv deps/x.part deps/x",
+        wait("test -e deps/x") + "; ! grep -q bad deps/x",
+    ).replace(
+        "    [gates.relay]",
+        '    [[worktrees.seed]]\n    path = "deps"\n    key = ["lock"]\n'
+        '    build = "true"\n    [gates.relay]',
+    )
+    assert "[[worktrees.seed]]" in manifest
+    stale(capsys, observed, manifest, {".gitignore": "deps/\n", "lock": "1\n"}, made=("deps",))

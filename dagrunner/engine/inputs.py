@@ -335,18 +335,15 @@ def stands_for(
         if path.endswith("__pycache__") and path in seen.listed and path not in seen.foreign:
             continue  # a folder of bytecode only: each file of it is read above
         keys, folder = before.seed_keys(path), path not in seen.read
-        if keys is not None:
-            found.update(keys)
-        elif path in (folders if folder else written) and path not in seen.foreign:
-            continue  # what a need that ran in this run wrote (or a folder of it), not a
-            # file made while the gate ran (needs end first): another gate's, by that name
-        elif path in neutral:
-            continue
-        elif path in seen.foreign:  # made beside it, from what it may not have read
-            return frozenset(), (
+        if path in seen.foreign and path not in neutral:  # made beside it, from what it
+            return frozenset(), (  # may not have read: no seed's, no need's (needs end first)
                 f"it opened {path}, which another gate (or a process it did not see write) "
                 "made or filled while it ran, from files it may never have read"
             )
+        if keys is not None:
+            found.update(keys)
+        elif path in (folders if folder else written) or path in neutral:
+            continue  # what a need that ran in this run wrote (or a folder of it)
         elif not before.held(path, folder=folder):
             if folder and path not in seen.new:  # its names count, ignored ones too
                 found.add(f"{path}/")  # (a new one holds only what the gate made: ``foreign``)

@@ -41,7 +41,7 @@ CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain dig
 # bytecode folder holding another file counts (the same), and of .pytest_cache/ only
 # pytest's own files count for nothing (a value a test kept there stood for its source),
 # its last failures only while they name no test (an ini file may ask for --lf), and a file
-# made while the gate ran is no need's whatever its name
+# made while the gate ran by another gate is no need's whatever its name, nor a seed's
 READS_FORMAT = 3
 WHOLE_TREE_GLOBS = frozenset({"**", "/**"})  # inputs that name every file: keyed by reads
 # Derived from the commit, so it would miss every entry on every commit; it is
