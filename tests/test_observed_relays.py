@@ -321,3 +321,22 @@ def test_a_file_another_gate_made_in_a_seed_is_not_the_seeds(
     )
     assert "[[worktrees.seed]]" in manifest
     stale(capsys, observed, manifest, {".gitignore": "deps/\n", "lock": "1\n"}, made=("deps",))
+
+
+# The residual docs/cache.md names first: the relay names a folder after ``conf`` in a new
+# folder, and removes it all once the gate has listed it (the folder is checked at the end).
+@pytest.mark.xfail(
+    reason="open: a new folder gone when the gate ends held only what the gate made and "
+    "removed, for all the walk can tell; docs/cache.md, Residuals",
+    strict=False,
+)
+def test_a_folder_another_gate_made_and_removed_while_the_gate_ran(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    manifest = gates(
+        "mkdir -p junk/$(cat conf); " + wait("test -e listed") + "; rm -r junk",
+        wait('test -n "$(ls junk 2>/dev/null)"')
+        + "; v=$(ls junk); touch listed; until ! test -e junk; do sleep 0.05; done; "
+        + '! echo "$v" | grep -q bad',
+    )
+    stale(capsys, observed, manifest, {".gitignore": "junk/\nlisted\n"}, made=("junk", "listed"))
