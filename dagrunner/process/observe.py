@@ -284,13 +284,12 @@ class Observer:
             self.why = self.why or GIT
         else:
             born, node = made.born(fd), (found.st_dev, found.st_ino)
-            # a file by more than its inode number, which the file system hands out again
-            # once freed (another gate's new file may get one the gate made and removed)
-            ident = made.identity(fd, found, born)
+            # a new file by more than its inode number, which the file system hands out
+            # again once freed (another gate's new file may get one the gate made, removed)
             if born is not None and born >= self._start:
                 self._new.add(rel)
                 if not folder:
-                    self._fresh.setdefault(rel, set()).add(ident)
+                    self._fresh.setdefault(rel, set()).add(made.identity(fd, found, born))
             else:  # its name is read now, not when it was opened: checked once the gate ends
                 self._inodes.setdefault(rel, set()).add(node)
             if folder:
@@ -299,7 +298,7 @@ class Observer:
                 self._read.add(rel)
             if not folder and mask & FAN_CLOSE_WRITE:
                 self._wrote.add(rel)
-                self._made.add(ident)
+                self._made.add(made.identity(fd, found, born))
 
     def _renamed(self) -> str:
         """A name of an older file or folder the gate opened that holds another now (or
