@@ -374,6 +374,29 @@ FLAGS = """
 """
 
 
+# pytest's cache counted for nothing (only --lf, --ff, --nf and --sw make a run depend on
+# what pytest keeps there); but a test may keep its own values there too (the ``cache``
+# fixture, ``config.cache``: plugins do): one read once from ``conf`` is a cache validated by
+# nothing, and the run that used it never opened ``conf``.  Once the value is gone (pytest's
+# ``--cache-clear``), that run's read set answers a tree whose run reads ``conf`` again.
+KEEPS = """\
+def test_conf(cache):
+    value = cache.get("demo/conf", None)
+    if value is None:
+        value = open("conf").read()
+        cache.set("demo/conf", value)
+    assert "bad" not in value
+"""
+KEEPING = """
+    [env]
+    pass = ["PATH"]
+    [gates.test]
+    run = ["{py}", "-m", "pytest", "-q", "-p", "no:benchmark", "test_keeps.py"]
+    inputs = ["**"]
+    observe = true
+"""
+
+
 def test_a_name_another_gate_made_in_a_folder_of_the_tree_is_no_name_of_its_listing(
     capsys: pytest.CaptureFixture[str], observed: Path
 ) -> None:
@@ -395,3 +418,78 @@ def test_a_name_another_gate_made_in_a_folder_of_the_tree_is_no_name_of_its_list
     oracle = run("--no-cache")
     assert oracle == "failed"
     assert run() == oracle, "a stale pass: the gate listed a name another gate made from conf"
+
+
+def test_a_value_a_test_keeps_in_pytests_cache_is_no_cache_of_pytests(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "test_keeps.py").write_text(KEEPS)
+    (repo / "conf").write_text("good\n")
+    (repo / ".gitignore").write_text(".pytest_cache/\n__pycache__/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    manifest = KEEPING.format(py=PY)
+    assert statuses(capsys, repo, manifest)["test"] == "passed"  # opens conf, keeps it
+    (repo / "conf").write_text("good, once more\n")  # a miss: the kept value answers
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "conf").write_text("bad\n")
+    kept = repo / ".pytest_cache" / "v" / "demo"
+    shutil.rmtree(kept)  # the value is gone (``--cache-clear``), pytest's cache is not
+    cached = statuses(capsys, repo, manifest)["test"]
+    shutil.rmtree(kept, ignore_errors=True)
+    oracle = statuses(capsys, repo, manifest, "--no-cache")["test"]
+    assert oracle == "failed"
+    assert cached == oracle, "a stale pass: the value kept in .pytest_cache stood for conf"
+
+
+def test_pytests_own_cache_still_counts_for_nothing(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    (repo / "test_keeps.py").write_text("def test_a():\n    assert 1\n")
+    (repo / "README").write_text("read me\n")
+    (repo / ".gitignore").write_text(".pytest_cache/\n__pycache__/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    manifest = KEEPING.format(py=PY)
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "test_keeps.py").write_text("def test_a():\n    assert 2\n")  # run, cache warm
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "README").write_text("read me again\n")  # read by no run
+    assert statuses(capsys, repo, manifest)["test"] == "cached"
+
+
+# The same through pytest's last failures: the gate's command has no --lf, its ini file (a
+# file of the tree) has.  A run after a failure runs the failed test alone and never opens
+# what the others read; once the failure is fixed, its read set answered a tree where a
+# test it did not run fails.  Last failures held before the run count now.
+LAST_FAILED = {
+    "pytest.ini": "[pytest]\naddopts = --lf\n",
+    "test_a.py": "def test_a():\n    assert 'bad' not in open('conf').read()\n",
+    "test_b.py": "def test_b():\n    assert 1\n",
+}
+
+
+def test_last_failures_an_ini_file_runs_by_are_no_cache_of_pytests(
+    capsys: pytest.CaptureFixture[str], observed: Path
+) -> None:
+    repo = observed
+    for name, text in LAST_FAILED.items():
+        (repo / name).write_text(text)
+    (repo / "conf").write_text("good\n")
+    (repo / ".gitignore").write_text(".pytest_cache/\n__pycache__/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+    manifest = KEEPING.format(py=PY).replace("test_keeps.py", ".")
+    assert statuses(capsys, repo, manifest)["test"] == "passed"
+    (repo / "test_b.py").write_text("def test_b():\n    assert 0\n")
+    assert statuses(capsys, repo, manifest)["test"] == "failed"  # the last failure: test_b
+    (repo / "test_b.py").write_text("def test_b():\n    assert 2\n")
+    assert statuses(capsys, repo, manifest)["test"] == "passed"  # test_b alone
+    (repo / "conf").write_text("bad\n")
+    cached = statuses(capsys, repo, manifest)["test"]
+    shutil.rmtree(repo / ".pytest_cache")
+    oracle = statuses(capsys, repo, manifest, "--no-cache")["test"]
+    assert oracle == "failed"
+    assert cached == oracle, "a stale pass: test_a, which reads conf, did not run"

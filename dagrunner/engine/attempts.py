@@ -181,7 +181,7 @@ class GateRunner:
         that git does not ignore, declared outputs left out) under the gate's folder,
         relative to it, for a gate keyed by the whole tree of the snapshot; else "".  What
         it lists is then in its key, and no ``git ls-files`` reads git's database, which
-        the observer cannot see (``process/home``, ``starter/hookgates``)."""
+        the observer cannot see (``process/view``, ``starter/hookgates``)."""
         shot = self.cache.snapshot
         if not WHOLE_TREE_GLOBS & set(gate.inputs) or root != shot.root or not shot.paths:
             return ""

@@ -22,12 +22,11 @@ from dagrunner.engine.inputs import (
     Before,
     Snapshot,
     held_before,
-    listing,
     neutral,
     stands_for,
     take_snapshot,
 )
-from dagrunner.engine.keys import Candidate, KeyParts, compute_keys, store_keys, tree_scope
+from dagrunner.engine.keys import Candidate, KeyParts, Listing, compute_keys, store_keys, tree_scope
 from dagrunner.engine.landed import Verified, head_tree, landed_answer, manifest_digest
 from dagrunner.engine.landed import clean_tree as landed_tree
 from dagrunner.engine.scheduler import Flights, Outcome, Wait
@@ -124,7 +123,7 @@ class RunCache:
         observes = any(isinstance(p, KeyParts) and p.names for p in self.keys.values())
         self.before = held_before(repo, manifest, self.snapshot) if observes else Before()
         self.by_reads = 0  # passes and hits keyed by what the gate read
-        self.listing = listing(repo, time.time_ns())  # a listed folder's names, but the run's
+        self.listing = Listing(repo, time.time_ns())  # a listed folder's names, but the run's
         self.setup_seconds = time.monotonic() - started
         self.stored = 0
 
@@ -181,8 +180,8 @@ class RunCache:
                 ran = (self.seen.get(a) for a in nx.ancestors(self.graph, gate))
                 # what needs wrote, not what they opened (a cache may stand for stat-ed files)
                 written = frozenset(path for need in ran if need for path in need.wrote)
-                at = (self.before, written, neutral(spec(self.graph, gate)), self.listing.made)
-                found, why = stands_for(seen, parts.inputs, *at)
+                at = (self.before, written, neutral(spec(self.graph, gate), self.before))
+                found, why = stands_for(seen, parts.inputs, *at, self.listing.made)
             if why:
                 seen = replace(seen, complete=False, why=why)
             self.stands[gate] = found

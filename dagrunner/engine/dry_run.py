@@ -20,8 +20,8 @@ from typing import Any
 
 from dagrunner.engine.cache import Store
 from dagrunner.engine.graph import Graph, bottom_levels, critical_path, spec, topological_order
-from dagrunner.engine.inputs import listing, take_snapshot
-from dagrunner.engine.keys import CACHE_FORMAT, KeyParts, compute_keys, store_keys
+from dagrunner.engine.inputs import take_snapshot
+from dagrunner.engine.keys import CACHE_FORMAT, KeyParts, compute_keys, listing, store_keys
 from dagrunner.engine.landed import clean_tree as landed_tree
 from dagrunner.engine.landed import manifest_digest, read_proof
 from dagrunner.engine.plan import RunOptions

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import os
 import re
 import stat
@@ -27,7 +28,6 @@ from dagrunner.files import read_regular
 from dagrunner.git.command import git, split_z, toplevel
 from dagrunner.manifest.globs import glob_regex, literal_prefix
 from dagrunner.manifest.load import GateSpec, Manifest
-from dagrunner.process.observe import born
 from dagrunner.records.run import Observation
 
 _WILDCARD = re.compile(r"[*?\[]")
@@ -218,6 +218,7 @@ class Before:
     seeds: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = ()
     # files dagrunner removed before a gate started (its own JUnit file: ``clear``)
     removed: set[str] = field(default_factory=set)
+    failures: bool = False  # pytest's cache held last failures (``neutral``)
 
     def held(self, path: str, *, folder: bool = False) -> bool:
         """Whether ``path`` (a file, or a ``folder``) was there, ignored, before the gates
@@ -289,7 +290,31 @@ def held_before(repo: Path, manifest: Manifest, snapshot: Snapshot) -> Before:
         folders=frozenset(f for f in above if not _holds(snapshot.paths, f)),
         seeds=patterns,
         untracked=snapshot.untracked,
+        failures=_failures(repo / LAST_FAILED),
     )
+
+
+def _failures(path: Path) -> bool:
+    """Whether pytest's last failures at ``path`` name any test, or may (a file the tree's
+    gates wrote: not followed, never waited on, read up to ``FAILURES_READ``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return True
+        data = os.read(fd, FAILURES_READ + 1)
+        if len(data) > FAILURES_READ:
+            return True
+        held = json.loads(data or b"{}")
+    except (OSError, ValueError):
+        return True
+    finally:
+        os.close(fd)
+    return bool(held)
 
 
 def _holds(paths: list[str], folder: str) -> bool:
@@ -312,7 +337,7 @@ def stands_for(
     may stand for files the gate only stat-ed, which no observer sees: bytecode is its
     source, a seed's folder its key files; a file a need wrote in this run is the need's
     (its key is in the gate's: ``written`` holds what needs that ran wrote, and the folders
-    above); ``neutral`` folders hold nothing a verdict depends on; any other makes the
+    above); ``neutral`` files hold nothing a verdict depends on; any other makes the
     observation incomplete."""
     found: set[str] = set()
     # the folders above what a need wrote, but those holding a file of the snapshot: a
@@ -336,18 +361,18 @@ def stands_for(
         if source in ids and (path in seen.new or before.held(path)):
             found.add(source)
             continue
-        if path.endswith("__pycache__") and path in seen.listed:
-            continue  # a folder of bytecode: each file of it is read above
+        if path.endswith("__pycache__") and path in seen.listed and path not in seen.foreign:
+            continue  # a folder of bytecode only: each file of it is read above
         keys, folder = before.seed_keys(path), path not in seen.read
+        if path in seen.foreign and path not in neutral:  # made beside it, from what it
+            return frozenset(), (  # may not have read: no seed's, no need's (needs end first)
+                f"it opened {path}, which another gate (or a process it did not see write) "
+                "made or filled while it ran, from files it may never have read"
+            )
         if keys is not None:
             found.update(keys)
-        elif path in (folders if folder else written) or path.startswith(neutral):
+        elif path in (folders if folder else written) or path in neutral:
             continue  # what a need that ran in this run wrote (or a folder of it)
-        elif path in seen.foreign:  # made beside it, from what it may not have read
-            return frozenset(), (
-                f"it opened {path}, which another gate (or a process it did not see write) "
-                "made while it ran, from files it may never have read"
-            )
         elif not before.held(path, folder=folder):
             if folder and path not in seen.new:  # its names count, ignored ones too
                 found.add(f"{path}/")  # (a new one holds only what the gate made: ``foreign``)
@@ -376,61 +401,22 @@ def stands_for(
     return frozenset(found), ""
 
 
-# pytest's own cache (``cacheprovider``): the last failures, which only --lf, --ff, --nf and
-# --sw make a run depend on (such a gate gets no exemption: ``neutral``)
-PYTEST_CACHE = ".pytest_cache/"
+# pytest's own cache (``cacheprovider``): the last failures and the tests seen, which only
+# --lf, --ff and --nf make a run depend on (such a gate gets no exemption: ``neutral``), and
+# --lf only when there are last failures: an ini file of the tree may ask for it (where a
+# stepwise run stopped is read only by a run that asks for --sw: never exempt); not a value
+# a test or plugin keeps there itself (``cache.set``: read once from the tree, it stands
+# for what it was read from)
+LAST_FAILED = ".pytest_cache/v/cache/lastfailed"
+FAILURES_READ = 1 << 20  # more than that is not "no failures"
+PYTEST_CACHE = (LAST_FAILED, ".pytest_cache/v/cache/nodeids")
 ORDERING = re.compile(r"(^|\s)--(lf|last-failed|ff|failed-first|nf|new-first|sw|stepwise)\b")
 
 
-def neutral(gate: GateSpec) -> tuple[str, ...]:
-    """The ignored folders whose content ``gate``'s verdict does not depend on."""
+def neutral(gate: GateSpec, before: Before) -> tuple[str, ...]:
+    """The ignored files whose content ``gate``'s verdict does not depend on, in a tree
+    that held ``before`` when its gates started."""
     words = gate.run if isinstance(gate.run, str) else " ".join(gate.run)
-    return () if ORDERING.search(words) else (PYTEST_CACHE,)
-
-
-@dataclass(frozen=True)
-class Listing:
-    """The names in a folder of ``root`` (all of them: a file git ignores is listed too),
-    as one id; None when it is not a folder now.  With ``since`` (ns since the epoch: when
-    the run began, before any gate), a name made since is left out: every tree of the queue
-    starts without the folders its gates make (``build/``, ``.tox``), and a gate stored
-    with another gate's ``build`` in the root it listed never answered a fresh tree.  The
-    tree's names as they were before the run key it: a name made in the run must be the
-    gate's own product or a need's (``made``, ``stands_for``: another gate's makes the
-    observation incomplete); a name removed in the run is not in the key either, so a tree
-    that holds it misses; one removed and made again is new, left out, and so misses too; a
-    name whose birth is unknown is kept (a miss at worst), and so is one made just after
-    ``since`` that a file system's coarser clock stamped before it."""
-
-    root: Path
-    since: int | None = None
-
-    def _entries(self, folder: str) -> list[tuple[str, bool]]:
-        """(name, made since the run began) of each entry of ``folder``; OSError: none."""
-        with os.scandir(self.root / folder) as entries:
-            return [
-                (
-                    e.name,
-                    self.since is not None and (m := born(e.path)) is not None and m >= self.since,
-                )
-                for e in entries
-            ]
-
-    def __call__(self, folder: str) -> str | None:
-        try:
-            found = sorted(name for name, new in self._entries(folder) if not new)
-        except OSError:
-            return None
-        return blob_id("\0".join(found).encode("utf-8", "surrogateescape"))
-
-    def made(self, folder: str) -> list[str]:
-        """The paths (in the tree) of the names made in ``folder`` since the run began."""
-        try:
-            return [f"{folder}/{n}" if folder else n for n, new in self._entries(folder) if new]
-        except OSError:
-            return []
-
-
-def listing(root: Path, since: int | None = None) -> Listing:
-    """``Listing``: a listed folder's names (those before the run, given ``since``)."""
-    return Listing(root, since)
+    if ORDERING.search(words):
+        return ()
+    return tuple(p for p in PYTEST_CACHE if not (p == LAST_FAILED and before.failures))

@@ -17,6 +17,7 @@ exact tree only.
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,18 +27,25 @@ from typing import Any
 import orjson
 
 from dagrunner.engine.graph import Graph, integration_map, spec, topological_order
-from dagrunner.engine.inputs import Snapshot, input_files
+from dagrunner.engine.inputs import Snapshot, blob_id, input_files
 from dagrunner.executors.base import Fingerprint
 from dagrunner.git.command import git, split_z
 from dagrunner.manifest.globs import glob_regex
 from dagrunner.manifest.load import GateSpec, Manifest
 from dagrunner.process.command import tool_fingerprint
+from dagrunner.process.made import born_at
 from dagrunner.process.sandbox import tree_environment
 
 CACHE_FORMAT = 2  # 2: entries are signed (HMAC) instead of carrying a plain digest
 # 2: a file or folder another gate made while the gate ran makes its reads incomplete (the
 # read sets kept before may have left such a file's sources out); 3: a listed folder's names
-# leave out those made in the run (verdicts kept before may hold a name the gate never saw)
+# leave out those made in the run (verdicts kept before may hold a name the gate never saw),
+# a name another gate made there makes the reads incomplete; a folder is the gate's
+# only if it holds a file the gate wrote, a file is known by more than its inode number, a
+# bytecode folder holding another file counts (the same), and of .pytest_cache/ only
+# pytest's own files count for nothing (a value a test kept there stood for its source),
+# its last failures only while they name no test (an ini file may ask for --lf), and a file
+# made while the gate ran by another gate is no need's whatever its name, nor a seed's
 READS_FORMAT = 3
 WHOLE_TREE_GLOBS = frozenset({"**", "/**"})  # inputs that name every file: keyed by reads
 # Derived from the commit, so it would miss every entry on every commit; it is
@@ -349,3 +357,53 @@ def tree_scope(repo: Path, trusted: str, ahead: str | None) -> TreeScope:
 def scoped_key(key: str, tree: str) -> str:
     """The cache key of a verdict that holds for one exact tree only."""
     return hashlib.sha256(f"tree-scoped\0{key}\0{tree}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The names in a folder of ``root`` (all of them: a file git ignores is listed too),
+    as one id; None when it is not a folder now.  With ``since`` (ns since the epoch: when
+    the run began, before any gate), a name made since is left out: every tree of the queue
+    starts without the folders its gates make (``build/``, ``.tox``), and a gate stored
+    with another gate's ``build`` in the root it listed never answered a fresh tree.  The
+    tree's names as they were before the run key it: a name made in the run must be the
+    gate's own product or a need's (``made``, ``stands_for``: another gate's makes the
+    observation incomplete); a name removed in the run is not in the key either, so a tree
+    that holds it misses; one removed and made again is new, left out, and so misses too; a
+    name whose birth is unknown is kept (a miss at worst), and so is one made just after
+    ``since`` that a file system's coarser clock stamped before it."""
+
+    root: Path
+    since: int | None = None
+
+    def _entries(self, folder: str) -> list[tuple[str, bool]]:
+        """(name, made since the run began) of each entry of ``folder``; OSError: none."""
+        with os.scandir(self.root / folder) as entries:
+            return [
+                (
+                    e.name,
+                    self.since is not None
+                    and (m := born_at(e.path)) is not None
+                    and m >= self.since,
+                )
+                for e in entries
+            ]
+
+    def __call__(self, folder: str) -> str | None:
+        try:
+            found = sorted(name for name, new in self._entries(folder) if not new)
+        except OSError:
+            return None
+        return blob_id("\0".join(found).encode("utf-8", "surrogateescape"))
+
+    def made(self, folder: str) -> list[str]:
+        """The paths (in the tree) of the names made in ``folder`` since the run began."""
+        try:
+            return [f"{folder}/{n}" if folder else n for n, new in self._entries(folder) if new]
+        except OSError:
+            return []
+
+
+def listing(root: Path, since: int | None = None) -> Listing:
+    """``Listing``: a listed folder's names (those before the run, given ``since``)."""
+    return Listing(root, since)

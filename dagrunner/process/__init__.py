@@ -9,7 +9,8 @@
 - ``tree``: a gate's process tree: sampled, swept, ended.
 - ``logs``: the bounded log and redaction; the pump that fills it from the gate's output.
 - ``observe``: what a gate opened in its tree, seen by fanotify on its own mount of it;
-  ``nested``: the seccomp filter that tells it of a mount namespace a gate makes itself.
+  ``nested``: the seccomp filter that tells it of a mount namespace a gate makes itself;
+  ``made``: what of the tree the gate made itself (another gate's files are not its own).
 - ``share``: how a tree gets its own copy of a shared folder (a seed, a tool cache): a
   reflink copy, an overlay mount, else a plain copy.
 - ``toolcaches``: gates' tool caches: the trusted tier (the main checkout's runs alone write

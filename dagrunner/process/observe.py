@@ -39,7 +39,7 @@ from pathlib import Path
 
 import trio
 
-from dagrunner.process import nested
+from dagrunner.process import made, nested
 from dagrunner.process.share import mount_points
 from dagrunner.records.run import Observation
 
@@ -51,7 +51,6 @@ MASK = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE | FAN_ONDIR
 _CLOSER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dagrunner-observe")
 EVENT = struct.Struct("IBBHQii")  # fanotify_event_metadata: len, vers, _, len, mask, fd, pid
 FANOTIFY_VERSION = 3
-WALK = 20000  # entries of the new folders a gate listed, checked for its own (``_all_made``)
 READY_TIMEOUT = 30.0  # for the view to come up (bubblewrap dies with its own error before)
 NOT_BWRAPPED = "the gate does not run under bubblewrap (none here, or a command keeping its HOME)"
 NOT_TREE = "the folder to observe is not in the gate's tree (no mount of the gate's own holds it)"
@@ -67,40 +66,10 @@ def _libc() -> ctypes.CDLL:
     libc.fanotify_mark.argtypes = [
         ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p,
     ]  # fmt: skip
-    with contextlib.suppress(AttributeError):  # no statx: no birth times (``_born``)
-        libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
-                               ctypes.c_char_p]  # fmt: skip
     return libc
 
 
-AT_EMPTY_PATH, STATX_BTIME, STATX_BTIME_AT = 0x1000, 0x800, 80  # struct statx: stx_btime at 80
 CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)  # Linux's; Python 3.13 names it
-
-
-def _born(fd: int) -> int | None:
-    """When the open file ``fd``'s inode was made (ns since the epoch), None if unknown."""
-    out = ctypes.create_string_buffer(256)
-    try:
-        if _libc().statx(fd, b"", AT_EMPTY_PATH, STATX_BTIME, out) != 0:
-            return None
-    except AttributeError:  # a C library without statx
-        return None
-    (mask,) = struct.unpack_from("I", out.raw, 0)
-    if not mask & STATX_BTIME:
-        return None
-    sec, nsec = struct.unpack_from("qI", out.raw, STATX_BTIME_AT)
-    return int(sec) * 1_000_000_000 + int(nsec)
-
-
-def born(path: str | os.PathLike[str]) -> int | None:
-    """When ``path`` (a link not followed) was made, as ``_born``; None: not there."""
-    try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    made = _born(fd)  # never raises
-    os.close(fd)
-    return made
 
 
 def _fanotify() -> int:
@@ -161,8 +130,8 @@ class Observer:
         # files whose inode was made while the gate ran (a name the tree did not hold, of
         # an older inode, is a link or a rename of a file of the tree: ``stands_for``)
         self._new: set[str] = set()
-        self._made: set[tuple[int, int]] = set()  # the files it wrote, by inode (renames keep it)
-        self._fresh: dict[str, set[tuple[int, int]]] = {}  # its opens of new files, by inode
+        self._made: set[made.Node] = set()  # the files it wrote, by inode (renames keep it)
+        self._fresh: dict[str, set[made.Node]] = {}  # its opens of new files, by inode
         self._inodes: dict[str, set[tuple[int, int]]] = {}  # the older ones, by the name read
         self._start = 0  # the file system's clock (coarse) when the gate was let go
         self._git: list[str] = []  # git databases bound outside the tree, marked too
@@ -314,11 +283,13 @@ class Observer:
         elif ".git" in rel.split("/"):
             self.why = self.why or GIT
         else:
-            born, node = _born(fd), (found.st_dev, found.st_ino)
+            born, node = made.born(fd), (found.st_dev, found.st_ino)
+            # a new file by more than its inode number, which the file system hands out
+            # again once freed (another gate's new file may get one the gate made, removed)
             if born is not None and born >= self._start:
                 self._new.add(rel)
                 if not folder:
-                    self._fresh.setdefault(rel, set()).add(node)
+                    self._fresh.setdefault(rel, set()).add(made.identity(fd, found, born))
             else:  # its name is read now, not when it was opened: checked once the gate ends
                 self._inodes.setdefault(rel, set()).add(node)
             if folder:
@@ -327,7 +298,7 @@ class Observer:
                 self._read.add(rel)
             if not folder and mask & FAN_CLOSE_WRITE:
                 self._wrote.add(rel)
-                self._made.add(node)
+                self._made.add(made.identity(fd, found, born))
 
     def _renamed(self) -> str:
         """A name of an older file or folder the gate opened that holds another now (or
@@ -361,31 +332,9 @@ class Observer:
             return Observation(complete=False, why=self.why)
         return Observation(complete=True, read=frozenset(self._read),
                            listed=frozenset(self._listed), wrote=frozenset(self._wrote),
-                           new=frozenset(self._new), foreign=self._foreign())  # fmt: skip
-
-    def _foreign(self) -> frozenset[str]:
-        """The new files it opened but never wrote (by inode: a rename keeps it), and the new
-        folders it listed that hold an entry other than such a file of its own: another
-        gate's, made beside it from what this one never read (``stands_for``)."""
-        found = {rel for rel, nodes in self._fresh.items() if not nodes <= self._made}
-        listed = self._listed & self._new
-        return frozenset(found | {r for r in listed if not self._all_made(f"{self.tree}/{r}")})
-
-    def _all_made(self, folder: str) -> bool:
-        """Whether each entry under ``folder`` now is a file the gate wrote or a folder of
-        them (a bytecode folder aside; a walk past ``WALK`` entries says no).  A folder gone
-        by now leaves nothing: its names were the gate's own to make and remove."""
-        stack, count = [folder], 0
-        while stack:
-            with contextlib.suppress(FileNotFoundError):  # gone by now (an entry, or all)
-                for entry in list(os.scandir(stack.pop())):
-                    count += 1
-                    mode, node = _node(entry)
-                    if count > WALK or not (stat.S_ISDIR(mode) or node in self._made):
-                        return False
-                    if stat.S_ISDIR(mode) and entry.name != "__pycache__":
-                        stack.append(entry.path)
-        return True
+                           new=frozenset(self._new),
+                           foreign=made.foreign(self.tree, self._fresh, self._made,
+                                                self._listed, self._new))  # fmt: skip
 
     def close(self) -> None:
         self.started()
@@ -397,20 +346,11 @@ class Observer:
         _CLOSER.submit(_close, fds)
 
 
-def _node(entry: os.DirEntry[str]) -> tuple[int, tuple[int, int]]:
-    """(mode, (device, inode)) of ``entry``: a regular file's inode, (0, 0) for any other."""
-    try:
-        found = entry.stat(follow_symlinks=False)
-    except FileNotFoundError:  # removed since it was listed: nothing
-        return stat.S_IFDIR, (0, 0)
-    return found.st_mode, (found.st_dev, found.st_ino) if stat.S_ISREG(found.st_mode) else (0, 0)
-
-
 def _replaced(inode: int, rel: str, observer: Observer) -> bool:
     """Whether ``rel`` now holds a file the gate made (``inode``'s, born in the run)."""
     path = os.path.join(observer.tree, rel)
-    made = born(path)  # in the run: since the gate was let go
-    return made is not None and made >= observer._start and os.lstat(path).st_ino == inode
+    birth = made.born_at(path)  # in the run: since the gate was let go
+    return birth is not None and birth >= observer._start and os.lstat(path).st_ino == inode
 
 
 def _close(fds: list[int]) -> None:

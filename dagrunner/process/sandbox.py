@@ -22,11 +22,10 @@ import trio
 from dagrunner.files import is_inside
 from dagrunner.manifest.load import DEFAULT_MAX_PIDS, EnvSpec
 from dagrunner.process.contain import detect, jail, spawn
-from dagrunner.process.home import PATHS_FILE, PATHS_VAR, furnish
 from dagrunner.process.logs import BWRAP_NOTE, EROFS_NOTE, SETUP_NOTE, BoundedLog, pump
 from dagrunner.process.observe import NOT_BWRAPPED, NOT_TREE, Observer
 from dagrunner.process.tree import ISSUED, RUNNING, TOKEN_VAR, TreeWatch, become_subreaper
-from dagrunner.process.view import View
+from dagrunner.process.view import PATHS_FILE, PATHS_VAR, View, furnish
 from dagrunner.records.run import Observation, TestRun
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"

@@ -149,7 +149,8 @@ class Observation:
     wrote: frozenset[str] = frozenset()  # files closed after an open to write (in ``read``)
     new: frozenset[str] = frozenset()  # files of ``read`` whose inode was made during the run
     # of ``new`` and ``listed``: files made in the run that the gate never closed after a
-    # write (another gate's, beside it), and folders made in the run holding such a file
+    # write (another gate's, beside it), folders made in the run holding such a file (or
+    # a folder holding none of its files), and bytecode folders holding a file no bytecode
     foreign: frozenset[str] = frozenset()
 
     def to_json(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@
 init guessed (``mypy src``) would check less: a type error in ``tests/`` landed that way.
 So the gate runs ``SELECT`` (a standard-library script, inline in the manifest): it lists
 the tree's files, keeps those pre-commit would pass, and runs the hook's command on them.
-The list is the one dagrunner gives (``$DAGRUNNER_PATHS``, ``process/home``: the tree's
+The list is the one dagrunner gives (``$DAGRUNNER_PATHS``, ``process/view``: the tree's
 snapshot, the tracked files and those not yet added that git does not ignore), else, run
 by hand, ``git ls-files``: a gate that reads git's database cannot be keyed by what it
 read (docs/cache.md), and the snapshot's paths are in its key.  A hook whose definition init does not know (another repository),
