@@ -26,6 +26,38 @@ def statuses(
     return found
 
 
+def stale(
+    capsys: pytest.CaptureFixture[str],
+    repo: Path,
+    manifest: str,
+    files: dict[str, str],
+    made: tuple[str, ...] = ("junk",),
+) -> None:
+    """Commit ``files`` (``conf`` says good), run ``manifest`` (its ``test`` passes), edit
+    ``conf`` to bad: the cached answer must be ``--no-cache``'s (a failure)."""
+    files = {**files, ".gitignore": files.get(".gitignore", "") + "go\n"}
+    for name, text in {"conf": "good\n", **files}.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tree")
+
+    def run(*args: str, clean: bool = True) -> str:
+        for folder in (*made, "go") if clean else ():  # a clean checkout (a file too)
+            shutil.rmtree(repo / folder, ignore_errors=True)
+            (repo / folder).unlink(missing_ok=True)
+        return statuses(capsys, repo, manifest, "--jobs", "2", *args)["test"]
+
+    assert run() == "passed"
+    (repo / "conf").write_text("bad\n")
+    oracle = run("--no-cache")
+    assert oracle == "failed"
+    # what the gates made is left: the names of a folder of the tree it listed (its root:
+    # Python's imports list it) are as the passing run left them
+    cached = run(clean=False)
+    assert cached == oracle, "a stale pass: the gate's verdict came from conf, unkeyed"
+
+
 # A need that opens one file of tests/ (its conftest) made every folder above what it
 # opened count as "written by the need": the gate's listing of tests/ was then keyed by
 # nothing, and an ignored test file the listing finds is the stale pass 9df88d1 closed.
@@ -130,21 +162,7 @@ RELAY = """
 def test_a_file_another_gate_wrote_in_this_run_is_no_file_the_gate_made(
     capsys: pytest.CaptureFixture[str], observed: Path
 ) -> None:
-    repo = observed
-    (repo / "conf").write_text("good\n")
-    (repo / ".gitignore").write_text("junk/\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "tree")
-
-    def run(*args: str) -> str:
-        shutil.rmtree(repo / "junk", ignore_errors=True)  # a clean checkout each time
-        return statuses(capsys, repo, RELAY, "--jobs", "2", *args)["test"]
-
-    assert run() == "passed"
-    (repo / "conf").write_text("bad\n")
-    oracle = run("--no-cache")
-    assert oracle == "failed"
-    assert run() == oracle, "a stale pass: the gate read conf through another gate's file"
+    stale(capsys, observed, RELAY, {".gitignore": "junk/\n"})
 
 
 # A need with narrower inputs is observed but not held to ``stands_for``: every file it
@@ -300,21 +318,7 @@ NAMES = """
 def test_a_folder_another_gate_made_in_this_run_is_no_folder_the_gate_made(
     capsys: pytest.CaptureFixture[str], observed: Path
 ) -> None:
-    repo = observed
-    (repo / "conf").write_text("good\n")
-    (repo / ".gitignore").write_text("junk/\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "tree")
-
-    def run(*args: str) -> str:
-        shutil.rmtree(repo / "junk", ignore_errors=True)
-        return statuses(capsys, repo, NAMES, "--jobs", "2", *args)["test"]
-
-    assert run() == "passed"
-    (repo / "conf").write_text("bad\n")
-    oracle = run("--no-cache")
-    assert oracle == "failed"
-    assert run() == oracle, "a stale pass: the gate listed names another gate made from conf"
+    stale(capsys, observed, NAMES, {".gitignore": "junk/\n"})
 
 
 # What a gate makes itself stays its own beside another gate: written to a temporary name
@@ -400,24 +404,8 @@ KEEPING = """
 def test_a_name_another_gate_made_in_a_folder_of_the_tree_is_no_name_of_its_listing(
     capsys: pytest.CaptureFixture[str], observed: Path
 ) -> None:
-    repo = observed
-    (repo / "conf").write_text("good\n")
-    (repo / "tests").mkdir()
-    (repo / "tests" / "test_a.txt").write_text("a test\n")
-    (repo / ".gitignore").write_text("*.flag\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "tree")
-
-    def run(*args: str) -> str:
-        for flag in (repo / "tests").glob("*.flag"):
-            flag.unlink()  # a fresh tree each time
-        return statuses(capsys, repo, FLAGS, "--jobs", "2", *args)["test"]
-
-    assert run() == "passed"
-    (repo / "conf").write_text("bad\n")
-    oracle = run("--no-cache")
-    assert oracle == "failed"
-    assert run() == oracle, "a stale pass: the gate listed a name another gate made from conf"
+    files = {".gitignore": "*.flag\n", "tests/test_a.txt": "a test\n"}
+    stale(capsys, observed, FLAGS, files, made=("tests/good.flag", "tests/bad.flag"))
 
 
 def test_a_value_a_test_keeps_in_pytests_cache_is_no_cache_of_pytests(

@@ -6,13 +6,12 @@ cached answer must be what ``--no-cache`` says on the edited tree."""
 from __future__ import annotations
 
 import hashlib
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import PY, git
-from test_observed_hostile import observed, statuses
+from conftest import PY
+from test_observed_hostile import observed, stale
 
 __all__ = ["observed"]  # the fixture, used by name
 
@@ -22,38 +21,6 @@ WAIT = "n=0; until {cond}; do sleep 0.05; n=$((n+1)); test $n -lt 200 || exit 2;
 def wait(cond: str) -> str:
     """A shell loop waiting (10 s at most) for ``cond``: by ``stat``, which is not seen."""
     return WAIT.format(cond=cond)
-
-
-def stale(
-    capsys: pytest.CaptureFixture[str],
-    repo: Path,
-    manifest: str,
-    files: dict[str, str],
-    made: tuple[str, ...] = ("junk",),
-) -> None:
-    """Commit ``files`` (``conf`` says good), run ``manifest`` (its ``test`` passes), edit
-    ``conf`` to bad: the cached answer must be ``--no-cache``'s (a failure)."""
-    files = {**files, ".gitignore": files.get(".gitignore", "") + "go\n"}
-    for name, text in {"conf": "good\n", **files}.items():
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        (repo / name).write_text(text)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "tree")
-
-    def run(*args: str, clean: bool = True) -> str:
-        for folder in (*made, "go") if clean else ():  # a clean checkout (a file too)
-            shutil.rmtree(repo / folder, ignore_errors=True)
-            (repo / folder).unlink(missing_ok=True)
-        return statuses(capsys, repo, manifest, "--jobs", "2", *args)["test"]
-
-    assert run() == "passed"
-    (repo / "conf").write_text("bad\n")
-    oracle = run("--no-cache")
-    assert oracle == "failed"
-    # what the gates made is left: the names of a folder of the tree it listed (its root:
-    # Python's imports list it) are as the passing run left them
-    cached = run(clean=False)
-    assert cached == oracle, "a stale pass: the gate's verdict came from conf, unkeyed"
 
 
 def gates(relay: str, test: str) -> str:
