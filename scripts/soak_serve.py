@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -372,6 +373,7 @@ def main() -> int:
     journal = state / "queue" / "journal.jsonl"
     lines = journal.read_bytes().count(b"\n")
     print(f"journal: {journal.stat().st_size} bytes, {lines} lines")
+    shutil.copyfile(journal, base / "journal.before-prune.jsonl")  # what a finding is read in
     # -- prune, then the reads a client makes --------------------------------------------
     pruned = run("integrate", "prune", "--keep", "0s", repo=repo)
     run("integrate", "submit", str(probe_after), repo=repo)

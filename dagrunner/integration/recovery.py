@@ -120,7 +120,7 @@ def preflight(it: Integrator) -> None:
         checkout=it.target_checkout(),
         own_worktrees=it.slots(),
     ):
-        print(f"removed a stale lock of the integration worktree: {path}", file=sys.stderr)
+        print(f"removed a stale git lock no process held: {path}", file=sys.stderr)
 
 
 def finish_cleanups(it: Integrator) -> None:
