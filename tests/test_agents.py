@@ -361,12 +361,14 @@ def test_serve_over_http_metrics_health_and_the_tools_behind_a_token(
 
         def healthy() -> bool:
             try:
-                return bool(urllib.request.urlopen(f"{base}/healthz", timeout=2).read() == b"ok\n")
+                with urllib.request.urlopen(f"{base}/healthz", timeout=2) as answer:
+                    return bool(answer.read() == b"ok\n")
             except OSError:
                 return False
 
         assert until(healthy, 30), server.stderr
-        metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as answer:
+            metrics = answer.read().decode()
         samples = [line for line in metrics.splitlines() if line and not line.startswith("#")]
         assert samples and all(PROMETHEUS_LINE.fullmatch(s) for s in samples), metrics
         assert "dagrunner_serve_runs_total" in metrics and "dagrunner_queue_pending" in metrics
@@ -374,6 +376,7 @@ def test_serve_over_http_metrics_health_and_the_tools_behind_a_token(
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(refused, timeout=5)
         assert caught.value.code == 401
+        caught.value.close()  # its response holds the socket: unclosed, a later test fails
         inline = envelope_of(project, "remote", "remote.txt").read_text()
 
         async def main() -> None:
