@@ -4,12 +4,15 @@ where ``--no-cache`` fails."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import PY, check, git, skip_unless_reads_observed
+
+from dagrunner.process import made as madeby
 
 
 @pytest.fixture
@@ -481,3 +484,21 @@ def test_last_failures_an_ini_file_runs_by_are_no_cache_of_pytests(
     oracle = statuses(capsys, repo, manifest, "--no-cache")["test"]
     assert oracle == "failed"
     assert cached == oracle, "a stale pass: test_a, which reads conf, did not run"
+
+
+def test_another_gates_empty_folder_nested_in_a_folder_the_gate_filled_is_not_its_own(
+    tmp_path: Path,
+) -> None:
+    """``junk/own/`` holds a file the gate wrote and, beside it, an empty folder another
+    gate made (named after what it read): ``junk`` is not all the gate's own, at any depth.
+    (Each new folder the gate lists is checked itself; this is ``junk``'s own walk.)"""
+    (tmp_path / "junk" / "own" / "other").mkdir(parents=True)
+    fd = os.open(tmp_path / "junk" / "own" / "f", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        node = madeby.identity(fd, os.fstat(fd), madeby.born(fd))
+    finally:
+        os.close(fd)
+    listed = new = frozenset({"junk"})
+    assert madeby.foreign(str(tmp_path), {}, {node}, listed, new) == {"junk"}
+    os.rmdir(tmp_path / "junk" / "own" / "other")  # the gate's own alone: nothing foreign
+    assert madeby.foreign(str(tmp_path), {}, {node}, listed, new) == frozenset()

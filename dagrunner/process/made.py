@@ -105,8 +105,8 @@ def _all_made(top: str, made: Set[Node]) -> bool:
     gate put in it (an empty one, or one of empty folders, may be another gate's, named
     after what it read).  A folder gone by now leaves nothing: its names were the gate's
     own to make and remove."""
-    folders: set[str] = set()  # the folders in ``top``
-    holding: set[str] = set()  # those holding a file the gate wrote
+    folders: set[str] = set()  # the folders under ``top``, at any depth
+    holding: set[str] = set()  # those holding a file the gate wrote, at any depth
     stack, count = [top], 0
     while stack:
         with contextlib.suppress(FileNotFoundError):  # gone by now (an entry, or all)
@@ -115,14 +115,14 @@ def _all_made(top: str, made: Set[Node]) -> bool:
                 if (found := _node(entry)) is None:
                     continue  # removed since it was listed: nothing
                 mode, node = found
-                name = entry.path[len(top) + 1 :].split("/")[0]
+                rel = entry.path[len(top) + 1 :]
                 if count > WALK or not (stat.S_ISDIR(mode) or node in made):
                     return False
                 if stat.S_ISDIR(mode) and entry.name != "__pycache__":
                     stack.append(entry.path)
-                    folders.add(name)
-                elif node in made:
-                    holding.add(name)
+                    folders.add(rel)
+                elif node in made:  # each folder above it holds it
+                    holding.update(rel[:at] for at, c in enumerate(rel) if c == "/")
     return folders <= holding
 
 
