@@ -379,15 +379,20 @@ class Listing:
     def _entries(self, folder: str) -> list[tuple[str, bool]]:
         """(name, made since the run began) of each entry of ``folder``; OSError: none."""
         with os.scandir(self.root / folder) as entries:
-            return [
-                (
-                    e.name,
-                    self.since is not None
-                    and (m := born_at(e.path)) is not None
-                    and m >= self.since,
-                )
-                for e in entries
-            ]
+            return [(e.name, self._new(e)) for e in entries]
+
+    def _new(self, entry: os.DirEntry[str]) -> bool:
+        """Whether ``entry`` was made since the run began.  Its change time is never before
+        its birth: one before ``since`` proves it older without asking for its birth time
+        (an open and a statx), and all but what the run made are older."""
+        if self.since is None:
+            return False
+        try:
+            if entry.stat(follow_symlinks=False).st_ctime_ns < self.since:
+                return False
+        except OSError:  # gone by now: what its birth says (unknown: kept)
+            pass
+        return (made := born_at(entry.path)) is not None and made >= self.since
 
     def __call__(self, folder: str) -> str | None:
         try:
