@@ -283,7 +283,10 @@ class Observer:
         elif ".git" in rel.split("/"):
             self.why = self.why or GIT
         else:
-            born, node = made.born(fd), (found.st_dev, found.st_ino)
+            # a change time before the gate's start proves the birth before it too (birth
+            # never follows it): the birth time is asked only of what may be new
+            older = found.st_ctime_ns < self._start
+            born, node = None if older else made.born(fd), (found.st_dev, found.st_ino)
             # a new file by more than its inode number, which the file system hands out
             # again once freed (another gate's new file may get one the gate made, removed)
             if born is not None and born >= self._start:
