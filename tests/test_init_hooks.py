@@ -280,3 +280,27 @@ def test_formatters_are_replayed_as_checks_and_a_text_hook_stays(
     assert gates["pre-commit"]["env"] == {"SKIP": "ruff,ruff-format"}
     assert gates["spelling"]["run"] == ["codespell"]
     assert "types text" in skipped["pre-commit:codespell"], skipped
+
+
+def test_a_tracked_file_named_like_an_option_reaches_the_tool_as_a_path(repo: Path) -> None:
+    """A worker's file named ``--exit-zero`` (a Python script by its shebang) is passed to
+    ruff as ``./--exit-zero``: as the option it would be, the lint gate would pass any
+    error."""
+    (repo / "bad.py").write_text("import os\n")  # F401: os imported, never used
+    (repo / "--exit-zero").write_text("#!/usr/bin/env python3\nx = 1\n")
+    (repo / "--exit-zero").chmod(0o755)
+    git(repo, "add", "--", "bad.py", "--exit-zero")
+    git(repo, "commit", "-q", "-m", "files")
+    assert "./--exit-zero" in select(repo, "--types=python")
+    from dagrunner.starter.hookgates import SELECT
+
+    ruff = [sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated"]
+    done = subprocess.run(
+        [sys.executable, "-c", SELECT, "--types=python", "--", *ruff],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "F401" in done.stdout
