@@ -155,11 +155,16 @@ def test_the_junit_file_is_never_removed_through_a_link_nor_when_it_is_tracked(
     assert (outside / "junit" / "tests.xml").exists()
 
 
+# The two gates run side by side, whatever the machine's load (the governor would start
+# one at a time); ``lists`` waits (10 s at most, by a ``stat``: not seen) for what
+# ``makes`` writes before it lists the root
 LISTS = """
+[governor]
+max_load = 1000
 [env]
 pass = ["PATH"]
 [gates.lists]
-run = "sleep 1; ls -a > /dev/null; cat src/a.py > /dev/null"
+run = "for i in $(seq 200); do test -e build/out.txt && break; sleep 0.05; done; ls -a > /dev/null; cat src/a.py > /dev/null"
 inputs = ["**"]
 observe = true
 [gates.makes]
@@ -218,6 +223,8 @@ def test_a_name_another_gate_removed_during_the_run_is_not_answered_without(
 
 
 RELAY = """
+[governor]
+max_load = 1000  # side by side, whatever the load
 [env]
 pass = ["PATH"]
 [gates.check]

@@ -65,6 +65,8 @@ def stale(
 # opened count as "written by the need": the gate's listing of tests/ was then keyed by
 # nothing, and an ignored test file the listing finds is the stale pass 9df88d1 closed.
 NEED_LISTS = """
+    [governor]
+    max_load = 1000  # side by side, whatever the load
     [env]
     pass = ["PATH"]
     [gates.prep]
@@ -116,6 +118,8 @@ os.rename("conf.away", "conf")
 sys.exit(1 if "bad" in data else 0)
 """
 RENAMING = """
+    [governor]
+    max_load = 1000  # side by side, whatever the load
     [env]
     pass = ["PATH"]
     [gates.test]
@@ -149,6 +153,8 @@ def test_a_file_renamed_away_and_back_while_its_event_waits_is_still_read(
 # which counts for nothing; but another gate made it, so the reader's verdict depends on
 # ``conf`` unkeyed.
 RELAY = """
+    [governor]
+    max_load = 1000  # side by side, whatever the load
     [env]
     pass = ["PATH"]
     [gates.relay]
@@ -189,6 +195,8 @@ json.dump(seen, open(".statcache", "w"))
 sys.exit(1 if bad else 0)
 """
 PEEKS = """
+    [governor]
+    max_load = 1000  # side by side, whatever the load
     [env]
     pass = ["PATH"]
     [gates.peek]
@@ -229,6 +237,8 @@ def test_a_cache_a_narrow_need_opened_does_not_stand_for_nothing(
 # opens nothing), or after renaming it away (and back), opens only a name the tree did not
 # hold before it ran, a file "the gate made new", which counts for nothing.
 BY_LINK = """
+    [governor]
+    max_load = 1000  # side by side, whatever the load
     [env]
     pass = ["PATH"]
     [gates.linked]
@@ -305,6 +315,8 @@ def test_a_file_swapped_with_another_while_its_event_waits_is_still_read(
 # reader only lists the folder.  A new folder's names were keyed by nothing (not in the tree
 # before the run, so "no names" at every lookup).
 NAMES = """
+    [governor]
+    max_load = 1000  # side by side, whatever the load
     [env]
     pass = ["PATH"]
     [gates.relay]
@@ -327,6 +339,8 @@ def test_a_folder_another_gate_made_in_this_run_is_no_folder_the_gate_made(
 # What a gate makes itself stays its own beside another gate: written to a temporary name
 # and renamed (as most tools write), then read back, in a folder it made and lists.
 OWN = """
+    [governor]
+    max_load = 1000  # side by side, whatever the load
     [env]
     pass = ["PATH"]
     [gates.other]
@@ -368,6 +382,8 @@ def test_what_a_gate_made_itself_beside_another_gate_is_its_own(
 # lister never read) was unkeyed; a fresh tree (as every tree of the queue is) then
 # answered the lister without that name.
 FLAGS = """
+    [governor]
+    max_load = 1000  # side by side, whatever the load
     [env]
     pass = ["PATH"]
     [gates.flagger]
@@ -395,6 +411,8 @@ def test_conf(cache):
     assert "bad" not in value
 """
 KEEPING = """
+    [governor]
+    max_load = 1000  # side by side, whatever the load
     [env]
     pass = ["PATH"]
     [gates.test]

@@ -28,6 +28,8 @@ def gates(relay: str, test: str) -> str:
     once the gate runs (``go``), so what it makes is born while the gate runs."""
     relay, test = wait("test -e go") + f"; {relay}", f"touch go; {test}"
     return f"""
+    [governor]
+    max_load = 1000  # side by side, whatever the load
     [env]
     pass = ["PATH"]
     [gates.relay]
@@ -179,6 +181,8 @@ def test_a_file_the_gate_wrote_that_another_gate_rewrote_is_not_its_own(
 # A file a need wrote is the need's (its key is in the gate's); another gate that runs after
 # the same need rewrites it in place from ``conf`` before the gate reads it.
 NEED_REWRITTEN = """
+    [governor]
+    max_load = 1000  # side by side, whatever the load
     [env]
     pass = ["PATH"]
     [gates.prep]
