@@ -1,0 +1,66 @@
+"""Names a hostile worker controls must stay the data they are: a path in an envelope's diff
+is the path git applies, never one git reads another way (a first component git strips as
+the ``a/`` of ``-p1``, a doubled slash it squashes).  Each on real repositories, real git."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+
+import orjson
+from conftest import commit_release_manifest, git
+from test_integration import worker
+from test_trust_edges import PROTECTING, cli
+
+from dagrunner.integration.run import integrate
+
+
+def forge(envelope: Path, old: str, new: str, path: str) -> None:
+    """Rewrite every ``old`` of the envelope's diff as ``new`` and its changed_files' paths as
+    ``path``, its size and hash made to match (what a hostile worker can do with any file it
+    hands over)."""
+    fields = orjson.loads(envelope.read_bytes())
+    if fields["diff_encoding"] == "base64":
+        diff = base64.b64decode(fields["diff"]).replace(old.encode(), new.encode())
+        fields["diff"] = base64.b64encode(diff).decode()
+    else:
+        diff = fields["diff"].replace(old, new).encode()
+        fields["diff"] = diff.decode()
+    fields["diff_bytes"], fields["diff_sha256"] = len(diff), hashlib.sha256(diff).hexdigest()
+    for change in fields["changed_files"]:
+        for key in ("path", "old_path"):
+            if change.get(key):
+                change[key] = path
+    envelope.write_bytes(orjson.dumps(fields))
+
+
+def test_a_diff_path_git_strips_to_a_protected_one_is_refused(project: Path) -> None:
+    """A worker's diff names ``x/.gitattributes`` (no ``a/``, ``b/``): dagrunner read that
+    path, which no protected glob matches, and git applied it, stripping the first
+    component as it does ``a/``, to ``.gitattributes``, which landed unprotected."""
+    commit_release_manifest(project, PROTECTING)
+    union = worker(project, "union", lambda p: (p / ".gitattributes").write_text("* merge=union\n"))
+    forge(union, "a/.gitattributes", "x/.gitattributes", "x/.gitattributes")
+    forge(union, "b/.gitattributes", "x/.gitattributes", "x/.gitattributes")
+    code, said = cli(project, "integrate", "submit", str(union))
+    if code == 0:  # refused later is as good as refused here, if it does not land
+        integrate(repo=project, window=1)
+    assert git(project, "ls-tree", "--name-only", "main", ".gitattributes") == ""
+    assert code == 2 and said["error"]["code"] == "envelope-diff", said
+
+
+def test_a_doubled_slash_git_squashes_to_a_protected_path_is_refused(project: Path) -> None:
+    """``.github//ci.yml`` is not matched by ``.github/*.yml`` as written, and git applies
+    it to ``.github/ci.yml``."""
+    (project / ".github").mkdir()
+    (project / ".github" / "ci.yml").write_text("on: push\n")
+    commit_release_manifest(project, PROTECTING.replace('".github/**"', '".github/*.yml"'))
+    ci = worker(project, "ci", lambda p: (p / ".github" / "ci.yml").write_text("on: never\n"))
+    forge(ci, "a/.github/ci.yml", "a/.github//ci.yml", ".github//ci.yml")
+    forge(ci, "b/.github/ci.yml", "b/.github//ci.yml", ".github//ci.yml")
+    code, said = cli(project, "integrate", "submit", str(ci))
+    if code == 0:
+        integrate(repo=project, window=1)
+    assert git(project, "show", "main:.github/ci.yml") == "on: push\n"
+    assert code == 2 and said["error"]["code"] == "envelope-path", said
