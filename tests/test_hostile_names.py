@@ -1,15 +1,17 @@
 """Names a hostile worker controls must stay the data they are: a path in an envelope's diff
 is the path git applies, never one git reads another way (a first component git strips as
-the ``a/`` of ``-p1``, a doubled slash it squashes).  Each on real repositories, real git."""
+the ``a/`` of ``-p1``, a doubled slash it squashes), and a path printed on a terminal is
+text, never escapes that rewrite it.  Each on real repositories, real git, the real CLI."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import subprocess
 from pathlib import Path
 
 import orjson
-from conftest import commit_release_manifest, git
+from conftest import CLI, commit_release_manifest, git
 from test_integration import worker
 from test_trust_edges import PROTECTING, cli
 
@@ -64,3 +66,32 @@ def test_a_doubled_slash_git_squashes_to_a_protected_path_is_refused(project: Pa
         integrate(repo=project, window=1)
     assert git(project, "show", "main:.github/ci.yml") == "on: push\n"
     assert code == 2 and said["error"]["code"] == "envelope-path", said
+
+
+ERASE = "x\x1b[2K\r\x1b[1AOK.txt"  # a file name that, printed raw, erases the line it is on
+
+
+def test_a_path_with_terminal_escapes_is_printed_escaped(project: Path) -> None:
+    """Two workers add a file whose name holds terminal escapes, each its own bytes: the
+    second submit's OVERLAP line (and ``worktree overlaps``) printed the name raw, so the
+    worker's name rewrote the terminal (here: erased the warning); it is shown escaped."""
+    one = worker(project, "one", lambda p: (p / ERASE).write_text("one\n"))
+    two = worker(project, "two", lambda p: (p / ERASE).write_text("two\n"))
+    shown = []
+    for envelope in (one, two):
+        done = subprocess.run(
+            [*CLI, "integrate", "submit", str(envelope)],
+            cwd=project,
+            capture_output=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        shown.append(done.stdout.decode())
+    listed = subprocess.run(
+        [*CLI, "worktree", "overlaps"], cwd=project, capture_output=True, check=False
+    )
+    shown.append(listed.stdout.decode())
+    assert "OVERLAP" in shown[1] and "CONFLICT" in shown[2], shown
+    for text in shown:
+        assert "\x1b" not in text and "\r" not in text, text
+    assert "x\\x1b[2K\\r\\x1b[1AOK.txt" in shown[1], shown[1]
