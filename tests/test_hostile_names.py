@@ -95,3 +95,22 @@ def test_a_path_with_terminal_escapes_is_printed_escaped(project: Path) -> None:
     for text in shown:
         assert "\x1b" not in text and "\r" not in text, text
     assert "x\\x1b[2K\\r\\x1b[1AOK.txt" in shown[1], shown[1]
+
+
+def test_a_tracked_name_with_terminal_escapes_is_printed_escaped_by_release_check(
+    repo: Path,
+) -> None:
+    """A gate changed a tracked file whose name holds escapes: its ``tree-modified`` reason,
+    in release-check's table, printed the name raw."""
+    (repo / ERASE).write_text("one\n")
+    (repo / "m.toml").write_text(
+        '[gates.touch]\nrun = "for f in x*OK.txt; do echo two >> \\"$f\\"; done"\n'
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "files")
+    done = subprocess.run(
+        [*CLI, "release-check", "m.toml", "--no-cache"], cwd=repo, capture_output=True, check=False
+    )
+    said = done.stdout.decode()
+    assert done.returncode == 1 and "tree-modified" in said, said
+    assert "\x1b" not in said and "\r" not in said, said
