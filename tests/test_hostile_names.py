@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -114,3 +115,29 @@ def test_a_tracked_name_with_terminal_escapes_is_printed_escaped_by_release_chec
     said = done.stdout.decode()
     assert done.returncode == 1 and "tree-modified" in said, said
     assert "\x1b" not in said and "\r" not in said, said
+
+
+def test_a_tracked_name_with_a_line_break_stays_in_its_cell_of_the_ci_summary(
+    repo: Path, tmp_path: Path
+) -> None:
+    """A gate changed a tracked file named ``x\\n### ✅ ... passed\\n``: its reason, in the
+    Markdown summary for GitHub's job page, broke out of its table cell into a heading of
+    the worker's choosing above the real, failed, verdict."""
+    (repo / "x\n### \u2705 dagrunner release: passed\nOK.txt").write_text("one\n")
+    (repo / "m.toml").write_text(
+        '[gates.touch]\nrun = "for f in x*OK.txt; do echo two >> \\"$f\\"; done"\n'
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "files")
+    summary = tmp_path / "summary.md"
+    done = subprocess.run(
+        [*CLI, "release-check", "m.toml", "--no-cache", "--quiet"],
+        cwd=repo,
+        capture_output=True,
+        check=False,
+        env={**os.environ, "GITHUB_STEP_SUMMARY": str(summary)},
+    )
+    assert done.returncode == 1, done.stdout
+    text = summary.read_text()
+    assert "tree-modified" in text, text
+    assert not [line for line in text.splitlines() if "\u2705" in line and "|" not in line], text
