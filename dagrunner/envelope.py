@@ -370,6 +370,14 @@ def check_paths(patches: list[FilePatch], changed: list[Any], where: str | None)
                 where,
                 "an envelope may only touch paths inside the repository",
             )
+        if str(pure) != name or "." in name.split("/"):
+            # git applies "a//b" as "a/b": a protected glob must see the path git writes
+            raise _reject(
+                "envelope-path",
+                f"path {name!r} is not in git's form (an empty or '.' component, a '/' at its end)",
+                where,
+                "an envelope names each path as git does; re-export it",
+            )
         if ".." in parts:
             raise _reject(
                 "envelope-path",

@@ -304,3 +304,26 @@ def test_a_tracked_file_named_like_an_option_reaches_the_tool_as_a_path(repo: Pa
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "F401" in done.stdout
+
+
+def test_a_file_named_like_a_response_file_reaches_mypy_as_a_path(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mypy reads ``@FILE`` as more arguments: a worker's script ``@v`` (Python by its
+    shebang, so selected) beside a file ``v`` saying ``--version`` made the types gate init
+    writes run ``mypy --version`` and pass a type error.  It is passed as ``./@v``."""
+    django_library(repo)
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "dagrunner.toml"))
+    assert code == 0, body
+    assert "mypy" in gates_of(body)["types"]["run"]
+    git(repo, "add", "dagrunner.toml")
+    git(repo, "commit", "-q", "-m", "manifest")
+    (repo / "tests" / "test_add.py").write_text(
+        "from lib import add\n\n\ndef test_add() -> None:\n    x: str = add(1, 2)\n"
+    )
+    (repo / "@v").write_text("#!/usr/bin/env python3\nx = 1\n")
+    (repo / "@v").chmod(0o755)
+    (repo / "v").write_text("--version\n")
+    code, run = run_json(capsys, "release-check", "--repo", str(repo), "--quiet", "--only", "types")
+    assert code == 1, run
+    assert {g["id"]: g["status"] for g in run["gates"]} == {"types": "failed"}

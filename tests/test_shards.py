@@ -215,3 +215,27 @@ def test_a_shards_expected_time_counts_what_it_takes_beyond_its_tests(
         tests = sum(SECONDS[Path(f).stem.removeprefix("test_")] for f in files)
         assert expected[gate] >= tests + 0.9, (expected, took)  # the second is counted
     assert max(expected.values()) <= 1.5 * max(took.values())
+
+
+def test_a_file_named_like_a_response_file_is_passed_as_a_path(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pytest (8.2+) reads ``@FILE`` as more arguments: a tree's ``tests/@x/test_a.py``, in
+    ``{files}`` relative to the gate's cwd ``tests``, read ``tests/x/test_a.py`` (``x`` a
+    link to a folder outside the split's globs, so no shard runs it) saying ``--co``, and the
+    shard only collected its tests: a failing test passed.  It is passed as ``./@x/...``."""
+    (repo / "tests" / "@x").mkdir(parents=True)
+    (repo / "tests" / "test_bad.py").write_text("def test_bad() -> None:\n    assert False\n")
+    (repo / "tests" / "@x" / "test_a.py").write_text("def test_a() -> None:\n    pass\n")
+    (repo / "notes" / "x").mkdir(parents=True)
+    (repo / "notes" / "x" / "test_a.py").write_text("--co\n")
+    (repo / "tests" / "x").symlink_to("../notes/x")
+    manifest = f"""
+[gates.tests]
+run = ["{sys.executable}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "{{files}}"]
+cwd = "tests"
+split = {{ files = ["tests/**/test_*.py"], shards = 1 }}
+"""
+    code, body, run_dir = check(capsys, repo, manifest, "--no-cache")
+    assert code == 1, body
+    assert gate_results(run_dir)["tests-1"]["status"] == "failed"

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
+from dagrunner.cli.output import printable
 from dagrunner.records.evidence import Speed
 from dagrunner.records.run import GateResult, RunRecord, Status, failures_first
 from dagrunner.report.logtail import read_log, strip_ansi
@@ -204,7 +205,9 @@ def summary_table(record: RunRecord, run_dir: str, *, tail_lines: int = 20) -> s
         mem = format_size(gate.peak_rss) if gate.attempts else "-"
         took = format_duration(gate.duration) if gate.attempts else "-"
         lines.append(
-            f"{gate.id:<{width}}  {gate.status!s:<11} {took:>8} {mem:>9}  {gate.reason}"[:220]
+            f"{gate.id:<{width}}  {gate.status!s:<11} {took:>8} {mem:>9}  {printable(gate.reason)}"[
+                :220
+            ]
         )
     speed = record.speed
     lines.append("")
@@ -240,10 +243,11 @@ def summary_table(record: RunRecord, run_dir: str, *, tail_lines: int = 20) -> s
     for envelope in envelopes:
         said = envelope.details
         detail = said.commit or ", ".join(said.conflicts or said.failed_gates or ())
-        lines.append(f"envelope {envelope.state:<12} {envelope.id}  {detail or said.reason or ''}")
+        detail = printable(detail or said.reason or "")
+        lines.append(f"envelope {envelope.state:<12} {envelope.id}  {detail}")
     lines += failure_tails(record, Path(run_dir), tail_lines=tail_lines)
     # the run's warnings (a gate that read outside its inputs, a cache entry damaged...)
-    lines += [f"warning: {warning}"[:400] for warning in record.warnings]
+    lines += [f"warning: {printable(warning)}"[:400] for warning in record.warnings]
     lines.append(f"report: {run_dir}/index.html")
     return "\n".join(lines)
 
@@ -312,7 +316,7 @@ def failure_tails(
         text = strip_ansi(read_log(run_dir, rel, limit=64 * 1024)).rstrip()
         tail = [line for line in text.splitlines() if not line.startswith("[dagrunner: ")]
         lines.append("")
-        header = f"--- {gate.id} ({gate.status}): {gate.reason}"
+        header = f"--- {gate.id} ({gate.status}): {printable(gate.reason)}"
         on = gate.shard_of or gate.id
         where = checkout or Path.cwd()
         if said := diagnose(text, gate.exit_code, where, marked=on in marked):

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dagrunner.cli.output import emit_json
+from dagrunner.cli.output import emit_json, printable
 from dagrunner.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -162,7 +162,8 @@ def _overlaps(args: argparse.Namespace) -> int:
         for pair in found.pairs:
             said = "CONFLICT" if pair.conflict else "overlap "
             clean = "" if pair.conflict else "  (merges cleanly)"
-            print(f"{said} {pair.a.name} <-> {pair.b.name}: {', '.join(pair.paths)}{clean}")
+            paths = printable(", ".join(pair.paths))
+            print(f"{said} {pair.a.name} <-> {pair.b.name}: {paths}{clean}")
         for skipped in found.skipped:
             print(f"not read: {skipped}")
         print(
@@ -283,9 +284,8 @@ def cmd_integrate(args: argparse.Namespace) -> int:
                 f"({item.state}; provenance: {item.provenance})"
             )
             for seen in item.overlaps:
-                print(
-                    f"  OVERLAP: conflicts with {seen.other} (queued ahead): {', '.join(seen.paths)}"
-                )
+                paths = printable(", ".join(seen.paths))
+                print(f"  OVERLAP: conflicts with {seen.other} (queued ahead): {paths}")
         submitted = [item.to_json() for item in queued]
         if not args.wait:
             if args.json:
@@ -335,7 +335,7 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             why = ", ".join(said.failed_gates or ()) if entry.state == "gates-failed" else ""
             tests = said.failed_tests if entry.state == "gates-failed" else None
             why += f" (tests: {', '.join(tests[:5])}{' ...' if tests[5:] else ''})" if tests else ""
-            print(f"{entry.id:<50} {entry.state}" + (f"  {why}" if why else ""))
+            print(f"{entry.id:<50} {entry.state}" + (f"  {printable(why)}" if why else ""))
             if entry.details.stuck and entry.state not in FINAL:
                 print(f"  stuck ({entry.details.stuck}): {entry.details.note or ''}")
                 print(f"  what to do: {entry.details.hint or ''}")
@@ -369,7 +369,7 @@ def cmd_integrate(args: argparse.Namespace) -> int:
             extra = f"{extra or said.reason or ''}" + (
                 f"  (flaky: {', '.join(flaky)})" if flaky else ""
             )
-            print(f"{outcome.state:<13} {outcome.id}  {extra}")
+            print(f"{outcome.state:<13} {outcome.id}  {printable(extra)}")
             if said.report and said.failed_gates:
                 for line in _why_failed(Path(said.report)):
                     print(f"  {line}" if line else "")

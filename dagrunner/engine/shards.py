@@ -11,7 +11,7 @@ built, so everything after (the scheduler, the cache, the report) sees ordinary 
 - ``shards = "auto"``: as many as the governor's CPU holds beside the gate's own ``cpu``
   (never more than there are files).
 - In each shard, ``{files}`` becomes its files (one argument each, relative to the gate's
-  ``cwd``; shell-quoted in a string ``run``), ``{shard}``/``{shards}`` its number and the
+  ``cwd``, ``./`` before one starting with ``-`` or ``@``; shell-quoted in a string ``run``), ``{shard}``/``{shards}`` its number and the
   count (in ``run`` and ``junit``).  Its ``inputs`` are the gate's other inputs plus its
   own files, so a shard stays cached when only other shards' files change.
 - ``needs = ["ID"]`` (and ``--only ID``) means every shard.
@@ -216,8 +216,9 @@ def _shard_gate(gate: GateSpec, shard: Shard, count: int) -> GateSpec:
     assert gate.split is not None
     cwd = gate.cwd
     args = [os.path.relpath(f, cwd) if cwd not in ("", ".") else f for f in shard.files]
-    # A file's name is the tree's (an envelope's, in integration): never read as an option.
-    args = [f"./{a}" if a.startswith("-") else a for a in args]
+    # A file's name is the tree's (an envelope's, in integration): never read as an option,
+    # nor as an @FILE of more arguments (pytest 8.2+, mypy: ``@x/test_a.py`` read x/test_a.py).
+    args = [f"./{a}" if a.startswith(("-", "@")) else a for a in args]
 
     def fill(word: str) -> str:
         return word.replace("{shard}", str(shard.number)).replace("{shards}", str(count))

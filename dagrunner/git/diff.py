@@ -65,8 +65,13 @@ def unquote(text: str) -> str:
     return raw.decode("unicode_escape").encode("latin-1").decode("utf-8", "surrogateescape")
 
 
-def _strip_prefix(name: str) -> str:
-    return name[2:] if name[:2] in ("a/", "b/") else name
+def _strip_prefix(name: str, prefix: str) -> str:
+    """``name`` without its ``a/`` or ``b/``.  git apply strips a name's first component,
+    whatever it is (``-p1``): a name without the prefix export writes would be read here
+    as one path (``x/.gitattributes``) and applied by git as another (``.gitattributes``)."""
+    if not name.startswith(prefix):
+        raise PatchFormatError(f"the name {name[:80]!r} does not start with {prefix!r}")
+    return name[len(prefix) :]
 
 
 def _header_names(rest: str) -> tuple[str, str] | None:
@@ -74,14 +79,14 @@ def _header_names(rest: str) -> tuple[str, str] | None:
     quoted = _QUOTED.findall(rest)
     if len(quoted) == 2:
         a, b = (unquote(f'"{q}"') for q in quoted)
-        return _strip_prefix(a), _strip_prefix(b)
+        return _strip_prefix(a, "a/"), _strip_prefix(b, "b/")
     # Unquoted "a/X b/X": only the same path twice splits unambiguously; a rename's
     # names are read from its "rename from/to" lines instead.
     half = len(rest) // 2
     a, b = rest[:half], rest[half + 1 :]
     if rest[half : half + 1] != " " or a[2:] != b[2:]:
         return None
-    return _strip_prefix(a), _strip_prefix(b)
+    return _strip_prefix(a, "a/"), _strip_prefix(b, "b/")
 
 
 def _text(line: bytes) -> str:
@@ -106,7 +111,10 @@ def parse_patch(diff: bytes) -> list[FilePatch]:
 def _section(lines: list[bytes], i: int, files: list[FilePatch]) -> int:
     """Parse the section starting at ``lines[i]``; the index after it."""
     start = i
-    names = _header_names(_text(lines[i])[len("diff --git ") :])
+    try:
+        names = _header_names(_text(lines[i])[len("diff --git ") :])
+    except PatchFormatError as exc:
+        raise PatchFormatError(f"line {i + 1}: {exc}") from None
     old_name = new_name = None
     old_path = None
     new_mode: str | None = None
@@ -130,8 +138,11 @@ def _section(lines: list[bytes], i: int, files: list[FilePatch]) -> int:
             raise PatchFormatError(f"line {i + 2}: '---' is not followed by '+++'")
         minus = unquote(_text(lines[i][4:]).split("\t")[0])
         plus = unquote(_text(lines[i + 1][4:]).split("\t")[0])
-        old_name = None if minus == "/dev/null" else _strip_prefix(minus)
-        new_name = None if plus == "/dev/null" else _strip_prefix(plus)
+        try:
+            old_name = None if minus == "/dev/null" else _strip_prefix(minus, "a/")
+            new_name = None if plus == "/dev/null" else _strip_prefix(plus, "b/")
+        except PatchFormatError as exc:
+            raise PatchFormatError(f"line {i + 1}: {exc}") from None
         i = _hunks(lines, i + 2)
     elif i < len(lines) and lines[i] == b"GIT binary patch":
         binary = True

@@ -22,6 +22,16 @@ _LOCATION = re.compile(
 _ICON = {"passed": "✅", "failed": "❌", "interrupted": "⏹️"}
 
 
+# A gate's reason may name a tree's paths: a line break there would end the table's row
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _cell(text: str) -> str:
+    """``text`` as one Markdown table cell: control characters as their escapes, ``|``
+    escaped, so a worker's file name cannot end the row and write Markdown of its own."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text).replace("|", "\\|")
+
+
 def _escape_data(text: str) -> str:
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
@@ -45,7 +55,7 @@ def markdown_summary(record: RunRecord, run_dir: Path) -> str:
         "| --- | --- | --- | --- |",
     ]
     for gate in sorted(record.gates, key=lambda g: (g.status.ok, g.id)):
-        note = gate.reason.replace("|", "\\|")
+        note = _cell(gate.reason)
         took = format_duration(gate.duration) if gate.attempts else "—"
         lines.append(f"| `{gate.id}` | {gate.status} | {took} | {note} |")
     for miss in record.budget.misses:

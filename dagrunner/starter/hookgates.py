@@ -111,7 +111,7 @@ def chosen(path):
     some = {t for t in opt.get("types-or", "").split(",") if t}
     never = {t for t in opt.get("exclude-types", "").split(",") if t}
     return need <= found and (not some or bool(some & found)) and not (never & found)
-files = ["./" + p if p.startswith("-") else p for p in paths if chosen(p)]  # a path, never an option
+files = ["./" + p if p.startswith(("-", "@")) else p for p in paths if chosen(p)]  # a path: never an option, nor mypy's @FILE of arguments
 print(f"dagrunner: {len(files)} of {len(paths)} tracked files, as pre-commit would pass them: {' '.join(cmd)}", flush=True)
 if not files and "always-run" not in opt: sys.exit(0)
 if "no-filenames" in opt: sys.exit(subprocess.run(cmd).returncode)
