@@ -320,6 +320,41 @@ def test_sigkill_then_rerun(project: Path, point: str) -> None:
     assert gate.returncode == 0
 
 
+def cli_json(repo: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    done = subprocess.run([*CLI, *args, "--json"], cwd=repo, env=env, capture_output=True,
+                          check=False)  # fmt: skip
+    return done.returncode, orjson.loads(done.stdout) if done.stdout.strip() else None
+
+
+@pytest.mark.parametrize("again", [True, False], ids=["submitted-again", "never-again"])
+def test_a_submit_killed_before_its_line_still_names_its_worker(project: Path, again: bool) -> None:
+    """Issue 48's lost item: a submit killed after it stored the envelope, before it journaled
+    the item's line (an MCP submit inside serve, serve's group SIGKILLed).  The stored
+    envelope still reads as queued and lands, but with no line naming its mission and worker
+    its item said neither: ``status`` showed a landed item of nobody's, and a client that
+    submitted again (its answer lost) was told ``duplicate`` of it.  The item must name its
+    worker whether the client submits again or nobody does, and land once."""
+    envelope = worker(project, "w1", independent_1)
+    crash = {**os.environ, "DAGRUNNER_CRASH_AT": "submitting"}
+    killed = subprocess.run([*CLI, "integrate", "submit", str(envelope), "--json"], cwd=project,
+                            env=crash, capture_output=True, check=False)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr.decode()
+    (item,) = Queue.of(repo_info(project)).entries()  # stored: it is on the queue
+    if again:
+        code, body = cli_json(project, "integrate", "submit", str(envelope))
+        assert code == 0, body
+        (said,) = body["submitted"]
+        assert (said["id"], said["duplicate"], said["state"]) == (item, False, "queued")
+    code, body = cli_json(project, "integrate", "run")
+    assert code == 0, body
+    code, body = cli_json(project, "integrate", "status")
+    (entry,) = body["envelopes"]
+    assert (entry["id"], entry["state"]) == (item, "landed")
+    assert (entry.get("mission"), entry.get("worker")) == ("swarm", "w1")
+    assert entry.get("provenance") == "ledger" and entry.get("target") == "main"
+    assert trailers(project) == [item]
+
+
 def test_integration_worktree_deleted_by_hand_is_rebuilt(project: Path) -> None:
     import shutil
 

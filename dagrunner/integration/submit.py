@@ -18,7 +18,7 @@ from typing import Any
 
 from dagrunner.envelope import Envelope, parse_envelope
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.files import atomic_write
+from dagrunner.files import atomic_write, crash_point
 from dagrunner.git.repo import RepoInfo, check_branch, checkout_branch
 from dagrunner.integration.queue import PRIORITIES, URGENT, Queue, QueueEntry, same_repository
 from dagrunner.names import is_safe_id
@@ -103,12 +103,12 @@ class Submitted:
         }
 
 
-def provenance(info: RepoInfo, envelope: Envelope) -> str:
-    """``ledger`` when the ledger records that the worktree the envelope names exported
-    exactly it (id, tree and diff); otherwise ``unproven: <why>``."""
+def provenance(state_dir: Path, envelope: Envelope) -> str:
+    """``ledger`` when the ledger (in ``state_dir``) records that the worktree the envelope
+    names exported exactly it (id, tree and diff); otherwise ``unproven: <why>``."""
     from dagrunner.worktrees.ledger import Ledger
 
-    state = Ledger(info.state_dir).state().get(f"{envelope.mission}/{envelope.worker}")
+    state = Ledger(state_dir).state().get(f"{envelope.mission}/{envelope.worker}")
     if state is None:
         return f"unproven: no worktree {envelope.mission}/{envelope.worker} is recorded here"
     if state.exported(envelope.exported_id, envelope.tree, envelope.diff_sha256) is None:
@@ -204,11 +204,12 @@ def submit(
         for path, envelope, raw in envelopes:
             order = list(known)
             item = _latest(_item_id(queue, envelope, known), known)
-            proof = provenance(info, envelope)
+            proof = provenance(info.state_dir, envelope)
             again = ""
             if requeue and item in known and known[item].state in AGAIN:
                 again, item = item, _next_try(item, known)
-            if item in known:
+            if item in known and not known[item].unjournaled:  # unjournaled: a kill cut
+                # its submit short after the envelope was stored; this submit journals it
                 results.append(
                     Submitted(
                         id=item,
@@ -222,24 +223,21 @@ def submit(
                     )
                 )
                 continue
-            origin: dict[str, Any] = {
-                "mission": envelope.mission,
-                "worker": envelope.worker,
-                "source": str(path),
-            }
+            origin = _origin(envelope, item, path)
             if allow_protected:
                 origin["allow_protected"] = True
             if priority:
                 origin["priority"] = "urgent" if priority == URGENT else priority
-            if item != envelope.id:
-                origin["envelope"] = envelope.id
             if again:
                 origin["again_of"] = again
             ahead = [
-                i for i, e in known.items() if e.state not in FINAL and e.target in (None, goal)
+                i
+                for i, e in known.items()
+                if e.state not in FINAL and e.target in (None, goal) and i != item
             ]
             try:
                 atomic_write(queue.envelope_path(item), raw)
+                crash_point("submitting")  # stored, not yet journaled: what a kill can leave
                 queue.record(item, EnvelopeState.QUEUED, NO_DETAILS, provenance=proof, **origin)
                 if pairwise:
                     overlaps = conflicts_ahead(info, envelope, loaded(queue.load, ahead))
@@ -283,6 +281,38 @@ def submit(
                 )
             )
     return results
+
+
+def _origin(envelope: Envelope, item: str, source: Path) -> dict[str, Any]:
+    """What an item's submission line says of where it comes from."""
+    origin: dict[str, Any] = {
+        "mission": envelope.mission,
+        "worker": envelope.worker,
+        "source": str(source),
+    }
+    if item != envelope.exported_id:
+        origin["envelope"] = envelope.exported_id
+    return origin
+
+
+def journal_stored(queue: Queue, item: str) -> bool:
+    """Journal the submission of ``item``, whose envelope is stored but whose line was never
+    written (a kill between the two in ``submit``: an MCP submit inside a killed ``serve``),
+    as that submit would have: its mission, worker and provenance, from the stored bytes
+    (those the submit validated), for ``queue``'s target.  Without it the item still lands,
+    but says no worker: ``status`` showed it as nobody's (issue 48's lost item), and its
+    worker's worktree was never cleaned.  False when the stored envelope cannot be read (the
+    integrator rejects it).  The caller holds the queue lock: no submit is half-way."""
+    path = queue.envelope_path(item)
+    try:
+        envelope = queue.load(item)
+    except DagrunnerError:
+        return False
+    proof = provenance(queue.dir.parent, envelope)
+    note = "journaled by the integrator: the submit that stored it was killed before its line"
+    queue.record(item, EnvelopeState.QUEUED, Details(note=note), provenance=proof,
+                 **_origin(envelope, item, path))  # fmt: skip
+    return True
 
 
 AGAIN = (EnvelopeState.GATES_FAILED, EnvelopeState.REJECTED, EnvelopeState.WITHDRAWN)  # --requeue
