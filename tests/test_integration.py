@@ -355,6 +355,34 @@ def test_a_submit_killed_before_its_line_still_names_its_worker(project: Path, a
     assert trailers(project) == [item]
 
 
+def test_a_line_a_killed_writer_left_unfinished_does_not_swallow_the_next(
+    project: Path,
+) -> None:
+    """A writer killed in the middle of its journal line (a line across two pages, the kill
+    between them; or a disk that filled) leaves a fragment with no newline.  The next line
+    appended -- another process's submit -- was glued to it, and the reader skipped the two
+    as one torn line: that submit's item read as nobody's (issue 48).  The fragment must be
+    ended first, so only it is skipped."""
+    first = worker(project, "w1", independent_1)
+    second = worker(project, "w2", lambda p: (p / "two.txt").write_text("two\n"))
+    code, _ = cli_json(project, "integrate", "submit", str(first))
+    assert code == 0
+    journal = Queue.of(repo_info(project)).journal
+    whole = journal.read_bytes().splitlines(keepends=True)[0]
+    with journal.open("ab") as handle:  # what the kill left: a line cut after its first bytes
+        handle.write(whole.replace(b'"w1"', b'"w9"')[: len(whole) // 2])
+    code, body = cli_json(project, "integrate", "submit", str(second))
+    assert code == 0, body
+    code, body = cli_json(project, "integrate", "status")
+    said = {e["worker"]: e["state"] for e in body["envelopes"] if e.get("mission") == "swarm"}
+    assert said == {"w1": "queued", "w2": "queued"}
+    code, body = cli_json(project, "integrate", "run")
+    assert code == 0, body
+    code, body = cli_json(project, "integrate", "status")
+    said = {e.get("worker"): e["state"] for e in body["envelopes"]}
+    assert said == {"w1": "landed", "w2": "landed"}
+
+
 def test_integration_worktree_deleted_by_hand_is_rebuilt(project: Path) -> None:
     import shutil
 
