@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import CLI, git, run_json
+from conftest import CLI, commit_release_manifest, git, run_json
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.queue import Queue
@@ -326,25 +326,33 @@ def cli_json(repo: Path, *args: str, env: dict[str, str] | None = None) -> Any:
     return done.returncode, orjson.loads(done.stdout) if done.stdout.strip() else None
 
 
-@pytest.mark.parametrize("again", [True, False], ids=["submitted-again", "never-again"])
-def test_a_submit_killed_before_its_line_still_names_its_worker(project: Path, again: bool) -> None:
+@pytest.mark.parametrize("then", ["submitted-again", "never-again", "stuck-first"])
+def test_a_submit_killed_before_its_line_still_names_its_worker(project: Path, then: str) -> None:
     """Issue 48's lost item: a submit killed after it stored the envelope, before it journaled
     the item's line (an MCP submit inside serve, serve's group SIGKILLed).  The stored
     envelope still reads as queued and lands, but with no line naming its mission and worker
     its item said neither: ``status`` showed a landed item of nobody's, and a client that
     submitted again (its answer lost) was told ``duplicate`` of it.  The item must name its
-    worker whether the client submits again or nobody does, and land once."""
+    worker whether the client submits again, nobody does, or an integrator that could not
+    start wrote a ``stuck`` line of it first; and land once."""
     envelope = worker(project, "w1", independent_1)
     crash = {**os.environ, "DAGRUNNER_CRASH_AT": "submitting"}
     killed = subprocess.run([*CLI, "integrate", "submit", str(envelope), "--json"], cwd=project,
                             env=crash, capture_output=True, check=False)  # fmt: skip
     assert killed.returncode == -9, killed.stderr.decode()
     (item,) = Queue.of(repo_info(project)).entries()  # stored: it is on the queue
-    if again:
+    if then == "submitted-again":
         code, body = cli_json(project, "integrate", "submit", str(envelope))
         assert code == 0, body
         (said,) = body["submitted"]
         assert (said["id"], said["duplicate"], said["state"]) == (item, False, "queued")
+    if then == "stuck-first":  # no manifest on the target: the run cannot start
+        manifest = (project / "manifests" / "release.toml").read_text()
+        git(project, "rm", "-q", "manifests/release.toml")
+        git(project, "commit", "-q", "-m", "no manifest")
+        code, body = cli_json(project, "integrate", "run")
+        assert code != 0 and Queue.of(repo_info(project)).entries()[item].details.stuck, body
+        commit_release_manifest(project, manifest)
     code, body = cli_json(project, "integrate", "run")
     assert code == 0, body
     code, body = cli_json(project, "integrate", "status")

@@ -167,7 +167,6 @@ class QueueEntry:
     allow_protected: bool = False  # submitted with --allow-protected ([integrate] protected)
     priority: int = 0  # higher first; URGENT pre-empts what gates
     details: Details = NO_DETAILS
-    unjournaled: bool = False  # its envelope stored, no line of it (a kill cut its submit short)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -431,7 +430,7 @@ class JournalIndex:
                 paths = sorted(folder.glob("*.json"), key=_mtime)
                 self.envelopes = (stamp, [p.stem for p in paths])
             for stem in self.envelopes[1]:
-                found.setdefault(stem, QueueEntry(stem, EnvelopeState.QUEUED, unjournaled=True))
+                found.setdefault(stem, QueueEntry(id=stem, state=EnvelopeState.QUEUED))
             return found
 
 

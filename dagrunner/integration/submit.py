@@ -208,8 +208,7 @@ def submit(
             again = ""
             if requeue and item in known and known[item].state in AGAIN:
                 again, item = item, _next_try(item, known)
-            if item in known and not known[item].unjournaled:  # unjournaled: a kill cut
-                # its submit short after the envelope was stored; this submit journals it
+            if item in known and not unsubmitted(known[item]):  # (else this submit says it)
                 results.append(
                     Submitted(
                         id=item,
@@ -295,14 +294,22 @@ def _origin(envelope: Envelope, item: str, source: Path) -> dict[str, Any]:
     return origin
 
 
+def unsubmitted(entry: QueueEntry) -> bool:
+    """Whether ``entry`` is queued but no line of its submission is in the journal: its
+    envelope was stored, and the submit was killed before its line (an MCP submit inside a
+    killed ``serve``), or that line was lost (glued to a fragment a killed writer left).
+    Every submission line names the mission."""
+    return entry.mission is None and entry.state is EnvelopeState.QUEUED
+
+
 def journal_stored(queue: Queue, item: str) -> bool:
-    """Journal the submission of ``item``, whose envelope is stored but whose line was never
-    written (a kill between the two in ``submit``: an MCP submit inside a killed ``serve``),
-    as that submit would have: its mission, worker and provenance, from the stored bytes
-    (those the submit validated), for ``queue``'s target.  Without it the item still lands,
-    but says no worker: ``status`` showed it as nobody's (issue 48's lost item), and its
-    worker's worktree was never cleaned.  False when the stored envelope cannot be read (the
-    integrator rejects it).  The caller holds the queue lock: no submit is half-way."""
+    """Journal the submission of ``item`` (``unsubmitted``) as its submit would have: its
+    mission, worker and provenance, from the stored bytes (those the submit validated), for
+    ``queue``'s target.  Without it the item still lands, but says no worker: ``status``
+    showed it as nobody's (issue 48's lost item), a worker-bound server hid it from its own
+    worker, and the worker's worktree was never cleaned.  False when the stored envelope
+    cannot be read (the integrator rejects it).  The caller holds the queue lock: no submit
+    is half-way."""
     path = queue.envelope_path(item)
     try:
         envelope = queue.load(item)
