@@ -259,9 +259,10 @@ def submit(
                     hint="free disk space (or fix permissions) under the queue folder, then "
                     "submit again; envelopes listed as queued_before are already queued",
                 ) from None
-            known[item] = QueueEntry(
-                id=item, state=EnvelopeState.QUEUED, target=goal, provenance=proof
-            )
+            known[item] = QueueEntry(  # as its line says (a mission: submitted)
+                id=item, state=EnvelopeState.QUEUED, target=goal, provenance=proof,
+                mission=envelope.mission, worker=envelope.worker,
+            )  # fmt: skip
             if not pairwise:
                 with contextlib.suppress(OSError, DagrunnerError):  # a cache: rebuilt
                     seer.save()
