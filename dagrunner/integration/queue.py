@@ -156,18 +156,13 @@ class Queue:
             entries = self.entries()
             ours = [i for i, e in entries.items() if e.state not in FINAL]
         else:
-            from dagrunner.integration.submit import journal_stored, unsubmitted  # (imports us)
-
             with self.lock():
                 entries = self.entries()
                 ours = []
                 for item, entry in entries.items():
                     if entry.state in FINAL or entry.target not in (None, self.target):
                         continue
-                    # an item whose submission line a kill cut short is journaled now, as
-                    # its submit would have (which claims it): mission, worker, provenance
-                    lost = unsubmitted(entry) and journal_stored(self, item)
-                    if entry.target is None and not lost:
+                    if entry.target is None:
                         self.record(item, entry.state, event="claimed")
                     ours.append(item)
         return sorted(ours, key=lambda item: -entries[item].priority), entries  # stable

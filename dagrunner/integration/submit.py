@@ -208,7 +208,7 @@ def submit(
             again = ""
             if requeue and item in known and known[item].state in AGAIN:
                 again, item = item, _next_try(item, known)
-            if item in known and not unsubmitted(known[item]):  # (else this submit says it)
+            if item in known and not unsubmitted(known[item]):  # (else: this submit says it)
                 results.append(
                     Submitted(
                         id=item,
@@ -222,7 +222,7 @@ def submit(
                     )
                 )
                 continue
-            origin = _origin(envelope, item, path)
+            origin = origin_of(envelope, item, path)
             if allow_protected:
                 origin["allow_protected"] = True
             if priority:
@@ -283,44 +283,47 @@ def submit(
     return results
 
 
-def _origin(envelope: Envelope, item: str, source: Path) -> dict[str, Any]:
-    """What an item's submission line says of where it comes from."""
-    origin: dict[str, Any] = {
+def origin_of(envelope: Envelope, item: str, source: Path) -> dict[str, Any]:
+    """What item ``item``'s submission line says of where it comes from."""
+    said: dict[str, Any] = {
         "mission": envelope.mission,
         "worker": envelope.worker,
         "source": str(source),
     }
     if item != envelope.exported_id:
-        origin["envelope"] = envelope.exported_id
-    return origin
+        said["envelope"] = envelope.exported_id
+    return said
+
+
+# A submit stores the envelope, then journals its line.  A kill between the two (an MCP
+# submit inside a killed ``integrate serve``) leaves an envelope the queue still reads as
+# queued; so does a line lost to a fragment a killed writer left before it.  Such an item
+# landed naming no mission or worker: ``status`` showed it as nobody's (the soak's lost item
+# of issue 48), a worker-bound server hid it from its own worker, and that worker's worktree
+# was never cleaned.  So a submit of the same envelope journals it (not a duplicate), and
+# the integrator journals its submission from the stored bytes when it admits it.
+
+RESTORED = "journaled by the integrator: the submit that stored it was killed before its line"
 
 
 def unsubmitted(entry: QueueEntry) -> bool:
-    """Whether ``entry`` is queued but no line of its submission is in the journal: its
-    envelope was stored, and the submit was killed before its line (an MCP submit inside a
-    killed ``serve``), or that line was lost (glued to a fragment a killed writer left).
-    Every submission line names the mission."""
+    """Whether ``entry`` is queued with no line of its submission in the journal (every
+    submission line names the mission; the comment above says how one goes missing)."""
     return entry.mission is None and entry.state is EnvelopeState.QUEUED
 
 
-def journal_stored(queue: Queue, item: str) -> bool:
-    """Journal the submission of ``item`` (``unsubmitted``) as its submit would have: its
-    mission, worker and provenance, from the stored bytes (those the submit validated), for
-    ``queue``'s target.  Without it the item still lands, but says no worker: ``status``
-    showed it as nobody's (issue 48's lost item), a worker-bound server hid it from its own
-    worker, and the worker's worktree was never cleaned.  False when the stored envelope
-    cannot be read (the integrator rejects it).  The caller holds the queue lock: no submit
-    is half-way."""
-    path = queue.envelope_path(item)
-    try:
-        envelope = queue.load(item)
-    except DagrunnerError:
-        return False
-    proof = provenance(queue.dir.parent, envelope)
-    note = "journaled by the integrator: the submit that stored it was killed before its line"
-    queue.record(item, EnvelopeState.QUEUED, Details(note=note), provenance=proof,
-                 **_origin(envelope, item, path))  # fmt: skip
-    return True
+def journal_submission(queue: Queue, item: str, envelope: Envelope) -> None:
+    """Journal the submission of ``item`` (``unsubmitted``), whose stored envelope the
+    integrator admits (``envelope``, the bytes its submit validated), as that submit would
+    have: its mission, worker and provenance.  Under the queue lock, read again there: a
+    submit of it that came first has said it, and one that comes after finds it said."""
+    with queue.lock():
+        entry = queue.entries().get(item)
+        if entry is None or not unsubmitted(entry):
+            return
+        said = origin_of(envelope, item, queue.envelope_path(item))
+        said["provenance"] = provenance(queue.dir.parent, envelope)
+        queue.record(item, EnvelopeState.QUEUED, Details(note=RESTORED), **said)
 
 
 AGAIN = (EnvelopeState.GATES_FAILED, EnvelopeState.REJECTED, EnvelopeState.WITHDRAWN)  # --requeue
