@@ -49,15 +49,22 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
 
 
 def append_line(path: Path, line: bytes) -> None:
-    """Append one line with a single write under an exclusive lock, then fsync: never torn."""
+    """Append one line under an exclusive lock, then fsync.  A line a writer could not finish
+    (a kill between a write's pages, a full disk) is ended first: this line is never glued to
+    it, so a reader skips that fragment, not this line."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    data = line if line.endswith(b"\n") else line + b"\n"
     while True:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if _replaced(fd, path):
                 continue  # compacted (written whole and renamed) while we waited: append there
-            os.write(fd, line if line.endswith(b"\n") else line + b"\n")
+            size = os.fstat(fd).st_size
+            torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+            view = memoryview(b"\n" + data if torn else data)
+            while view:  # a short write (a full disk, a signal) leaves a fragment: go on
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
             return
         finally:

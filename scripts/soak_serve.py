@@ -347,6 +347,8 @@ def main() -> int:
     final = ("landed", "conflict", "gates-failed", "rejected")
     stuck = [e["id"] for e in items if e["state"] not in final]
     workers = {e["worker"] for e in items}
+    # an item naming no mission is nobody's: the soak would count its envelope lost
+    nameless = [e["id"] for e in status if not e.get("mission")]
     lost = [p.stem.split(".")[0] for p in envelopes if p.stem.split(".")[0] not in workers]
     trailers = git(repo, "log", "--format=%(trailers:key=Dagrunner-Envelope,valueonly)", "main")
     ids = [line.strip() for line in trailers.splitlines() if line.strip()]
@@ -400,7 +402,8 @@ def main() -> int:
         f"({t_submit1 / t_submit0:.2f}x)"
     )
     problems = {"lost": lost, "duplicated": duplicated, "stuck": stuck,
-                "landed without its file": missing_files, "worktrees of landed items left": left}  # fmt: skip
+                "landed without its file": missing_files, "worktrees of landed items left": left,
+                "items naming no mission": nameless}  # fmt: skip
     if listed.returncode != 0:
         problems["worktree list failed"] = [listed.stderr.decode()[-300:]]
     bad = {k: v for k, v in problems.items() if v}

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import CLI, git, run_json
+from conftest import CLI, commit_release_manifest, git, run_json
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.queue import Queue
@@ -318,6 +318,77 @@ def test_sigkill_then_rerun(project: Path, point: str) -> None:
         ["sh", "-c", "! grep -rq BROKEN --include=*.txt ."], cwd=project, check=False
     )
     assert gate.returncode == 0
+
+
+def cli_json(repo: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    done = subprocess.run([*CLI, *args, "--json"], cwd=repo, env=env, capture_output=True,
+                          check=False)  # fmt: skip
+    return done.returncode, orjson.loads(done.stdout) if done.stdout.strip() else None
+
+
+@pytest.mark.parametrize("then", ["submitted-again", "never-again", "stuck-first"])
+def test_a_submit_killed_before_its_line_still_names_its_worker(project: Path, then: str) -> None:
+    """Issue 48's lost item: a submit killed after it stored the envelope, before it journaled
+    the item's line (an MCP submit inside serve, serve's group SIGKILLed).  The stored
+    envelope still reads as queued and lands, but with no line naming its mission and worker
+    its item said neither: ``status`` showed a landed item of nobody's, and a client that
+    submitted again (its answer lost) was told ``duplicate`` of it.  The item must name its
+    worker whether the client submits again, nobody does, or an integrator that could not
+    start wrote a ``stuck`` line of it first; and land once."""
+    envelope = worker(project, "w1", independent_1)
+    crash = {**os.environ, "DAGRUNNER_CRASH_AT": "submitting"}
+    killed = subprocess.run([*CLI, "integrate", "submit", str(envelope), "--json"], cwd=project,
+                            env=crash, capture_output=True, check=False)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr.decode()
+    (item,) = Queue.of(repo_info(project)).entries()  # stored: it is on the queue
+    if then == "submitted-again":
+        code, body = cli_json(project, "integrate", "submit", str(envelope))
+        assert code == 0, body
+        (said,) = body["submitted"]
+        assert (said["id"], said["duplicate"], said["state"]) == (item, False, "queued")
+    if then == "stuck-first":  # no manifest on the target: the run cannot start
+        manifest = (project / "manifests" / "release.toml").read_text()
+        git(project, "rm", "-q", "manifests/release.toml")
+        git(project, "commit", "-q", "-m", "no manifest")
+        code, body = cli_json(project, "integrate", "run")
+        assert code != 0 and Queue.of(repo_info(project)).entries()[item].details.stuck, body
+        commit_release_manifest(project, manifest)
+    code, body = cli_json(project, "integrate", "run")
+    assert code == 0, body
+    code, body = cli_json(project, "integrate", "status")
+    (entry,) = body["envelopes"]
+    assert (entry["id"], entry["state"]) == (item, "landed")
+    assert (entry.get("mission"), entry.get("worker")) == ("swarm", "w1")
+    assert entry.get("provenance") == "ledger" and entry.get("target") == "main"
+    assert trailers(project) == [item]
+
+
+def test_a_line_a_killed_writer_left_unfinished_does_not_swallow_the_next(
+    project: Path,
+) -> None:
+    """A writer killed in the middle of its journal line (a line across two pages, the kill
+    between them; or a disk that filled) leaves a fragment with no newline.  The next line
+    appended -- another process's submit -- was glued to it, and the reader skipped the two
+    as one torn line: that submit's item read as nobody's (issue 48).  The fragment must be
+    ended first, so only it is skipped."""
+    first = worker(project, "w1", independent_1)
+    second = worker(project, "w2", lambda p: (p / "two.txt").write_text("two\n"))
+    code, _ = cli_json(project, "integrate", "submit", str(first))
+    assert code == 0
+    journal = Queue.of(repo_info(project)).journal
+    whole = journal.read_bytes().splitlines(keepends=True)[0]
+    with journal.open("ab") as handle:  # what the kill left: a line cut after its first bytes
+        handle.write(whole.replace(b'"w1"', b'"w9"')[: len(whole) // 2])
+    code, body = cli_json(project, "integrate", "submit", str(second))
+    assert code == 0, body
+    code, body = cli_json(project, "integrate", "status")
+    said = {e["worker"]: e["state"] for e in body["envelopes"] if e.get("mission") == "swarm"}
+    assert said == {"w1": "queued", "w2": "queued"}
+    code, body = cli_json(project, "integrate", "run")
+    assert code == 0, body
+    code, body = cli_json(project, "integrate", "status")
+    said = {e.get("worker"): e["state"] for e in body["envelopes"]}
+    assert said == {"w1": "landed", "w2": "landed"}
 
 
 def test_integration_worktree_deleted_by_hand_is_rebuilt(project: Path) -> None:

@@ -7,6 +7,8 @@ integrator lands its item."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -148,3 +150,69 @@ def test_a_drain_killed_alone_ends_serve_with_a_code_and_the_next_run_lands_it(
     assert ran.returncode == 0, ran
     assert states_of(project)["orphan"] == "landed"
     assert git(project, "cat-file", "-e", "main:orphan.txt") == ""
+
+
+def test_an_mcp_submit_killed_with_serve_lands_once_as_its_workers_item(
+    project: Path, tmp_path: Path
+) -> None:
+    """Issue 48's lost item, as the soak met it: serve killed while it answered an inline
+    ``dagrunner_submit``, after the envelope was stored and before its journal line.  The
+    client reconnects to a new serve and submits again; the item must land once and
+    ``status`` must name its mission and worker (it named neither: the soak counted it lost,
+    and a worker-bound server would not show the worker its own item)."""
+    commit_release_manifest(project, '[gates.ok]\nrun = "true"\n')
+    token = tmp_path / "token"
+    token.write_text("tok-for-the-kill-test\n")
+    port = free_port()
+    inline = envelope(project, "killed").read_text()
+    headers = {"Authorization": "Bearer tok-for-the-kill-test"}
+
+    def start(env: dict[str, str]) -> subprocess.Popen[str]:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "dagrunner", "integrate", "serve", "--repo", str(project),
+             "--http", f"127.0.0.1:{port}", "--token-file", str(token)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=True,  # a group of its own, killed whole as the soak kills it
+        )  # fmt: skip
+        assert server.stdout is not None
+        said = server.stdout.readline()
+        assert said == "serving main\n", (said, server.communicate(timeout=20))
+        return server
+
+    async def session_of(work: Any) -> Any:
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=30) as client,
+            streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=client) as (
+                read,
+                write,
+            ),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            return await work(session)
+
+    async def submit_and_wait(session: ClientSession) -> Any:
+        queued = await call(session, "dagrunner_submit", envelope=inline)
+        final = await until_final(session, queued["id"])
+        return queued, final, await call(session, "dagrunner_status")
+
+    server = start({**os.environ, "DAGRUNNER_CRASH_AT": "submitting"})
+    try:
+        with contextlib.suppress(Exception):  # serve dies under the call: no answer
+            anyio.run(session_of, lambda s: call(s, "dagrunner_submit", envelope=inline))
+        assert server.wait(timeout=20) == -signal.SIGKILL
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)  # its drain, if one had started
+        server.communicate(timeout=10)
+        server = start(dict(os.environ))
+        queued, final, status = anyio.run(session_of, submit_and_wait)
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=20)
+    assert final["state"] == "landed", final
+    (entry,) = [e for e in status["envelopes"] if e["id"] == queued["id"]]
+    assert (entry.get("mission"), entry.get("worker"), entry["state"]) == ("m", "killed", "landed")
+    assert len(status["envelopes"]) == 1, status["envelopes"]
+    log = git(project, "log", "--format=%(trailers:key=Dagrunner-Envelope,valueonly)", "main")
+    assert [line for line in log.splitlines() if line.strip()] == [queued["id"]]

@@ -38,6 +38,7 @@ from dagrunner.integration.landing import commit_message
 from dagrunner.integration.needs import Batch
 from dagrunner.integration.pipeline import Pipeline
 from dagrunner.integration.queue import Queue, QueueEntry
+from dagrunner.integration.submit import journal_submission, unsubmitted
 from dagrunner.manifest.load import load_manifest
 from dagrunner.records.integration import (
     Details,
@@ -270,6 +271,10 @@ class Integrator:
             self.reject(envelope_id, f"{exc.code}: {exc.message}")
             return None
         entry = self.entry(envelope_id)
+        if entry is not None and unsubmitted(entry):  # its submission line missing (submit.py)
+            journal_submission(self.queue, envelope_id, envelope)
+            self.meta = self.queue.entries()  # its outcome names its mission and worker
+            entry = self.entry(envelope_id)
         why = refusal(
             envelope,
             info=self.ctx.info,

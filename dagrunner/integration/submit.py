@@ -18,7 +18,7 @@ from typing import Any
 
 from dagrunner.envelope import Envelope, parse_envelope
 from dagrunner.errors import DagrunnerError, ExitCode
-from dagrunner.files import atomic_write
+from dagrunner.files import atomic_write, crash_point
 from dagrunner.git.repo import RepoInfo, check_branch, checkout_branch
 from dagrunner.integration.queue import PRIORITIES, URGENT, Queue, QueueEntry, same_repository
 from dagrunner.names import is_safe_id
@@ -103,12 +103,12 @@ class Submitted:
         }
 
 
-def provenance(info: RepoInfo, envelope: Envelope) -> str:
-    """``ledger`` when the ledger records that the worktree the envelope names exported
-    exactly it (id, tree and diff); otherwise ``unproven: <why>``."""
+def provenance(state_dir: Path, envelope: Envelope) -> str:
+    """``ledger`` when the ledger (in ``state_dir``) records that the worktree the envelope
+    names exported exactly it (id, tree and diff); otherwise ``unproven: <why>``."""
     from dagrunner.worktrees.ledger import Ledger
 
-    state = Ledger(info.state_dir).state().get(f"{envelope.mission}/{envelope.worker}")
+    state = Ledger(state_dir).state().get(f"{envelope.mission}/{envelope.worker}")
     if state is None:
         return f"unproven: no worktree {envelope.mission}/{envelope.worker} is recorded here"
     if state.exported(envelope.exported_id, envelope.tree, envelope.diff_sha256) is None:
@@ -204,11 +204,11 @@ def submit(
         for path, envelope, raw in envelopes:
             order = list(known)
             item = _latest(_item_id(queue, envelope, known), known)
-            proof = provenance(info, envelope)
+            proof = provenance(info.state_dir, envelope)
             again = ""
             if requeue and item in known and known[item].state in AGAIN:
                 again, item = item, _next_try(item, known)
-            if item in known:
+            if item in known and not unsubmitted(known[item]):  # (else: this submit says it)
                 results.append(
                     Submitted(
                         id=item,
@@ -222,24 +222,21 @@ def submit(
                     )
                 )
                 continue
-            origin: dict[str, Any] = {
-                "mission": envelope.mission,
-                "worker": envelope.worker,
-                "source": str(path),
-            }
+            origin = origin_of(envelope, item, path)
             if allow_protected:
                 origin["allow_protected"] = True
             if priority:
                 origin["priority"] = "urgent" if priority == URGENT else priority
-            if item != envelope.id:
-                origin["envelope"] = envelope.id
             if again:
                 origin["again_of"] = again
             ahead = [
-                i for i, e in known.items() if e.state not in FINAL and e.target in (None, goal)
+                i
+                for i, e in known.items()
+                if e.state not in FINAL and e.target in (None, goal) and i != item
             ]
             try:
                 atomic_write(queue.envelope_path(item), raw)
+                crash_point("submitting")  # stored, not yet journaled: what a kill can leave
                 queue.record(item, EnvelopeState.QUEUED, NO_DETAILS, provenance=proof, **origin)
                 if pairwise:
                     overlaps = conflicts_ahead(info, envelope, loaded(queue.load, ahead))
@@ -262,9 +259,10 @@ def submit(
                     hint="free disk space (or fix permissions) under the queue folder, then "
                     "submit again; envelopes listed as queued_before are already queued",
                 ) from None
-            known[item] = QueueEntry(
-                id=item, state=EnvelopeState.QUEUED, target=goal, provenance=proof
-            )
+            known[item] = QueueEntry(  # as its line says (a mission: submitted)
+                id=item, state=EnvelopeState.QUEUED, target=goal, provenance=proof,
+                mission=envelope.mission, worker=envelope.worker,
+            )  # fmt: skip
             if not pairwise:
                 with contextlib.suppress(OSError, DagrunnerError):  # a cache: rebuilt
                     seer.save()
@@ -283,6 +281,49 @@ def submit(
                 )
             )
     return results
+
+
+def origin_of(envelope: Envelope, item: str, source: Path) -> dict[str, Any]:
+    """What item ``item``'s submission line says of where it comes from."""
+    said: dict[str, Any] = {
+        "mission": envelope.mission,
+        "worker": envelope.worker,
+        "source": str(source),
+    }
+    if item != envelope.exported_id:
+        said["envelope"] = envelope.exported_id
+    return said
+
+
+# A submit stores the envelope, then journals its line.  A kill between the two (an MCP
+# submit inside a killed ``integrate serve``) leaves an envelope the queue still reads as
+# queued; so does a line lost to a fragment a killed writer left before it.  Such an item
+# landed naming no mission or worker: ``status`` showed it as nobody's (the soak's lost item
+# of issue 48), a worker-bound server hid it from its own worker, and that worker's worktree
+# was never cleaned.  So a submit of the same envelope journals it (not a duplicate), and
+# the integrator journals its submission from the stored bytes when it admits it.
+
+RESTORED = "journaled by the integrator: the submit that stored it was killed before its line"
+
+
+def unsubmitted(entry: QueueEntry) -> bool:
+    """Whether ``entry`` is queued with no line of its submission in the journal (every
+    submission line names the mission; the comment above says how one goes missing)."""
+    return entry.mission is None and entry.state is EnvelopeState.QUEUED
+
+
+def journal_submission(queue: Queue, item: str, envelope: Envelope) -> None:
+    """Journal the submission of ``item`` (``unsubmitted``), whose stored envelope the
+    integrator admits (``envelope``, the bytes its submit validated), as that submit would
+    have: its mission, worker and provenance.  Under the queue lock, read again there: a
+    submit of it that came first has said it, and one that comes after finds it said."""
+    with queue.lock():
+        entry = queue.entries().get(item)
+        if entry is None or not unsubmitted(entry):
+            return
+        said = origin_of(envelope, item, queue.envelope_path(item))
+        said["provenance"] = provenance(queue.dir.parent, envelope)
+        queue.record(item, EnvelopeState.QUEUED, Details(note=RESTORED), **said)
 
 
 AGAIN = (EnvelopeState.GATES_FAILED, EnvelopeState.REJECTED, EnvelopeState.WITHDRAWN)  # --requeue
