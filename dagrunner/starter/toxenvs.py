@@ -81,8 +81,9 @@ def read(project: Project, pyproject: Mapping[str, Any]) -> Envs | None:
 
 def _from_ini(ini: configparser.ConfigParser, source: str) -> Envs:
     envlist = ini.get("tox", "envlist", fallback="") or ini.get("tox", "env_list", fallback="")
-    base = _ini_commands(ini.get("testenv", "commands", fallback=""))
-    commands, pythons = {}, {}
+    base = ini.get("testenv", "commands", fallback="")
+    texts: dict[str, str] = {}
+    pythons = {}
     for section in ini.sections():
         if section.startswith("testenv:"):
             text = ini.get(section, "commands", fallback=None)
@@ -90,18 +91,40 @@ def _from_ini(ini: configparser.ConfigParser, source: str) -> Envs:
                 section, "basepython", fallback=""
             )
             for name in expand(section.removeprefix("testenv:")):
-                commands[name] = base if text is None else _ini_commands(text)
+                texts[name] = base if text is None else text
                 if python and "{" not in python:
                     pythons[name] = python
     names = expand(envlist)
-    every = {n: commands.get(n, base) for n in [*names, *commands]}
+    every = {n: _ini_commands(texts.get(n, base), n) for n in [*names, *texts]}
     return Envs(source, tuple(names), every, pythons)
 
 
-def _ini_commands(text: str) -> tuple[tuple[str, ...], ...]:
+FACTOR_LINE = re.compile(r"^\s*([\w.{},!-]+):\s+(?=\S)")
+
+
+def factors_match(condition: str, env: str) -> bool:
+    """Whether a factor-conditional line (``condition: command``) is the env's, as tox
+    reads it: a comma between alternatives (any), a dash between factors (all), ``!`` a
+    factor the env must not have, braces expanded; the env's factors are its name's parts
+    between dashes."""
+    have = set(env.split("-"))
+    for alternative in expand(condition):
+        factors = [f for f in alternative.split("-") if f]
+        if factors and all((f[1:] not in have) if f[0] == "!" else (f in have) for f in factors):
+            return True
+    return False
+
+
+def _ini_commands(text: str, env: str) -> tuple[tuple[str, ...], ...]:
+    """The commands of ``env``: a line conditional on factors is kept only when the env's
+    name has them (``coverage: coverage report`` is not ``py311``'s)."""
     found = []
     for line in text.replace("\\\n", " ").splitlines():
-        line = re.sub(r"^\s*[\w.{},!-]+:\s+(?=\S)", "", line).strip()  # a factor condition
+        if condition := FACTOR_LINE.match(line):
+            if not factors_match(condition[1], env):
+                continue
+            line = line[condition.end() :]
+        line = line.strip()
         if line and not line.startswith("#"):
             try:
                 words = shlex.split(line)
