@@ -278,3 +278,53 @@ observe = true
     code, body, _ = check(capsys, tree, manifest)
     assert code == 0, [(g["id"], g["reason"]) for g in body["gates"]]
     assert body["gates"][0]["cache"]["observed"]["keyed_by"] == "reads"
+
+
+# init's pytest gate and a gate that lists the root (ruff, mypy), side by side; ``lists``
+# waits (by a ``stat``: not seen) for the JUnit file before it lists the root
+BESIDE = """
+[governor]
+max_load = 1000
+[env]
+pass = ["PATH"]
+[gates.lists]
+run = "for i in $(seq 200); do test -e build/junit/tests.xml && break; sleep 0.05; done; ls -a > /dev/null; cat src/a.py > /dev/null"
+inputs = ["**"]
+observe = true
+""" + JUNIT.replace('[env]\npass = ["PATH"]\n', "")
+
+
+def test_the_junit_folder_the_tests_gate_makes_does_not_unkey_a_gate_listing_the_root(
+    capsys: pytest.CaptureFixture[str], tree: Path
+) -> None:
+    """Found on pytest-dev/pluggy: each fresh tree of the queue starts without ``build``;
+    init's pytest gate made it (``--junitxml=build/junit/tests.xml``) while ruff and mypy,
+    beside it, listed the root: "it listed the tree, where build was made in this run by
+    another gate", and a docs-only envelope's tree answered none of them.  dagrunner makes
+    the folders of an observed gate's JUnit file before the run begins, as a checkout that
+    ran the gate once holds them: the root's names are the same throughout."""
+    (tree / ".gitignore").write_text("reports/\nbuild/\n")
+    git(tree, "commit", "-qam", "ignore build")
+    for edit in ("a docs edit\n", "another docs edit\n"):
+        shutil.rmtree(tree / "build", ignore_errors=True)  # a fresh tree of the queue
+        (tree / "README").write_text(edit)
+        code, body, _ = check(capsys, tree, BESIDE)
+        assert code == 0, [(g["id"], g["reason"]) for g in body["gates"]]
+        lists = next(g for g in body["gates"] if g["id"] == "lists")
+        if lists["status"] != "cached":
+            assert lists["cache"]["observed"]["complete"] is True, lists["cache"]["observed"]
+    assert lists["status"] == "cached", lists
+
+
+def test_the_junit_folders_are_never_made_through_a_link(
+    capsys: pytest.CaptureFixture[str], tree: Path, tmp_path: Path
+) -> None:
+    """The tree may be an envelope's, its ``build`` a link to any folder: dagrunner makes
+    nothing through it (what the gate itself writes there is ``[sandbox]``'s to decide)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tree / "build").symlink_to(outside)
+    git(tree, "add", "build")
+    git(tree, "commit", "-qm", "a linked build folder")
+    check(capsys, tree, JUNIT.replace("mkdir -p build/junit && ", "exit 0; "))
+    assert list(outside.iterdir()) == []

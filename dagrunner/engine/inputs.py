@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dagrunner.files import read_regular
+from dagrunner.files import folder_beneath, read_regular
 from dagrunner.git.command import git, split_z, toplevel
 from dagrunner.manifest.globs import glob_regex, literal_prefix
 from dagrunner.manifest.load import GateSpec, Manifest
@@ -267,6 +267,9 @@ def _up(path: str) -> list[str]:
 def held_before(repo: Path, manifest: Manifest, snapshot: Snapshot) -> Before:
     """What ``repo`` holds outside ``snapshot`` now, before any gate runs (``stands_for``):
     its ignored files, but those of its seeds (which their key files stand for)."""
+    for gate in manifest.gates.values():
+        if gate.junit is not None and gate.observe:
+            make_folders(repo, os.path.normpath(os.path.join(gate.cwd, gate.junit)))
     seeds = manifest.worktrees.seeds
     patterns = tuple(
         (glob_regex(pattern), tuple(input_files(snapshot, seed.key)[0]))
@@ -292,6 +295,30 @@ def held_before(repo: Path, manifest: Manifest, snapshot: Snapshot) -> Before:
         untracked=snapshot.untracked,
         failures=_failures(repo / LAST_FAILED),
     )
+
+
+def make_folders(root: Path, rel: str) -> None:
+    """The folders above ``rel`` (an observed gate's JUnit file), made before the run began
+    (``Listing``): made by the gate, ``build`` in a fresh tree's root was another gate's
+    name in the root a gate beside it listed (ruff, mypy: incomplete).  Made before, they
+    are the tree's, as in a checkout that ran the gate once.  Never through a link
+    (``folder_beneath``): the tree may be an envelope's."""
+    *folders, _ = rel.split("/")
+    if ".." in folders or "." in folders or rel.startswith("/"):
+        return
+    for n, name in enumerate(folders):
+        try:
+            fd = folder_beneath(root, folders[:n])
+        except OSError:
+            return  # a link, or not a folder: left alone
+        try:
+            os.mkdir(name, dir_fd=fd)  # a name already there (a link too) is left as it is
+        except FileExistsError:
+            pass
+        except OSError:
+            return
+        finally:
+            os.close(fd)
 
 
 def _failures(path: Path) -> bool:
