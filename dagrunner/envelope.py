@@ -243,7 +243,7 @@ def parse_envelope(data: bytes, *, where: str | None = None, limit: int | None =
     except PatchFormatError as exc:
         raise _reject(
             "envelope-diff",
-            f"the diff is not a git binary diff: {exc}",
+            f"the diff is not one git export writes (a full-index binary diff, a/ and b/ names): {exc}",
             where,
             "re-export it with `dagrunner worktree export`",
         ) from None
