@@ -105,7 +105,9 @@ def plain_install(build: str) -> str:
     """The seed's build as a user runs it in a tree: without the seed's store (the package
     manager's own cache instead)."""
     build = re.sub(r'\S+="\$DAGRUNNER_SEED_STORE"\s+', "", build)
-    build = re.sub(r'--(cache-folder|store-dir|cache)\s+"\$DAGRUNNER_SEED_STORE"', "", build)
+    build = re.sub(
+        r'--(cache-folder|store-dir|cache-dir|cache)\s+"\$DAGRUNNER_SEED_STORE[^"]*"', "", build
+    )
     return " ".join(build.split())
 
 
@@ -167,7 +169,10 @@ class Round:
             if old and old not in text:
                 raise SystemExit(f"{worker}: {old!r} is not in {path}")
             target.write_text(text.replace(old, new, 1) if old else new + text)
-            git(tree, "commit", "-qam", f"{worker}: edit {path}")
+            # The project's own commit hooks (husky's, set up by its install) are the
+            # worker's, not the round's: only the plain side's worktrees would run them
+            # (its --setup install makes them), and w5's broken test would stop its commit.
+            git(tree, "commit", "--no-verify", "-qam", f"{worker}: edit {path}")
             out = self.folder / f"{worker}.json"
             sh([*DAGRUNNER, "worktree", "export", f"m/{worker}", "-o", str(out)], tree, self.env)
             files.append(str(out))
