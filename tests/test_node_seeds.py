@@ -255,7 +255,10 @@ def test_init_proposes_the_workspaces_seed_from_its_lockfile_and_the_gate_passes
     (seed,) = body["seeds"]
     assert seed["path"] == "node_modules" and seed["also"] == ["packages/*/node_modules"]
     assert seed["store"] == "pnpm" and seed["active"] is True
-    assert seed["build"] == 'pnpm install --frozen-lockfile --store-dir "$DAGRUNNER_SEED_STORE"'
+    assert seed["build"] == (
+        'pnpm install --frozen-lockfile --store-dir "$DAGRUNNER_SEED_STORE" '
+        '--cache-dir "$DAGRUNNER_SEED_STORE/cache"'
+    )
     for name in ("pnpm-lock.yaml", "package.json", "packages/*/package.json"):
         assert name in seed["key"]
     assert "pnpm-workspace.yaml" in seed["key"]
@@ -265,6 +268,31 @@ def test_init_proposes_the_workspaces_seed_from_its_lockfile_and_the_gate_passes
     assert (path / "packages" / "a" / "node_modules" / ".bin" / "faketool").exists()
     code, body = run_json(capsys, "release-check", "--repo", str(path), "--no-cache")
     assert code == 0, body
+
+
+def test_init_s_pnpm_seed_build_keeps_pnpm_s_cache_in_the_store_that_outlives_it(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a pnpm 11 monorepo with ``minimumReleaseAge`` (tinyhttp) each seed build spent 6 s
+    of its 7.6 s checking the lockfile against the registry (every entry's metadata
+    fetched): pnpm keeps that verification and the metadata in its cache, which was in the
+    build's temporary HOME, so no build found it and none could run offline.  init's build
+    now keeps pnpm's cache beside its store, which outlives the build."""
+    pnpm_workspace(repo, tmp_path)
+    with (repo / "pnpm-workspace.yaml").open("a") as workspace_file:
+        workspace_file.write("minimumReleaseAge: 1440\n")  # the supply-chain check is on
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a workspace")
+    out = repo / "dagrunner.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    git(repo, "add", "dagrunner.toml")
+    git(repo, "commit", "-qm", "init's manifest, as written")
+    allocated = wt.allocate(mission="m", worker="w", repo=repo)
+    assert [s["built"] for s in allocated["seeds"]] == [True, True]
+    store = seedstores.shared_store(seeds.seeds_dir(Path(allocated["root"])), "pnpm")
+    # what lets the next build skip the check (and its registry): kept, not thrown away
+    assert [p.name for p in store.rglob("lockfile-verified.jsonl")] == ["lockfile-verified.jsonl"]
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ The lockfile names the package manager (``pnpm-lock.yaml``, ``yarn.lock`` -- ber
 ``.yarnrc.yml`` is there or the lockfile has ``__metadata`` -- and ``package-lock.json``);
 the workspaces (``pnpm-workspace.yaml``'s ``packages``, ``package.json``'s ``workspaces``)
 name every other ``node_modules`` the one install makes (``also``).  The build installs
-exactly the lockfile, with the package manager's store in ``$DAGRUNNER_SEED_STORE``, a folder
-that outlives the build (docs/worktrees.md, "Node seeds").  Yarn berry's Plug'n'Play makes
+exactly the lockfile, with the package manager's store (and pnpm's cache) in
+``$DAGRUNNER_SEED_STORE``, a folder that outlives the build (docs/worktrees.md, "Node seeds").  Yarn berry's Plug'n'Play makes
 no ``node_modules``: its seed is written commented out, with what to set.
 """
 
@@ -25,7 +25,11 @@ from dagrunner.starter.venvs import ignored_by_rules
 
 STORE = '"$DAGRUNNER_SEED_STORE"'
 BUILDS = {
-    "pnpm": f"pnpm install --frozen-lockfile --store-dir {STORE}",
+    # pnpm's cache (each package's metadata, and the lockfile's verification against
+    # minimumReleaseAge and trust policies, which fetches every entry's metadata) beside its
+    # store: in the build's temporary HOME it was lost, and every build asked the registry
+    "pnpm": f"pnpm install --frozen-lockfile --store-dir {STORE} "
+    '--cache-dir "$DAGRUNNER_SEED_STORE/cache"',
     "npm": f"npm ci --no-audit --no-fund --cache {STORE}",
     "yarn": f"yarn install --frozen-lockfile --non-interactive --cache-folder {STORE}",
     # no lockfile (``package-lock=false``): what package.json allows, resolved at the build
