@@ -1009,3 +1009,61 @@ def test_a_program_ci_runs_through_yarn_gets_its_gate(
     assert gates["js-tsc"]["run"] == ["yarn", "tsc"], gates
     assert "js-knip" not in gates  # no such program in node_modules/.bin
     assert "js-changeset" not in gates  # a task (publish), not a check
+
+
+@pytest.mark.parametrize(
+    "convention",
+    [
+        (
+            "commitlint.config.js",
+            "export default { extends: ['@commitlint/config-conventional'] }\n",
+        ),
+        (
+            "package.json",
+            '{"name": "p", "commitlint": {"extends": ["@commitlint/config-conventional"]}}\n',
+        ),
+        (
+            ".pre-commit-config.yaml",
+            "repos:\n- repo: https://github.com/compilerla/conventional-pre-commit\n  rev: v3.0.0\n  hooks:\n  - id: conventional-pre-commit\n    stages: [commit-msg]\n",
+        ),
+    ],
+    ids=["commitlint-config", "package-json", "pre-commit-hook"],
+)
+def test_a_project_that_checks_commit_messages_gets_landed_commits_in_its_convention(
+    repo: Path, capsys: pytest.CaptureFixture[str], convention: tuple[str, str]
+) -> None:
+    """tinyhttp's commitlint would refuse ``dagrunner: integrate m/w1``: init proposes an
+    ``[integrate] message`` a Conventional Commits check passes, and the queue lands with it."""
+    name, text = convention
+    (repo / name).write_text(text)
+    (repo / "Makefile").write_text("check:\n\t! grep -rq BROKEN --include=*.txt .\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "chore: a project")
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "dagrunner.toml"))
+    assert code == 0, body
+    manifest = (repo / "dagrunner.toml").read_text()
+    assert (
+        "[integrate]" in manifest and 'message = "chore: integrate {mission}/{worker}"' in manifest
+    )
+    git(repo, "add", "dagrunner.toml")
+    git(repo, "commit", "-q", "-m", "chore: dagrunner manifest")
+    base = ["--repo", str(repo)]
+    _, made = run_json(capsys, "worktree", "allocate", "--mission", "m", "--worker", "w1", *base)
+    (Path(made["path"]) / "good.txt").write_text("fine\n")
+    out = str(repo.parent / "w1.json")
+    run_json(capsys, "worktree", "export", "m/w1", "-o", out, *base)
+    run_json(capsys, "integrate", "submit", out, *base)
+    code, body = run_json(capsys, "integrate", "run", *base)
+    assert code == 0, body
+    assert git(repo, "log", "-1", "--format=%s", "main").strip() == "chore: integrate m/w1"
+
+
+def test_a_project_that_checks_no_commit_message_gets_no_integrate_table(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repo / "Makefile").write_text("check:\n\ttrue\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a project")
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "dagrunner.toml"))
+    assert code == 0, body
+    assert "[integrate]" not in (repo / "dagrunner.toml").read_text()

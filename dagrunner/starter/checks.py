@@ -72,3 +72,5 @@ class Found:
     env_pass: tuple[str, ...] = field(default=("PATH",))
     env_set: tuple[tuple[str, str], ...] = ()
     seeds: tuple[Seed, ...] = ()  # a venv that imports the project in place, node_modules
+    # the project checks its commit messages (what says so): landed commits follow it
+    convention: str = ""

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from dagrunner.starter import network
 from dagrunner.starter.checks import WHOLE, Check, Found, Skipped
@@ -90,7 +91,40 @@ def detect(root: Path) -> Found:
     venv = venv_seed(root, extra=extra) if "python" in languages else None
     node = node_seed(project) if "js" in languages else None
     seeds = tuple(s for s in (venv, node) if s is not None)
-    return Found(tuple(checks), left_out, languages, _env_pass(languages), env_set, seeds)
+    convention = _commit_convention(project, listed, pyproject)
+    return Found(
+        tuple(checks), left_out, languages, _env_pass(languages), env_set, seeds, convention
+    )
+
+
+# Where a project says its commit messages follow Conventional Commits (commitlint,
+# commitizen, the conventional-pre-commit hook): the file, or the hook id.
+COMMITLINT = tuple(
+    f"{stem}{ext}"
+    for stem, exts in (
+        ("commitlint.config", (".js", ".cjs", ".mjs", ".ts", ".cts", ".mts")),
+        (".commitlintrc", ("", ".json", ".yaml", ".yml", ".js", ".cjs", ".mjs", ".ts", ".cts")),
+        (".cz", (".toml", ".json", ".yaml")),
+        ("cz", (".json", ".yaml")),
+    )
+    for ext in exts
+)
+MESSAGE_HOOKS = ("conventional-pre-commit", "commitizen", "commitlint")
+
+
+def _commit_convention(project: Project, hooks: tuple[str, ...], pyproject: Any) -> str:
+    """What says the project's commit messages follow Conventional Commits ("" nothing)."""
+    for name in COMMITLINT:
+        if project.text(name, errors="replace") is not None:
+            return name
+    package = project.json("package.json")
+    if isinstance(package, dict) and isinstance(package.get("commitlint"), dict):
+        return "package.json's commitlint"
+    tool = pyproject.get("tool") if isinstance(pyproject, dict) else None
+    if isinstance(tool, dict) and isinstance(tool.get("commitizen"), dict):
+        return "pyproject.toml's [tool.commitizen]"
+    hook = next((h for h in hooks if h in MESSAGE_HOOKS), "")
+    return f"the pre-commit hook {hook}" if hook else ""
 
 
 def _one_per_concern(

@@ -137,6 +137,12 @@ def render(found: Found, missing: tuple[str, ...] = ()) -> str:
         'timeout = "15m"',
         "",
     ]
+    if found.convention:  # a commit-message check would refuse "dagrunner: integrate m/w1"
+        lines += [
+            f"[integrate]  # commit messages follow Conventional Commits ({found.convention})",
+            'message = "chore: integrate {mission}/{worker}"  # or "{subject}": the worker\'s own',
+            "",
+        ]
     off = (
         {c.id for c in found.checks if c.needs_program in missing}
         if _commented(found, missing)
