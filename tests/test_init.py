@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import git, run_json
+from conftest import envelope, git, run_json
 
 from dagrunner.cli.main import run_cli
 
@@ -1048,11 +1048,7 @@ def test_a_project_that_checks_commit_messages_gets_landed_commits_in_its_conven
     git(repo, "add", "dagrunner.toml")
     git(repo, "commit", "-q", "-m", "chore: dagrunner manifest")
     base = ["--repo", str(repo)]
-    _, made = run_json(capsys, "worktree", "allocate", "--mission", "m", "--worker", "w1", *base)
-    (Path(made["path"]) / "good.txt").write_text("fine\n")
-    out = str(repo.parent / "w1.json")
-    run_json(capsys, "worktree", "export", "m/w1", "-o", out, *base)
-    run_json(capsys, "integrate", "submit", out, *base)
+    run_json(capsys, "integrate", "submit", str(envelope(repo, "w1")), *base)
     code, body = run_json(capsys, "integrate", "run", *base)
     assert code == 0, body
     assert git(repo, "log", "-1", "--format=%s", "main").strip() == "chore: integrate m/w1"

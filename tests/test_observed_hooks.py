@@ -155,22 +155,30 @@ def test_the_junit_file_is_never_removed_through_a_link_nor_when_it_is_tracked(
     assert (outside / "junit" / "tests.xml").exists()
 
 
-# The two gates run side by side, whatever the machine's load (the governor would start
-# one at a time); ``lists`` waits (10 s at most, by a ``stat``: not seen) for what
-# ``makes`` writes before it lists the root
-LISTS = """
+def lister(waits_for: str) -> str:
+    """A manifest's head: ``lists``, a gate listing the root, and any gate after it run side
+    by side whatever the machine's load (the governor would start one at a time); ``lists``
+    waits (10 s at most, by a ``stat``: not seen) for ``waits_for`` before it lists."""
+    wait = f"for i in $(seq 200); do test -e {waits_for} && break; sleep 0.05; done"
+    return f"""
 [governor]
 max_load = 1000
 [env]
 pass = ["PATH"]
 [gates.lists]
-run = "for i in $(seq 200); do test -e build/out.txt && break; sleep 0.05; done; ls -a > /dev/null; cat src/a.py > /dev/null"
+run = "{wait}; ls -a > /dev/null; cat src/a.py > /dev/null"
 inputs = ["**"]
 observe = true
-[gates.makes]
+"""
+
+
+LISTS = (
+    lister("build/out.txt")
+    + """[gates.makes]
 run = "mkdir -p build && echo made > build/out.txt; rm -rf stale"
 inputs = ["**"]
 """
+)
 
 
 def ran(capsys: pytest.CaptureFixture[str], repo: Path) -> set[str]:
@@ -280,18 +288,8 @@ observe = true
     assert body["gates"][0]["cache"]["observed"]["keyed_by"] == "reads"
 
 
-# init's pytest gate and a gate that lists the root (ruff, mypy), side by side; ``lists``
-# waits (by a ``stat``: not seen) for the JUnit file before it lists the root
-BESIDE = """
-[governor]
-max_load = 1000
-[env]
-pass = ["PATH"]
-[gates.lists]
-run = "for i in $(seq 200); do test -e build/junit/tests.xml && break; sleep 0.05; done; ls -a > /dev/null; cat src/a.py > /dev/null"
-inputs = ["**"]
-observe = true
-""" + JUNIT.replace('[env]\npass = ["PATH"]\n', "")
+# init's pytest gate and a gate that lists the root (ruff, mypy), side by side
+BESIDE = lister("build/junit/tests.xml") + JUNIT.replace('[env]\npass = ["PATH"]\n', "")
 
 
 def test_the_junit_folder_the_tests_gate_makes_does_not_unkey_a_gate_listing_the_root(
