@@ -150,6 +150,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = keep
 
 
+# A manifest's head where its gates must run side by side whatever the machine's load (the
+# governor would start them one at a time, and a relay would have no gate beside it)
+SIDE_BY_SIDE = """
+    [governor]
+    max_load = 1000
+    [env]
+    pass = ["PATH"]
+"""
+
+
 def check(
     capsys: pytest.CaptureFixture[str], repo: Path, manifest: str, *args: str
 ) -> tuple[int, dict[str, Any], Path]:

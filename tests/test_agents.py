@@ -6,6 +6,7 @@ server refuses another worker's worktree."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,19 @@ def with_server(repo: Path, body: Session, *args: str) -> None:
             await body(session)
 
     anyio.run(main)
+
+
+@contextlib.asynccontextmanager
+async def http_session(url: str, token: str) -> AsyncIterator[ClientSession]:
+    """An MCP session over streamable HTTP at ``url``, with ``token`` as its bearer."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as client,
+        streamable_http_client(url, http_client=client) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
 
 
 async def call(session: ClientSession, name: str, **arguments: Any) -> dict[str, Any]:
@@ -380,13 +394,7 @@ def test_serve_over_http_metrics_health_and_the_tools_behind_a_token(
         inline = envelope_of(project, "remote", "remote.txt").read_text()
 
         async def main() -> None:
-            headers = {"Authorization": "Bearer s3cret-token-for-tests"}
-            async with (
-                httpx2.AsyncClient(headers=headers, timeout=30) as client,
-                streamable_http_client(f"{base}/mcp", http_client=client) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await session.initialize()
+            async with http_session(f"{base}/mcp", "s3cret-token-for-tests") as session:
                 # an agent over HTTP is not the operator: urgent is refused there too
                 urgent = {"envelope": inline, "priority": "urgent"}
                 said["urgent"] = error_code(await session.call_tool("dagrunner_submit", urgent))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PY, check, git, skip_unless_reads_observed
+from conftest import PY, SIDE_BY_SIDE, check, git, skip_unless_reads_observed
 
 from dagrunner.process import made as madeby
 
@@ -64,11 +64,9 @@ def stale(
 # A need that opens one file of tests/ (its conftest) made every folder above what it
 # opened count as "written by the need": the gate's listing of tests/ was then keyed by
 # nothing, and an ignored test file the listing finds is the stale pass 9df88d1 closed.
-NEED_LISTS = """
-    [governor]
-    max_load = 1000  # side by side, whatever the load
-    [env]
-    pass = ["PATH"]
+NEED_LISTS = (
+    SIDE_BY_SIDE
+    + """
     [gates.prep]
     run = "cat tests/conftest.txt > /dev/null"
     inputs = ["**"]
@@ -79,6 +77,7 @@ NEED_LISTS = """
     observe = true
     needs = ["prep"]
 """
+)
 
 
 def test_a_need_reading_in_a_folder_does_not_unkey_the_gates_listing_of_it(
@@ -117,16 +116,15 @@ time.sleep(1.5)
 os.rename("conf.away", "conf")
 sys.exit(1 if "bad" in data else 0)
 """
-RENAMING = """
-    [governor]
-    max_load = 1000  # side by side, whatever the load
-    [env]
-    pass = ["PATH"]
+RENAMING = (
+    SIDE_BY_SIDE
+    + """
     [gates.test]
     run = ["{py}", "renames.py"]
     inputs = ["**"]
     observe = true
 """
+)
 
 
 def test_a_file_renamed_away_and_back_while_its_event_waits_is_still_read(
@@ -152,11 +150,9 @@ def test_a_file_renamed_away_and_back_while_its_event_waits_is_still_read(
 # The reader's open is of a file made new while it ran (after it started: the relay waits),
 # which counts for nothing; but another gate made it, so the reader's verdict depends on
 # ``conf`` unkeyed.
-RELAY = """
-    [governor]
-    max_load = 1000  # side by side, whatever the load
-    [env]
-    pass = ["PATH"]
+RELAY = (
+    SIDE_BY_SIDE
+    + """
     [gates.relay]
     run = "sleep 0.5; mkdir -p junk; cat conf > junk/answer.part; mv junk/answer.part junk/answer"
     inputs = ["**"]
@@ -166,6 +162,7 @@ RELAY = """
     inputs = ["**"]
     observe = true
 """
+)
 
 
 def test_a_file_another_gate_wrote_in_this_run_is_no_file_the_gate_made(
@@ -194,11 +191,9 @@ for name in ["f1", "f2"]:
 json.dump(seen, open(".statcache", "w"))
 sys.exit(1 if bad else 0)
 """
-PEEKS = """
-    [governor]
-    max_load = 1000  # side by side, whatever the load
-    [env]
-    pass = ["PATH"]
+PEEKS = (
+    SIDE_BY_SIDE
+    + """
     [gates.peek]
     run = "cat f1 .statcache > /dev/null 2>&1; true"
     inputs = ["f1"]
@@ -209,6 +204,7 @@ PEEKS = """
     observe = true
     needs = ["peek"]
 """
+)
 
 
 def test_a_cache_a_narrow_need_opened_does_not_stand_for_nothing(
@@ -236,11 +232,9 @@ def test_a_cache_a_narrow_need_opened_does_not_stand_for_nothing(
 # The same without a race: a gate that reads ``conf`` through a hard link it made (link(2)
 # opens nothing), or after renaming it away (and back), opens only a name the tree did not
 # hold before it ran, a file "the gate made new", which counts for nothing.
-BY_LINK = """
-    [governor]
-    max_load = 1000  # side by side, whatever the load
-    [env]
-    pass = ["PATH"]
+BY_LINK = (
+    SIDE_BY_SIDE
+    + """
     [gates.linked]
     run = "mkdir -p junk; ln -f conf junk/c; ! grep -q bad junk/c"
     inputs = ["**"]
@@ -254,6 +248,7 @@ BY_LINK = """
     inputs = ["**"]
     observe = true
 """
+)
 
 
 def test_a_file_read_through_a_link_or_a_rename_the_gate_made_is_still_read(
@@ -314,11 +309,9 @@ def test_a_file_swapped_with_another_while_its_event_waits_is_still_read(
 # The same through a folder's names: the relay names a file after what ``conf`` says, the
 # reader only lists the folder.  A new folder's names were keyed by nothing (not in the tree
 # before the run, so "no names" at every lookup).
-NAMES = """
-    [governor]
-    max_load = 1000  # side by side, whatever the load
-    [env]
-    pass = ["PATH"]
+NAMES = (
+    SIDE_BY_SIDE
+    + """
     [gates.relay]
     run = "sleep 0.5; mkdir -p junk; touch junk/$(cat conf)"
     inputs = ["**"]
@@ -328,6 +321,7 @@ NAMES = """
     inputs = ["**"]
     observe = true
 """
+)
 
 
 def test_a_folder_another_gate_made_in_this_run_is_no_folder_the_gate_made(
@@ -338,11 +332,9 @@ def test_a_folder_another_gate_made_in_this_run_is_no_folder_the_gate_made(
 
 # What a gate makes itself stays its own beside another gate: written to a temporary name
 # and renamed (as most tools write), then read back, in a folder it made and lists.
-OWN = """
-    [governor]
-    max_load = 1000  # side by side, whatever the load
-    [env]
-    pass = ["PATH"]
+OWN = (
+    SIDE_BY_SIDE
+    + """
     [gates.other]
     run = "mkdir -p junk2; cat conf > junk2/copy; sleep 1"
     inputs = ["**"]
@@ -352,6 +344,7 @@ OWN = """
     inputs = ["**"]
     observe = true
 """
+)
 
 
 def test_what_a_gate_made_itself_beside_another_gate_is_its_own(
@@ -381,11 +374,9 @@ def test_what_a_gate_made_itself_beside_another_gate_is_its_own(
 # run, so another gate's name made in it during the run (here from ``conf``, which the
 # lister never read) was unkeyed; a fresh tree (as every tree of the queue is) then
 # answered the lister without that name.
-FLAGS = """
-    [governor]
-    max_load = 1000  # side by side, whatever the load
-    [env]
-    pass = ["PATH"]
+FLAGS = (
+    SIDE_BY_SIDE
+    + """
     [gates.flagger]
     run = "touch tests/$(cat conf).flag"
     inputs = ["**"]
@@ -395,6 +386,7 @@ FLAGS = """
     inputs = ["**"]
     observe = true
 """
+)
 
 
 # pytest's cache counted for nothing (only --lf, --ff, --nf and --sw make a run depend on
@@ -410,16 +402,15 @@ def test_conf(cache):
         cache.set("demo/conf", value)
     assert "bad" not in value
 """
-KEEPING = """
-    [governor]
-    max_load = 1000  # side by side, whatever the load
-    [env]
-    pass = ["PATH"]
+KEEPING = (
+    SIDE_BY_SIDE
+    + """
     [gates.test]
     run = ["{py}", "-m", "pytest", "-q", "-p", "no:benchmark", "test_keeps.py"]
     inputs = ["**"]
     observe = true
 """
+)
 
 
 def test_a_name_another_gate_made_in_a_folder_of_the_tree_is_no_name_of_its_listing(

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PY
+from conftest import PY, SIDE_BY_SIDE
 from test_observed_hostile import observed, stale
 
 __all__ = ["observed"]  # the fixture, used by name
@@ -27,11 +27,9 @@ def gates(relay: str, test: str) -> str:
     """A manifest of a ``relay`` gate and a ``test`` gate, both observed: the relay starts
     once the gate runs (``go``), so what it makes is born while the gate runs."""
     relay, test = wait("test -e go") + f"; {relay}", f"touch go; {test}"
-    return f"""
-    [governor]
-    max_load = 1000  # side by side, whatever the load
-    [env]
-    pass = ["PATH"]
+    return (
+        SIDE_BY_SIDE
+        + f"""
     [gates.relay]
     run = {relay!r}
     inputs = ["**"]
@@ -41,6 +39,7 @@ def gates(relay: str, test: str) -> str:
     inputs = ["**"]
     observe = true
 """
+    )
 
 
 # The relay names empty folders after ``conf``: a folder is no file, so who made it is not
@@ -180,11 +179,9 @@ def test_a_file_the_gate_wrote_that_another_gate_rewrote_is_not_its_own(
 
 # A file a need wrote is the need's (its key is in the gate's); another gate that runs after
 # the same need rewrites it in place from ``conf`` before the gate reads it.
-NEED_REWRITTEN = """
-    [governor]
-    max_load = 1000  # side by side, whatever the load
-    [env]
-    pass = ["PATH"]
+NEED_REWRITTEN = (
+    SIDE_BY_SIDE
+    + """
     [gates.prep]
     run = "mkdir -p junk; echo good > junk/answer"
     inputs = ["**"]
@@ -200,6 +197,7 @@ NEED_REWRITTEN = """
     observe = true
     needs = ["prep"]
 """
+)
 
 
 @pytest.mark.xfail(

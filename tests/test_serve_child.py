@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import psutil
 from conftest import commit_release_manifest, envelope, git
 from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from test_agents import SLOW, call, free_port, states_of, until, until_final
+from test_agents import SLOW, call, free_port, http_session, states_of, until, until_final
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.submit import submit
@@ -52,13 +50,7 @@ def test_serve_itself_never_imports_the_engine_and_its_drains_land(
         inline = envelope(project, "remote").read_text()
 
         async def main() -> None:
-            headers = {"Authorization": "Bearer tok-for-the-child-test"}
-            async with (
-                httpx2.AsyncClient(headers=headers, timeout=30) as client,
-                streamable_http_client(f"{base}/mcp", http_client=client) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await session.initialize()
+            async with http_session(f"{base}/mcp", "tok-for-the-child-test") as session:
                 queued = await call(session, "dagrunner_submit", envelope=inline)
                 # a wait that ends before the item does: its answer carries an estimate
                 said["early"] = await call(
@@ -87,22 +79,34 @@ def test_serve_itself_never_imports_the_engine_and_its_drains_land(
     assert "dagrunner.integration.steps" not in imported
 
 
-def test_serve_killed_alone_leaves_its_drain_to_queue_its_items_again(project: Path) -> None:
-    commit_release_manifest(project, SLOW)  # a gate that waits: the drain is mid-gate
-    server = subprocess.Popen(
+def serve(project: Path) -> subprocess.Popen[str]:
+    """``integrate serve`` on ``project``, its output piped."""
+    return subprocess.Popen(
         [sys.executable, "-m", "dagrunner", "integrate", "serve", "--repo", str(project)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def gating_drain(project: Path, server: subprocess.Popen[str], name: str) -> psutil.Process:
+    """Once ``server`` serves: worker ``name``'s envelope submitted and being gated, and the
+    one drain child gating it."""
+    assert server.stdout is not None and server.stdout.readline() == "serving main\n"
+    submit(repo_info(project), [envelope(project, name)])
+    assert until(lambda: states_of(project).get(name) == "gating", 60), states_of(project)
+    children = psutil.Process(server.pid).children()
+    drains = [p for p in children if "drain" in " ".join(p.cmdline())]
+    assert len(drains) == 1, children
+    return drains[0]
+
+
+def test_serve_killed_alone_leaves_its_drain_to_queue_its_items_again(project: Path) -> None:
+    commit_release_manifest(project, SLOW)  # a gate that waits: the drain is mid-gate
+    server = serve(project)
     drains: list[psutil.Process] = []
     try:
-        assert server.stdout is not None and server.stdout.readline() == "serving main\n"
-        submit(repo_info(project), [envelope(project, "waits")])
-        assert until(lambda: states_of(project).get("waits") == "gating", 60), states_of(project)
-        children = psutil.Process(server.pid).children()
-        drains = [p for p in children if "drain" in " ".join(p.cmdline())]
-        assert len(drains) == 1, children
+        drains = [gating_drain(project, server, "waits")]
         server.kill()  # serve alone, not its group: the drain is told by the kernel
         server.wait()
         _, alive = psutil.wait_procs(drains, timeout=20)
@@ -121,20 +125,11 @@ def test_a_drain_killed_alone_ends_serve_with_a_code_and_the_next_run_lands_it(
     project: Path,
 ) -> None:
     commit_release_manifest(project, '[gates.slow]\nrun = "sleep 3"\n')
-    server = subprocess.Popen(
-        [sys.executable, "-m", "dagrunner", "integrate", "serve", "--repo", str(project)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    server = serve(project)
     try:
-        assert server.stdout is not None and server.stdout.readline() == "serving main\n"
-        submit(repo_info(project), [envelope(project, "orphan")])
-        assert until(lambda: states_of(project).get("orphan") == "gating", 60), states_of(project)
-        children = psutil.Process(server.pid).children()
-        drains = [p for p in children if "drain" in " ".join(p.cmdline())]
-        assert len(drains) == 1, children
-        drains[0].kill()  # the OOM killer's choice, say: the drain alone
+        gating_drain(
+            project, server, "orphan"
+        ).kill()  # the OOM killer's choice, say: the drain alone
         out, err = server.communicate(timeout=20)
     finally:
         if server.poll() is None:
@@ -165,7 +160,6 @@ def test_an_mcp_submit_killed_with_serve_lands_once_as_its_workers_item(
     token.write_text("tok-for-the-kill-test\n")
     port = free_port()
     inline = envelope(project, "killed").read_text()
-    headers = {"Authorization": "Bearer tok-for-the-kill-test"}
 
     def start(env: dict[str, str]) -> subprocess.Popen[str]:
         server = subprocess.Popen(
@@ -180,15 +174,7 @@ def test_an_mcp_submit_killed_with_serve_lands_once_as_its_workers_item(
         return server
 
     async def session_of(work: Any) -> Any:
-        async with (
-            httpx2.AsyncClient(headers=headers, timeout=30) as client,
-            streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=client) as (
-                read,
-                write,
-            ),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
+        async with http_session(f"http://127.0.0.1:{port}/mcp", "tok-for-the-kill-test") as session:
             return await work(session)
 
     async def submit_and_wait(session: ClientSession) -> Any:
