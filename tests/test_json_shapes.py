@@ -150,3 +150,36 @@ def test_speed_and_budget_evidence_keep_their_shapes(
     assert all(list(m) == MISS_KEYS for m in body["budget"]["misses"])
     run = orjson.loads((Path(body["run_dir"]) / "run.json").read_bytes())
     assert run["speed"] == body["speed"] and run["budget"] == body["budget"]
+
+
+def test_a_conflict_after_a_speculative_attempt_carries_no_commit_of_that_attempt(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An item applied on a speculative head (a half of a failed batch, without the item it
+    conflicts with), then queued again and found in conflict on the real head: its status
+    names no commit, head or gate run of the abandoned attempt (CI saw a conflict with one)."""
+    from dagrunner.git.repo import repo_info
+    from dagrunner.integration.queue import Queue
+    from dagrunner.records.integration import Details, EnvelopeState
+
+    commit_release_manifest(repo, '[gates.ok]\nrun = ["true"]\n')
+    base = ["--repo", str(repo)]
+    _, allocated = run_json(
+        capsys, "worktree", "allocate", "--mission", "m", "--worker", "w", *base
+    )
+    (Path(allocated["path"]) / "a.txt").write_text("x\n")
+    out = str(repo.parent / "w.json")
+    run_json(capsys, "worktree", "export", "m/w", "-o", out, *base)
+    _, submitted = run_json(capsys, "integrate", "submit", out, *base)
+    item = submitted["submitted"][0]["id"]
+    queue = Queue.of(repo_info(repo), target="main")
+    queue.record(item, EnvelopeState.APPLYING)
+    queue.record(item, EnvelopeState.APPLIED, Details(commit="1" * 40))
+    queue.record(item, EnvelopeState.GATING, Details(gate_run=3, head="2" * 40, position=1))
+    queue.record(item, EnvelopeState.QUEUED, Details(note="speculation reset"))
+    queue.record(item, EnvelopeState.APPLYING)
+    queue.record(item, EnvelopeState.CONFLICT, Details(conflicts=("a.txt",), reason="r"))
+    _, status = run_json(capsys, "integrate", "status", *base)
+    [entry] = status["envelopes"]
+    assert entry["state"] == "conflict"
+    assert list(entry) == [*ENTRY, "conflicts", "reason"]

@@ -1,12 +1,10 @@
 """The queue's journal read back: its lines as records, and one shared, incremental index.
 
-``JournalLine`` is the one reader of a line's JSON; ``QueueEntry`` an item's state folded
-from its lines.  ``JournalIndex.of(journal)`` is the process's one index of a journal: it
-reads only the bytes appended since its last look (one ``fstat`` when nothing was), so the
-integrator, ``integrate serve``'s waiters and its status answers share one read of it and a
-look costs nothing per waiter.  ``Queue.record`` wakes the index's waiters when this process
-appends; another process's appends are seen by the next look (``wait_change`` looks at
-least every ``LOOK`` seconds).
+``JournalLine`` reads a line's JSON; ``QueueEntry`` is an item's state folded from its lines.
+``JournalIndex.of(journal)``, the process's one index of a journal, reads only the bytes
+appended since its last look (one ``fstat`` if none), shared by the integrator, serve's
+waiters and status answers.  ``Queue.record`` wakes its waiters when this process appends;
+another's appends are seen by the next look (``wait_change``: every ``LOOK`` seconds).
 
 A journal that ``integrate prune`` compacted starts with a header line,
 ``{"compacted": {"base": B, "kept": K, ...}}``: the cursor of a byte at file offset ``o`` is
@@ -205,7 +203,9 @@ class QueueEntry:
             allow_protected=self.allow_protected or line.allow_protected,
             priority=self.priority if line.priority is None else line.priority,
             # a batch's size and the target's colour are the run's news, not the item's
-            details=self.details if line.event in PASSING else self.details.merged(line.details),
+            details=self.details
+            if line.event in PASSING
+            else self.details.merged(line.details, attempt=line.state is EnvelopeState.APPLYING),
         )
 
 

@@ -249,12 +249,11 @@ class Pipeline:
         self.in_flight += 1
         number = self.tally.gate_runs
         item.stage = Stage.GATING
+        # a confirmation is journaled too: its run, not an abandoned attempt's, judged it
+        journal(self.it.queue, item, Details(gate_run=number, head=item.base, position=position))
         if confirm:
             self.tally.confirm_runs += 1
         else:
-            journal(
-                self.it.queue, item, Details(gate_run=number, head=item.base, position=position)
-            )
             crash_point("gating")
             if position > 0:
                 crash_point("speculating")

@@ -150,15 +150,21 @@ class Details:
             else None,
         )
 
-    def merged(self, newer: Details) -> Details:
+    def merged(self, newer: Details, *, attempt: bool = False) -> Details:
         """These details with every field ``newer`` sets taken from it; ``note``, ``stuck``
         and ``hint`` speak of one line only (a speculative reset's note does not follow the
-        envelope to its end; a cause that was removed is not one any more)."""
+        envelope to its end; a cause that was removed is not one any more).  ``attempt``: a
+        new attempt (an ``applying`` line) keeps only the overlap foreseen at submit; the
+        commit, head or gate run of a speculative tree it left are not its own (a conflict
+        found on the real head after one named that commit)."""
         changes = {
             f.name: v
             for f in dataclasses.fields(newer)
             if (v := getattr(newer, f.name)) is not None
         }
+        if attempt:
+            kept = {"overlaps_with": self.overlaps_with, "overlap_paths": self.overlap_paths}
+            return Details(**{**kept, **changes})
         return dataclasses.replace(self, **{"note": None, "stuck": None, "hint": None, **changes})
 
 
