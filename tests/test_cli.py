@@ -445,3 +445,23 @@ def test_a_swarms_small_calls_load_none_of_the_machinery(repo: Path, tmp_path: P
             [sys.executable, "-c", probe], capture_output=True, text=True, check=False
         )
         assert proc.stdout.strip().splitlines()[-1] == "0 []", (argv, proc.stdout, proc.stderr)
+
+
+def test_python_m_dagrunner_from_a_python_without_its_dependencies_says_so(tmp_path: Path) -> None:
+    """``python -m dagrunner`` with another environment's Python (a project's venv first on
+    PATH) that finds the package but not its dependencies: a coded error naming the missing
+    module and the interpreter, not a traceback.  ``-S``: no site-packages, so no orjson."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "dagrunner", "--version"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        timeout=60,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "Traceback" not in done.stderr
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("error[dependency-missing]: ") and sys.executable in first
+    assert "orjson" in first or "trio" in first or "networkx" in first
