@@ -17,5 +17,8 @@ except ModuleNotFoundError as exc:
         file=sys.stderr,
     )
     sys.exit(3)
+except KeyboardInterrupt:  # a Ctrl-C before the command could say so itself
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
 
 entry()

@@ -219,16 +219,16 @@ def run_cli(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
         else:
             print(exc.render(), file=sys.stderr)
         return exc.exit_code
-    handler = _handler(args.handler)
-    if program:  # what the imports made stays, out of the collector's way from now on
-        gc.freeze()
-        gc.enable()
     hushed = (
         getattr(args, "quiet", False)
         and not getattr(args, "json", False)
         and args.handler != "cmd_release_check"
     )
     try:
+        handler = _handler(args.handler)  # a Ctrl-C while it loads is an interrupt too
+        if program:  # what the imports made stays, out of the collector's way from now on
+            gc.freeze()
+            gc.enable()
         with contextlib.redirect_stdout(io.StringIO()) if hushed else contextlib.nullcontext():
             try:
                 return handler(args)
