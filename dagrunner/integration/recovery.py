@@ -150,7 +150,7 @@ def finish_cleanups(it: Integrator) -> None:
         if record.retained:
             continue
         path = Path(record.path)
-        last = unlanded.get(record.exports[-1].envelope) if record.exports else None
+        last = unlanded.get(record.exports[-1].envelope or "") if record.exports else None
         if last is not None and f"{last.mission}/{last.worker}" == wt_id and path.is_dir():
             # its worktree a kill left unmarked: "retained: <state>", as at a run's end
             outcomes.append(EnvelopeOutcome(last.id, last.mission, last.worker, last.state))
