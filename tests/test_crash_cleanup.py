@@ -137,3 +137,28 @@ def test_a_cleanup_killed_in_the_middle_is_finished_by_prune(project: Path) -> N
     assert "dagrunner/m/w3" not in " ".join(branches(project))
     code, listed = cli(project, "worktree", "list")
     assert code == 0 and listed["worktrees"] == [], listed
+
+
+def test_a_kill_after_an_item_ended_unlanded_still_leaves_its_worktree_retained_with_why(
+    project: Path,
+) -> None:
+    """Found on pypa/packaging: an integrator that died after w4's conflict was journaled,
+    before the run's end, never marked w4's worktree retained; the next run did not either,
+    so ``worktree list`` said "committed-not-landed" and no reason, where a run that ends
+    says "conflict" and names the envelope."""
+    path, conflicting = worker(project, "c")
+    (project / "c.txt").write_text("the target's own c\n")  # the same new file, other text
+    git(project, "add", "c.txt")
+    git(project, "commit", "-q", "-m", "target adds c.txt")
+    _, fine = worker(project, "ok")
+    submit(repo_info(project), [conflicting, fine])
+    code, _ = cli(project, "integrate", "run", env={"DAGRUNNER_CRASH_AT": "gating"})
+    assert code == -9 and states(project)["c"] == "conflict", states(project)
+    code, said = cli(project, "integrate", "run")
+    assert code == 0 and states(project) == {"c": "conflict", "ok": "landed"}, said
+    code, listed = cli(project, "worktree", "list")
+    assert code == 0, listed
+    (kept,) = listed["worktrees"]
+    assert kept["id"] == "m/c", kept
+    assert kept["retained"].startswith("envelope m.c.") and kept["retained"].endswith("conflict")
+    assert path.is_dir()

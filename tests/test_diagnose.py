@@ -62,6 +62,18 @@ def test_a_gate_marked_as_needing_the_network_is_not_told_to_be_marked(
     assert "mark it" not in line and "run it where the network is reachable" in line, line
 
 
+def test_the_report_page_says_the_line_the_terminal_says(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on pypa/packaging: the terminal said "needs the network: could not reach
+    packaging.python.org" of the docs gate; the run's index.html said only "exit code 1"."""
+    manifest = '[gates.docs]\nrun = "git ls-remote https://docs.example.invalid/inv.git"\n'
+    said = release_check(repo, manifest, capsys)
+    page = Path(next(x for x in said.splitlines() if x.startswith("report: "))[len("report: ") :])
+    failure = page.read_text().split('id="fail-docs"', 1)[1].split("</div>", 2)
+    assert "needs the network: could not reach docs.example.invalid" in "".join(failure[:2])
+
+
 @pytest.mark.parametrize(
     ("log", "host"),
     [

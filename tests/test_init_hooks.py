@@ -327,3 +327,31 @@ def test_a_file_named_like_a_response_file_reaches_mypy_as_a_path(
     code, run = run_json(capsys, "release-check", "--repo", str(repo), "--quiet", "--only", "types")
     assert code == 1, run
     assert {g["id"]: g["status"] for g in run["gates"]} == {"types": "failed"}
+
+
+PREK_HOOKS = MYPY_HOOK + (
+    "  - repo: https://github.com/astral-sh/ruff-pre-commit\n    rev: v0.6.0\n"
+    "    hooks:\n      - id: ruff-format\n"
+)
+
+
+def test_a_session_that_runs_every_hook_through_prek_runs_them_once_and_needs_the_network(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on pypa/packaging: its lint session runs every hook with ``prek run
+    --all-files`` (prek: a pre-commit runner, the same config).  init did not know prek: it
+    kept the mypy and ruff-format gates and the pre-commit gate beside the session (each
+    hook ran twice), and did not mark the session as needing the network, which failed
+    offline cloning the hooks' repositories from github.com."""
+    django_library(repo, PREK_HOOKS)
+    (repo / "Makefile").write_text("lint:\n\tprek run --all-files\n")
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text("steps:\n- run: make lint\n")
+    code, body = run_json(capsys, "init", "--repo", str(repo))
+    assert code == 0, body
+    gates = gates_of(body)
+    assert "make-lint" in gates and not {"pre-commit", "types", "format"} & set(gates), gates
+    why = skipped_of(body)
+    said = "its hooks are run by 'make-lint' (prek run, every hook): not twice"
+    assert why["pre-commit"] == why["types"] == said, why
+    assert "prek clones its hooks' repositories" in gates["make-lint"]["network"]

@@ -86,6 +86,26 @@ def test_what_failed_shows_the_failing_lines_and_the_summary_not_the_logs_head(
     assert "ok 150 - passes" in html[html.index('id="gates"') :]
 
 
+PYTEST_OUT = """
+[gates.tests]
+run = "echo '1 passed'; echo 'FAILED tests/test_v.py::test_parse - assert 1 == 2'; exit 1"
+"""
+
+
+def test_failed_tests_read_from_output_are_not_said_to_be_of_zero_run(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on pypa/packaging: nox runs pytest without a JUnit file; the page said "tests:
+    0 run, 1 failed, 0 skipped" of 62,435 tests run.  Names read from the output count
+    nothing: the page says where they come from, as the terminal does."""
+    code, _, run_dir = check(capsys, repo, PYTEST_OUT)
+    assert code == 1
+    html = html_of(run_dir)
+    failed = html[html.index('id="failures"') : html.index('id="dag"')]
+    assert "tests/test_v.py::test_parse" in failed
+    assert "0 run" not in failed and "failed tests (from its output)" in failed, failed
+
+
 def test_passing_and_cached_runs(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     manifest = '[gates.a]\nrun = "echo hello"\ninputs = ["README"]\n[gates.b]\nrun = ["true"]\nneeds = ["a"]\n'
     code, _, first = check(capsys, repo, manifest)

@@ -304,10 +304,9 @@ def failure_tails(
     would bring it; a host it could not reach), the last lines of its log, and the log's
     path -- what an engineer reads first, like pytest's short summary.  ``checkout``: the
     caller's (default: where dagrunner runs), where a missing program may be found."""
-    from dagrunner.report.diagnose import diagnose, network_marked
+    from dagrunner.report.diagnose import why_failed
 
-    said_in = record.manifest.get("path") if isinstance(record.manifest, dict) else None
-    marked = network_marked(Path(said_in)) if isinstance(said_in, str) else frozenset()
+    said = why_failed(record, run_dir, checkout)
     lines: list[str] = []
     for gate in failures_first(record.gates):
         if gate.status not in (Status.FAILED, Status.TIMED_OUT) or not gate.attempts:
@@ -317,10 +316,8 @@ def failure_tails(
         tail = [line for line in text.splitlines() if not line.startswith("[dagrunner: ")]
         lines.append("")
         header = f"--- {gate.id} ({gate.status}): {printable(gate.reason)}"
-        on = gate.shard_of or gate.id
-        where = checkout or Path.cwd()
-        if said := diagnose(text, gate.exit_code, where, marked=on in marked):
-            header += f"; {said}"
+        if gate.id in said:
+            header += f"; {said[gate.id]}"
         lines.append(header)
         lines += _failed_tests(gate)
         lines += [f"    {line}"[:300] for line in tail[-tail_lines:]] or ["    (no output)"]

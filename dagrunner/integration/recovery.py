@@ -129,21 +129,35 @@ def finish_cleanups(it: Integrator) -> None:
     right after a landing (``clean_after_landing``); one whose folder is gone or half removed
     (no ``.git``) has its registration, trash and record dropped, its branch deleted when
     the target holds it.  A worktree a cleanup retained keeps its reason, and is not tried
-    again."""
+    again.  The worktree of an item that ended unlanded (a conflict, failed gates) before a
+    kill, whose last export it is, is retained with that reason, as the run's end would
+    have done."""
     records = it.ctx.ledger.state()
     if not records:
         return
     landed: dict[str, list[QueueEntry]] = {}
+    unlanded: dict[str, QueueEntry] = {}
     for entry in it.queue.entries().values():
-        if entry.state is EnvelopeState.LANDED and entry.target in (None, it.target):
+        if entry.target not in (None, it.target):
+            continue
+        if entry.state is EnvelopeState.LANDED:
             landed.setdefault(f"{entry.mission}/{entry.worker}", []).append(entry)
+        elif entry.state in UNLANDED:
+            unlanded[entry.id] = entry
     outcomes: list[EnvelopeOutcome] = []
     target = default_target(it.ctx)
     for wt_id, record in sorted(records.items()):
-        mine = [e for e in landed.get(wt_id, []) if record.export_of(e.id) is not None]
-        if not mine or record.retained:
+        if record.retained:
             continue
         path = Path(record.path)
+        last = unlanded.get(record.exports[-1].envelope or "") if record.exports else None
+        if last is not None and f"{last.mission}/{last.worker}" == wt_id and path.is_dir():
+            # its worktree a kill left unmarked: "retained: <state>", as at a run's end
+            outcomes.append(EnvelopeOutcome(last.id, last.mission, last.worker, last.state))
+            continue
+        mine = [e for e in landed.get(wt_id, []) if record.export_of(e.id) is not None]
+        if not mine:
+            continue
         if path.is_dir() and not half_removed(path):
             entry = mine[-1]
             outcome = EnvelopeOutcome(
@@ -185,6 +199,8 @@ def last_landing(it: Integrator) -> StaleCheckout | None:
     return None
 
 
+# The final states a run's end retains a worker's worktree for, with the state as the reason.
+UNLANDED = frozenset({EnvelopeState.CONFLICT, EnvelopeState.GATES_FAILED, EnvelopeState.REJECTED})
 GRACE = 6.0  # seconds from SIGTERM (or Ctrl-C) to a forced exit: the promise is 10
 SETTLE = 2.0  # for journaling the queue back, before the exit comes regardless
 

@@ -9,6 +9,9 @@ import re
 import tomllib
 from pathlib import Path
 
+from dagrunner.records.run import RunRecord, Status
+from dagrunner.report.logtail import read_log, strip_ansi
+
 NOT_FOUND = re.compile(r"([^\s:'\"]+): (?:command )?not found\s*$", re.M)  # dash and bash
 # Where a tool names the host it could not reach; the first group is the host (or a URL).
 HOSTS = (
@@ -98,3 +101,20 @@ def diagnose(
             return f"needs the network: could not {where} (run it where the network is reachable)"
         return f'needs the network: could not {where} (mark it network = "host" and run it online)'
     return ""
+
+
+def why_failed(record: RunRecord, run_dir: Path, checkout: Path | None = None) -> dict[str, str]:
+    """The one line of each failed or timed-out gate of ``record`` that has one, by gate id:
+    what the terminal and the report page both say.  ``checkout``: the caller's (default:
+    where dagrunner runs), where a missing program may be found."""
+    said_in = record.manifest.get("path") if isinstance(record.manifest, dict) else None
+    marked = network_marked(Path(said_in)) if isinstance(said_in, str) else frozenset()
+    lines: dict[str, str] = {}
+    for gate in record.gates:
+        if gate.status not in (Status.FAILED, Status.TIMED_OUT) or not gate.attempts:
+            continue
+        text = strip_ansi(read_log(run_dir, gate.attempts[-1].log, limit=64 * 1024))
+        on = (gate.shard_of or gate.id) in marked
+        if said := diagnose(text, gate.exit_code, checkout or Path.cwd(), marked=on):
+            lines[gate.id] = said
+    return lines

@@ -18,6 +18,7 @@ from dagrunner.files import atomic_write
 from dagrunner.git.repo import cache_root
 from dagrunner.records.run import REPORT_ORDER, GateResult, RunRecord, Status, failures_first
 from dagrunner.report.ansi import ansi_to_html
+from dagrunner.report.diagnose import why_failed
 from dagrunner.report.logtail import failure_excerpt
 from dagrunner.report.svg import dag_layout, pipeline_layout, timeline
 from dagrunner.units import format_duration, format_size
@@ -112,6 +113,7 @@ def _context(record: RunRecord, run_dir: Path) -> dict[str, Any]:
         "record": record,
         "gates": gates,
         "failures": failures,
+        "said": why_failed(record, run_dir),  # the terminal's line of why, on the page too
         "logs": logs,
         "speed": speed,
         "crit": speed.critical_path,

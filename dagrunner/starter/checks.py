@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 WHOLE = ("**",)
+# The programs that run a project's .pre-commit-config.yaml: pre-commit, and prek (a
+# drop-in runner in Rust that reads the same file; pypa/packaging's lint session runs it).
+HOOK_RUNNERS = ("pre-commit", "prek")
 
 
 @dataclass(frozen=True, kw_only=True)

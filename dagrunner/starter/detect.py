@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dagrunner.starter import network
-from dagrunner.starter.checks import WHOLE, Check, Found, Skipped
+from dagrunner.starter.checks import HOOK_RUNNERS, WHOLE, Check, Found, Skipped
 from dagrunner.starter.ci import Ci, ci
 from dagrunner.starter.ecosystems import go, makefile, package_json, rust
 from dagrunner.starter.hookgates import config, hook_needs, hooks, pre_commit, replay
@@ -231,15 +231,17 @@ def _why_not(check: Check, chosen: Check, key: str, why: str) -> str:
     return f"{concern} is run by {chosen.id!r}" + (f" ({why})" if why else "")
 
 
-def _all_hooks(check: Check) -> bool:
-    """Whether a session runs every pre-commit hook (``pre-commit run`` naming none)."""
+def _all_hooks(check: Check) -> str:
+    """The hook runner with which a session runs every hook (``pre-commit run`` or ``prek
+    run`` naming none), '' when it does not."""
     for command in check.commands:
         words = list(command)
-        if "pre-commit" in words and words[words.index("pre-commit") + 1 :][:1] == ["run"]:
-            rest = words[words.index("pre-commit") + 2 :]
-            if not [w for w in rest if not w.startswith("-")]:
-                return True
-    return False
+        for runner in HOOK_RUNNERS:
+            if runner in words and words[words.index(runner) + 1 :][:1] == ["run"]:
+                rest = words[words.index(runner) + 2 :]
+                if not [w for w in rest if not w.startswith("-")]:
+                    return runner
+    return ""
 
 
 def _hooks_once(checks: list[Check], listed: tuple[str, ...]) -> tuple[list[Check], list[Skipped]]:
@@ -268,7 +270,7 @@ def _hooks_once(checks: list[Check], listed: tuple[str, ...]) -> tuple[list[Chec
             f"it runs every pre-commit hook: once uncommented, remove gates {drop} (the same hooks)"
         )
         return [replace(c, note=note) if c is runner else c for c in checks], []
-    why = f"its hooks are run by {runner.id!r} (pre-commit run, every hook): not twice"
+    why = f"its hooks are run by {runner.id!r} ({_all_hooks(runner)} run, every hook): not twice"
     return [c for c in checks if all(c is not t for t in twice)], [
         Skipped(c.id, c.source, why) for c in twice
     ]

@@ -2,7 +2,7 @@
 comment), so a release check run offline names them rather than leaving pages of log.
 
 pre-commit clones each hook's repository and installs its environment on first use; a
-session that runs pre-commit does the same; a Sphinx build with ``intersphinx`` fetches the
+session that runs pre-commit (or prek, which reads the same config) does the same; a Sphinx build with ``intersphinx`` fetches the
 inventories of other projects' documentation.  (Installing a session's own environment from
 the package index is not counted: every tox and nox session does that.)
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from dagrunner.starter.checks import Check
+from dagrunner.starter.checks import HOOK_RUNNERS, Check
 from dagrunner.starter.readers import Project
 
 CONF_PY = ("docs/conf.py", "doc/conf.py", "docs/source/conf.py", "doc/source/conf.py")
-HOOKS = "pre-commit clones its hooks' repositories and installs their environments"
+HOOKS = "{} clones its hooks' repositories and installs their environments"
 
 
 def intersphinx(project: Project) -> str:
@@ -27,18 +27,20 @@ def intersphinx(project: Project) -> str:
     return ""
 
 
-def runs_pre_commit(command: tuple[str, ...]) -> bool:
-    """Whether ``command`` starts pre-commit: a word of it (a shell line's words too) is the
-    program.  An inline script (after ``-c``) is program text, not a command: the gate
-    written in a hook's stead carries one that says "as pre-commit would pass them", and
-    runs the tool alone, offline."""
+def runs_pre_commit(command: tuple[str, ...]) -> str:
+    """Which hook runner ``command`` starts ('' when none): a word of it (a shell line's
+    words too) is the program (pre-commit or prek).  An inline script (after ``-c``) is
+    program text, not a command: the gate written in a hook's stead carries one that says
+    "as pre-commit would pass them", and runs the tool alone, offline."""
     for i, arg in enumerate(command):
         if i and command[i - 1] == "-c":
             continue
         for word in re.split(r"[\s;&|()]+", arg):
-            if word.rpartition("/")[2] == "pre-commit" or word == "pre_commit":
-                return True
-    return False
+            if word == "pre_commit":
+                return "pre-commit"
+            if (name := word.rpartition("/")[2]) in HOOK_RUNNERS:
+                return name
+    return ""
 
 
 def mark(project: Project, checks: list[Check]) -> list[Check]:
@@ -48,8 +50,10 @@ def mark(project: Project, checks: list[Check]) -> list[Check]:
     for check in checks:
         words = [" ".join(c) for c in (check.run, *check.commands)]
         why = ""
-        if check.id == "pre-commit" or any(map(runs_pre_commit, (check.run, *check.commands))):
-            why = HOOKS if check.id == "pre-commit" else f"it runs pre-commit: {HOOKS}"
+        runner = next(filter(None, map(runs_pre_commit, (check.run, *check.commands))), "")
+        if check.id == "pre-commit" or runner:
+            said = HOOKS.format(runner or "pre-commit")
+            why = said if check.id == "pre-commit" else f"it runs {runner}: {said}"
         elif docs and (check.concern.endswith(":docs") or any("sphinx-build" in w for w in words)):
             why = f"sphinx's intersphinx ({docs}) fetches other projects' inventories"
         marked.append(replace(check, network=why) if why else check)
