@@ -1063,3 +1063,29 @@ def test_a_project_that_checks_no_commit_message_gets_no_integrate_table(
     code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "dagrunner.toml"))
     assert code == 0, body
     assert "[integrate]" not in (repo / "dagrunner.toml").read_text()
+
+
+def test_a_nox_session_ci_runs_for_a_matrix_value_is_not_said_to_be_unrun_by_ci(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pypa/packaging's CI runs ``nox -s "downstream(project='$MATRIX_PROJECT')"``: which
+    values is CI's matrix, unknowable here, so the session is still left out -- but with a
+    true reason, not "CI does not" (round 6 of docs/real-projects.md)."""
+    python_project(repo)
+    (repo / "noxfile.py").write_text(
+        "import nox\n\n@nox.session\ndef tests(session):\n    session.run('pytest')\n\n"
+        "@nox.session(default=False)\n@nox.parametrize('project', ['a', 'b'])\n"
+        "def downstream(session, project):\n    session.run('pytest', project)\n\n"
+        "@nox.session(default=False)\ndef typing(session):\n    session.run('mypy', 'src')\n"
+    )
+    workflows = repo / ".github" / "workflows"
+    workflows.mkdir(parents=True)
+    (workflows / "ci.yml").write_text(
+        "jobs:\n  downstream:\n    steps:\n      - env:\n"
+        "          MATRIX_PROJECT: ${{ matrix.project }}\n"
+        "        run: pipx run nox -s \"downstream(project='$MATRIX_PROJECT')\"\n"
+    )
+    skipped = {s["id"]: s["why"] for s in dry(capsys, repo)["skipped"]}
+    assert "CI runs it for a matrix value" in skipped["nox-downstream"], skipped
+    assert "CI does not" not in skipped["nox-downstream"]
+    assert "and CI does not" in skipped["nox-typing"]  # named by nothing CI runs

@@ -24,6 +24,9 @@ class Ci:
 
     tox: frozenset[str] = frozenset()
     nox: frozenset[str] = frozenset()
+    # sessions CI runs for a value of its own (``"downstream(project='$MATRIX_PROJECT')"``):
+    # which ones is CI's matrix, not known here; their names, before the variable
+    nox_matrix: frozenset[str] = frozenset()
     scripts: frozenset[str] = frozenset()  # package.json scripts
     make: frozenset[str] = frozenset()
     pre_commit: bool = False
@@ -68,7 +71,7 @@ def ci(project: Project) -> Ci:
     for name in sorted(workflows)[:MAX_FILES]:
         lines += run_lines(project.text(name, errors="replace") or "")
         files += [name] * (len(lines) - len(files))
-    found: dict[str, set[str]] = {"tox": set(), "nox": set(), "scripts": set(), "make": set()}
+    found: dict[str, set[str]] = {k: set() for k in ("tox", "nox", "nox_matrix", "scripts", "make")}
     pre_commit = False
     for line in lines:
         for command in re.split(r"&&|\|\||;|\|", line):
@@ -80,6 +83,7 @@ def ci(project: Project) -> Ci:
     return Ci(
         tox=frozenset(found["tox"]),
         nox=frozenset(found["nox"]),
+        nox_matrix=frozenset(found["nox_matrix"]),
         scripts=frozenset(found["scripts"]),
         make=frozenset(found["make"]),
         pre_commit=pre_commit,
@@ -107,7 +111,8 @@ def run_lines(text: str) -> list[str]:
         if re.fullmatch(r"[|>][-+]?\d*(\s+#.*)?", value):
             block = len(match[1])
         elif value and not value.startswith("#"):
-            found.append(value.strip("'\""))
+            quoted = len(value) > 1 and value[0] == value[-1] and value[0] in "'\""
+            found.append(value[1:-1] if quoted else value)  # a quoted scalar, not a last word's
     return found
 
 
@@ -129,7 +134,9 @@ def _named(words: list[str], found: dict[str, set[str]]) -> bool:
     if program == "tox":
         found["tox"] |= _after(rest, ("-e", "--env"), split=",")
     elif program == "nox":
-        found["nox"] |= _after(rest, ("-s", "--session", "--sessions"), split=None)
+        sessions = _after(rest, ("-s", "--session", "--sessions"), split=None, variables=True)
+        found["nox"] |= {n for n in sessions if "$" not in n}
+        found["nox_matrix"] |= {re.split(r"[($]", n)[0] for n in sessions if "$" in n} - {""}
     elif program in ("npm", "pnpm", "yarn", "bun"):
         if rest[:1] in (["test"], ["t"]):
             found["scripts"].add("test")
@@ -142,8 +149,11 @@ def _named(words: list[str], found: dict[str, set[str]]) -> bool:
     return False
 
 
-def _after(words: list[str], flags: tuple[str, ...], *, split: str | None) -> set[str]:
-    """The values of ``flags`` (``-e a,b``, ``-e=a``, ``-s a b``), expressions left out."""
+def _after(
+    words: list[str], flags: tuple[str, ...], *, split: str | None, variables: bool = False
+) -> set[str]:
+    """The values of ``flags`` (``-e a,b``, ``-e=a``, ``-s a b``), expressions left out
+    (``variables``: kept, for the caller to tell)."""
     values: list[str] = []
     for i, word in enumerate(words):
         flag, _, inline = word.partition("=")
@@ -159,7 +169,7 @@ def _after(words: list[str], flags: tuple[str, ...], *, split: str | None) -> se
         elif i + 1 < len(words):
             values.append(words[i + 1])
     names = [v for value in values for v in (value.split(split) if split else [value])]
-    return {n.strip() for n in names if n.strip() and "${{" not in n and "$" not in n}
+    return {n.strip() for n in names if n.strip() and (variables or "$" not in n)}
 
 
 def every_workspace(manager: str, lines: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:

@@ -64,7 +64,7 @@ def detect(root: Path) -> Found:
     runs = ci(project)
     listed = hooks(project)
     tox_checks, tox_skipped = tox(project, pyproject, runs.tox)
-    nox_checks, nox_skipped = nox(project, runs.nox)
+    nox_checks, nox_skipped = nox(project, runs.nox, runs.nox_matrix)
     js_checks, js_skipped = package_json(project, runs.scripts, runs.lines)
     candidates = [
         *python(project, pyproject, Uses(listed, runs.lines)),

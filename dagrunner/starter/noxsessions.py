@@ -14,9 +14,11 @@ from dagrunner.starter.sessions import gate_id, session, task
 RUNS = ("run", "run_always", "run_install")  # session.<this>(...) runs a command
 
 
-def nox(project: Project, asked: frozenset[str]) -> tuple[list[Check], list[Skipped]]:
-    """The checks among the sessions (``asked``: those CI runs by name), and the sessions
-    left out with why."""
+def nox(
+    project: Project, asked: frozenset[str], matrix: frozenset[str] = frozenset()
+) -> tuple[list[Check], list[Skipped]]:
+    """The checks among the sessions (``asked``: those CI runs by name; ``matrix``: those
+    it runs for a value of its matrix), and the sessions left out with why."""
     tree = project.python("noxfile.py")
     if tree is None:
         return [], []
@@ -40,6 +42,12 @@ def nox(project: Project, asked: frozenset[str]) -> tuple[list[Check], list[Skip
             skipped.append(Skipped(gate_id("nox", name), where, why))
         elif name in asked:
             found.append(_check(name, where, commands))
+        elif off and (name in matrix or node.name in matrix):
+            why = (
+                "default=False, and CI runs it for a matrix value of its own (a job each): "
+                "add a gate for each value you want checked before landing"
+            )
+            skipped.append(Skipped(gate_id("nox", name), where, why))
         elif off:
             why = "default=False: nox runs it only when asked by name, and CI does not"
             skipped.append(Skipped(gate_id("nox", name), where, why))
