@@ -40,6 +40,7 @@ from dagrunner.executors.factory import executor_for
 from dagrunner.git.command import head_info
 from dagrunner.git.repo import resolve_repo
 from dagrunner.manifest.load import Manifest, default_manifest, load_manifest
+from dagrunner.process import bytecode
 from dagrunner.process.contain import detect, disable_dumping, network_isolation
 from dagrunner.process.logs import secret_values
 from dagrunner.process.prove import last_proof
@@ -336,6 +337,7 @@ class Prepared:
     started_at: str
     cache: RunCache
     nodes: NodeKinds
+    warnings: list[str]  # of its set-up (stale bytecode removed)
 
 
 def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
@@ -343,6 +345,8 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
     run_dir = prepare_run_dir(plan.repo, options.report_dir, run_id, plan.manifest.report.dir)
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     env = options.environ if options.environ is not None else os.environ
+    # an integration tree was cleaned: no bytecode of an earlier tree is left in it
+    stale = bytecode.note(bytecode.remove_stale_bytecode(plan.repo) if not options.trusted else [])
     cache = RunCache(
         manifest=plan.manifest,
         graph=plan.graph,
@@ -365,7 +369,14 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
         landed=read_proof(plan.repo, options.target, env) if options.reuse_landed else None,
     )
     nodes = (options.node_kinds or PlainGates.open)(plan, run_id, env)
-    return Prepared(run_id=run_id, run_dir=run_dir, started_at=started_at, cache=cache, nodes=nodes)
+    return Prepared(
+        run_id=run_id,
+        run_dir=run_dir,
+        started_at=started_at,
+        cache=cache,
+        nodes=nodes,
+        warnings=stale,
+    )
 
 
 def _finish(
@@ -380,7 +391,7 @@ def _finish(
     )
     record.cache = cache.summary(scheduled.results)
     record.integration = integration
-    record.warnings = cache.warnings() + executor.warnings + record.warnings
+    record.warnings = cache.warnings() + executor.warnings + prepared.warnings + record.warnings
     write_run_dir(record, run_dir)
     record_history(plan.history, scheduled.results, shards.assignment(plan.manifest))
     return record, run_dir
