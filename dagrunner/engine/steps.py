@@ -38,9 +38,9 @@ from dagrunner.engine.scheduler import Scheduler
 from dagrunner.executors.base import Executor, Machine
 from dagrunner.executors.factory import executor_for
 from dagrunner.git.command import head_info
-from dagrunner.git.repo import resolve_repo
+from dagrunner.git.repo import cache_root, resolve_repo
 from dagrunner.manifest.load import Manifest, default_manifest, load_manifest
-from dagrunner.process import bytecode
+from dagrunner.process import racy
 from dagrunner.process.contain import detect, disable_dumping, network_isolation
 from dagrunner.process.logs import secret_values
 from dagrunner.process.prove import last_proof
@@ -337,7 +337,7 @@ class Prepared:
     started_at: str
     cache: RunCache
     nodes: NodeKinds
-    warnings: list[str]  # of its set-up (stale bytecode removed)
+    warnings: list[str]  # of its set-up (``racy.prepare``)
 
 
 def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
@@ -345,8 +345,10 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
     run_dir = prepare_run_dir(plan.repo, options.report_dir, run_id, plan.manifest.report.dir)
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     env = options.environ if options.environ is not None else os.environ
-    # an integration tree was cleaned: no bytecode of an earlier tree is left in it
-    stale = bytecode.note(bytecode.remove_stale_bytecode(plan.repo) if not options.trusted else [])
+    # files rewritten in the second a gate read them (an integration tree is checked out
+    # afresh, its tool caches fresh: nothing of an earlier run can be stale there)
+    racy_state = (options.cache_root or cache_root()) / "racy"
+    stale = racy.prepare(racy_state, plan.repo) if not options.trusted else []
     cache = RunCache(
         manifest=plan.manifest,
         graph=plan.graph,

@@ -15,6 +15,8 @@
   reflink copy, an overlay mount, else a plain copy.
 - ``toolcaches``: gates' tool caches: the trusted tier (the main checkout's runs alone write
   it) and the private layers every other tree's gates get, made from it by ``share``.
+- ``racy``: before a tree's gates, files rewritten in the second a tool may have read them
+  in are touched, and bytecode Python would load for a newer source removed.
 - ``command``: the door for non-gate commands (worker setup, tool fingerprints).
 - ``prove``: the sandbox's escape suite, run as a real gate (``doctor --prove``);
   ``escapes``: the suite itself, a script the gate runs (never imported).

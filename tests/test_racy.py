@@ -10,11 +10,16 @@ it (CI saw it: ``test_last_failures_an_ini_file_runs_by_are_no_cache_of_pytests`
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import PY, SIDE_BY_SIDE, check, git, skip_unless_reads_observed
+
+from dagrunner.process import racy
 
 GOOD = "def test_it():\n    assert 1\n"
 BAD = "def test_it():\n    assert 0\n"  # the same size: only the mtime could tell
@@ -47,6 +52,13 @@ def commit_good(repo: Path) -> Path:
     return source
 
 
+def compile_outside(repo: Path) -> None:
+    """The user's own pytest run, outside dagrunner (no record of its reads is kept)."""
+    argv = [PY, "-m", "pytest", "-q", "-p", "no:benchmark", "-p", "no:cacheprovider"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([*argv, "test_it.py"], cwd=repo, check=True, capture_output=True, env=env)
+
+
 def racy_rewrite(source: Path, text: str) -> list[Path]:
     """Rewrite ``source`` as if within the second its bytecode was compiled in: the bytecode
     written at .2 of the second its header names, the source rewritten at .5 (same size)."""
@@ -68,23 +80,18 @@ def test_a_same_second_rewrite_is_judged_on_its_own_code(
     if manifest is OBSERVED:
         skip_unless_reads_observed()
     source = commit_good(repo)
-    assert gate(capsys, repo, manifest)["status"] == "passed"
+    compile_outside(repo)
     pycs = racy_rewrite(source, BAD)
     ran = gate(capsys, repo, manifest)
     assert ran["status"] == "failed", "a pass of the old bytecode, stored under the new code"
     assert any("stale bytecode" in w and pycs[0].name in w for w in ran["warnings"])
-    source.write_text(GOOD)  # back to the code that passes: its stored pass answers it
-    # (an observed gate listed the tree before ``__pycache__`` was in it: a new listing)
-    assert gate(capsys, repo, manifest)["status"] == (
-        "cached" if manifest is DECLARED else "passed"
-    )
 
 
 def test_bytecode_compiled_after_its_sources_last_write_is_kept(
     capsys: pytest.CaptureFixture[str], repo: Path
 ) -> None:
     source = commit_good(repo)
-    assert gate(capsys, repo, DECLARED)["status"] == "passed"
+    compile_outside(repo)
     pycs = sorted((repo / "__pycache__").glob("test_it.*.pyc"))
     kept = {p: p.stat().st_ino for p in pycs}
     second = int(source.stat().st_mtime)
@@ -102,10 +109,70 @@ def test_a_linked_bytecode_folder_is_never_followed(
 ) -> None:
     """A worker's ``__pycache__`` that links elsewhere: nothing there is removed."""
     source = commit_good(repo)
-    assert gate(capsys, repo, DECLARED)["status"] == "passed"
+    compile_outside(repo)
     elsewhere = tmp_path / "elsewhere"
     (repo / "__pycache__").rename(elsewhere)
     (repo / "__pycache__").symlink_to(elsewhere)
     pycs = [elsewhere / p.name for p in racy_rewrite(source, BAD)]
     gate(capsys, repo, DECLARED)
     assert all(p.exists() for p in pycs)
+
+
+def at_a_seconds_start() -> None:
+    """Sleep until just after the clock's next whole second."""
+    time.sleep(1.02 - time.time() % 1)
+
+
+MYPY = (
+    SIDE_BY_SIDE
+    + """
+    [gates.types]
+    run = ["{py}", "-m", "mypy", "--strict", "typed.py"]
+    inputs = ["typed.py"]
+"""
+)
+
+
+def test_mypys_warm_cache_never_passes_a_same_size_edit_made_in_the_second_it_read(
+    capsys: pytest.CaptureFixture[str], repo: Path
+) -> None:
+    """mypy trusts its cache while a file's size and whole-second mtime match: an edit made
+    in the second a check read the file in would be judged by the old file's result."""
+    typed = repo / "typed.py"
+    typed.write_text("x: int = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "typed")
+    manifest = MYPY.format(py=PY)
+    assert check(capsys, repo, manifest)[0] == 0  # mypy's cache is warm from here on
+    at_a_seconds_start()
+    typed.write_text("x: int = 2\n")  # written in the second the next run begins
+    assert check(capsys, repo, manifest)[0] == 0
+    second = typed.stat().st_mtime_ns // 10**9
+    typed.write_text("x: str = 2\n")  # the same size, a type error, in that same second
+    os.utime(typed, ns=(second * 10**9 + 999_999_000,) * 2)
+    code, body, _ = check(capsys, repo, manifest)
+    assert code == 1
+    assert any("touched" in w and "typed.py" in w for w in body["warnings"])
+
+
+def test_a_recorded_path_behind_a_link_is_never_touched(repo: Path, tmp_path: Path) -> None:
+    """The next run finds ``sub`` (a folder when recorded) made a link elsewhere: nothing
+    there is touched."""
+    (repo / "sub").mkdir()
+    (repo / "sub" / "f").write_text("one\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "sub")
+    state = tmp_path / "state"
+    at_a_seconds_start()
+    (repo / "sub" / "f").write_text("two\n")
+    racy.settle(state, repo)  # records sub/f, written in this second
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "f").write_text("out\n")
+    second = (repo / "sub" / "f").stat().st_mtime_ns // 10**9
+    os.utime(elsewhere / "f", ns=(second * 10**9 + 999_999_000,) * 2)
+    before = (elsewhere / "f").stat().st_mtime_ns
+    shutil.rmtree(repo / "sub")
+    (repo / "sub").symlink_to(elsewhere)
+    assert racy.settle(state, repo) == []
+    assert (elsewhere / "f").stat().st_mtime_ns == before
