@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -176,3 +177,22 @@ def test_a_recorded_path_behind_a_link_is_never_touched(repo: Path, tmp_path: Pa
     (repo / "sub").symlink_to(elsewhere)
     assert racy.settle(state, repo) == []
     assert (elsewhere / "f").stat().st_mtime_ns == before
+
+
+def test_a_file_dated_years_ahead_is_touched_without_waiting_for_its_second(
+    repo: Path, tmp_path: Path
+) -> None:
+    """A worker dates a file in 2100 and rewrites it in that second: the next run touches it
+    (now is another second) and never waits for 2100 to come."""
+    future = 4_102_444_800 * 10**9  # 2100-01-01
+    (repo / "f").write_text("one\n")
+    os.utime(repo / "f", ns=(future + 1,) * 2)
+    state = tmp_path / "state"
+    assert racy.settle(state, repo) == []  # recorded: written at or after this second
+    os.utime(repo / "f", ns=(future + 2,) * 2)
+    done: list[list[str]] = []
+    waiting = threading.Thread(target=lambda: done.append(racy.settle(state, repo)), daemon=True)
+    waiting.start()
+    waiting.join(timeout=30)
+    assert done == [["f"]]
+    assert (repo / "f").stat().st_mtime_ns < future

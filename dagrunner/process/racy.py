@@ -82,7 +82,7 @@ def settle(state: Path, root: Path) -> list[str]:
         if not isinstance(was, int) or now.st_mtime_ns == was or stat.S_ISLNK(now.st_mode):
             continue
         if now.st_mtime_ns // 10**9 == was // 10**9:  # rewritten in the very second
-            while time.time_ns() // 10**9 <= was // 10**9:  # a time of another second
+            while time.time_ns() // 10**9 == was // 10**9:  # now: a time of another second
                 time.sleep(0.05)
             if _touch(root, rel):
                 touched.append(rel)
