@@ -9,8 +9,10 @@ it (CI saw it: ``test_last_failures_an_ini_file_runs_by_are_no_cache_of_pytests`
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -88,7 +90,7 @@ def test_a_same_second_rewrite_is_judged_on_its_own_code(
     assert any("stale bytecode" in w and pycs[0].name in w for w in ran["warnings"])
 
 
-def test_bytecode_compiled_after_its_sources_last_write_is_kept(
+def test_bytecode_written_in_a_later_second_than_its_sources_last_write_is_kept(
     capsys: pytest.CaptureFixture[str], repo: Path
 ) -> None:
     source = commit_good(repo)
@@ -97,8 +99,8 @@ def test_bytecode_compiled_after_its_sources_last_write_is_kept(
     kept = {p: p.stat().st_ino for p in pycs}
     second = int(source.stat().st_mtime)
     os.utime(source, ns=(second * 10**9 + 1 * 10**8,) * 2)  # written before its compile
-    for pyc in pycs:
-        os.utime(pyc, ns=(second * 10**9 + 4 * 10**8,) * 2)
+    for pyc in pycs:  # ... which ended in a later second: any later rewrite is dated later
+        os.utime(pyc, ns=((second + 1) * 10**9 + 4 * 10**8,) * 2)
     ran = gate(capsys, repo, DECLARED, "--no-cache")  # it runs: Python loads that bytecode
     assert ran["status"] == "passed"
     assert {p: p.stat().st_ino for p in pycs} == kept
@@ -175,7 +177,7 @@ def test_a_recorded_path_behind_a_link_is_never_touched(repo: Path, tmp_path: Pa
     before = (elsewhere / "f").stat().st_mtime_ns
     shutil.rmtree(repo / "sub")
     (repo / "sub").symlink_to(elsewhere)
-    assert racy.settle(state, repo) == []
+    assert racy.settle(state, repo)[0] == []
     assert (elsewhere / "f").stat().st_mtime_ns == before
 
 
@@ -188,11 +190,102 @@ def test_a_file_dated_years_ahead_is_touched_without_waiting_for_its_second(
     (repo / "f").write_text("one\n")
     os.utime(repo / "f", ns=(future + 1,) * 2)
     state = tmp_path / "state"
-    assert racy.settle(state, repo) == []  # recorded: written at or after this second
+    assert racy.settle(state, repo)[0] == []  # recorded: written at or after this second
     os.utime(repo / "f", ns=(future + 2,) * 2)
     done: list[list[str]] = []
-    waiting = threading.Thread(target=lambda: done.append(racy.settle(state, repo)), daemon=True)
+    waiting = threading.Thread(target=lambda: done.append(racy.settle(state, repo)[0]), daemon=True)
     waiting.start()
     waiting.join(timeout=30)
     assert done == [["f"]]
     assert (repo / "f").stat().st_mtime_ns < future
+
+
+def test_bytecode_written_after_a_rewrite_in_the_second_its_source_was_read_is_removed(
+    capsys: pytest.CaptureFixture[str], repo: Path
+) -> None:
+    """Python stats and reads the source, compiles, then writes the bytecode: a same-size
+    rewrite between the read and the write leaves bytecode *newer* than the source it does
+    not hold (pytest compiles a large test module for tens of milliseconds)."""
+    source = commit_good(repo)
+    compile_outside(repo)
+    pycs = racy_rewrite(source, BAD)  # read at .2 (the old bytecode's time), rewritten at .5
+    second = source.stat().st_mtime_ns // 10**9
+    for pyc in pycs:  # ... and the bytecode of the old source written at .6
+        os.utime(pyc, ns=(second * 10**9 + 6 * 10**8,) * 2)
+    ran = gate(capsys, repo, DECLARED)
+    assert ran["status"] == "failed", "a pass of the old bytecode, stored under the new code"
+
+
+GENERATED = (
+    SIDE_BY_SIDE
+    + """
+    [gates.gen]
+    run = ["{py}", "gen.py"]
+    inputs = ["gen.py"]
+    [gates.types]
+    run = ["{py}", "-m", "mypy", "--strict", "typed.py"]
+    inputs = ["typed.py"]
+    needs = ["gen"]
+"""
+)
+
+
+def test_a_file_written_while_the_run_went_on_and_rewritten_in_that_second_is_touched(
+    capsys: pytest.CaptureFixture[str], repo: Path
+) -> None:
+    """A file written after the run's first second (by a gate, or by the user while the
+    gates run) is read by mypy in the second it was written in and rewritten in that second:
+    the next run must not judge it by mypy's cache of the first version."""
+    (repo / "gen.py").write_text("open('typed.py', 'w').write('x: int = 2\\n')\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "gen")
+    manifest = GENERATED.format(py=PY)
+    assert check(capsys, repo, manifest)[0] == 0  # typed.py written by gen, read by mypy
+    typed = repo / "typed.py"
+    second = typed.stat().st_mtime_ns // 10**9
+    typed.write_text("x: str = 2\n")  # the same size, a type error, in that same second
+    os.utime(typed, ns=(second * 10**9 + 999_999_000,) * 2)
+    code, body, _ = check(capsys, repo, manifest)  # gen is answered from the cache
+    assert code == 1, [(g["id"], g["status"], g.get("cached")) for g in body["gates"]]
+    assert any("touched" in w and "typed.py" in w for w in body["warnings"])
+
+
+def test_a_file_written_after_the_last_run_ended_is_left_alone_unless_that_run_was_killed(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The window the last run's gates read in ends with them: an edit in a later second is
+    after every read (never touched: an editor holding the file would see it change); a run
+    killed before its end leaves the window open."""
+    state = tmp_path / "state"
+    _, since = racy.settle(state, repo)  # a run begins ...
+    assert since is not None
+    racy.ended(state, repo, since)  # ... and its gates end
+    at_a_seconds_start()
+    (repo / "README").write_text("edited\n")  # a second after the gates ended
+    assert racy.settle(state, repo)[0] == []
+    _, since = racy.settle(state, repo)  # a run begins, and is killed: no end
+    at_a_seconds_start()
+    (repo / "README").write_text("edited again\n")
+    assert racy.settle(state, repo)[0] == ["README"]
+
+
+def test_a_run_interrupted_with_ctrl_c_records_the_end_of_its_gates(repo: Path) -> None:
+    """Ctrl-C ends the gates: the window closes then, or every later edit would be touched."""
+    manifest = repo / "m.toml"
+    manifest.write_text('[gates.slow]\nrun = "echo > started.mark; sleep 300.0417"\n')
+    proc = subprocess.Popen(
+        [PY, "-m", "dagrunner", "release-check", "m.toml", "--quiet"],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 30
+    while not (repo / "started.mark").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err.decode()
+    state = Path(os.environ["DAGRUNNER_CACHE_DIR"]) / "racy"
+    record = json.loads(next(state.glob("*.json")).read_text())
+    assert record["until"] >= record["since"]

@@ -337,7 +337,7 @@ class Prepared:
     started_at: str
     cache: RunCache
     nodes: NodeKinds
-    warnings: list[str]  # of its set-up (``racy.prepare``)
+    settled: racy.Settled | None  # its set-up in the tree (``racy.prepare``): end it
 
 
 def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
@@ -348,7 +348,7 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
     # files rewritten in the second a gate read them (an integration tree is checked out
     # afresh, its tool caches fresh: nothing of an earlier run can be stale there)
     racy_state = (options.cache_root or cache_root()) / "racy"
-    stale = racy.prepare(racy_state, plan.repo) if not options.trusted else []
+    settled = racy.prepare(racy_state, plan.repo) if not options.trusted else None
     cache = RunCache(
         manifest=plan.manifest,
         graph=plan.graph,
@@ -377,7 +377,7 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
         started_at=started_at,
         cache=cache,
         nodes=nodes,
-        warnings=stale,
+        settled=settled,
     )
 
 
@@ -393,7 +393,8 @@ def _finish(
     )
     record.cache = cache.summary(scheduled.results)
     record.integration = integration
-    record.warnings = cache.warnings() + executor.warnings + prepared.warnings + record.warnings
+    racy_warnings = prepared.settled.warnings if prepared.settled else []
+    record.warnings = cache.warnings() + executor.warnings + racy_warnings + record.warnings
     write_run_dir(record, run_dir)
     record_history(plan.history, scheduled.results, shards.assignment(plan.manifest))
     return record, run_dir
@@ -408,6 +409,9 @@ def _run(plan: Plan, options: RunOptions, executor: Executor) -> tuple[RunRecord
     except BaseException:
         prepared.nodes.finish([], interrupted=True)  # requeue what was applied, release the locks
         raise
+    finally:  # the gates are over: a write in a later second came after every read of theirs
+        if prepared.settled:
+            prepared.settled.end()
     return _finish(plan, options, executor, prepared, scheduled)
 
 
@@ -430,6 +434,9 @@ async def gate_run(
     except BaseException:  # cancelled by a reset, or Ctrl-C: as _run does
         prepared.nodes.finish([], interrupted=True)
         raise
+    finally:  # as _run does; not awaited: a cancelled run must still record it
+        if prepared.settled:
+            prepared.settled.end()
     return await trio.to_thread.run_sync(_finish, plan, options, executor, prepared, scheduled)
 
 

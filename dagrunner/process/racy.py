@@ -11,30 +11,42 @@ holds it.  Git has the same race with its index ("racy git").
 So, before the gates of a tree that is not freshly checked out (a checkout, a worker's
 worktree; integration trees are cleaned first, their tool caches fresh):
 
-- a file the last run found written in the second it began (its gates may have read it in
-  that second) and that was rewritten since within that very second is touched (``settle``:
-  its content untouched, its time now, as ``touch`` does), so every tool sees a change;
-  the files written in this run's first second are recorded for the next run, in a folder
-  of the cache store that no gate can write;
-- bytecode that Python would load for a source written at or after it, in the second it
-  names, is removed (it may come from a run outside dagrunner's: the user's own pytest);
-  it is Python's cache, written again at the next import.
+- each file the last run's gates may have read in the second it was written in, and that
+  was written again since, is touched (``settle``: its content untouched, its time now, as
+  ``touch`` does), so every tool sees a change.  Those are the files written while that run
+  went on (from the second it began to the second its gates ended, ``ended``) other than as
+  it listed them at its start, and files dated ahead of the clock.  Each run records its
+  start (the files written in its first second, with their times) and its end for the
+  next, in a folder of the cache store that no gate can write; a run killed before its end
+  leaves the window open (every later write counts);
+- bytecode that Python would load for its source as it is now, written in the second of
+  the source's last write (or before it), is removed: Python reads the source before it
+  writes the bytecode, so a rewrite in that second may be newer than what the bytecode
+  holds.  It may come from a run outside dagrunner's (the user's own pytest); it is
+  Python's cache, written again at the next import.
 
 Paths are reached through folders opened without following links.  Left out: a file
-system that keeps whole seconds only (a rewrite in the same second leaves no trace), and
-ignored files a need rewrites (two runs within one second).
+system that keeps whole seconds only (a rewrite in the same second leaves no trace);
+ignored files (a generated module a gate writes; they are not listed); bytecode whose
+compile straddled a second's end (read in one second, written in the next); two runs in
+one tree that began in the same second, the first ending while the second still reads; a
+worker that sets a rewritten file's time back (``touch -d``): its own tool caches are then
+wrong, and nothing of them is read by another tree (docs/cache.md, "Tools' own caches").
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import json
 import os
 import stat
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-
-import orjson
+from typing import Any
 
 from dagrunner.files import atomic_write, folder_beneath
 from dagrunner.git.command import git, split_z
@@ -44,12 +56,10 @@ HASH_BASED = 0b01
 CHECKED = 0b10
 
 
-def _files(root: Path, *pathspec: str) -> list[str] | None:
+def _files(root: Path) -> list[str] | None:
     """The tree's tracked and untracked files (not ignored), or None outside a git tree."""
     listed = git(
-        ["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *pathspec],
-        cwd=root,
-        check=False,
+        ["ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root, check=False
     )
     return split_z(listed.stdout) if listed.returncode == 0 else None
 
@@ -59,45 +69,118 @@ def _record_path(state: Path, root: Path) -> Path:
     return state / f"{digest}.json"
 
 
-def settle(state: Path, root: Path) -> list[str]:
-    """Before a run's gates in ``root``: touch each file the last run recorded as written in
-    the second it began (its gates may have read it in that second) that was rewritten since
-    within that same second -- a tool trusting its time would not see the rewrite; then
-    record the files written in this second for the next run.  ``state``: a folder no gate
-    can write (under the cache store).  The files touched, tree-relative."""
-    files = _files(root)
-    if files is None:
-        return []
-    record = _record_path(state, root)
+@contextlib.contextmanager
+def _locked(state: Path) -> Iterator[None]:
+    """The records' folder, held: a run's start and another's end in one tree read and
+    rewrite the same record."""
+    state.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        before: dict[str, int] = orjson.loads(record.read_bytes())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        before = {}
-    touched: list[str] = []
-    for rel, was in sorted(before.items()) if isinstance(before, dict) else ():
-        try:
-            now = os.lstat(root / rel)
-        except OSError:
-            continue
-        if not isinstance(was, int) or now.st_mtime_ns == was or stat.S_ISLNK(now.st_mode):
-            continue
-        if now.st_mtime_ns // 10**9 == was // 10**9:  # rewritten in the very second
-            while time.time_ns() // 10**9 == was // 10**9:  # now: a time of another second
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _read(record: Path) -> dict[str, Any]:
+    try:
+        found = json.loads(record.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    valid = isinstance(found, dict) and isinstance(found.get("since"), int)
+    return found if valid and isinstance(found.get("files"), dict) else {}
+
+
+def _write(record: Path, data: dict[str, Any]) -> None:
+    # json, not orjson: a name that is not UTF-8 (surrogate escapes) round-trips as \udcXX
+    atomic_write(record, json.dumps(data, ensure_ascii=True).encode(), durable=False)
+
+
+def _mtimes(root: Path, files: list[str]) -> dict[str, int]:
+    """Each listed file's mtime (ns), links left out; a string join, not a Path, per file:
+    trees of many thousands of files."""
+    top, found = f"{root}/", {}
+    for rel in files:
+        with contextlib.suppress(OSError):
+            now = os.lstat(top + rel)
+            if not stat.S_ISLNK(now.st_mode):
+                found[rel] = now.st_mtime_ns
+    return found
+
+
+def _racy(last: dict[str, Any], rel: str, mtime: int, now: int) -> bool:
+    """Whether the last run's gates may have read ``rel`` in the second of its time, and it
+    was written after the last run listed it: written while that run went on (its first
+    second included), or dated ahead of the clock (a time no tool's order can be read from)."""
+    until = last.get("until")
+    if mtime < last["since"] or last["files"].get(rel) == mtime:
+        return False  # written before the last run began, or unchanged since it listed it
+    after = isinstance(until, int) and mtime // 10**9 > until // 10**9 and mtime <= now
+    return not after  # a later second than the run's last: after every read of its gates
+
+
+def settle(state: Path, root: Path, files: list[str] | None = None) -> tuple[list[str], int | None]:
+    """Before a run's gates in ``root``: touch each file the last run's gates may have read
+    in the second it was written in, and that was written again since (a tool trusting its
+    whole-second time would not see that); then record this run's start for the next run
+    (``ended`` records its end).  ``state``: a folder no gate can write (under the cache
+    store).  ``files``: the tree's listing, if taken.  The files touched, tree-relative, and
+    the second the record begins at."""
+    files = _files(root) if files is None else files
+    if files is None:
+        return [], None
+    record = _record_path(state, root)
+    with _locked(state):
+        last, mtimes = _read(record), _mtimes(root, files)
+        touched: list[str] = []
+        now = time.time_ns()
+        for rel, mtime in sorted(mtimes.items()) if last else ():
+            if not _racy(last, rel, mtime, now):
+                continue
+            while time.time_ns() // 10**9 == mtime // 10**9:  # now: a time of another second
                 time.sleep(0.05)
             if _touch(root, rel):
                 touched.append(rel)
-    second = time.time_ns() // 10**9 * 10**9
-    recent: dict[str, int] = {}
-    for rel in files:
-        with contextlib.suppress(OSError):
-            if (mtime := os.lstat(root / rel).st_mtime_ns) >= second:
-                recent[rel] = mtime
-    if recent:
-        state.mkdir(parents=True, exist_ok=True)
-        atomic_write(record, orjson.dumps({"tree": str(root), "files": recent}), durable=False)
-    else:
-        record.unlink(missing_ok=True)
-    return touched
+        mtimes.update(_mtimes(root, touched))
+        # a file written after its listing here is unrecorded: the next run takes it as
+        # written while this run went on
+        second = time.time_ns() // 10**9 * 10**9
+        recent = {rel: m for rel, m in mtimes.items() if m >= second}
+        _write(record, {"tree": str(root), "since": second, "files": recent})
+    return touched, second
+
+
+def ended(state: Path, root: Path, since: int) -> None:
+    """After the gates of the run that began in second ``since`` in ``root`` (passed, failed
+    or interrupted): record the second they ended in, so that the next run leaves alone what
+    was written in a later second.  A run that never gets here (killed) leaves its record
+    open: the next run treats every file written since it began as possibly read in the
+    second it was written in.  Another run that began later in the tree owns the record: its
+    end is kept open while that run goes on, else pushed to this one's."""
+    record = _record_path(state, root)
+    with _locked(state):
+        last = _read(record)
+        until = last.get("until")
+        if not last or last["since"] < since or (last["since"] > since and until is None):
+            return
+        last["until"] = max(time.time_ns(), until if isinstance(until, int) else 0)
+        _write(record, last)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What ``prepare`` did in a tree: its warnings, and the run's window to close."""
+
+    state: Path
+    root: Path
+    since: int | None  # the second this run's record begins at (None: not a git tree)
+    warnings: list[str]
+
+    def end(self) -> None:
+        """``ended``: the run's gates are over (it may raise nothing: a run's last step)."""
+        if self.since is not None:
+            with contextlib.suppress(OSError):
+                ended(self.state, self.root, self.since)
 
 
 def _touch(root: Path, rel: str) -> bool:
@@ -118,11 +201,14 @@ def _touch(root: Path, rel: str) -> bool:
     return True
 
 
-def remove_stale_bytecode(root: Path) -> list[str]:
-    """Remove the bytecode of ``root``'s Python sources (a git work tree) that Python would
-    load though its source was rewritten after it was compiled; the paths removed."""
+def remove_stale_bytecode(root: Path, files: list[str] | None = None) -> list[str]:
+    """Remove the bytecode of ``root``'s Python sources (a git work tree; ``files`` its
+    listing, if taken) that Python would load though its source may have been rewritten
+    after it was read; the paths removed."""
     folders: dict[str, set[str]] = {}
-    for rel in _files(root, "*.py") or []:
+    for rel in (_files(root) or []) if files is None else files:
+        if not rel.endswith(".py"):
+            continue
         folder, _, name = rel.rpartition("/")
         folders.setdefault(folder, set()).add(name[: -len(".py")])
     removed: list[str] = []
@@ -152,13 +238,17 @@ def _in_folder(root: Path, folder: str, stems: set[str]) -> list[str]:
 
 def _stale(root: Path, folder: str, entry: os.DirEntry[str], fd: int) -> bool:
     """Whether Python would load ``entry`` for its source as the source is now, though the
-    source was written at or after the bytecode was."""
+    bytecode was written in the second of the source's last write (or before it): Python
+    stats and reads the source, compiles, then writes the bytecode, so a rewrite after the
+    read in that same second may be newer than the source the bytecode holds, or older."""
     source = root / folder / f"{entry.name.split('.', 1)[0]}.py"
     try:
         compiled = entry.stat(follow_symlinks=False)
         now = source.stat()
-        if not stat.S_ISREG(compiled.st_mode) or now.st_mtime_ns < compiled.st_mtime_ns:
-            return False  # compiled after the source's last write: it is that source's
+        if not stat.S_ISREG(compiled.st_mode) or (
+            compiled.st_mtime_ns // 10**9 > now.st_mtime_ns // 10**9
+        ):
+            return False  # written in a later second: a later rewrite has a later second
         handle = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
         with os.fdopen(handle, "rb") as file:
             header = file.read(HEADER)
@@ -176,19 +266,24 @@ def _shown(paths: list[str]) -> str:
     return ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
 
 
-def prepare(state: Path, root: Path) -> list[str]:
-    """``settle`` and ``remove_stale_bytecode`` for ``root``; the run's warnings saying what
-    they did (docs/cache.md, "Files rewritten in the second they were read")."""
+def prepare(state: Path, root: Path) -> Settled:
+    """``settle`` and ``remove_stale_bytecode`` for ``root``, on one listing of the tree; the
+    run's warnings say what they did (docs/cache.md, "Files rewritten in the second they were
+    read").  Call ``end`` on what it returns when the run's gates are over."""
     warnings = []
-    if touched := settle(state, root):
+    files = _files(root)
+    if files is None:
+        return Settled(state=state, root=root, since=None, warnings=[])
+    touched, since = settle(state, root, files)
+    if touched:
         warnings.append(
             f"touched {len(touched)} file(s) rewritten in the second the last run's gates may "
             f"have read them in, so that tools trusting file times see the change: "
             f"{_shown(touched)}"
         )
-    if removed := sorted(remove_stale_bytecode(root)):
+    if removed := sorted(remove_stale_bytecode(root, files)):
         warnings.append(
             f"removed {len(removed)} stale bytecode file(s) Python would have loaded for a "
-            f"source rewritten in the second it was compiled in: {_shown(removed)}"
+            f"source written in the second it was compiled in: {_shown(removed)}"
         )
-    return warnings
+    return Settled(state=state, root=root, since=since, warnings=warnings)
