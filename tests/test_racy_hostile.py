@@ -3,11 +3,14 @@ made in the second a tool read a file in, through real runs."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 from conftest import SIDE_BY_SIDE, check
+
+from dagrunner.process import racy
 
 FUTURE = 4_102_444_800 * 10**9  # 2100-01-01
 
@@ -30,3 +33,22 @@ def test_a_file_name_that_is_not_utf8_written_just_now_is_no_traceback(
     os.utime(name, ns=(FUTURE, FUTURE))  # recorded whenever the run begins
     code, body, _ = check(capsys, repo, GATE)
     assert code == 0, body
+
+
+def test_a_tree_dated_ahead_of_the_clock_keeps_its_record_small_and_is_touched_once(
+    repo: Path, tmp_path: Path
+) -> None:
+    """A worker dates every file of a large tree in 2100 (each then looks written in its
+    run's first second): the record stays bounded, and a file left out of it is touched at
+    the next run if written again, as a recorded one is."""
+    names = [f"f{i}" for i in range(racy.RECORDED + 50)]
+    for name in names:
+        (repo / name).write_text("x\n")
+        os.utime(repo / name, ns=(FUTURE, FUTURE))
+    state = tmp_path / "state"
+    assert racy.settle(state, repo)[0] == []
+    (record,) = state.glob("*.json")
+    assert len(json.loads(record.read_bytes())["files"]) == racy.RECORDED
+    for name in names:  # written again, in that same second of 2100
+        os.utime(repo / name, ns=(FUTURE + 1, FUTURE + 1))
+    assert sorted(racy.settle(state, repo)[0]) == sorted(names)

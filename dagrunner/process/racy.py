@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import stat
@@ -51,6 +52,7 @@ from typing import Any
 from dagrunner.files import atomic_write, folder_beneath
 from dagrunner.git.command import git, split_z
 
+RECORDED = 10_000  # files of a run's first second recorded at most: the record stays small
 HEADER = 16  # magic, flags, source mtime (seconds), source size: little-endian 32-bit words
 HASH_BASED = 0b01
 CHECKED = 0b10
@@ -130,22 +132,25 @@ def settle(state: Path, root: Path, files: list[str] | None = None) -> tuple[lis
     if files is None:
         return [], None
     record = _record_path(state, root)
+    with _locked(state):  # held for the record only: a huge tree's listing holds up no other
+        last = _read(record)
+    mtimes = _mtimes(root, files)
+    touched: list[str] = []
+    now = time.time_ns()
+    for rel, mtime in sorted(mtimes.items()) if last else ():
+        if not _racy(last, rel, mtime, now):
+            continue
+        while time.time_ns() // 10**9 == mtime // 10**9:  # now: a time of another second
+            time.sleep(0.05)
+        if _touch(root, rel):
+            touched.append(rel)
+    mtimes.update(_mtimes(root, touched))
+    # A file left out of the record (written after its listing here, or past RECORDED: a
+    # tree dated ahead of the clock) is taken by the next run as written while this run
+    # went on: touched if written again, never missed.
+    second = time.time_ns() // 10**9 * 10**9
+    recent = dict(itertools.islice(((r, m) for r, m in mtimes.items() if m >= second), RECORDED))
     with _locked(state):
-        last, mtimes = _read(record), _mtimes(root, files)
-        touched: list[str] = []
-        now = time.time_ns()
-        for rel, mtime in sorted(mtimes.items()) if last else ():
-            if not _racy(last, rel, mtime, now):
-                continue
-            while time.time_ns() // 10**9 == mtime // 10**9:  # now: a time of another second
-                time.sleep(0.05)
-            if _touch(root, rel):
-                touched.append(rel)
-        mtimes.update(_mtimes(root, touched))
-        # a file written after its listing here is unrecorded: the next run takes it as
-        # written while this run went on
-        second = time.time_ns() // 10**9 * 10**9
-        recent = {rel: m for rel, m in mtimes.items() if m >= second}
         _write(record, {"tree": str(root), "since": second, "files": recent})
     return touched, second
 
