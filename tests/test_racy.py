@@ -289,3 +289,19 @@ def test_a_run_interrupted_with_ctrl_c_records_the_end_of_its_gates(repo: Path) 
     state = Path(os.environ["DAGRUNNER_CACHE_DIR"]) / "racy"
     record = json.loads(next(state.glob("*.json")).read_text())
     assert record["until"] >= record["since"]
+
+
+def test_a_run_ending_while_a_later_run_in_its_tree_goes_on_leaves_that_runs_window_open(
+    repo: Path, tmp_path: Path
+) -> None:
+    """Two runs at once in one tree: the later one's record is the tree's; the earlier one's
+    end must not close it while the later one's gates still read."""
+    state = tmp_path / "state"
+    _, first = racy.settle(state, repo)
+    at_a_seconds_start()
+    _, later = racy.settle(state, repo)
+    assert first is not None and later is not None and later > first
+    racy.ended(state, repo, first)  # the first run ends; the later one still reads
+    at_a_seconds_start()
+    (repo / "README").write_text("read by the later run's gates in this second\n")
+    assert racy.settle(state, repo)[0] == ["README"]
