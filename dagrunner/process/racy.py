@@ -132,6 +132,8 @@ def settle(state: Path, root: Path, files: list[str] | None = None) -> tuple[lis
     if files is None:
         return [], None
     record = _record_path(state, root)
+    # this run's window begins before its listing: a file written while it is taken is in it
+    second = time.time_ns() // 10**9 * 10**9
     with _locked(state):  # held for the record only: a huge tree's listing holds up no other
         last = _read(record)
     mtimes = _mtimes(root, files)
@@ -148,7 +150,6 @@ def settle(state: Path, root: Path, files: list[str] | None = None) -> tuple[lis
     # A file left out of the record (written after its listing here, or past RECORDED: a
     # tree dated ahead of the clock) is taken by the next run as written while this run
     # went on: touched if written again, never missed.
-    second = time.time_ns() // 10**9 * 10**9
     recent = dict(itertools.islice(((r, m) for r, m in mtimes.items() if m >= second), RECORDED))
     with _locked(state):
         _write(record, {"tree": str(root), "since": second, "files": recent})
