@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,22 @@ def test_a_tree_dated_ahead_of_the_clock_keeps_its_record_small_and_is_touched_o
     for name in names:  # written again, in that same second of 2100
         os.utime(repo / name, ns=(FUTURE + 1, FUTURE + 1))
     assert sorted(racy.settle(state, repo)[0]) == sorted(names)
+
+
+def test_a_fifo_named_as_bytecode_of_a_rewritten_source_neither_hangs_nor_goes(
+    repo: Path, tmp_path: Path
+) -> None:
+    """A worker makes ``__pycache__/x.*.pyc`` a FIFO (opening it to read would wait for a
+    writer) beside an ``x.py`` dated in its second: the run goes on, the FIFO stays."""
+    (repo / "x.py").write_text("x = 1\n")
+    (repo / "__pycache__").mkdir()
+    fifo = repo / "__pycache__" / "x.cpython-311.pyc"
+    os.mkfifo(fifo)
+    os.utime(repo / "x.py", ns=(FUTURE, FUTURE))
+    done: list[racy.Settled] = []
+    waiting = threading.Thread(
+        target=lambda: done.append(racy.prepare(tmp_path / "state", repo)), daemon=True
+    )
+    waiting.start()
+    waiting.join(timeout=30)
+    assert done and fifo.exists()
