@@ -283,9 +283,9 @@ def prepare(state: Path, root: Path) -> Settled:
     touched, since = settle(state, root, files)
     if touched:
         warnings.append(
-            f"touched {len(touched)} file(s) rewritten in the second the last run's gates may "
-            f"have read them in, so that tools trusting file times see the change: "
-            f"{_shown(touched)}"
+            f"touched {len(touched)} file(s) written again since the last run in this tree "
+            f"may have read them, in a second it went on in, so that tools trusting "
+            f"whole-second file times see the change: {_shown(touched)}"
         )
     if removed := sorted(remove_stale_bytecode(root, files)):
         warnings.append(
