@@ -26,13 +26,22 @@ from dagrunner.engine.inputs import (
     stands_for,
     take_snapshot,
 )
-from dagrunner.engine.keys import Candidate, KeyParts, Listing, compute_keys, store_keys, tree_scope
+from dagrunner.engine.keys import (
+    Candidate,
+    KeyParts,
+    Listing,
+    Placement,
+    compute_keys,
+    store_keys,
+    tree_scope,
+)
 from dagrunner.engine.landed import Verified, head_tree, landed_answer, manifest_digest
 from dagrunner.engine.landed import clean_tree as landed_tree
 from dagrunner.engine.scheduler import Flights, Outcome, Wait
 from dagrunner.engine.tools import remembering
 from dagrunner.executors.base import Fingerprint
 from dagrunner.manifest.load import Manifest
+from dagrunner.process.toolcaches import linked_worktree
 from dagrunner.records.run import CacheProof, GateResult, Observation, Status
 from dagrunner.units import format_duration
 
@@ -117,6 +126,8 @@ class RunCache:
             and self.scope
             and (outside := self.scope.outside(spec(graph, g).inputs))
         }
+        # a linked worktree's own check (a worker's): its passes answer its later runs alone
+        self.place = Placement(self.scope, self.scoped, None if trusted else linked_worktree(repo))
         self.effective: dict[str, str] = {}  # gate -> the key its dependants hold, once settled
         self.seen: dict[str, Observation] = {}  # gate -> what its last attempt was seen to read
         self.stands: dict[str, frozenset[str]] = {}  # gate -> the files its reads stand for
@@ -155,16 +166,9 @@ class RunCache:
         then its whole key (an incomplete observation's pass, or a gate keyed by inputs)."""
         sets = self.store.read_sets(parts.shape) if self.by_read(gate, parts) else []
         verdicts = [(parts.verdict(read, self.listing)[0], read) for read in sets]
-        found = [Candidate(k, v, read) for v, read in verdicts for k in self.answering(v)]
-        return found + [Candidate(k, parts.key, None) for k in self.answering(parts.key, gate)]
-
-    def answering(self, key: str, gate: str = "") -> list[str]:
-        """``key``, and as scoped to this tree and to the trees whose verdicts hold here: for
-        a gate the reuse rule scopes (``gate``), or a verdict key in an untrusted tree."""
-        scope = self.scope
-        if scope is None or (gate and gate not in self.scoped):
-            return [key]
-        return [key, scope.own(key), *scope.keys(key)]
+        answering = self.place.answering
+        found = [Candidate(k, v, read) for v, read in verdicts for k in answering(v)]
+        return found + [Candidate(k, parts.key, None) for k in answering(parts.key, gate)]
 
     def seen_reading(self, gate: str, seen: Observation | None, *, warm: bool = False) -> None:
         """What ``gate``'s attempt was seen to read, and whether its tool caches were warm
@@ -276,7 +280,8 @@ class RunCache:
                         flights.waited += 1
                         self.waited.add(gate)
                         return Wait(done=flights.running[key], key=key)
-                mine = parts.flight if self.by_read(gate, parts) else self.store_key(gate, parts)
+                keyed = self.by_read(gate, parts)
+                mine = parts.flight if keyed else self.place.store_key(gate, parts.key)
                 flights.claim(mine)
                 self.claimed[gate] = mine
             return None
@@ -383,15 +388,6 @@ class RunCache:
             proof = replace(proof, observed={**proof.observed, "paths": paths})
         return replace(proof, hit=False, reason=why) if proof.cacheable else proof
 
-    def verdict_key(self, verdict: str) -> str:
-        """Where a verdict key's pass is stored: in an untrusted tree, scoped to it (it holds
-        for other trees once this one has landed: ``answering``)."""
-        return self.scope.own(verdict) if self.scope is not None else verdict
-
-    def store_key(self, gate: str, parts: KeyParts) -> str:
-        """The key this run stores ``gate``'s pass under: its input key, or this tree's."""
-        return self.scope.own(parts.key) if gate in self.scoped and self.scope else parts.key
-
     def settled(self, result: GateResult) -> None:
         """A gate's result is recorded: the key its dependants hold is known (an observed
         gate's verdict key, from what it read), and a plain pass (not flaky, not cached) of a
@@ -416,7 +412,9 @@ class RunCache:
                 result=result,
                 run_id=self.run_id,
                 log=self.run_dir / "logs" / f"{gate}.log",
-                key=self.store_key(gate, parts) if read is None else self.verdict_key(key),
+                key=self.place.store_key(gate, parts.key)
+                if read is None
+                else self.place.verdict_key(key),
                 read=ids,
             )
             self.stored += 1

@@ -324,6 +324,41 @@ class TreeScope:
         return scoped_key(key, self.ident)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's passes are stored and which stored keys answer it: by input key (a
+    trusted run), scoped to an untrusted tree under the reuse rule (``scope``; ``scoped``:
+    gate -> its changed paths outside its inputs), or as a linked worktree's own
+    (``private``: a worker's own check, where what sits beside a gate's inputs -- an
+    undeclared helper it edited, a package it installed -- is not trusted)."""
+
+    scope: TreeScope | None = None
+    scoped: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    private: str | None = None
+
+    def mine(self, key: str) -> str:
+        return scoped_key(key, f"worktree {self.private}") if self.private else key
+
+    def answering(self, key: str, gate: str = "") -> list[str]:
+        """``key``, and as scoped to this tree and to the trees whose verdicts hold here: for
+        a gate the reuse rule scopes (``gate``), or a verdict key in an untrusted tree; in a
+        linked worktree, as its own."""
+        if self.private:
+            return [key, self.mine(key)]
+        if self.scope is None or (gate and gate not in self.scoped):
+            return [key]
+        return [key, self.scope.own(key), *self.scope.keys(key)]
+
+    def verdict_key(self, verdict: str) -> str:
+        """Where a verdict key's pass is stored: in an untrusted tree, scoped to it (it holds
+        for other trees once this one has landed: ``answering``)."""
+        return self.scope.own(verdict) if self.scope is not None else self.mine(verdict)
+
+    def store_key(self, gate: str, key: str) -> str:
+        """Where ``gate``'s pass under its input ``key`` is stored: there, or this tree's."""
+        return self.scope.own(key) if gate in self.scoped and self.scope else self.mine(key)
+
+
 def tree_scope(repo: Path, trusted: str, ahead: str | None) -> TreeScope:
     """The reuse rule for an untrusted tree (an envelope's): a verdict computed on it may be
     reused by input key only when the tree equals the ``trusted`` commit outside the gate's

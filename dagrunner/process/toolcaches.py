@@ -113,6 +113,13 @@ def drop_worktree(path: Path) -> None:
         _remove(tool_cache_root() / "private" / f"tree-{tree_id(path)}")
 
 
+def linked_worktree(repo: Path) -> str | None:
+    """``repo``'s ``tree_id`` when it is a linked worktree (a worker's); None when it is the
+    main checkout of its git dir (the caller's own tree), or outside git."""
+    common = _common_dir(repo)
+    return None if not common or _main_checkout(repo, common) else tree_id(repo)
+
+
 def tree_id(path: Path) -> str:
     """A worktree's layer name: its real path and the identity of its ``.git`` file, so a
     worktree made again at the same path (removed by plain git) starts from nothing."""

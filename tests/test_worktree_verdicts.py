@@ -1,0 +1,75 @@
+"""A verdict a worker's own ``release-check`` computed in its worktree answers no other tree.
+
+A worker's worktree is not trusted (docs/security.md): what is in it beside the gate's
+declared inputs (an undeclared helper it edited for a while, a package it installed into
+its venv) can make a gate pass there.  Stored under the input key, that pass answered the
+integration tree of the worker's envelope, whose own run would fail: it landed red."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import orjson
+from conftest import CLI, SIDE_BY_SIDE, commit_release_manifest, git
+
+from dagrunner.integration.run import integrate
+from dagrunner.worktrees import allocate as wt
+from dagrunner.worktrees import export as exporting
+
+MANIFEST = (
+    SIDE_BY_SIDE
+    + """
+    [gates.check]
+    run = "sh check.sh"
+    inputs = ["src/**"]
+"""
+)
+
+
+def test_a_pass_a_worker_computed_with_an_undeclared_helper_it_edited_never_lands(
+    repo: Path,
+) -> None:
+    (repo / "src").mkdir()
+    (repo / "src" / "a.txt").write_text("fine\n")
+    (repo / "check.sh").write_text("! grep -q BROKEN src/a.txt\n")
+    commit_release_manifest(repo, MANIFEST)
+    path = Path(wt.allocate(mission="m", worker="w", repo=repo, session="w")["path"])
+    (path / "src" / "a.txt").write_text("BROKEN\n")
+    (path / "check.sh").write_text("exit 0\n")  # lenient for its own check, for a while
+    checked = subprocess.run(
+        [*CLI, "release-check", "--quiet"], cwd=path, capture_output=True, check=False
+    )
+    assert checked.returncode == 0, checked.stderr
+    git(path, "checkout", "--", "check.sh")  # put back: the envelope holds src/a.txt alone
+    out = path.parent / "w.envelope.json"
+    exporting.export("m/w", output=out, repo=repo)
+    subprocess.run([*CLI, "integrate", "submit", str(out)], cwd=repo, check=True)
+    result = integrate(repo=repo, window=1)
+    assert [o.state for o in result.envelopes] == ["gates-failed"]
+    assert git(repo, "show", "main:src/a.txt") == "fine\n"
+
+
+def statuses(tree: Path) -> list[str]:
+    done = subprocess.run(
+        [*CLI, "release-check", "--json"], cwd=tree, capture_output=True, check=False
+    )
+    return [g["status"] for g in orjson.loads(done.stdout)["gates"]]
+
+
+def test_a_workers_pass_answers_its_own_later_runs_and_the_main_checkouts_answer_it(
+    repo: Path,
+) -> None:
+    (repo / "src").mkdir()
+    (repo / "src" / "a.txt").write_text("fine\n")
+    (repo / "check.sh").write_text("! grep -q BROKEN src/a.txt\n")
+    commit_release_manifest(repo, MANIFEST)
+    assert statuses(repo) == ["passed"]  # the main checkout's run: trusted, by input key
+    one = Path(wt.allocate(mission="m", worker="w1", repo=repo, session="w1")["path"])
+    two = Path(wt.allocate(mission="m", worker="w2", repo=repo, session="w2")["path"])
+    assert statuses(one) == ["cached"]  # answered by the main checkout's pass
+    for tree in (one, two):
+        (tree / "src" / "a.txt").write_text("still fine\n")
+    assert statuses(one) == ["passed"]
+    assert statuses(one) == ["cached"]  # its own pass, for its own later run
+    assert statuses(two) == ["passed"]  # another worktree's pass answers nothing here
