@@ -88,3 +88,37 @@ def test_base_python_file_names_the_interpreter_and_an_env_that_lacks_it_is_comm
     assert "# `python3.99` is not on PATH here: install it" in text, text
     assert "# [gates.tox-coverage-report]" in text
     assert "python3.99" in " ".join(body["missing_tools"]), body["missing_tools"]
+
+
+def test_a_tox_env_that_type_checks_other_files_is_a_gate_of_its_own(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on hynek/structlog: its ``3.1x-mypy`` envs run ``mypy tests/typing`` (the
+    API's typing tests, a CI job of their own) and ``typing-pyright`` runs pyright; init
+    kept only the ``[tool.mypy]`` gate and said of each "types is run by 'types'", so
+    nothing checked ``tests/typing`` and no reason said so."""
+    python_project(repo)
+    (repo / "tox.ini").write_text(
+        textwrap.dedent(
+            f"""\
+            [tox]
+            env_list = 3.99-mypy, {THIS}-mypy, typing-mypy, typing-pyright
+            [testenv]
+            commands = mypy tests/typing
+            [testenv:typing-{{mypy,pyright}}]
+            commands =
+                mypy: mypy
+                pyright: pyright tests/typing
+            """
+        )
+    )
+    code, body = run_json(capsys, "init", "--repo", str(repo))
+    assert code == 0, body
+    gates = gates_of(body)
+    why = {s["id"]: s["why"] for s in body["skipped"]}
+    assert gates["types"]["run"][0] == "mypy", gates["types"]
+    assert f"tox-{THIS}-mypy" in gates and "tox-typing-pyright" in gates, (gates, why)
+    assert why["tox-typing-mypy"] == "types is run by 'types'", why
+    assert why["tox-3.99-mypy"] == (
+        f"it needs python3.99, which is not installed here; 'tox-{THIS}-mypy' runs the types"
+    )

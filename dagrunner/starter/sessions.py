@@ -163,3 +163,21 @@ def session(
         runner=True,
         python=python,
     )
+
+
+TYPE_CHECKERS = frozenset({"mypy", "pyright", "basedpyright", "ty", "pyrefly", "pytype"})
+
+
+def type_checks(commands: tuple[tuple[str, ...], ...]) -> frozenset[str] | None:
+    """What the commands type-check, one "checker targets" each (``mypy tests/typing``,
+    ``ty check``): the checker and the words after it that are not options; None when no
+    command runs a checker by name (a shell script, a hook runner: unknown)."""
+    found = set()
+    for words in commands:
+        names = [w.rsplit("/", 1)[-1] for w in words]
+        at = next((n for n, w in enumerate(names) if w in TYPE_CHECKERS), None)
+        if at is None:
+            continue
+        rest = [w for w in words[at + 1 :] if not w.startswith("-")]
+        found.add(" ".join([names[at], *rest]))
+    return frozenset(found) if found else None
