@@ -178,8 +178,9 @@ def _one_per_concern(
                 )
     chosen_for: dict[int, Check] = {}
     for key, group in groups.items():  # a checker run on what the chosen one does not check
-        covered = type_checks(best[key].commands or (best[key].run,))
-        for check in sorted(group, key=order) if key.endswith(":types") and covered else ():
+        known = type_checks(best[key].commands or (best[key].run,))
+        covered = known or frozenset()
+        for check in sorted(group, key=order) if key.endswith(":types") and known else ():
             mine = type_checks(check.commands) or frozenset()
             if check.runner and not variant(check.id.partition("-")[2]) and mine - covered:
                 if id(check) not in winners:
