@@ -94,10 +94,23 @@ def settle(state: Path, root: Path) -> list[str]:
                 recent[rel] = mtime
     if recent:
         state.mkdir(parents=True, exist_ok=True)
-        atomic_write(record, orjson.dumps({"tree": str(root), "files": recent}), durable=False)
+        atomic_write(
+            record,
+            orjson.dumps({"tree": str(root), "second": second // 10**9, "files": recent}),
+            durable=False,
+        )
     else:
         record.unlink(missing_ok=True)
     return touched
+
+
+def _recorded_second(state: Path, root: Path) -> int | None:
+    """The second the last run in ``root`` began, as its record says; None without one."""
+    try:
+        second = orjson.loads(_record_path(state, root).read_bytes())["second"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return second if isinstance(second, int) and 0 < second < 2**33 else None
 
 
 def _touch(root: Path, rel: str) -> bool:
@@ -180,11 +193,14 @@ def prepare(state: Path, root: Path) -> list[str]:
     """``settle`` and ``remove_stale_bytecode`` for ``root``; the run's warnings saying what
     they did (docs/cache.md, "Files rewritten in the second they were read")."""
     warnings = []
+    began = _recorded_second(state, root)  # read before settle records this run
     if touched := settle(state, root):
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(began)) if began else "unknown"
         warnings.append(
-            f"touched {len(touched)} file(s) rewritten in the second the last run's gates may "
-            f"have read them in, so that tools trusting file times see the change: "
-            f"{_shown(touched)}"
+            f"touched {len(touched)} file(s) (their time set to now, contents unchanged) "
+            f"rewritten within the second the last run in this tree began ({when}), when its "
+            f"gates may have read them: tools that trust file times (mypy's cache, Python's "
+            f"bytecode) would not have seen the change: {_shown(touched)}"
         )
     if removed := sorted(remove_stale_bytecode(root)):
         warnings.append(
