@@ -13,7 +13,7 @@ import pytest
 from conftest import run_json
 from test_init import THIS, gates_of, python_project
 
-from dagrunner.starter.sessions import interpreter
+from dagrunner.starter.sessions import has_interpreter, interpreter
 
 
 def test_a_bare_version_factor_names_the_interpreter_tox_uses() -> None:
@@ -122,3 +122,29 @@ def test_a_tox_env_that_type_checks_other_files_is_a_gate_of_its_own(
     assert why["tox-3.99-mypy"] == (
         f"it needs python3.99, which is not installed here; 'tox-{THIS}-mypy' runs the types"
     )
+
+
+def test_a_pyenv_shim_is_an_interpreter_only_for_a_version_pyenv_selects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found on hynek/structlog: pyenv puts a ``python3.10`` shim on PATH for every version
+    it has, selected or not; init took the shim for Python 3.10, and the gate's tox-uv,
+    finding no usable 3.10, tried to download one (offline: failed)."""
+    root = tmp_path / "pyenv"
+    (root / "shims").mkdir(parents=True)
+    shim = root / "shims" / "python3.97"
+    shim.write_text('#!/bin/sh\necho "pyenv: python3.97: command not found" >&2; exit 127\n')
+    shim.chmod(0o755)
+    (root / "version").write_text(f"{THIS}.0\n")  # the global selection: another version
+    installed = root / "versions" / "3.97.1" / "bin" / "python3.97"
+    installed.parent.mkdir(parents=True)
+    installed.symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", f"{root / 'shims'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("PYENV_VERSION", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert not has_interpreter("python3.97")  # installed under pyenv, but not selected
+    monkeypatch.setenv("PYENV_VERSION", f"{THIS}.0:3.97.1")
+    assert has_interpreter("python3.97")
+    monkeypatch.delenv("PYENV_VERSION")
+    (tmp_path / ".python-version").write_text("3.97.1\n")  # pyenv local
+    assert has_interpreter("python3.97")

@@ -9,11 +9,13 @@ over a gate synthesized from a tool table.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
 import zlib
 from collections.abc import Iterable
+from pathlib import Path
 
 from dagrunner.names import is_safe_id
 from dagrunner.starter.checks import Check
@@ -121,9 +123,53 @@ def interpreter(name: str, base_python: str = "") -> str:
 
 
 def has_interpreter(python: str) -> bool:
-    """Whether ``python`` ("" is any) is the one running, or on PATH."""
+    """Whether ``python`` ("" is any) is the one running, or on PATH (a pyenv shim only
+    for a version pyenv selects: a shim of another version runs nothing, and uv skips it)."""
     this = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    return not python or python == this or shutil.which(python) is not None
+    if not python or python == this:
+        return True
+    found = shutil.which(python)
+    if found is None:
+        return False
+    shims = Path(found).parent
+    if shims.name != "shims" or not (shims.parent / "versions").is_dir():
+        return True
+    for version in _pyenv_selected(shims.parent):
+        if version == "system":
+            rest = os.pathsep.join(
+                p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p) != shims
+            )
+            if shutil.which(python, path=rest):
+                return True
+        elif (
+            "/" not in version and (shims.parent / "versions" / version / "bin" / python).is_file()
+        ):
+            return True
+    return False
+
+
+def _pyenv_selected(root: Path) -> list[str]:
+    """The versions pyenv selects, as it looks: ``PYENV_VERSION``, the nearest
+    ``.python-version`` up from here, ``$PYENV_ROOT/version``; else "system"."""
+    if given := os.environ.get("PYENV_VERSION", ""):
+        return given.split(":")
+    here = Path.cwd()
+    for place in (folder / ".python-version" for folder in (here, *here.parents)):
+        if place.is_file():
+            return _versions(place) or ["system"]
+    return _versions(root / "version") or ["system"]
+
+
+def _versions(path: Path) -> list[str]:
+    """The versions a pyenv version file names (its first 4 KiB: a real one is a line)."""
+    if not path.is_file():  # never a FIFO's open, which would wait
+        return []
+    try:
+        with path.open("rb") as file:
+            words = file.read(4096).decode(errors="replace").split()
+    except OSError:
+        return []
+    return [word for word in words if not word.startswith("#")]
 
 
 def gate_id(prefix: str, name: str) -> str:
