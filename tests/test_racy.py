@@ -156,6 +156,12 @@ def test_mypys_warm_cache_never_passes_a_same_size_edit_made_in_the_second_it_re
     code, body, _ = check(capsys, repo, manifest)
     assert code == 1
     assert any("touched" in w and "typed.py" in w for w in body["warnings"])
+    # the user reads it maybe minutes after that edit: it says which run, and that the
+    # file's content is as they left it (found on hynek/structlog, round 7)
+    began = time.strftime("%H:%M:%S", time.gmtime(second))
+    (said,) = [w for w in body["warnings"] if "touched" in w]
+    assert f"the last run in this tree (begun {began} UTC)" in said, said
+    assert "contents unchanged" in said, said
 
 
 def test_a_recorded_path_behind_a_link_is_never_touched(repo: Path, tmp_path: Path) -> None:

@@ -280,12 +280,15 @@ def prepare(state: Path, root: Path) -> Settled:
     files = _files(root)
     if files is None:
         return Settled(state=state, root=root, since=None, warnings=[])
+    began = _read(_record_path(state, root)).get("since")  # before settle records this run
     touched, since = settle(state, root, files)
     if touched:
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(began // 10**9)) if began else "?"
         warnings.append(
-            f"touched {len(touched)} file(s) written again since the last run in this tree "
-            f"may have read them, in a second it went on in, so that tools trusting "
-            f"whole-second file times see the change: {_shown(touched)}"
+            f"touched {len(touched)} file(s) (their time set to now, contents unchanged) "
+            f"written again since the last run in this tree (begun {when}) may have read "
+            f"them, in a second it went on in: tools that trust whole-second file times "
+            f"(mypy's cache, Python's bytecode) would not have seen it: {_shown(touched)}"
         )
     if removed := sorted(remove_stale_bytecode(root, files)):
         warnings.append(

@@ -28,7 +28,13 @@ from dagrunner.starter.nodeseeds import node_seed
 from dagrunner.starter.noxsessions import nox
 from dagrunner.starter.python import Uses, python
 from dagrunner.starter.readers import Project
-from dagrunner.starter.sessions import does_more, has_interpreter, runnable, variant
+from dagrunner.starter.sessions import (
+    does_more,
+    has_interpreter,
+    runnable,
+    type_checks,
+    variant,
+)
 from dagrunner.starter.toxenvs import tox
 from dagrunner.starter.venvs import venv_seed
 
@@ -170,6 +176,25 @@ def _one_per_concern(
                 notes[id(check)] = (
                     f"runs tests {best[key].id} deselects ({', '.join(left)}): a gate of its own"
                 )
+    chosen_for: dict[int, Check] = {}
+    for key, group in groups.items():  # a checker run on what the chosen one does not check
+        known = type_checks(best[key].commands or (best[key].run,))
+        covered = known or frozenset()
+        for check in sorted(group, key=order) if key.endswith(":types") and known else ():
+            mine = type_checks(check.commands) or frozenset()
+            if check.runner and not variant(check.id.partition("-")[2]) and mine - covered:
+                if id(check) not in winners:
+                    winners.add(id(check))
+                    notes[id(check)] = (
+                        f"runs {', '.join(sorted(mine - covered))}, which {best[key].id} does "
+                        "not: a gate of its own"
+                    )
+                covered |= mine
+                chosen_for |= {
+                    id(c): check
+                    for c in group
+                    if (theirs := type_checks(c.commands or (c.run,))) and theirs <= mine
+                }
     for key, group in groups.items():  # the tests' gate is written commented out (its runner
         # is missing here): the best one this machine can run checks them meanwhile
         program = best[key].needs_program
@@ -189,7 +214,8 @@ def _one_per_concern(
         for check in group:
             if id(check) in winners:
                 continue
-            skipped.append(Skipped(check.id, check.source, _why_not(check, chosen, key, why)))
+            by = chosen_for.get(id(check), chosen)
+            skipped.append(Skipped(check.id, check.source, _why_not(check, by, key, why)))
     seen: set[str] = set()
     for check in candidates:
         if id(check) in winners:

@@ -9,11 +9,13 @@ over a gate synthesized from a tool table.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
 import zlib
 from collections.abc import Iterable
+from pathlib import Path
 
 from dagrunner.names import is_safe_id
 from dagrunner.starter.checks import Check
@@ -105,23 +107,69 @@ def variant(name: str) -> str:
 
 def interpreter(name: str, base_python: str = "") -> str:
     """The interpreter a tox env needs: its ``base_python``, else its name's factor
-    (``py3.14``, ``py314`` -> ``python3.14``; ``pypy3`` -> ``pypy3``); "" for any."""
+    (``py3.14``, ``py314``, ``3.14`` -> ``python3.14``; ``pypy3`` -> ``pypy3``); "" for any."""
     if base_python:
         text = base_python.strip().split()[0]
-        found = re.fullmatch(r"(?:python|py)?3\.?(\d+)", text)
+        found = re.fullmatch(r"(?:python|py)?3\.?(\d+)(?:\.\d+)*", text)  # 3.14.0 too
         return f"python3.{found[1]}" if found else text
     for factor in re.split(r"[-_]", name.lower()):
         if found := re.fullmatch(r"py(?:thon)?3\.?(\d+)", factor):
             return f"python3.{found[1]}"
+        if found := re.fullmatch(r"3\.(\d+)(t?)", factor):  # tox 4 reads a bare 3.13 so too
+            return f"python3.{found[1]}{found[2]}"
         if re.fullmatch(r"pypy3(\.?\d+)?", factor):
             return factor if "." in factor or factor == "pypy3" else f"pypy3.{factor[5:]}"
     return ""
 
 
 def has_interpreter(python: str) -> bool:
-    """Whether ``python`` ("" is any) is the one running, or on PATH."""
+    """Whether ``python`` ("" is any) is the one running, or on PATH (a pyenv shim only
+    for a version pyenv selects: a shim of another version runs nothing, and uv skips it)."""
     this = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    return not python or python == this or shutil.which(python) is not None
+    if not python or python == this:
+        return True
+    found = shutil.which(python)
+    if found is None:
+        return False
+    shims = Path(found).parent
+    if shims.name != "shims" or not (shims.parent / "versions").is_dir():
+        return True
+    for version in _pyenv_selected(shims.parent):
+        if version == "system":
+            rest = os.pathsep.join(
+                p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p) != shims
+            )
+            if shutil.which(python, path=rest):
+                return True
+        elif (
+            "/" not in version and (shims.parent / "versions" / version / "bin" / python).is_file()
+        ):
+            return True
+    return False
+
+
+def _pyenv_selected(root: Path) -> list[str]:
+    """The versions pyenv selects, as it looks: ``PYENV_VERSION``, the nearest
+    ``.python-version`` up from here, ``$PYENV_ROOT/version``; else "system"."""
+    if given := os.environ.get("PYENV_VERSION", ""):
+        return given.split(":")
+    here = Path.cwd()
+    for place in (folder / ".python-version" for folder in (here, *here.parents)):
+        if place.is_file():
+            return _versions(place) or ["system"]
+    return _versions(root / "version") or ["system"]
+
+
+def _versions(path: Path) -> list[str]:
+    """The versions a pyenv version file names (its first 4 KiB: a real one is a line)."""
+    if not path.is_file():  # never a FIFO's open, which would wait
+        return []
+    try:
+        with path.open("rb") as file:
+            words = file.read(4096).decode(errors="replace").split()
+    except OSError:
+        return []
+    return [word for word in words if not word.startswith("#")]
 
 
 def gate_id(prefix: str, name: str) -> str:
@@ -161,3 +209,21 @@ def session(
         runner=True,
         python=python,
     )
+
+
+TYPE_CHECKERS = frozenset({"mypy", "pyright", "basedpyright", "ty", "pyrefly", "pytype"})
+
+
+def type_checks(commands: tuple[tuple[str, ...], ...]) -> frozenset[str] | None:
+    """What the commands type-check, one "checker targets" each (``mypy tests/typing``,
+    ``ty check``): the checker and the words after it that are not options; None when no
+    command runs a checker by name (a shell script, a hook runner: unknown)."""
+    found = set()
+    for words in commands:
+        names = [w.rsplit("/", 1)[-1] for w in words]
+        at = next((n for n, w in enumerate(names) if w in TYPE_CHECKERS), None)
+        if at is None:
+            continue
+        rest = [w for w in words[at + 1 :] if not w.startswith("-")]
+        found.add(" ".join([names[at], *rest]))
+    return frozenset(found) if found else None

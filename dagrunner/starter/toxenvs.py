@@ -27,6 +27,9 @@ class Envs:
     env_list: tuple[str, ...]
     commands: Mapping[str, tuple[tuple[str, ...], ...]]  # every env defined, and its commands
     pythons: Mapping[str, str] = field(default_factory=dict)  # an env's own base_python
+    # an env's base_python_file: the files (first found wins) whose version line tox uses
+    # when neither base_python nor a factor of its name names one
+    python_files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def expand(envlist: str | Iterable[str]) -> list[str]:
@@ -84,19 +87,25 @@ def _from_ini(ini: configparser.ConfigParser, source: str) -> Envs:
     base = ini.get("testenv", "commands", fallback="")
     texts: dict[str, str] = {}
     pythons = {}
+    base_files = ini.get("testenv", "base_python_file", fallback="").split()
+    files = {}
     for section in ini.sections():
         if section.startswith("testenv:"):
             text = ini.get(section, "commands", fallback=None)
             python = ini.get(section, "base_python", fallback="") or ini.get(
                 section, "basepython", fallback=""
             )
+            own = ini.get(section, "base_python_file", fallback="").split() or base_files
             for name in expand(section.removeprefix("testenv:")):
                 texts[name] = base if text is None else text
                 if python and "{" not in python:
                     pythons[name] = python
+                if own and not python:
+                    files[name] = tuple(own)
     names = expand(envlist)
     every = {n: _ini_commands(texts.get(n, base), n) for n in [*names, *texts]}
-    return Envs(source, tuple(names), every, pythons)
+    files |= {n: tuple(base_files) for n in every if base_files and n not in files}
+    return Envs(source, tuple(names), every, pythons, files)
 
 
 FACTOR_LINE = re.compile(r"^\s*([\w.{},!-]+):\s+(?=\S)")
@@ -139,7 +148,10 @@ def _from_toml(table: Mapping[str, Any], source: str) -> Envs:
     base_table = table.get("env_run_base")
     base = _toml_commands(base_table.get("commands") if isinstance(base_table, dict) else None)
     envs = table.get("env")
-    commands, pythons = {}, {}
+    commands, pythons, files = {}, {}, {}
+    base_files = _files(
+        base_table.get("base_python_file") if isinstance(base_table, dict) else None
+    )
     if isinstance(envs, dict):
         for name, env in envs.items():
             given = env.get("commands") if isinstance(env, dict) else None
@@ -148,8 +160,26 @@ def _from_toml(table: Mapping[str, Any], source: str) -> Envs:
             python = python[0] if isinstance(python, list) and python else python
             if isinstance(python, str) and "{" not in python:
                 pythons[str(name)] = python
+            elif own := _files(env.get("base_python_file") if isinstance(env, dict) else None):
+                files[str(name)] = own
     every = {n: commands.get(n, base) for n in [*names, *commands]}
-    return Envs(source, tuple(names), every, pythons)
+    files |= {n: base_files for n in every if base_files and n not in files and n not in pythons}
+    return Envs(source, tuple(names), every, pythons, files)
+
+
+def _files(value: Any) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(_strings(value))
+
+
+def version_in(project: Project, names: Iterable[str]) -> str:
+    """The Python version ``base_python_file`` names: the first version line of the first
+    of ``names`` the project has, as tox reads it; "" when none has one."""
+    for name in names:
+        text = project.text(name, errors="replace")
+        for line in (text or "").splitlines():
+            if (line := line.strip()) and not line.startswith("#"):
+                return line
+    return ""
 
 
 def _strings(value: Any) -> list[str]:
@@ -184,6 +214,8 @@ def tox(
             run = ("tox", "-e", name)
             tools = ("tox --version",)
             python = interpreter(name, envs.pythons.get(name, ""))
+            if not python and name in envs.python_files:
+                python = interpreter(name, version_in(project, envs.python_files[name]))
             found.append(
                 session(
                     prefix="tox",

@@ -15,7 +15,7 @@ from dagrunner.files import atomic_write
 from dagrunner.manifest.load import STARTER_MANIFEST, load_manifest
 from dagrunner.starter.checks import WHOLE, Check, Found, Seed
 from dagrunner.starter.detect import detect, pip_words
-from dagrunner.starter.sessions import runnable
+from dagrunner.starter.sessions import has_interpreter, runnable
 
 PIP = "python -m pip install {0}"
 INSTALL = {  # a program -> how to get it (else: the project's own docs)
@@ -60,7 +60,7 @@ class Started:
                     "junit": c.junit or None,
                     "env": dict(c.env_set),
                     "network": c.network or None,
-                    "commented_out": c.needs_program in self.missing
+                    "commented_out": bool(lacks(c, self.missing))
                     and _commented(self.found, self.missing),
                 }
                 for c in self.found.checks
@@ -106,7 +106,12 @@ def init(root: Path, out: Path | None = None, *, dry_run: bool = False) -> Start
             hint="write a manifest by hand (docs/manifest.md), or configure a tool first",
         )
     missing = tuple(
-        dict.fromkeys(c.needs_program for c in found.checks if not runnable(c.needs_program))
+        dict.fromkeys(
+            [
+                *(c.needs_program for c in found.checks if not runnable(c.needs_program)),
+                *(c.python for c in found.checks if not has_interpreter(c.python)),
+            ]
+        )
     )
     text = render(found, missing)
     _validate(text)
@@ -115,9 +120,18 @@ def init(root: Path, out: Path | None = None, *, dry_run: bool = False) -> Start
     return Started(path, text, not dry_run, found, missing)
 
 
+def lacks(check: Check, missing: tuple[str, ...]) -> str:
+    """What of ``missing`` the gate needs: its program, else its interpreter (a tox env's
+    ``python3.14``, which tox cannot run it without), "" when it lacks nothing."""
+    for needed in (check.needs_program, check.python):
+        if needed and needed in missing:
+            return needed
+    return ""
+
+
 def _commented(found: Found, missing: tuple[str, ...]) -> bool:
     """Whether gates of missing programs are commented out: yes, unless none would be left."""
-    return any(c.needs_program not in missing for c in found.checks)
+    return any(not lacks(c, missing) for c in found.checks)
 
 
 def render(found: Found, missing: tuple[str, ...] = ()) -> str:
@@ -143,15 +157,11 @@ def render(found: Found, missing: tuple[str, ...] = ()) -> str:
             'message = "chore: integrate {mission}/{worker}"  # or "{subject}": the worker\'s own',
             "",
         ]
-    off = (
-        {c.id for c in found.checks if c.needs_program in missing}
-        if _commented(found, missing)
-        else set()
-    )
+    off = {c.id for c in found.checks if lacks(c, missing)} if _commented(found, missing) else set()
     for check in found.checks:
         if check.id not in off:
             check = replace(check, needs=tuple(n for n in check.needs if n not in off))
-        lines += _gate(check, missing=check.needs_program in missing, off=check.id in off)
+        lines += _gate(check, lacking=lacks(check, missing), off=check.id in off)
     for seed in found.seeds:
         lines += _seed(seed)
     if found.skipped:
@@ -187,15 +197,17 @@ def _seed(seed: Seed) -> list[str]:
     return [*lines, *(f"{off}{line}" for line in table), ""]
 
 
-def _gate(check: Check, *, missing: bool, off: bool) -> list[str]:
+def _gate(check: Check, *, lacking: str, off: bool) -> list[str]:
     lines = [f"# from {check.source}"]
-    program = check.needs_program
+    program = lacking or check.needs_program
     install = INSTALL.get(program, "see the project's docs")
     if check.install and install.startswith(PIP.format("")):
         install = PIP.format(pip_words(check.install))
+    if lacking and lacking == check.python:
+        install = f"tox runs this env with it: uv python install {lacking.removeprefix('python')}"
     if off:
         lines.append(f"# `{program}` is not on PATH here: install it ({install}), then uncomment")
-    elif missing:
+    elif lacking:
         lines.append(
             f"# `{program}` is not on PATH here: install it ({install}), or drop this gate"
         )
