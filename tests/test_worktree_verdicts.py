@@ -27,13 +27,19 @@ MANIFEST = (
 )
 
 
-def test_a_pass_a_worker_computed_with_an_undeclared_helper_it_edited_never_lands(
-    repo: Path,
-) -> None:
+def commit_project(repo: Path) -> None:
+    """``src/a.txt``, which the gate fails on the word BROKEN, through ``check.sh`` (which
+    its inputs leave out)."""
     (repo / "src").mkdir()
     (repo / "src" / "a.txt").write_text("fine\n")
     (repo / "check.sh").write_text("! grep -q BROKEN src/a.txt\n")
     commit_release_manifest(repo, MANIFEST)
+
+
+def test_a_pass_a_worker_computed_with_an_undeclared_helper_it_edited_never_lands(
+    repo: Path,
+) -> None:
+    commit_project(repo)
     path = Path(wt.allocate(mission="m", worker="w", repo=repo, session="w")["path"])
     (path / "src" / "a.txt").write_text("BROKEN\n")
     (path / "check.sh").write_text("exit 0\n")  # lenient for its own check, for a while
@@ -60,10 +66,7 @@ def statuses(tree: Path) -> list[str]:
 def test_a_workers_pass_answers_its_own_later_runs_and_the_main_checkouts_answer_it(
     repo: Path,
 ) -> None:
-    (repo / "src").mkdir()
-    (repo / "src" / "a.txt").write_text("fine\n")
-    (repo / "check.sh").write_text("! grep -q BROKEN src/a.txt\n")
-    commit_release_manifest(repo, MANIFEST)
+    commit_project(repo)
     assert statuses(repo) == ["passed"]  # the main checkout's run: trusted, by input key
     one = Path(wt.allocate(mission="m", worker="w1", repo=repo, session="w1")["path"])
     two = Path(wt.allocate(mission="m", worker="w2", repo=repo, session="w2")["path"])
