@@ -311,3 +311,27 @@ def test_a_run_ending_while_a_later_run_in_its_tree_goes_on_leaves_that_runs_win
     at_a_seconds_start()
     (repo / "README").write_text("read by the later run's gates in this second\n")
     assert racy.settle(state, repo)[0] == ["README"]
+
+
+def test_a_rewrite_of_this_very_second_is_dated_the_next_seconds_start_and_still_seen(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The next run starts in the second of the rewrite: the file is dated the next second's
+    start (never waited for: an edit-and-check loop paid up to a second a check), and a
+    rewrite in that next second is still seen by the run after."""
+    state = tmp_path / "state"
+    at_a_seconds_start()
+    (repo / "f").write_text("one\n")
+    second = (repo / "f").stat().st_mtime_ns // 10**9
+    _, since = racy.settle(state, repo)  # a run begins: its gates may read f in this second
+    assert since is not None
+    (repo / "f").write_text("two\n")  # the same second, after they may have read it
+    racy.ended(state, repo, since)
+    touched, since = racy.settle(state, repo)
+    assert touched == ["f"]
+    assert (repo / "f").stat().st_mtime_ns == (second + 1) * 10**9
+    assert since is not None
+    racy.ended(state, repo, since)  # its window reaches the second f is dated in
+    at_a_seconds_start()
+    (repo / "f").write_text("six\n")  # in that second: what a tool read there says the same
+    assert racy.settle(state, repo)[0] == ["f"]

@@ -13,7 +13,8 @@ worktree; integration trees are cleaned first, their tool caches fresh):
 
 - each file the last run's gates may have read in the second it was written in, and that
   was written again since, is touched (``settle``: its content untouched, its time now, as
-  ``touch`` does), so every tool sees a change.  Those are the files written while that run
+  ``touch`` does, or the next second's start when it was rewritten in this very second: a
+  check right after an edit never waits), so every tool sees a change.  Those are the files written while that run
   went on (from the second it began to the second its gates ended, ``ended``) other than as
   it listed them at its start, and files dated ahead of the clock.  Each run records its
   start (the files written in its first second, with their times) and its end for the
@@ -142,9 +143,13 @@ def settle(state: Path, root: Path, files: list[str] | None = None) -> tuple[lis
     for rel, mtime in sorted(mtimes.items()) if last else ():
         if not _racy(last, rel, mtime, now):
             continue
-        while time.time_ns() // 10**9 == mtime // 10**9:  # now: a time of another second
-            time.sleep(0.05)
-        if _touch(root, rel):
+        # a time of another second than the rewrite's: now, or (a rewrite of this very
+        # second) the next second's start, a moment ahead -- never waited for; this run's
+        # window then reaches that second (``ended``)
+        at = time.time_ns()
+        if at // 10**9 == mtime // 10**9:
+            at = (mtime // 10**9 + 1) * 10**9
+        if _touch(root, rel, at):
             touched.append(rel)
     mtimes.update(_mtimes(root, touched))
     # A file left out of the record (written after its listing here, or past RECORDED: a
@@ -169,7 +174,11 @@ def ended(state: Path, root: Path, since: int) -> None:
         until = last.get("until")
         if not last or last["since"] < since or (last["since"] > since and until is None):
             return
-        last["until"] = max(time.time_ns(), until if isinstance(until, int) else 0)
+        # a file dated ahead by a touch (``settle``) is in the window up to its second
+        # (a second at most: a file a worker dated in 2100 does not keep the window open)
+        now = time.time_ns()
+        ahead = [m for m in last["files"].values() if isinstance(m, int) and m <= now + 10**9]
+        last["until"] = max(now, until if isinstance(until, int) else 0, *ahead)
         _write(record, last)
 
 
@@ -189,8 +198,8 @@ class Settled:
                 ended(self.state, self.root, self.since)
 
 
-def _touch(root: Path, rel: str) -> bool:
-    """Set ``rel``'s times to now, through folders opened without following links."""
+def _touch(root: Path, rel: str, at: int) -> bool:
+    """Set ``rel``'s times to ``at`` (ns), through folders opened without following links."""
     *folders, name = rel.split("/")
     if {"", ".", ".."} & {*folders, name}:
         return False
@@ -199,7 +208,7 @@ def _touch(root: Path, rel: str) -> bool:
     except OSError:
         return False
     try:
-        os.utime(name, dir_fd=fd, follow_symlinks=False)
+        os.utime(name, ns=(at, at), dir_fd=fd, follow_symlinks=False)
     except OSError:
         return False
     finally:
