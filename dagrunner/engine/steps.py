@@ -346,7 +346,7 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     env = options.environ if options.environ is not None else os.environ
     # files rewritten in the second a gate read them (an integration tree is checked out
-    # afresh, its tool caches fresh: nothing of an earlier run can be stale there)
+    # afresh, and its tool caches name other paths: nothing of an earlier run is stale there)
     racy_state = (options.cache_root or cache_root()) / "racy"
     settled = racy.prepare(racy_state, plan.repo) if not options.trusted else None
     cache = RunCache(

@@ -9,7 +9,8 @@ tree that fails, and that pass is stored under the new content's key, for any tr
 holds it.  Git has the same race with its index ("racy git").
 
 So, before the gates of a tree that is not freshly checked out (a checkout, a worker's
-worktree; integration trees are cleaned first, their tool caches fresh):
+worktree; integration trees are checked out afresh, and their tool caches start from
+entries that name the main checkout's paths, which mypy checks by content):
 
 - each file the last run's gates may have read in the second it was written in, and that
   was written again since, is touched (``settle``: its content untouched, its time now, as

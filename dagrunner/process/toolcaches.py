@@ -56,7 +56,7 @@ class ToolCaches:
         self.private = tool_cache_root() / "private"
         self.tier = "run"
         if own:
-            self.tier = "trusted" if not common or _main_checkout(repo, common) else "tree"
+            self.tier = "tree" if _linked(repo, common) else "trusted"
         self.run: Path | None = None  # this run's folder, made at its first layer
         self.kept: Path | None = None  # the worktree's kept layer, once used (unmounted at close)
         self.lock: int | None = None
@@ -116,8 +116,13 @@ def drop_worktree(path: Path) -> None:
 def linked_worktree(repo: Path) -> str | None:
     """``repo``'s ``tree_id`` when it is a linked worktree (a worker's); None when it is the
     main checkout of its git dir (the caller's own tree), or outside git."""
-    common = _common_dir(repo)
-    return None if not common or _main_checkout(repo, common) else tree_id(repo)
+    return tree_id(repo) if _linked(repo, _common_dir(repo)) else None
+
+
+def _linked(repo: Path, common: str | None) -> bool:
+    """Whether ``repo`` is a linked worktree of the git dir ``common``, not its main checkout
+    (nor outside git): the one decision of who is trusted, for tool caches and verdicts."""
+    return bool(common) and not _main_checkout(repo, common or "")
 
 
 def tree_id(path: Path) -> str:
