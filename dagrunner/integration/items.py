@@ -84,14 +84,18 @@ class Item:
     # the halves of a batch whose failure named nothing share a number (0: not such a half):
     # until one of them is decided, the culprit is among them, and nothing behind is gated
     halves: int = 0
+    lineage: frozenset[int] = frozenset()  # the splits it is a piece of, its own included
     by_name: bool = False  # the piece of its batch that the batch's failure named
+    # the second of a failed pair, its run on the pair's base going on though the first
+    # passed there (``batching.keep_alone``): failing, it is corroborated; passing, rebuilt
+    alone: bool = False
 
     @property
     def suspected(self) -> bool:
         """Expected to fail, so what is behind is built without it: one envelope that failed
         once (waiting for its confirmation, or being confirmed), or a piece its batch's
         failure named, until it passes."""
-        if self.rest is not None and self.stage is not Stage.PASSED:
+        if (self.rest is not None and self.stage is not Stage.PASSED) or self.alone:
             return True
         return self.stage is Stage.SUSPECT or (self.stage is Stage.GATING and self.confirms > 0)
 
@@ -109,6 +113,7 @@ class Item:
         self.stage, self.confirms, self.failing, self.flaky = Stage.WAITING, 0, (), ()
         self.proven, self.applied, self.tree, self.excludes = {}, [], "", frozenset()
         self.passed, self.excused, self.rerun = frozenset(), frozenset(), ()
+        self.alone = False
         return slot
 
 

@@ -5,19 +5,17 @@ The first ``window`` items are each applied, in their own integration worktree, 
 speculative head "target + every item ahead of it still expected to land", gated at once
 under one governor, and landed in queue order by compare-and-swap when all ahead passed.
 
-- A failed batch is split where it stands, at once (``batching.pieces``): what its failure
-  names first, the rest built without it; else halves, nothing behind gated meanwhile, where
-  a tree that failed once in the run is not gated again (the second half, on the first).
+- A failed batch is split at once (``batching.pieces``): what its failure names first, else
+  halves, nothing behind gated until its culprit is found; a failed tree is not gated again.
 - One envelope that fails is a suspect: what is behind it is built without it, and every
   gate without a pass on its tree is re-run there once every item ahead passed
   (``confirm_failures``).  All passing marks the failed ones ``flaky``; a confirmed failure
   halves the window (never below 2), and it is ``gates-failed`` at the front.
 - Nothing lands without a pass of every gate on exactly its tree (``proofs``); nothing
   withdrawn while it gated lands (``landing.land`` checks, under the queue's lock).
-- A failure the target's head has too is never the item's (``baseline``): under
-  ``[integrate] baseline = "differential"`` it is excused; under the absolute one the item
-  is held (queued again, gated again once the target's head moves).  A failure a re-run
-  cannot change (a missing program: ``Failures.rerunnable``) is not confirmed.
+- A failure the target's head has too is never the item's (``baseline``): excused under
+  ``baseline = "differential"``, else held (gated again once the target's head moves).  A
+  failure a re-run cannot change (``Failures.rerunnable``: a missing program) is not confirmed.
 - A conflict on the target's head is final; behind the front or a batch sibling, it waits.
   The window grows by one after each landing; an urgent item pre-empts (``batching``).
 Every step is journaled before it takes effect (``queue.py``); after a crash,
@@ -69,18 +67,15 @@ class Pipeline:
         window: int | None,
         confirm: int,
     ) -> None:
-        self.it = it
-        self.executor = executor
+        self.it, self.executor = it, executor
         capacity = resolve_capacity(manifest.governor, machines=executor.machines())
         self.governor = Governor(capacity)
         self.trees = Trees(it, executor, self.governor, manifest)
-        self.ceiling = window or auto_window(manifest, capacity.cpu)
-        self.window = self.ceiling
+        self.ceiling = self.window = window or auto_window(manifest, capacity.cpu)
         self.confirm = confirm
         self.items: list[Item] = []
         self.head = it.head()
-        self.moves = 0
-        self.t0 = 0.0
+        self.moves, self.t0 = 0, 0.0
         self.error: DagrunnerError | None = None
         self.in_flight = 0  # gate runs started and not ended
         self.tally = PipelineTally(window=self.ceiling)  # what the integrator's result takes
@@ -91,9 +86,9 @@ class Pipeline:
         mode = manifest.integrate.baseline
         self.baseline = Baseline(mode, head_run, it.queue, it.target, self.tally)
         self.held: list[Item] = []  # failing only as the target's head does (absolute)
-        # trees a gate run failed on in this run: an item built to the very same tree has
-        # its verdict without a run (the second half of a failed batch, on its first half)
+        # trees failed in this run: one built to the very same tree has its verdict, no run
         self.failed_trees: dict[str, tuple[tuple[str, ...], str]] = {}
+        self.found: set[int] = set()  # anonymous splits whose culprit was blamed
 
     # -- the controller ----------------------------------------------------------------------
 
@@ -165,24 +160,25 @@ class Pipeline:
     async def fill(self) -> None:
         """Build and start every item in the window that waits (in queue order); build the
         next one ahead, so that its gates start the moment the window has room."""
-        position = 0
+        position = aside = 0
         while not self.it.stop:
             if position == len(self.items):
                 if (admitted := self.intake.next(self.tally)) is None:
                     return
                 self.items.append(admitted)
             item = self.items[position]
-            if batching.narrowing(self.items[:position], item):
+            if batching.narrowing(self.items[:position], item, self.found):
                 return  # its tree would hold a culprit not found yet: gated once it is
             if item.stage is Stage.WAITING:
                 built = await self.build(item, position)
                 if built == "gone":
                     continue  # nothing of it to gate: it left the pipeline
             if item.stage is Stage.DEFERRED:
-                position += 1  # built again at the front; what is behind goes on without it
+                # built again at the front, no place in the window: what is behind goes on
+                position, aside = position + 1, aside + 1
                 continue
             item.stage = Stage.BUILT if item.stage is Stage.WAITING else item.stage
-            if position >= self.window:
+            if position - aside >= self.window:
                 return
             if item.stage is Stage.BUILT and not self.known(item):
                 self.launch(item, position)
@@ -288,6 +284,9 @@ class Pipeline:
         item = done.item
         if done.generation != item.generation or item not in self.items:
             return  # a run of a tree that was reset since
+        if item.alone and done.passed:  # not its tree: the first of its pair lands
+            i = self.items.index(item)  # what is behind was built without it: it stands
+            return self.reset_from(i, cause=None, why="rebuilt on its pair", end=i + 1)
         seen = Failures.of(done.record) if done.record is not None else Failures()
         item.passed |= done.passes  # a run of exactly its tree (the generation says so)
         item.proven = {**item.proven, **done.proven}
@@ -311,7 +310,8 @@ class Pipeline:
                 journal(self.it.queue, item, details, event="flaky")
             if item.suspected:  # what is behind was built without it: it lands after all
                 why = "rebuilt on a flake" if done.confirm else f"rebuilt on {item.ids[0]}+"
-                self.reset_from(self.items.index(item) + 1, cause=None, why=why)
+                kept = 0 if done.confirm else batching.keep_alone(self.items, item)
+                self.reset_from(self.items.index(item) + 1 + kept, cause=None, why=why)
             item.stage = Stage.PASSED
             return
         if done.tree:
@@ -348,8 +348,7 @@ class Pipeline:
     def split(self, item: Item) -> None:
         """A failed batch is split where it stands, at once (``batching.pieces``: what its
         failure names first, apart, else halves); what was behind is built on them again."""
-        index = self.items.index(item)
-        pieces = batching.pieces(item)
+        index, pieces = self.items.index(item), batching.pieces(item)
         self.trees.give(item.reset())
         self.items[index : index + 1] = pieces
         self.reset_from(index + 2, cause=None, why=f"rebuilt behind the pieces of {item.ids[0]}+")
@@ -369,16 +368,18 @@ class Pipeline:
                 self.launch(item, index, confirm=True)
             return
 
-    def reset_from(self, index: int, *, cause: Item | None, why: str = "") -> None:
-        """Every item from ``index`` on that was built on ``cause`` (any, when None) is
-        built again."""
+    def reset_from(
+        self, index: int, *, cause: Item | None, why: str = "", end: int | None = None
+    ) -> None:
+        """Every item from ``index`` on (to ``end``) that was built on ``cause`` (any, when
+        None) is built again."""
         why = why or (
             f"rebuilt without {', '.join(cause.ids)}"
             if cause is not None
             else "rebuilt on the target's new head"
         )
         reset = False
-        for item in self.items[index:]:
+        for item in self.items[index:end]:
             if item.stage is Stage.WAITING or (cause is not None and id(cause) in item.excludes):
                 continue  # nothing built, or built without the cause already
             built = item.stage is not Stage.DEFERRED
@@ -413,6 +414,7 @@ class Pipeline:
         """A confirmed failure at the front: judge the one envelope (a batch was split)."""
         self.items.pop(0)
         (envelope,) = front.envelopes
+        self.found |= front.lineage
         self.sizer.judged(blamed=1, named=front.by_name)
         tests = front.new_failures or None
         details = Details(failed_gates=front.failing, report=front.report, failed_tests=tests)
