@@ -16,6 +16,7 @@ from conftest import CLI, SIDE_BY_SIDE, commit_release_manifest, git
 from dagrunner.integration.run import integrate
 from dagrunner.worktrees import allocate as wt
 from dagrunner.worktrees import export as exporting
+from dagrunner.worktrees import lifecycle
 
 MANIFEST = (
     SIDE_BY_SIDE
@@ -76,3 +77,23 @@ def test_a_workers_pass_answers_its_own_later_runs_and_the_main_checkouts_answer
     assert statuses(one) == ["passed"]
     assert statuses(one) == ["cached"]  # its own pass, for its own later run
     assert statuses(two) == ["passed"]  # another worktree's pass answers nothing here
+
+
+def test_a_worktree_taken_again_from_the_pool_starts_with_none_of_its_last_workers_passes(
+    repo: Path,
+) -> None:
+    """The pool gives a cleaned worktree to the next allocation, at that one's path: for the
+    same mission and worker again, the very path of the last one.  What the last worker's
+    own checks stored (its own passes, its tool cache layer) is that worker's: the new
+    worker's check of the same content runs (a worktree made again starts from nothing)."""
+    commit_project(repo)
+    one = Path(wt.allocate(mission="m", worker="w", repo=repo, session="s1")["path"])
+    (one / "check.sh").write_text("exit 0\n")  # lenient, for its own check
+    (one / "src" / "a.txt").write_text("BROKEN\n")
+    assert statuses(one) == ["passed"]
+    git(one, "checkout", "--", ".")  # back to its base: clean, nothing to retain
+    lifecycle.cleanup("m/w", force=True, repo=repo)
+    again = Path(wt.allocate(mission="m", worker="w", repo=repo, session="s2")["path"])
+    assert again == one and (again / "check.sh").read_text() != "exit 0\n"
+    (again / "src" / "a.txt").write_text("BROKEN\n")
+    assert statuses(again) == ["failed"]  # judged, not answered by the last worker's pass

@@ -9,6 +9,7 @@ worktree add`` (docs/benchmarks.md: 5.7-78x faster on 20,000 files).
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,9 +42,20 @@ def take_from_pool(repo: Path, pool: Path, path: Path, branch: str, base: str, w
         # discarding any change to tracked files) and makes the branch; clean drops the rest.
         git(["checkout", "-q", "--force", "-B", branch, base], cwd=path)
         git(["clean", "-q", "-ffdx"], cwd=path)
+        renew_identity(path)
         git(["worktree", "lock", "--reason", f"dagrunner: {wt_id}", str(path)], cwd=repo)
         return True
     return False
+
+
+def renew_identity(path: Path) -> None:
+    """A new ``.git`` file of the same text: a pooled worktree given to a new worker is a new
+    tree to the verdicts and tool cache layers kept per worktree (``toolcaches.tree_id``,
+    from its path and this file's inode), even at its last worker's very path, so nothing
+    the last worker's own checks stored answers the next one's."""
+    dot, fresh = path / ".git", path / f".git.{uuid.uuid4().hex[:8]}"
+    fresh.write_bytes(dot.read_bytes())
+    os.replace(fresh, dot)
 
 
 def reset_clean(path: Path, commit: str) -> None:
