@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PY, SIDE_BY_SIDE, check, git, skip_unless_reads_observed
+from conftest import CLI, PY, SIDE_BY_SIDE, check, git, skip_unless_reads_observed
 
 from dagrunner.process import racy
 
@@ -335,3 +335,27 @@ def test_a_rewrite_of_this_very_second_is_dated_the_next_seconds_start_and_still
     at_a_seconds_start()
     (repo / "f").write_text("six\n")  # in that second: what a tool read there says the same
     assert racy.settle(state, repo)[0] == ["f"]
+
+
+def test_cache_prune_removes_the_records_of_trees_that_are_gone(repo: Path, tmp_path: Path) -> None:
+    """A removed worktree's record answers nothing: ``cache prune`` removes it (``--dry-run``
+    only counts it); a live tree's record is kept."""
+    state = tmp_path / "cache" / "racy"
+    gone = tmp_path / "gone"
+    shutil.copytree(repo, gone)
+    for tree in (repo, gone):
+        racy.settle(state, tree)
+    shutil.rmtree(gone)
+    env = {**os.environ, "DAGRUNNER_CACHE_DIR": str(tmp_path / "cache")}
+    said = []
+    for extra in (["--dry-run"], [], []):
+        done = subprocess.run(
+            [*CLI, "cache", "prune", "--max-size", "1G", "--json", *extra],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            check=True,
+        )
+        said.append(json.loads(done.stdout)["racy_records"])
+    assert said == [1, 1, 0]
+    assert [json.loads(p.read_text())["tree"] for p in state.glob("*.json")] == [str(repo)]

@@ -197,6 +197,8 @@ def cmd_cache_explain(args: argparse.Namespace) -> int:
 
 def cmd_cache_prune(args: argparse.Namespace) -> int:
     from dagrunner.engine.cache import Store
+    from dagrunner.git.repo import cache_root
+    from dagrunner.process import racy
     from dagrunner.units import parse_size
 
     limit = None
@@ -217,6 +219,7 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
             hint="e.g. dagrunner cache prune --max-size 2G (or --executor dask://... for workers)",
         )
     body = Store().prune(limit, dry_run=args.dry_run)
+    body["racy_records"] = len(racy.prune(cache_root() / "racy", dry_run=args.dry_run))
     seeds = _prune_seeds(limit, dry_run=args.dry_run)
     if seeds is not None:
         body["seeds"] = seeds.to_json()
@@ -226,7 +229,7 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
         verb = "would remove" if args.dry_run else "removed"
         print(
             f"{verb} {len(body['removed'])} entries; {body['entries_left']} left, "
-            f"{body['size_after']} bytes"
+            f"{body['size_after']} bytes; {body['racy_records']} records of trees gone"
         )
         if seeds is not None:
             print(

@@ -183,6 +183,22 @@ def ended(state: Path, root: Path, since: int) -> None:
         _write(record, last)
 
 
+def prune(state: Path, *, dry_run: bool = False) -> list[str]:
+    """The records of trees that are gone (a removed worktree, one moved to the pool): the
+    trees they named, removed (``dry_run``: only named).  A tree's record is all that is
+    kept of it: one small file, written again by its next run."""
+    gone = []
+    with _locked(state):
+        for record in sorted(state.glob("*.json")):
+            tree = _read(record).get("tree")
+            if isinstance(tree, str) and os.path.isdir(tree):
+                continue
+            gone.append(tree if isinstance(tree, str) else record.name)
+            if not dry_run:
+                record.unlink(missing_ok=True)
+    return gone
+
+
 @dataclass(frozen=True)
 class Settled:
     """What ``prepare`` did in a tree: its warnings, and the run's window to close."""
