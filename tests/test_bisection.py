@@ -61,11 +61,12 @@ def spent_behind(pipeline: list[Speculation], culprits: set[str]) -> list[Specul
     ]
 
 
-def trace(pipeline: list[Speculation]) -> str:
-    """The runs, one a line: which envelopes, on which head, how it ended."""
+def trace(pipeline: list[Speculation], *, times: bool = False) -> str:
+    """The runs, one a line: which envelopes, how it ended (``times``: and when)."""
     return "\n".join(
         f"{r.envelopes[0].split('.')[1]}..{r.envelopes[-1].split('.')[1]} {r.verdict}"
         f"{' (confirm)' if r.confirm else ''}"
+        f"{f' {r.start:.2f}-{r.end:.2f}' if times else ''}"
         for r in pipeline
         if r.envelopes
     )

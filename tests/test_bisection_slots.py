@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import git
+from test_bisection import trace
 from test_integration import states, worker
 from test_pipeline import recording
 from test_queue_volume import assert_every_landing_was_gated, breaking
@@ -34,16 +35,6 @@ def beside(a: Speculation, b: Speculation) -> bool:
     return min(a.end, b.end) - max(a.start, b.start) > 0.5
 
 
-def timeline(pipeline: list[Speculation]) -> str:
-    """The runs, one a line: which envelopes, how it ended, when."""
-    return "\n".join(
-        f"{r.envelopes[0].split('.')[1]}..{r.envelopes[-1].split('.')[1]} {r.verdict}"
-        f"{' (confirm)' if r.confirm else ''} {r.start:.2f}-{r.end:.2f}"
-        for r in pipeline
-        if r.envelopes
-    )
-
-
 def test_what_is_left_of_a_batch_once_its_culprit_is_found_is_gated_with_what_is_behind(
     project: Path, tmp_path: Path
 ) -> None:
@@ -56,7 +47,7 @@ def test_what_is_left_of_a_batch_once_its_culprit_is_found_is_gated_with_what_is
     assert final.pop("n02") == "gates-failed" and set(final.values()) == {"landed"}, final
     left = [r for r in holding(result.pipeline, "n05") if str(r.verdict) == "passed"]
     behind = [r for r in holding(result.pipeline, "n16") if str(r.verdict) == "passed"]
-    assert left and behind and beside(left[-1], behind[-1]), timeline(result.pipeline)
+    assert left and behind and beside(left[-1], behind[-1]), trace(result.pipeline, times=True)
     assert_every_landing_was_gated(project, base, tmp_path)
 
 
@@ -73,7 +64,7 @@ def test_a_conflict_put_aside_takes_no_place_in_the_window(project: Path, tmp_pa
     assert final.pop("n02") == "conflict" and set(final.values()) == {"landed"}, final
     front = [r for r in holding(result.pipeline, "n01") if str(r.verdict) == "passed"]
     behind = [r for r in holding(result.pipeline, "n05") if str(r.verdict) == "passed"]
-    assert front and behind and beside(front[0], behind[0]), timeline(result.pipeline)
+    assert front and behind and beside(front[0], behind[0]), trace(result.pipeline, times=True)
     assert_every_landing_was_gated(project, base, tmp_path)
 
 
@@ -89,7 +80,7 @@ def test_the_second_of_a_pair_failing_alone_beside_the_first_is_blamed_without_a
     result = integrate(repo=project, manifest=slow_anonymous_gate(tmp_path), batch=8, window=2)
     final = states(project)
     assert final.pop("n04") == "gates-failed" and set(final.values()) == {"landed"}, final
-    said = timeline(result.pipeline)
+    said = trace(result.pipeline, times=True)
     assert not [r for r in result.pipeline if r.confirm], said
     alone = holding(result.pipeline, "n04")[-1]
     assert len(alone.envelopes) == 1 and str(alone.verdict) == "failed", said
