@@ -49,6 +49,35 @@ def test_an_env_of_a_missing_python_named_by_a_bare_factor_is_not_the_test_gate(
     assert why["tox-3.99-tests"].startswith("it needs python3.99, which is not installed here")
 
 
+def test_a_free_threaded_factor_names_its_interpreter(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on python-humanize/humanize: ``env_list = py{310-315}, py{314-315}t``; init
+    left the py314/py315 envs out (python3.14 not installed) but wrote ``tox-py314t`` and
+    ``tox-py315t`` as gates: ``py314t`` named no interpreter, and both failed every run
+    (tox-uv: downloading free-threaded CPython 3.14, offline)."""
+    assert interpreter("py314t") == "python3.14t"
+    assert interpreter("py3.14t-tests") == "python3.14t"
+    assert interpreter("x", base_python="python3.14t") == "python3.14t"
+    python_project(repo)
+    (repo / "tox.ini").write_text(
+        textwrap.dedent(
+            f"""\
+            [tox]
+            env_list = py{THIS.replace(".", "")}, py399t
+            [testenv]
+            commands = pytest {{posargs}}
+            """
+        )
+    )
+    code, body = run_json(capsys, "init", "--repo", str(repo))
+    assert code == 0, body
+    gates = gates_of(body)
+    why = {s["id"]: s["why"] for s in body["skipped"]}
+    assert "tox-py399t" not in gates, (gates, why)
+    assert why["tox-py399t"].startswith("it needs python3.99t, which is not installed here"), why
+
+
 def test_base_python_file_names_the_interpreter_and_an_env_that_lacks_it_is_commented_out(
     repo: Path,
     capsys: pytest.CaptureFixture[str],

@@ -107,14 +107,15 @@ def variant(name: str) -> str:
 
 def interpreter(name: str, base_python: str = "") -> str:
     """The interpreter a tox env needs: its ``base_python``, else its name's factor
-    (``py3.14``, ``py314``, ``3.14`` -> ``python3.14``; ``pypy3`` -> ``pypy3``); "" for any."""
+    (``py3.14``, ``py314``, ``3.14`` -> ``python3.14``; ``py314t`` -> ``python3.14t``;
+    ``pypy3`` -> ``pypy3``); "" for any."""
     if base_python:
         text = base_python.strip().split()[0]
-        found = re.fullmatch(r"(?:python|py)?3\.?(\d+)(?:\.\d+)*", text)  # 3.14.0 too
-        return f"python3.{found[1]}" if found else text
+        found = re.fullmatch(r"(?:python|py)?3\.?(\d+)(?:\.\d+)*(t?)", text)  # 3.14.0 too
+        return f"python3.{found[1]}{found[2]}" if found else text
     for factor in re.split(r"[-_]", name.lower()):
-        if found := re.fullmatch(r"py(?:thon)?3\.?(\d+)", factor):
-            return f"python3.{found[1]}"
+        if found := re.fullmatch(r"py(?:thon)?3\.?(\d+)(t?)", factor):  # py314t: free-threaded
+            return f"python3.{found[1]}{found[2]}"
         if found := re.fullmatch(r"3\.(\d+)(t?)", factor):  # tox 4 reads a bare 3.13 so too
             return f"python3.{found[1]}{found[2]}"
         if re.fullmatch(r"pypy3(\.?\d+)?", factor):
