@@ -175,3 +175,34 @@ def test_a_failure_seen_whole_suspects_only_the_envelopes_that_changed_what_it_r
     assert "n06" in named and named <= {"n01", "n03", "n06", "n08"}, named
     landed = git(project, "rev-list", "--count", f"{base}..main").strip()
     assert landed != "0"
+
+
+def test_a_gate_that_changed_a_tracked_file_names_the_envelope_that_changed_it(
+    project: Path, tmp_path: Path
+) -> None:
+    """Found on python-humanize/humanize: its ruff gate (``fix = true``) rewrote one
+    envelope's new ``tests/conftest.py``; the gate failed ``tree-modified`` naming that file,
+    yet the batch was halved like a failure that names nothing: ``named`` read the logs and
+    test cases only.  The file the guard saw changed (dagrunner's own words) names it."""
+    for i in range(1, 9):
+        (project / f"n{i:02d}.txt").write_text(f"{i}\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "files to edit")
+
+    def edit(i: int) -> Callable[[Path], None]:
+        def change(path: Path) -> None:
+            (path / f"n{i:02d}.txt").write_text("FIXME\n" if i == 6 else f"{i}, edited\n")
+
+        return change
+
+    submit(repo_info(project), [worker(project, f"n{i:02d}", edit(i)) for i in range(1, 9)])
+    gate = tmp_path / "fixer.toml"  # a fixer: says nothing, rewrites what it fixes
+    gate.write_text(
+        '[gates.fix]\ninputs = ["**"]\n'
+        'run = "for f in n*.txt; do grep -q FIXME $f && echo fixed > $f; done; true"\n'
+    )
+    integrate(repo=project, manifest=gate, batch=8, window=1)
+    final = states(project)
+    assert {k for k, v in final.items() if v != "landed"} == {"n06"}, final
+    named = {e.worker for e in watch(repo=project, follow=False) if e.event == "named"}
+    assert named == {"n06"}, named

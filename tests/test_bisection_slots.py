@@ -7,6 +7,7 @@ side by side overlap by most of it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from conftest import git
@@ -55,7 +56,10 @@ def test_a_conflict_put_aside_takes_no_place_in_the_window(project: Path, tmp_pa
     """n02 conflicts with n01 of its own batch: it is put aside, to be retried at the front,
     and the next batch is gated beside the first at once, as if it were not there."""
     base = git(project, "rev-parse", "main").strip()
-    line = lambda who: lambda p: (p / "shared.txt").write_text(f"one\nTWO from {who}\nthree\n")  # noqa: E731
+
+    def line(who: str) -> Callable[[Path], object]:
+        return lambda p: (p / "shared.txt").write_text(f"one\nTWO from {who}\nthree\n")
+
     envelopes = [worker(project, "n01", line("n01")), worker(project, "n02", line("n02"))]
     envelopes += breaking(project, 8, {}, first=3)
     submit(repo_info(project), envelopes)

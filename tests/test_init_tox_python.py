@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import run_json
+from conftest import git, run_json
 from test_init import THIS, gates_of, python_project
 
 from dagrunner.starter.sessions import has_interpreter, interpreter
@@ -47,6 +47,35 @@ def test_an_env_of_a_missing_python_named_by_a_bare_factor_is_not_the_test_gate(
     why = {s["id"]: s["why"] for s in body["skipped"]}
     assert f"tox-{THIS}-tests" in gates and "tox-3.99-tests" not in gates, (gates, why)
     assert why["tox-3.99-tests"].startswith("it needs python3.99, which is not installed here")
+
+
+def test_a_free_threaded_factor_names_its_interpreter(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on python-humanize/humanize: ``env_list = py{310-315}, py{314-315}t``; init
+    left the py314/py315 envs out (python3.14 not installed) but wrote ``tox-py314t`` and
+    ``tox-py315t`` as gates: ``py314t`` named no interpreter, and both failed every run
+    (tox-uv: downloading free-threaded CPython 3.14, offline)."""
+    assert interpreter("py314t") == "python3.14t"
+    assert interpreter("py3.14t-tests") == "python3.14t"
+    assert interpreter("x", base_python="python3.14t") == "python3.14t"
+    python_project(repo)
+    (repo / "tox.ini").write_text(
+        textwrap.dedent(
+            f"""\
+            [tox]
+            env_list = py{THIS.replace(".", "")}, py399t
+            [testenv]
+            commands = pytest {{posargs}}
+            """
+        )
+    )
+    code, body = run_json(capsys, "init", "--repo", str(repo))
+    assert code == 0, body
+    gates = gates_of(body)
+    why = {s["id"]: s["why"] for s in body["skipped"]}
+    assert "tox-py399t" not in gates, (gates, why)
+    assert why["tox-py399t"].startswith("it needs python3.99t, which is not installed here"), why
 
 
 def test_base_python_file_names_the_interpreter_and_an_env_that_lacks_it_is_commented_out(
@@ -122,6 +151,47 @@ def test_a_tox_env_that_type_checks_other_files_is_a_gate_of_its_own(
     assert why["tox-3.99-mypy"] == (
         f"it needs python3.99, which is not installed here; 'tox-{THIS}-mypy' runs the types"
     )
+
+
+def test_a_type_check_of_part_of_what_a_tox_env_checks_is_run_by_that_env(
+    repo: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found on python-humanize/humanize: its ``mypy`` env runs ``mypy .`` (with its pinned
+    mypy) and init wrote both that and ``types`` (``mypy src``, from ``[tool.mypy]``).
+    ``mypy src`` checks nothing ``mypy .`` does not, and alone, in a fresh tree, it could
+    not import ``src/humanize/_version.py`` (hatch-vcs writes it at a build): it passed or
+    failed by which gate of the tree ran first, and blamed five good envelopes."""
+    python_project(repo)  # humanize's [tool.mypy] names no files: `types` runs mypy src
+    pyproject = repo / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('files = ["src", "tests"]\n', ""))
+    git(repo, "commit", "-qam", "no mypy files")
+    (repo / "tox.ini").write_text(
+        textwrap.dedent(
+            f"""\
+            [tox]
+            env_list = py{THIS.replace(".", "")}, mypy, typing
+            [testenv]
+            commands = pytest {{posargs}}
+            [testenv:mypy]
+            commands = mypy . {{posargs}}
+            [testenv:typing]
+            commands = mypy src/pkg
+            """
+        )
+    )
+    here = tmp_path / "bin"  # tox is on PATH, so its env can stand for `types`
+    here.mkdir()
+    (here / "tox").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", f"{here}{os.pathsep}{os.environ['PATH']}")
+    out = repo / "m.toml"
+    code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
+    assert code == 0, body
+    gates = gates_of(body)
+    why = {s["id"]: s["why"] for s in body["skipped"]}
+    assert "types" not in gates and not gates["tox-mypy"]["commented_out"], (gates, why)
+    assert "which types does not" not in out.read_text()  # its own words, no more
+    assert why["types"] == "types is run by 'tox-mypy' (it checks ., which holds src)", why
+    assert why["tox-typing"] == "types is run by 'tox-mypy'", why
 
 
 def test_a_pyenv_shim_is_an_interpreter_only_for_a_version_pyenv_selects(

@@ -72,6 +72,27 @@ def test_pytest_short_summary(suite: Path) -> None:
                           "test_m.py::test_plain"]  # fmt: skip
 
 
+PARAMETRIZED = """import pytest
+
+
+@pytest.mark.parametrize("words", ["1, 2 and 3", "a - b", "x"])
+class TestJoin:
+    def test_join(self, words):
+        assert words == "x"
+"""
+
+
+def test_pytest_parametrized_ids_with_spaces_are_named_whole(tmp_path: Path) -> None:
+    # humanize's ids are the expected strings ("1, 2, and 3"): pytest's summary line then has
+    # spaces, and " - " inside the brackets, before the " - " of its message; its addopts
+    # say --color=yes
+    (tmp_path / "test_p.py").write_text(PARAMETRIZED)
+    argv = ("-m", "pytest", "-q", "--color=yes", "-p", "no:cacheprovider", "test_p.py")
+    out = ran(tmp_path, sys.executable, *argv)
+    assert names(out) == ["test_p.py::TestJoin::test_join[1, 2 and 3]",
+                          "test_p.py::TestJoin::test_join[a - b]"]  # fmt: skip
+
+
 def test_unittest_fail_and_error_lines(suite: Path) -> None:
     out = ran(suite, sys.executable, "-m", "unittest", "test_m")
     assert sorted(names(out)) == ["test_m.Calc::test_err", "test_m.Calc::test_sub"]

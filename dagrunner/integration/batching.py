@@ -102,6 +102,8 @@ def _mentioned(envelopes: Sequence[Envelope], record: RunRecord, run_dir: Path) 
     for gate in record.gates:
         if not gate.status.ok:
             words.append(failing_lines(read_log(run_dir, gate.log, limit=NAMES_READ)))
+            if gate.reason.startswith("tree-modified"):  # the files the guard saw changed
+                words.append(gate.reason)
             failed = gate.tests.failed if gate.tests is not None else ()
             words += (f"{case.suite} {case.name} {case.message}" for case in failed)
     said = Mentions.of("\n".join(words))  # log lines and JUnit cases are without escapes

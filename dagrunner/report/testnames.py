@@ -24,7 +24,9 @@ from dagrunner.report.logtail import strip_ansi
 MAX_CASES = 200
 MAX_NAME = 300
 
-_PYTEST = re.compile(r"^(?:FAILED|ERROR) (\S+::\S+?)(?: - .*)?$")
+# a node id, then its parameters' id whole: pytest writes that as given ("[1, 2 and 3]",
+# "[a - b]"), spaces and " - " included, before the " - " of its message
+_PYTEST = re.compile(r"^(?:FAILED|ERROR) (\S+?::[^\s\[]+)(\[.*?\])?(?: - .*)?$")
 _UNITTEST = re.compile(r"^(?:FAIL|ERROR): (\w+) \(([\w.]+)\)")
 _TAP_SUBTEST = re.compile(r"^(\s*)# Subtest: (.+)$")
 _TAP_NOT_OK = re.compile(r"^(\s*)not ok \d+ - (.+?)(?: # (?:TODO|SKIP)\b.*)?$")
@@ -68,7 +70,7 @@ def _names(lines: list[str]) -> Iterator[tuple[str, str]]:
             yield "", found[1]
         elif found := _PYTEST.match(line):
             suite, _, name = found[1].rpartition("::")
-            yield suite, name
+            yield suite, name + (found[2] or "")
         elif found := _UNITTEST.match(line):
             dotted = found[2].removesuffix(f".{found[1]}")  # 3.11+ repeats the method
             yield dotted, found[1]

@@ -32,7 +32,9 @@ from dagrunner.starter.sessions import (
     does_more,
     has_interpreter,
     runnable,
+    type_check_holder,
     type_checks,
+    type_checks_hold,
     variant,
 )
 from dagrunner.starter.toxenvs import tox
@@ -177,24 +179,41 @@ def _one_per_concern(
                     f"runs tests {best[key].id} deselects ({', '.join(left)}): a gate of its own"
                 )
     chosen_for: dict[int, Check] = {}
+    held: dict[int, str] = {}  # a chosen check that another one holds: why
     for key, group in groups.items():  # a checker run on what the chosen one does not check
         known = type_checks(best[key].commands or (best[key].run,))
         covered = known or frozenset()
         for check in sorted(group, key=order) if key.endswith(":types") and known else ():
             mine = type_checks(check.commands) or frozenset()
-            if check.runner and not variant(check.id.partition("-")[2]) and mine - covered:
+            new = sorted(m for m in mine if type_checks_hold(covered, frozenset({m})) is None)
+            if check.runner and not variant(check.id.partition("-")[2]) and new:
                 if id(check) not in winners:
                     winners.add(id(check))
                     notes[id(check)] = (
-                        f"runs {', '.join(sorted(mine - covered))}, which {best[key].id} does "
-                        "not: a gate of its own"
+                        f"runs {', '.join(new)}, which {best[key].id} does not: a gate of its own"
                     )
                 covered |= mine
                 chosen_for |= {
                     id(c): check
                     for c in group
-                    if (theirs := type_checks(c.commands or (c.run,))) and theirs <= mine
+                    if (theirs := type_checks(c.commands or (c.run,)))
+                    and type_checks_hold(mine, theirs) is not None
                 }
+        if (
+            known
+            and rank(best[key])[0]
+            and (holder := type_check_holder(best[key], group, winners, known))
+        ):
+            # the chosen one checks part of what a gate of the project's own env checks (mypy
+            # src beside tox's mypy .): that gate runs it, with the project's pinned checker
+            stand, holds = holder
+            winners.discard(id(best[key]))
+            notes.pop(id(stand), None)
+            targets = " ".join(sorted(w for c in known for w in c.split()[1:]))
+            held[id(best[key])] = f"it checks {holds}, which holds {targets}"
+            for c in group:
+                if id(c) not in winners and chosen_for.get(id(c), best[key]) is best[key]:
+                    chosen_for[id(c)] = stand
     for key, group in groups.items():  # the tests' gate is written commented out (its runner
         # is missing here): the best one this machine can run checks them meanwhile
         program = best[key].needs_program
@@ -215,7 +234,8 @@ def _one_per_concern(
             if id(check) in winners:
                 continue
             by = chosen_for.get(id(check), chosen)
-            skipped.append(Skipped(check.id, check.source, _why_not(check, by, key, why)))
+            said = held.get(id(check), why if by is chosen else "")
+            skipped.append(Skipped(check.id, check.source, _why_not(check, by, key, said)))
     seen: set[str] = set()
     for check in candidates:
         if id(check) in winners:

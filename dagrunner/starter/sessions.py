@@ -107,14 +107,15 @@ def variant(name: str) -> str:
 
 def interpreter(name: str, base_python: str = "") -> str:
     """The interpreter a tox env needs: its ``base_python``, else its name's factor
-    (``py3.14``, ``py314``, ``3.14`` -> ``python3.14``; ``pypy3`` -> ``pypy3``); "" for any."""
+    (``py3.14``, ``py314``, ``3.14`` -> ``python3.14``; ``py314t`` -> ``python3.14t``;
+    ``pypy3`` -> ``pypy3``); "" for any."""
     if base_python:
         text = base_python.strip().split()[0]
-        found = re.fullmatch(r"(?:python|py)?3\.?(\d+)(?:\.\d+)*", text)  # 3.14.0 too
-        return f"python3.{found[1]}" if found else text
+        found = re.fullmatch(r"(?:python|py)?3\.?(\d+)(?:\.\d+)*(t?)", text)  # 3.14.0 too
+        return f"python3.{found[1]}{found[2]}" if found else text
     for factor in re.split(r"[-_]", name.lower()):
-        if found := re.fullmatch(r"py(?:thon)?3\.?(\d+)", factor):
-            return f"python3.{found[1]}"
+        if found := re.fullmatch(r"py(?:thon)?3\.?(\d+)(t?)", factor):  # py314t: free-threaded
+            return f"python3.{found[1]}{found[2]}"
         if found := re.fullmatch(r"3\.(\d+)(t?)", factor):  # tox 4 reads a bare 3.13 so too
             return f"python3.{found[1]}{found[2]}"
         if re.fullmatch(r"pypy3(\.?\d+)?", factor):
@@ -227,3 +228,44 @@ def type_checks(commands: tuple[tuple[str, ...], ...]) -> frozenset[str] | None:
         rest = [w for w in words[at + 1 :] if not w.startswith("-")]
         found.add(" ".join([names[at], *rest]))
     return frozenset(found) if found else None
+
+
+def type_checks_hold(wide: frozenset[str], narrow: frozenset[str]) -> str | None:
+    """The targets of ``wide`` that hold everything ``narrow`` type-checks (``mypy .``
+    holds ``mypy src``: the same checker, each target of ``narrow`` in one of its), as
+    words ("."; "" when each check is one of ``wide``'s); None when it does not, or when a
+    check of ``narrow`` names no target it lacks (the checker's config then says what)."""
+    split = [(c.split()[0], tuple(_parts(t) for t in c.split()[1:])) for c in wide]
+    used: set[str] = set()
+    for check in narrow - wide:
+        checker, *targets = check.split()
+        if not targets:
+            return None
+        for target in map(_parts, targets):
+            holder = next(
+                (w for c, ws in split if c == checker for w in ws if target[: len(w)] == w), None
+            )
+            if holder is None:
+                return None
+            used.add("/".join(holder) or ".")
+    return ", ".join(sorted(used))
+
+
+def _parts(target: str) -> tuple[str, ...]:
+    """A target path's parts, "." and "./" dropped (``.`` is the whole tree: ``()``)."""
+    return tuple(p for p in target.split("/") if p not in ("", "."))
+
+
+def type_check_holder(
+    chosen: Check, group: list[Check], winners: set[int], known: frozenset[str]
+) -> tuple[Check, str] | None:
+    """A gate of the group, run by the project's runner here, whose type checks hold all of
+    ``chosen``'s (``type_checks_hold``), and the targets that do; None."""
+    for check in group:
+        if check is chosen or id(check) not in winners or not check.runner:
+            continue
+        if not (runnable(check.needs_program) and has_interpreter(check.python)):
+            continue
+        if holds := type_checks_hold(type_checks(check.commands) or frozenset(), known):
+            return check, holds  # "": the same checks, no wider: the chosen one stays
+    return None
