@@ -7,6 +7,7 @@ side by side overlap by most of it."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from conftest import git
@@ -24,6 +25,10 @@ from dagrunner.records.integration import Speculation
 def slow_anonymous_gate(tmp: Path) -> Path:
     """Fails on BROKEN after a second, naming nothing."""
     return recording(tmp, "! grep -rq BROKEN --include=*.txt .", before="sleep 1; ")
+
+
+def two_lines(who: str, path: Path) -> None:
+    (path / "shared.txt").write_text(f"one\nTWO from {who}\nthree\n")
 
 
 def holding(pipeline: list[Speculation], name: str) -> list[Speculation]:
@@ -66,8 +71,7 @@ def test_a_conflict_put_aside_takes_no_place_in_the_window(project: Path, tmp_pa
     """n02 conflicts with n01 of its own batch: it is put aside, to be retried at the front,
     and the next batch is gated beside the first at once, as if it were not there."""
     base = git(project, "rev-parse", "main").strip()
-    line = lambda who: lambda p: (p / "shared.txt").write_text(f"one\nTWO from {who}\nthree\n")  # noqa: E731
-    envelopes = [worker(project, "n01", line("n01")), worker(project, "n02", line("n02"))]
+    envelopes = [worker(project, who, partial(two_lines, who)) for who in ("n01", "n02")]
     envelopes += breaking(project, 8, {}, first=3)
     submit(repo_info(project), envelopes)
     result = integrate(repo=project, manifest=slow_anonymous_gate(tmp_path), batch=3, window=2)
@@ -105,8 +109,7 @@ def test_the_second_of_a_pair_is_not_blamed_for_a_tree_without_the_first_that_pa
     for want of n01 -- a tree that is not n02's own once n01 passed (n02 lands on n01).  Its
     own tree, the pair's, failed once, by the flake: n02 is confirmed there, passes, lands."""
     base = git(project, "rev-parse", "main").strip()
-    needs = lambda i: lambda p: (p / f"n{i:02d}.txt").write_text(f"{i}\n")  # noqa: E731
-    submit(repo_info(project), [worker(project, "n01", needs(1)), worker(project, "n02", needs(2))])
+    submit(repo_info(project), breaking(project, 2, {}))
     flake = f"if mkdir '{tmp_path}/flaked' 2>/dev/null; then echo flaked; exit 1; fi; "
     check = flake + "! { [ -e n02.txt ] && [ ! -e n01.txt ]; }"
     manifest = recording(tmp_path, check, before="sleep 1; ")

@@ -7,7 +7,6 @@ integration tree of the worker's envelope, whose own run would fail: it landed r
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -15,9 +14,9 @@ import orjson
 from conftest import CLI, SIDE_BY_SIDE, commit_release_manifest, git
 
 from dagrunner.integration.run import integrate
+from dagrunner.process import toolcaches
 from dagrunner.worktrees import allocate as wt
 from dagrunner.worktrees import export as exporting
-from dagrunner.process import toolcaches
 from dagrunner.worktrees import lifecycle
 
 MANIFEST = (
