@@ -115,9 +115,12 @@ class Scenario:
             mark = f"{state}/flaked-{gate}-$t"
             return (
                 f"t=$(git rev-parse 'HEAD^{{tree}}'); "
+                # which trees flake, by their workers' files (not the manifest, which names
+                # this scenario's folder): the same in a replay; ${k}, as "$k{gate}" would be
+                # a variable of that name (it was: empty, the same checksum, never a flake)
+                f"k=$(git ls-tree -r HEAD -- '*.txt' | cksum); "
                 f"if [ ! -e '{state}/steady' ] && "
-                # ${t}: "$t{gate}" would be a variable of that name (empty: never a flake)
-                f'[ $(( $(printf %s "${{t}}{gate}{self.seed}" | cksum | cut -d" " -f1) % 3 )) = 0 ] && '
+                f'[ $(( $(printf %s "${{k}}{gate}{self.seed}" | cksum | cut -d" " -f1) % 3 )) = 0 ] && '
                 f"mkdir '{mark}' 2>/dev/null; then echo flaked; exit 1; fi; "
             )
 
