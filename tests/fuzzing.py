@@ -182,10 +182,13 @@ class Scenario:
         head = f'{shared}[integrate]\nbaseline = "{self.baseline}"\n'
         return head + "\n" + "\n".join(gates)
 
-    def passes_alone(self, worker: Worker) -> bool:
+    def passes_alone(self, worker: Worker, states: dict[str, str]) -> bool:
         """Whether the worker's tree, alone on the target, fails nothing the target does not
-        (on a red target under the absolute baseline it is held, never blamed)."""
-        return worker.kind in ("good", "pair", "needs")  # needs: on its good one, before it
+        (on a red target under the absolute baseline it is held, never blamed); a worker
+        that needs another, once that one landed (held on a red target, it did not)."""
+        if worker.kind == "needs":
+            return states.get(worker.text) == "landed"
+        return worker.kind in ("good", "pair")
 
     def change(self, worker: Worker, path: Path) -> None:
         """What the worker does in its worktree."""
@@ -294,7 +297,7 @@ def run(seed: int, root: Path) -> Outcome:
             continue  # held: the target fails docs, so nothing can land; never blamed for it
         if got not in FINAL:
             outcome.broken.append(f"{worker.name} ({worker.kind}) left {got}")
-        elif got == "gates-failed" and scenario.passes_alone(worker):
+        elif got == "gates-failed" and scenario.passes_alone(worker, outcome.states):
             outcome.broken.append(f"{worker.name} ({worker.kind}) passes alone, ended gates-failed")
     landed = git(repo, "rev-list", "--reverse", f"{base}..main").split()
     for commit in landed:
