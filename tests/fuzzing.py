@@ -25,7 +25,7 @@ import os
 import random
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import orjson
@@ -46,7 +46,8 @@ HANG = 240.0  # seconds an integrator may take on a scenario before it is a hang
 class Worker:
     name: str
     kind: str  # good, broken (the check fails), lintbad (lint fails), pair (edits one line
-    # of shared.txt, as its twin does), plant-pass / plant-fail (hostile: plants a hook)
+    # of shared.txt, as its twin does), plant-pass / plant-fail (hostile: plants a hook),
+    # needs (its check fails without the good worker queued right before it: ``text``)
     text: str = ""
 
 
@@ -68,6 +69,9 @@ class Scenario:
     # file, which the check reads instead when it is there (a file another gate made); the
     # workers' files are in the target already, so an edit leaves the tree's names as they were
     relay: bool = False
+    # a worker that needs the good one queued right before it (its check fails without it):
+    # a pair of them, split, must not blame the second for its tree without the first
+    needs: bool = False
 
     @classmethod
     def of(cls, seed: int) -> Scenario:
@@ -81,7 +85,7 @@ class Scenario:
             if kind == "pair":
                 workers.append(Worker(f"w{i:02d}b", "pair", f"twin {seed} {i}"))
         rng.shuffle(workers)
-        return cls(
+        scenario = cls(
             seed=seed,
             workers=tuple(workers),
             window=rng.randint(1, 4),
@@ -96,6 +100,11 @@ class Scenario:
             observed=rng.random() < 0.5,  # drawn last: the seeds' other draws stay as they were
             relay=rng.random() < 0.5,
         )
+        good = next((i for i, w in enumerate(workers) if w.kind == "good"), None)
+        if rng.random() < 0.3 and good is not None:  # drawn last, as the two above
+            workers.insert(good + 1, Worker(f"{workers[good].name}n", "needs", workers[good].name))
+            return replace(scenario, workers=tuple(workers), needs=True)
+        return scenario
 
     def manifest(self, state: Path) -> str:
         """The target's manifest: every gate a function of the tree, but for its flakes."""
@@ -106,8 +115,12 @@ class Scenario:
             mark = f"{state}/flaked-{gate}-$t"
             return (
                 f"t=$(git rev-parse 'HEAD^{{tree}}'); "
+                # which trees flake, by their workers' files (not the manifest, which names
+                # this scenario's folder): the same in a replay; ${k}, as "$k{gate}" would be
+                # a variable of that name (it was: empty, the same checksum, never a flake)
+                f"k=$(git ls-tree -r HEAD -- '*.txt' | cksum); "
                 f"if [ ! -e '{state}/steady' ] && "
-                f'[ "$(printf %s "$t{gate}{self.seed}" | cksum | cut -c1)" -lt 4 ] && '
+                f'[ $(( $(printf %s "${{k}}{gate}{self.seed}" | cksum | cut -d" " -f1) % 3 )) = 0 ] && '
                 f"mkdir '{mark}' 2>/dev/null; then echo flaked; exit 1; fi; "
             )
 
@@ -134,11 +147,18 @@ class Scenario:
                 f'needs = ["{needs}"]\n' if needs else ""
             )
 
+        # a worker's file that says NEEDS w: w's file must say what the good worker wrote
+        needs = (
+            'for f in $(grep -rl "^NEEDS " --include=*.txt .); do '
+            'd=$(sed -n "s/^NEEDS //p" "$f"); grep -q "^good " "./$d.txt" || exit 1; done; '
+            if self.needs
+            else ""
+        )
         gates = [
             gate("lint", f"{flake('lint')}! grep -rq LINTBAD --include=*.txt ."),
             gate(
                 "check",
-                f"{hook}{flake('check')}! grep {grep} BROKEN --include=*.txt .",
+                f"{hook}{flake('check')}{needs}! grep {grep} BROKEN --include=*.txt .",
                 "lint" if self.chain else "",
             ),
         ]
@@ -162,15 +182,21 @@ class Scenario:
         head = f'{shared}[integrate]\nbaseline = "{self.baseline}"\n'
         return head + "\n" + "\n".join(gates)
 
-    def passes_alone(self, worker: Worker) -> bool:
+    def passes_alone(self, worker: Worker, states: dict[str, str]) -> bool:
         """Whether the worker's tree, alone on the target, fails nothing the target does not
-        (on a red target under the absolute baseline it is held, never blamed)."""
+        (on a red target under the absolute baseline it is held, never blamed); a worker
+        that needs another, once that one landed (held on a red target, it did not)."""
+        if worker.kind == "needs":
+            return states.get(worker.text) == "landed"
         return worker.kind in ("good", "pair")
 
     def change(self, worker: Worker, path: Path) -> None:
         """What the worker does in its worktree."""
         if worker.kind == "pair":  # both of a pair edit the same line: one conflicts
             (path / "shared.txt").write_text(f"one\n{worker.text}\nthree\n")
+            return
+        if worker.kind == "needs":
+            (path / f"{worker.name}.txt").write_text(f"NEEDS {worker.text}\n")
             return
         plant = {"plant-pass": "PLANTPASS.txt", "plant-fail": "PLANTFAIL.txt"}.get(worker.kind)
         if plant:
@@ -271,7 +297,7 @@ def run(seed: int, root: Path) -> Outcome:
             continue  # held: the target fails docs, so nothing can land; never blamed for it
         if got not in FINAL:
             outcome.broken.append(f"{worker.name} ({worker.kind}) left {got}")
-        elif got == "gates-failed" and scenario.passes_alone(worker):
+        elif got == "gates-failed" and scenario.passes_alone(worker, outcome.states):
             outcome.broken.append(f"{worker.name} ({worker.kind}) passes alone, ended gates-failed")
     landed = git(repo, "rev-list", "--reverse", f"{base}..main").split()
     for commit in landed:
@@ -281,6 +307,11 @@ def run(seed: int, root: Path) -> Outcome:
             hit = git(repo, "grep", "-l", mark, commit, "--", "*.txt", check=False).strip()
             if hit:
                 outcome.broken.append(f"landed {commit[:12]} fails on {mark}: {hit}")
+        for worker in (w for w in scenario.workers if w.kind == "needs"):
+            has = git(repo, "grep", "-l", "^NEEDS", commit, "--", f"{worker.name}.txt", check=False)
+            dep = git(repo, "grep", "-l", "^good ", commit, "--", f"{worker.text}.txt", check=False)
+            if has.strip() and not dep.strip():
+                outcome.broken.append(f"landed {commit[:12]} holds {worker.name} without its need")
     outcome.broken += stale_cached(repo, root)
     if landed:
         outcome.broken += oracle(scenario, repo, root, state)

@@ -1,21 +1,22 @@
 """Both slots busy while a failure that names nothing is narrowed down (issue 47): what is
 left of a batch once its culprit is found is gated with what is behind it, a conflict put
-aside takes no place in the window, and the second envelope of a failed pair that fails
-alone beside the first passing is blamed without a re-run (the pair's failure corroborates
-it).  On real repositories and gate processes; the gate takes a second, so that two runs
+aside takes no place in the window, and the second envelope of a failed pair is judged on
+a tree of its own (the pair's, once the first passed), never on the pair's base without the
+first.  On real repositories and gate processes; the gate takes a second, so that two runs
 side by side overlap by most of it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from conftest import git
-from test_bisection import trace
+from test_bisection import spent_behind, trace
 from test_integration import states, worker
 from test_pipeline import recording
 from test_queue_volume import assert_every_landing_was_gated, breaking
 
+from dagrunner import watch
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
@@ -25,6 +26,10 @@ from dagrunner.records.integration import Speculation
 def slow_anonymous_gate(tmp: Path) -> Path:
     """Fails on BROKEN after a second, naming nothing."""
     return recording(tmp, "! grep -rq BROKEN --include=*.txt .", before="sleep 1; ")
+
+
+def two_lines(who: str, path: Path) -> None:
+    (path / "shared.txt").write_text(f"one\nTWO from {who}\nthree\n")
 
 
 def holding(pipeline: list[Speculation], name: str) -> list[Speculation]:
@@ -39,11 +44,12 @@ def beside(a: Speculation, b: Speculation) -> bool:
 def test_what_is_left_of_a_batch_once_its_culprit_is_found_is_gated_with_what_is_behind(
     project: Path, tmp_path: Path
 ) -> None:
-    """n02 breaks the first batch of 8; once it is blamed, n05..n08 (a half of that batch,
-    never gated) and n09..n16 behind it are gated side by side, not one after the other."""
+    """n02 breaks the first batch of 8; once it is found, n05..n08 (a half of that batch,
+    never gated) and n09..n16 behind it are gated side by side, not one after the other
+    (beside n02's confirmation: a window of 3)."""
     base = git(project, "rev-parse", "main").strip()
     submit(repo_info(project), breaking(project, 16, {2: "BROKEN\n"}))
-    result = integrate(repo=project, manifest=slow_anonymous_gate(tmp_path), batch=8, window=2)
+    result = integrate(repo=project, manifest=slow_anonymous_gate(tmp_path), batch=8, window=3)
     final = states(project)
     assert final.pop("n02") == "gates-failed" and set(final.values()) == {"landed"}, final
     left = [r for r in holding(result.pipeline, "n05") if str(r.verdict) == "passed"]
@@ -56,11 +62,7 @@ def test_a_conflict_put_aside_takes_no_place_in_the_window(project: Path, tmp_pa
     """n02 conflicts with n01 of its own batch: it is put aside, to be retried at the front,
     and the next batch is gated beside the first at once, as if it were not there."""
     base = git(project, "rev-parse", "main").strip()
-
-    def line(who: str) -> Callable[[Path], object]:
-        return lambda p: (p / "shared.txt").write_text(f"one\nTWO from {who}\nthree\n")
-
-    envelopes = [worker(project, "n01", line("n01")), worker(project, "n02", line("n02"))]
+    envelopes = [worker(project, who, partial(two_lines, who)) for who in ("n01", "n02")]
     envelopes += breaking(project, 8, {}, first=3)
     submit(repo_info(project), envelopes)
     result = integrate(repo=project, manifest=slow_anonymous_gate(tmp_path), batch=3, window=2)
@@ -72,20 +74,85 @@ def test_a_conflict_put_aside_takes_no_place_in_the_window(project: Path, tmp_pa
     assert_every_landing_was_gated(project, base, tmp_path)
 
 
-def test_the_second_of_a_pair_failing_alone_beside_the_first_is_blamed_without_a_rerun(
+def test_the_second_of_a_pair_is_blamed_for_the_pairs_tree_confirmed(
     project: Path, tmp_path: Path
 ) -> None:
     """n04 breaks the batch; halving comes down to the pair n03, n04, gated side by side on
-    the pair's base: n03 passes, n04 fails there.  The pair's failure and n04's own are two
-    failing trees whose one common change is n04: it is blamed with no re-run, and nothing
-    is gated on a tree holding it once the pair is known."""
+    the pair's base: n03 passes, so n04's tree is the pair's (known failed, no run), and it
+    is confirmed there -- a re-run of the tree that holds n03 -- before it is blamed."""
     base = git(project, "rev-parse", "main").strip()
     submit(repo_info(project), breaking(project, 8, {4: "BROKEN\n"}))
     result = integrate(repo=project, manifest=slow_anonymous_gate(tmp_path), batch=8, window=2)
     final = states(project)
     assert final.pop("n04") == "gates-failed" and set(final.values()) == {"landed"}, final
     said = trace(result.pipeline, times=True)
-    assert not [r for r in result.pipeline if r.confirm], said
-    alone = holding(result.pipeline, "n04")[-1]
-    assert len(alone.envelopes) == 1 and str(alone.verdict) == "failed", said
+    confirm = [r for r in holding(result.pipeline, "n04") if r.confirm]
+    assert len(confirm) == 1 and len(confirm[0].envelopes) == 1, said
+    assert holding(result.pipeline, "n03")[-1].commit == confirm[0].head, said
+    assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_the_second_of_a_pair_is_not_blamed_for_a_tree_without_the_first_that_passed(
+    project: Path, tmp_path: Path
+) -> None:
+    """n02 needs n01 (its gate fails where n02's file is without n01's), and the pair's run
+    fails once by a flake.  n01 passes on the pair's base; n02's run there, beside it, fails
+    for want of n01 -- a tree that is not n02's own once n01 passed (n02 lands on n01).  Its
+    own tree, the pair's, failed once, by the flake: n02 is confirmed there, passes, lands."""
+    base = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), breaking(project, 2, {}))
+    flake = f"if mkdir '{tmp_path}/flaked' 2>/dev/null; then echo flaked; exit 1; fi; "
+    check = flake + "! { [ -e n02.txt ] && [ ! -e n01.txt ]; }"
+    manifest = recording(tmp_path, check, before="sleep 1; ")
+    result = integrate(repo=project, manifest=manifest, batch=2, window=2)
+    final = states(project)
+    assert final == {"n01": "landed", "n02": "landed"}, (final, trace(result.pipeline, times=True))
+    assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_the_second_of_a_pair_excused_on_the_pairs_base_is_not_landed_from_there(
+    project: Path, tmp_path: Path
+) -> None:
+    """Differential: the target fails ``red``; n01 and n02 each fail only that, and together
+    fail ``both`` too.  n02's run on the pair's base ends after n01 passed there; its tree
+    holds no n01, so it is no verdict of the tree n02 would land as: nothing is landed from
+    it (no compare-and-swap from the pair's base once n01 moved the target), n02 is judged
+    on n01 and blamed."""
+    submit(repo_info(project), breaking(project, 2, {}))
+    (tmp_path / "gated.txt").touch()
+    manifest = tmp_path / "differential.toml"
+    manifest.write_text(
+        '[integrate]\nbaseline = "differential"\n\n'
+        '[gates.red]\nrun = "exit 1"\n\n'
+        '[gates.both]\nrun = "sleep 1; if [ -e n02.txt ]; then sleep 1; fi; '
+        '! { [ -e n01.txt ] && [ -e n02.txt ]; }"\n'
+    )
+    result = integrate(repo=project, manifest=manifest, batch=2, window=2)
+    final = states(project)
+    assert final == {"n01": "landed", "n02": "gates-failed"}, (
+        final,
+        trace(result.pipeline, times=True),
+    )
+    landing = [e for e in watch(repo=project, follow=False) if str(e.state) == "landing"]
+    assert [e.id.split(".")[1] for e in landing] == ["n01"], landing
+    assert result.rebuilds == 0, trace(result.pipeline, times=True)
+
+
+def test_a_second_culprit_in_what_is_left_holds_back_what_is_behind_it_again(
+    project: Path, tmp_path: Path
+) -> None:
+    """n02 and n07 break the first batch of 8.  Once n02 is blamed, what is left of the batch
+    is gated with what is behind it; when that fails too (n07), its own halves hold back
+    what is behind them again: once the first batch failed, nothing is gated on a tree that
+    holds a culprit not found yet (n09..n16 speculated behind the first batch is the bet
+    the pipeline makes on every batch)."""
+    base = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), breaking(project, 16, {2: "BROKEN\n", 7: "BROKEN\n"}))
+    result = integrate(repo=project, manifest=slow_anonymous_gate(tmp_path), batch=8, window=2)
+    final = states(project)
+    culprits = {"n02", "n07"}
+    assert {k for k, v in final.items() if v == "gates-failed"} == culprits, final
+    first = min(r.end for r in result.pipeline if str(r.verdict) == "failed")
+    wasted = [r for r in spent_behind(result.pipeline, culprits) if r.start > first]
+    assert wasted == [], trace(result.pipeline, times=True)
     assert_every_landing_was_gated(project, base, tmp_path)

@@ -28,6 +28,9 @@ FOUND = [
     # a relay gate beside the check copied the tree's files into a new file the check read
     # instead: the check's reads were keyed by nothing, and a BROKEN edit landed (observed)
     6103,
+    # a worker needing the good one before it, the pair of them failing by a flake: the
+    # second was blamed for its run on the pair's base, without the first that passed there
+    11428,
 ]
 
 

@@ -14,6 +14,7 @@ import orjson
 from conftest import CLI, SIDE_BY_SIDE, commit_release_manifest, git
 
 from dagrunner.integration.run import integrate
+from dagrunner.process import toolcaches
 from dagrunner.worktrees import allocate as wt
 from dagrunner.worktrees import export as exporting
 from dagrunner.worktrees import lifecycle
@@ -97,3 +98,18 @@ def test_a_worktree_taken_again_from_the_pool_starts_with_none_of_its_last_worke
     assert again == one and (again / "check.sh").read_text() != "exit 0\n"
     (again / "src" / "a.txt").write_text("BROKEN\n")
     assert statuses(again) == ["failed"]  # judged, not answered by the last worker's pass
+
+
+def test_a_worktree_pooled_again_and_again_is_a_new_tree_each_time(repo: Path) -> None:
+    """The same path given out again and again (the same mission and worker, pooled
+    between): a file system hands a freed inode number out again (ext4 does), so one
+    worker's ``.git`` may get the number of a worker's before it -- and it must not be that
+    worker's tree (its passes, its tool cache layer)."""
+    commit_project(repo)
+    seen: dict[str, int] = {}
+    for turn in range(40):
+        path = Path(wt.allocate(mission="m", worker="w", repo=repo, session=f"s{turn}")["path"])
+        made = toolcaches.tree_id(path)
+        assert made not in seen, f"turn {turn} is turn {seen[made]}'s tree"
+        seen[made] = turn
+        lifecycle.cleanup("m/w", force=True, repo=repo)

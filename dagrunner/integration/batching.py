@@ -8,9 +8,10 @@ of two at most (1 - rate) / rate, between 1 and ``MOST``: a first batch of ``FIR
 after 4 landed, 16 after 12; about 16 at one culprit in 20.  A batch that fails is split
 at once (``pieces``): what its failure names first, then the rest of it, else it is halved,
 and nothing queued behind the halves is gated until the culprit is found (its trees would
-hold it; ``narrowing``).  A pair's two envelopes are gated side by side on its base: the one
-failing beside the other passing is blamed with no re-run (``corroborated``, ``keep_alone``).  Finding d culprits among n this way costs about d*log2(n/d) + 2d runs, a
-confirmation each included (docs/integration.md).
+hold it; ``narrowing``).  A pair's two envelopes are gated side by side on its base: the
+first failing beside the second passing is blamed with no re-run (``corroborated``).  Finding
+d culprits among n this way costs about d*log2(n/d) + 2d runs, a confirmation each included
+(docs/integration.md).
 
 What a failure names (``named``): the envelopes of the batch whose changed paths its failing
 gates' log tails or failed test cases mention.  Runners name the file they failed in (a
@@ -173,14 +174,15 @@ def narrowing(ahead: list[Item], item: Item, found: set[int]) -> bool:
     siblings), none decided yet: the culprit is among them, so ``item``'s tree would most
     likely hold it.  It waits rather than spend a run on that; the slots go to the halves.
     A half of a split whose culprit was ``found`` since (an envelope blamed whose lineage
-    holds the split) is what is left of its batch, gated as any item is."""
+    holds the split) is what is left of its batch, gated as any item is; its own halves, if
+    it fails in turn, hold back what is behind them again."""
     undecided = (Stage.WAITING, Stage.BUILT, Stage.GATING)
     return item.stage in (Stage.WAITING, Stage.BUILT) and any(
         x.halves
         and x.halves != item.halves
         and x.stage in undecided
         and not x.suspected
-        and not x.lineage & found
+        and x.halves not in found
         for x in ahead
     )
 
@@ -192,35 +194,10 @@ def corroborated(item: Item, items: list[Item]) -> bool | None:
     envelope, where the rest passes -- what a re-run of its tree would add, a flake could
     only fake twice.  None while the rest is being gated; False: confirm it by a re-run (also
     when the rest is not being gated: a window of 1 gates nothing beside the suspect)."""
-    if item.alone:  # the second of a pair, failing on its base beside the first passing
-        return set(item.failing) <= set(item.batch_failing)
     rest = item.rest
     if rest is None or rest not in items or not set(item.failing) <= set(item.batch_failing):
         return False
     return True if rest.stage is Stage.PASSED else None if rest.stage is Stage.GATING else False
-
-
-def keep_alone(items: list[Item], first: Item) -> int:
-    """The first envelope of a failed pair passed on the pair's base: its second, gated
-    there beside it without it (or failed there already), keeps that run (1; else 0).
-    Failing there, it is blamed with no re-run: the pair's failure and its own are two
-    failing trees whose one common change is it, beside the first passing (``corroborated``);
-    passing there, it is built again on the first (its tree then is the pair's, known
-    failed).  Either way a run and a re-run fewer than rebuilding it at once."""
-    index = items.index(first)
-    second = items[index + 1] if index + 1 < len(items) else None
-    if (
-        second is None
-        or second is not first.rest
-        or len(first.envelopes) != 1
-        or len(second.envelopes) != 1
-        or id(first) not in second.excludes
-        or second.stage not in (Stage.GATING, Stage.SUSPECT)
-        or second.confirms
-    ):
-        return 0
-    second.alone, second.batch_failing = True, first.batch_failing
-    return 1
 
 
 def coalesce(items: list[Item], start: int, size: int) -> None:

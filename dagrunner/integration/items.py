@@ -86,16 +86,13 @@ class Item:
     halves: int = 0
     lineage: frozenset[int] = frozenset()  # the splits it is a piece of, its own included
     by_name: bool = False  # the piece of its batch that the batch's failure named
-    # the second of a failed pair, its run on the pair's base going on though the first
-    # passed there (``batching.keep_alone``): failing, it is corroborated; passing, rebuilt
-    alone: bool = False
 
     @property
     def suspected(self) -> bool:
         """Expected to fail, so what is behind is built without it: one envelope that failed
         once (waiting for its confirmation, or being confirmed), or a piece its batch's
         failure named, until it passes."""
-        if (self.rest is not None and self.stage is not Stage.PASSED) or self.alone:
+        if self.rest is not None and self.stage is not Stage.PASSED:
             return True
         return self.stage is Stage.SUSPECT or (self.stage is Stage.GATING and self.confirms > 0)
 
@@ -113,7 +110,6 @@ class Item:
         self.stage, self.confirms, self.failing, self.flaky = Stage.WAITING, 0, (), ()
         self.proven, self.applied, self.tree, self.excludes = {}, [], "", frozenset()
         self.passed, self.excused, self.rerun = frozenset(), frozenset(), ()
-        self.alone = False
         return slot
 
 

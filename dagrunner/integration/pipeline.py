@@ -284,9 +284,6 @@ class Pipeline:
         item = done.item
         if done.generation != item.generation or item not in self.items:
             return  # a run of a tree that was reset since
-        if item.alone and done.passed:  # not its tree: the first of its pair lands
-            i = self.items.index(item)  # what is behind was built without it: it stands
-            return self.reset_from(i, cause=None, why="rebuilt on its pair", end=i + 1)
         seen = Failures.of(done.record) if done.record is not None else Failures()
         item.passed |= done.passes  # a run of exactly its tree (the generation says so)
         item.proven = {**item.proven, **done.proven}
@@ -310,8 +307,7 @@ class Pipeline:
                 journal(self.it.queue, item, details, event="flaky")
             if item.suspected:  # what is behind was built without it: it lands after all
                 why = "rebuilt on a flake" if done.confirm else f"rebuilt on {item.ids[0]}+"
-                kept = 0 if done.confirm else batching.keep_alone(self.items, item)
-                self.reset_from(self.items.index(item) + 1 + kept, cause=None, why=why)
+                self.reset_from(self.items.index(item) + 1, cause=None, why=why)
             item.stage = Stage.PASSED
             return
         if done.tree:
@@ -368,18 +364,16 @@ class Pipeline:
                 self.launch(item, index, confirm=True)
             return
 
-    def reset_from(
-        self, index: int, *, cause: Item | None, why: str = "", end: int | None = None
-    ) -> None:
-        """Every item from ``index`` on (to ``end``) that was built on ``cause`` (any, when
-        None) is built again."""
+    def reset_from(self, index: int, *, cause: Item | None, why: str = "") -> None:
+        """Every item from ``index`` on that was built on ``cause`` (any, when None) is
+        built again."""
         why = why or (
             f"rebuilt without {', '.join(cause.ids)}"
             if cause is not None
             else "rebuilt on the target's new head"
         )
         reset = False
-        for item in self.items[index:end]:
+        for item in self.items[index:]:
             if item.stage is Stage.WAITING or (cause is not None and id(cause) in item.excludes):
                 continue  # nothing built, or built without the cause already
             built = item.stage is not Stage.DEFERRED

@@ -33,7 +33,7 @@ from pathlib import Path
 from dagrunner.errors import DagrunnerError
 from dagrunner.git.command import git
 from dagrunner.git.repo import tool_cache_root
-from dagrunner.process import share
+from dagrunner.process import made, share
 
 HOW = ("reflink", "overlay", "copy")
 LAYERS = ".layers"  # a layer's overlay upper and work folders, one per gate (no gate starts with .)
@@ -127,14 +127,18 @@ def _linked(repo: Path, common: str | None) -> bool:
 
 def tree_id(path: Path) -> str:
     """A worktree's layer name: its real path and the identity of its ``.git`` file, so a
-    worktree made again at the same path (removed by plain git) starts from nothing."""
+    worktree made again at the same path (removed by plain git, or given out again by the
+    pool) starts from nothing.  The inode number alone is not that: a file system hands a
+    freed one out again (ext4 at once), so its birth time (else its change time) goes too."""
     real = os.path.realpath(path)
+    dot = os.path.join(real, ".git")
     try:
-        made = os.lstat(os.path.join(real, ".git"))
-        mark = f"{made.st_dev}:{made.st_ino}"
+        found = os.lstat(dot)
     except OSError:
-        mark = "-"
-    return _digest(f"{real}\0{mark}")
+        return _digest(f"{real}\0-")
+    birth = made.born_at(dot)
+    when = f"b{birth}" if birth is not None else f"c{found.st_ctime_ns}"
+    return _digest(f"{real}\0{found.st_dev}:{found.st_ino}:{when}")
 
 
 def _layered(trusted: Path, layer: Path, gate: str) -> Path:

@@ -51,8 +51,9 @@ def take_from_pool(repo: Path, pool: Path, path: Path, branch: str, base: str, w
 def renew_identity(path: Path) -> None:
     """A new ``.git`` file of the same text: a pooled worktree given to a new worker is a new
     tree to the verdicts and tool cache layers kept per worktree (``toolcaches.tree_id``,
-    from its path and this file's inode), even at its last worker's very path, so nothing
-    the last worker's own checks stored answers the next one's."""
+    from its path and this file's inode and birth time: an inode number alone comes back),
+    even at its last worker's very path, so nothing an earlier worker's own checks stored
+    answers the next one's."""
     dot, fresh = path / ".git", path / f".git.{uuid.uuid4().hex[:8]}"
     fresh.write_bytes(dot.read_bytes())
     os.replace(fresh, dot)
