@@ -16,6 +16,14 @@ from test_init import THIS, gates_of, python_project
 from dagrunner.starter.sessions import has_interpreter, interpreter
 
 
+def tox_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``tox`` on PATH (this Python under that name: init only looks for it)."""
+    here = tmp_path / "bin"
+    here.mkdir()
+    (here / "tox").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", f"{here}{os.pathsep}{os.environ['PATH']}")
+
+
 def test_a_bare_version_factor_names_the_interpreter_tox_uses() -> None:
     assert interpreter("3.13-tests") == "python3.13"
     assert interpreter("3.14t") == "python3.14t"
@@ -104,10 +112,7 @@ def test_base_python_file_names_the_interpreter_and_an_env_that_lacks_it_is_comm
             """
         )
     )
-    here = tmp_path / "bin"  # tox is on PATH: only the interpreter is missing
-    here.mkdir()
-    (here / "tox").symlink_to(sys.executable)
-    monkeypatch.setenv("PATH", f"{here}{os.pathsep}{os.environ['PATH']}")
+    tox_on_path(tmp_path, monkeypatch)  # only the interpreter is missing
     out = repo / "m.toml"
     code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
     assert code == 0, body
@@ -179,10 +184,7 @@ def test_a_type_check_of_part_of_what_a_tox_env_checks_is_run_by_that_env(
             """
         )
     )
-    here = tmp_path / "bin"  # tox is on PATH, so its env can stand for `types`
-    here.mkdir()
-    (here / "tox").symlink_to(sys.executable)
-    monkeypatch.setenv("PATH", f"{here}{os.pathsep}{os.environ['PATH']}")
+    tox_on_path(tmp_path, monkeypatch)  # so its env can stand for `types`
     out = repo / "m.toml"
     code, body = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
     assert code == 0, body
