@@ -108,6 +108,20 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         else "gates are held by their process group only; see dagrunner's docs/security.md "
         "(run as root, or enable user namespaces or cgroup delegation)",
     )
+    from dagrunner.worktrees import layers
+
+    layered = contained.views and layers.available()
+    report.facts["gate_layers"] = layered
+    report.add(
+        "PASS" if layered else "NOTE",
+        "gate layers",
+        "each gate in an envelope's tree writes a layer of its own (an overlay): only the "
+        "gates that need it see what it wrote"
+        if layered
+        else "gates in an envelope's tree share its untracked files: what one writes, the "
+        "gates after it see (docs/security.md)",
+        "" if layered else "run as root (overlay mounts), with gates' views, to layer them",
+    )
     from dagrunner.process.contain import network_isolation
 
     isolating = network_isolation()

@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import networkx as nx
 import trio
 
 from dagrunner.engine.cachestep import RunCache
@@ -31,39 +32,20 @@ from dagrunner.files import is_inside
 from dagrunner.git import guard
 from dagrunner.git.command import git
 from dagrunner.manifest.load import GateSpec
+from dagrunner.process import toolcaches
+from dagrunner.process.contain import detect
 from dagrunner.process.logs import redact_file
 from dagrunner.process.sandbox import AttemptResult, GateJob, tree_environment
-from dagrunner.process.toolcaches import ToolCaches
+from dagrunner.process.toolcaches import ToolCaches, with_tool_caches
 from dagrunner.records.run import Attempt, Status, TestRun
 from dagrunner.report.logtail import read_log
 from dagrunner.report.testnames import from_output
 from dagrunner.report.testresults import read_junit
 from dagrunner.units import format_duration
+from dagrunner.worktrees import layers
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
 OUTPUT_READ = 1 << 20  # the last bytes of a failed gate's log its failing tests are named from
-
-
-# The variables that point common tools' caches somewhere (each under the gate's folder),
-# set unless the manifest set them: pre-commit's hook environments, mypy, ruff, npm, and
-# everything that follows XDG (pip, uv, pyright, black, pre-commit's default).
-TOOL_CACHES = {
-    "XDG_CACHE_HOME": "",
-    "PRE_COMMIT_HOME": "pre-commit",
-    "MYPY_CACHE_DIR": "mypy",
-    "RUFF_CACHE_DIR": "ruff",
-    "npm_config_cache": "npm",
-}
-
-
-def with_tool_caches(env: dict[str, str], folder: Path) -> dict[str, str]:
-    """``env`` with each tool cache variable it lacks pointed under ``folder``, and npm's
-    update check off (a fresh HOME made npm ask the network on every gate run)."""
-    env = dict(env)
-    for name, sub in TOOL_CACHES.items():
-        env.setdefault(name, str(folder / sub) if sub else str(folder))
-    env.setdefault("npm_config_update_notifier", "false")
-    return env
 
 
 def check_programs(plan: Plan) -> None:
@@ -128,9 +110,19 @@ class GateRunner:
         self.tools = ToolCaches(plan.repo, own=not plan.read_only)
         self.suspects: dict[str, str] = {}  # gate -> what changed while it ran
         self.listed: str | None = None  # the snapshot's paths, once a gate is given them
+        # an envelope's tree: each gate on a layer of its own, where this process can mount
+        layered = plan.layered and detect().views and layers.available()
+        self.layers = layers.Layers(self.sandbox_root / "layers") if layered else None
 
-    def job(self, gate: GateSpec, attempt: int, root: Path, tools: Path | None) -> GateJob:
-        """``tools``: the gate's tool cache folder (``ToolCaches``), when it has one."""
+    def drop_layers(self) -> None:
+        if self.layers is not None:
+            self.layers.drop()
+
+    def job(
+        self, gate: GateSpec, attempt: int, root: Path, tools: Path | None, layer: str = ""
+    ) -> GateJob:
+        """``tools``: the gate's tool cache folder (``ToolCaches``), when it has one;
+        ``layer``: the merged folder of its own layer over ``root``, when it has one."""
         argv = ("/bin/sh", "-c", gate.run) if isinstance(gate.run, str) else gate.run
         env = tree_environment(
             self.plan.envs[gate.id], root, [s.path for s in self.plan.manifest.worktrees.seeds]
@@ -166,6 +158,7 @@ class GateRunner:
             # what it reads keys it (inputs = the whole tree) or shows undeclared inputs
             observe=str(root) if self.cache.observes(gate.id) else "",
             paths=self.paths(gate, root),
+            layer=layer,
         )
 
     def clear_junit(self, gate: GateSpec, root: Path) -> None:
@@ -217,13 +210,26 @@ class GateRunner:
                 if root not in self.snapshots:
                     self.snapshots[root] = await trio.to_thread.run_sync(guard.snapshot, root)
                 self.active.setdefault(root, set()).add(node)
+        layer, passed = None, False
         try:
-            outcome = await self.attempts(gate, node, command, root)
+            if guarded and self.layers is not None:
+                below = list(reversed(list(nx.topological_sort(self.plan.graph.subgraph(
+                    nx.ancestors(self.plan.graph, node))))))  # fmt: skip
+                layer = await trio.to_thread.run_sync(self.layers.open, root, node, below)
+            outcome = await self.attempts(gate, node, command, root, layer)
+            if guarded:  # "running" until its own check: a change seen first elsewhere names it
+                outcome = await self.unchanged(self.snapshots[root], root, node, outcome, layer)
+            passed = outcome.status.ok
+        except layers.LayerError as exc:
+            self.active.get(root, set()).discard(node)
+            reason = f"could not give the gate a layer of its own over {root}: {exc}"
+            return Outcome(status=Status.FAILED, reason=reason, command=command)
         except BaseException:
             self.active.get(root, set()).discard(node)
             raise
-        if guarded:  # still "running" until its own check: a change seen first elsewhere names it
-            outcome = await self.unchanged(self.snapshots[root], root, node, outcome)
+        finally:
+            if layer is not None and self.layers is not None:
+                self.layers.close(root, node, layer, passed)
         if gate.kind == "worker" and outcome.status.ok:
             try:
                 note = await trio.to_thread.run_sync(self.nodes.export_worker, node)
@@ -235,7 +241,12 @@ class GateRunner:
         return outcome
 
     async def unchanged(
-        self, shot: guard.TreeSnapshot | None, root: Path, node: str, outcome: Outcome
+        self,
+        shot: guard.TreeSnapshot | None,
+        root: Path,
+        node: str,
+        outcome: Outcome,
+        layer: layers.Layer | None = None,
     ) -> Outcome:
         """``outcome``, failed (``tree-modified``) when a tracked file of the gate's tree
         changed while it ran: each is put back, the gate's version kept in the run folder.
@@ -246,6 +257,8 @@ class GateRunner:
             running.discard(node)
             if shot is None:
                 return outcome
+            if layer is not None:  # its writes are in its own layer: seen there, by it alone
+                shot, running = replace(shot, tree=layer.merged), set()
             changed = await trio.to_thread.run_sync(guard.changes, shot)
             if changed:
                 keep = self.run_dir / "changed" / node
@@ -266,7 +279,9 @@ class GateRunner:
         """A worker node edits its worktree on this machine; gates go where the run sends them."""
         return self.local if gate.kind == "worker" else self.executor
 
-    async def attempts(self, gate: GateSpec, node: str, command: str, root: Path) -> Outcome:
+    async def attempts(
+        self, gate: GateSpec, node: str, command: str, root: Path, layer: layers.Layer | None
+    ) -> Outcome:
         attempts: list[Attempt] = []
         result = AttemptResult(exit_code=None)
         number = 0
@@ -276,12 +291,12 @@ class GateRunner:
             tools = await trio.to_thread.run_sync(self.tools.folder, gate.id, root)  # a copy
         # a cache it may trust by stat: its tool caches, a folder the manifest lets it write
         places = [*([tools] if tools is not None else []), *self.kept(gate, root)]
-        warm = await trio.to_thread.run_sync(lambda: any(map(_warm, places)))
+        warm = await trio.to_thread.run_sync(lambda: any(map(toolcaches.warm, places)))
         try:
             for number in range(1, gate.retries + 2):
                 if tools is not None and gate.junit and self.cache.observes(gate.id):
                     await trio.to_thread.run_sync(self.clear_junit, gate, root)
-                job = self.job(gate, number, root, tools)
+                job = self.job(gate, number, root, tools, str(layer.merged) if layer else "")
                 if not Path(job.cwd).is_dir():
                     return Outcome(
                         status=Status.FAILED,
@@ -318,32 +333,10 @@ class GateRunner:
                 problem="no JUnit file came back: the attempt did not run to its end on a worker"
             )
         else:
-            where = Path(os.path.normpath(root / gate.cwd)) / gate.junit
+            seen = layer.merged if layer is not None else root  # the gate's writes are there
+            where = Path(os.path.normpath(seen / gate.cwd)) / gate.junit
             tests = await trio.to_thread.run_sync(lambda: read_junit(where, since=began))
         return replace(outcome, tests=tests)
-
-
-# Download caches, addressed by content: what they hold never stands for a file of the tree
-CONTENT_ADDRESSED = frozenset({"npm", "pip"})
-
-
-def _warm(folder: Path, top: bool = True) -> bool:
-    """Whether a folder kept between a gate's runs (its tool caches, a ``writable`` one)
-    holds anything a tool may trust by ``stat``: any file or link at any depth.  Folders
-    alone hold nothing (yarn 1 makes ``yarn/v6/.tmp`` at every ``yarn run`` and leaves it
-    empty: counted warm, every yarn gate fell back to the whole tree)."""
-    try:
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if top and entry.name in CONTENT_ADDRESSED:
-                    continue
-                if not entry.is_dir(follow_symlinks=False) or _warm(Path(entry.path), False):
-                    return True
-    except FileNotFoundError:
-        return not top  # not made yet: cold (one vanishing inside: assume the worst)
-    except OSError:
-        return True  # unreadable: assume the worst
-    return False
 
 
 def _modified(changed: list[str], keep: Path, left: list[str], running: list[str]) -> str:

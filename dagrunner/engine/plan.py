@@ -47,6 +47,9 @@ class RunOptions:
     # editable installs would otherwise run its code instead of the tree's); what
     # ``read_only`` names inside one stays visible, read-only.
     conceal: tuple[Path, ...] = ()
+    # Each gate on a layer of its own over the tree (an envelope's: ``worktrees.layers``):
+    # what one writes, only the gates that need it see.
+    layered: bool = False
     # The trusted commit (the target's head) when the tree under test is an envelope's:
     # its verdicts are then reused by input key only where the reuse rule allows
     # (``cachestep._tree_scoped``, docs/security.md).
@@ -78,6 +81,7 @@ class Plan:
     secrets: dict[str, str] = field(default_factory=dict)  # value -> name, redacted from logs
     read_only: tuple[Path, ...] = ()  # RunOptions.read_only
     conceal: tuple[Path, ...] = ()  # RunOptions.conceal
+    layered: bool = False  # RunOptions.layered
 
 
 class NodeKinds(Protocol):

@@ -113,6 +113,7 @@ def plan_step(
         secrets=secret_values(caller, envs),
         read_only=options.read_only,
         conceal=options.conceal,
+        layered=options.layered,
     )
 
 
@@ -215,6 +216,7 @@ async def schedule_step(
                 warnings.append(f"ended process {pid} left running by a finished gate ({token})")
     finally:
         cache.land()  # whatever this run claimed and did not settle: its waiters look again
+        runner.drop_layers()  # before the sandbox folder: a layer mounted in it goes first
         shutil.rmtree(runner.sandbox_root, ignore_errors=True)
         runner.tools.close()  # the run's private tool cache layers go with it
     return Scheduled(

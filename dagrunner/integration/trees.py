@@ -146,6 +146,7 @@ class Trees:
                     only=run.only,
                     read_only=self.it.guarded,
                     conceal=(self.it.repo,),
+                    layered=True,
                     trusted=trusted,
                     ahead=run.base,
                     flights=self.flights,

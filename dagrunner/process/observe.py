@@ -118,8 +118,11 @@ class Observer:
     """One gate attempt's observer: the pipes its bubblewrap gets (``fds``, ``options``),
     then ``attach`` (the gate waits for it) and ``finish`` (the observation)."""
 
-    def __init__(self, tree: str, why: str = "") -> None:
+    def __init__(self, tree: str, why: str = "", seen: str = "") -> None:
         self.tree = os.path.realpath(tree) if tree else ""
+        # where the tree as the gate saw it is once it has ended: the tree, or the merged
+        # folder of the gate's own layer over it (``worktrees.layers``)
+        self.seen = os.path.realpath(seen) if seen else self.tree
         self.why = why  # set: no observation is made, and this says why (``finish``)
         self.fds: tuple[int, ...] = ()  # the child's ends (info's write, block's read)
         self._ours: tuple[int, ...] = ()  # info's read end, block's write end
@@ -309,7 +312,7 @@ class Observer:
         ('' when each still holds what was opened)."""
         for rel, inodes in sorted(self._inodes.items()):
             try:
-                now = os.lstat(os.path.join(self.tree, rel) if rel else self.tree)
+                now = os.lstat(os.path.join(self.seen, rel) if rel else self.seen)
             except OSError:
                 return rel
             if {(now.st_dev, now.st_ino)} == inodes:
@@ -336,7 +339,7 @@ class Observer:
         return Observation(complete=True, read=frozenset(self._read),
                            listed=frozenset(self._listed), wrote=frozenset(self._wrote),
                            new=frozenset(self._new),
-                           foreign=made.foreign(self.tree, self._fresh, self._made,
+                           foreign=made.foreign(self.seen, self._fresh, self._made,
                                                 self._listed, self._new))  # fmt: skip
 
     def close(self) -> None:
@@ -351,7 +354,7 @@ class Observer:
 
 def _replaced(inode: int, rel: str, observer: Observer) -> bool:
     """Whether ``rel`` now holds a file the gate made (``inode``'s, born in the run)."""
-    path = os.path.join(observer.tree, rel)
+    path = os.path.join(observer.seen, rel)
     birth = made.born_at(path)  # in the run: since the gate was let go
     return birth is not None and birth >= observer._start and os.lstat(path).st_ino == inode
 

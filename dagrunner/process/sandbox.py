@@ -67,6 +67,9 @@ class GateJob:
     junit: str = ""  # the JUnit file the gate writes, relative to cwd (a cluster brings it back)
     observe: str = ""  # the tree (absolute) whose reads to record (``observe``), "" for none
     paths: str = ""  # the tree's paths, NUL-separated, for ``$DAGRUNNER_PATHS`` (``home``)
+    # the merged folder of the gate's own layer over its tree, shown at the tree's path
+    # (``worktrees.layers``): "" where the gate writes the tree itself
+    layer: str = ""
     # On a cluster ([executor]): how long an attempt no worker can take waits for one, and
     # how far past timeout + grace the submitter waits for a result before giving up on it.
     wait_for_workers: float = 180.0
@@ -280,6 +283,7 @@ def _view(job: GateJob, env: Mapping[str, str], hide: Path | None) -> View:
         hide=hide,
         tools=tools,
         conceal=[Path(p) for p in job.conceal],
+        sources=[(tree, Path(job.layer))] if job.layer else [],
     )
 
 
@@ -313,7 +317,8 @@ async def _run(
     bwrapped = view is not None and found.pidns and found.views and bool(found.bwrap)
     # only in the tree its view binds afresh is a mount of the gate's own (not the root's)
     mine = not job.observe or is_inside(Path(job.observe), Path(job.tree or job.cwd))
-    observer = Observer(job.observe, why=NOT_BWRAPPED if not bwrapped else "" if mine else NOT_TREE)
+    why = NOT_BWRAPPED if not bwrapped else "" if mine else NOT_TREE
+    observer = Observer(job.observe, why=why, seen=job.layer)
     box = jail(
         observer.argv(job.argv),
         token=token,

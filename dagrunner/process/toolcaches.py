@@ -225,3 +225,48 @@ def _main_checkout(repo: Path, common: str) -> bool:
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# The variables that point common tools' caches somewhere (each under the gate's folder),
+# set unless the manifest set them: pre-commit's hook environments, mypy, ruff, npm, and
+# everything that follows XDG (pip, uv, pyright, black, pre-commit's default).
+TOOL_CACHES = {
+    "XDG_CACHE_HOME": "",
+    "PRE_COMMIT_HOME": "pre-commit",
+    "MYPY_CACHE_DIR": "mypy",
+    "RUFF_CACHE_DIR": "ruff",
+    "npm_config_cache": "npm",
+}
+
+
+def with_tool_caches(env: dict[str, str], folder: Path) -> dict[str, str]:
+    """``env`` with each tool cache variable it lacks pointed under ``folder``, and npm's
+    update check off (a fresh HOME made npm ask the network on every gate run)."""
+    env = dict(env)
+    for name, sub in TOOL_CACHES.items():
+        env.setdefault(name, str(folder / sub) if sub else str(folder))
+    env.setdefault("npm_config_update_notifier", "false")
+    return env
+
+
+# Download caches, addressed by content: what they hold never stands for a file of the tree
+CONTENT_ADDRESSED = frozenset({"npm", "pip"})
+
+
+def warm(folder: Path, top: bool = True) -> bool:
+    """Whether a folder kept between a gate's runs (its tool caches, a ``writable`` one)
+    holds anything a tool may trust by ``stat``: any file or link at any depth.  Folders
+    alone hold nothing (yarn 1 makes ``yarn/v6/.tmp`` at every ``yarn run`` and leaves it
+    empty: counted warm, every yarn gate fell back to the whole tree)."""
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if top and entry.name in CONTENT_ADDRESSED:
+                    continue
+                if not entry.is_dir(follow_symlinks=False) or warm(Path(entry.path), False):
+                    return True
+    except FileNotFoundError:
+        return not top  # not made yet: cold (one vanishing inside: assume the worst)
+    except OSError:
+        return True  # unreadable: assume the worst
+    return False

@@ -148,6 +148,13 @@ class View:
     covers: tuple[Path, ...] = ()
     hide: Path | None = None
     kernel: bool = True  # a /dev of its own, the kernel's knobs read-only (module doc)
+    # a writable place shown from another folder: (place, folder), the tree under test
+    # from the gate's own layer over it (``worktrees.layers``)
+    sources: tuple[tuple[Path, Path], ...] = ()
+
+    def source(self, path: Path) -> Path:
+        """The folder ``path`` is bound from: its own, or the one ``sources`` names."""
+        return next((src for dst, src in self.sources if dst == path), path)
 
     @classmethod
     def for_gate(
@@ -159,6 +166,7 @@ class View:
         hide: Path | None,
         tools: Sequence[Path] = (),
         conceal: Sequence[Path] = (),
+        sources: Sequence[tuple[Path, Path]] = (),
     ) -> View:
         """The view of one gate whose own ``home`` (TMPDIR inside) is made just before it
         starts, beside its stage; ``tools`` are folders on its PATH: under a cover, the
@@ -193,6 +201,7 @@ class View:
             visible=tuple(dict.fromkeys(shown)),
             covers=tuple(covers),
             hide=hide,
+            sources=tuple((Path(os.path.realpath(dst)), src) for dst, src in sources),
         )
 
     def operations(self) -> list[str]:
@@ -204,10 +213,10 @@ class View:
         for path in sorted({*self.writable, *self.visible}, key=lambda p: len(p.parts)):
             under = next((i for i, c in enumerate(self.covers) if _within(path, c)), None)
             if under is None:
-                ops.append(f"bind {path}\t{path}")
+                ops.append(f"bind {self.source(path)}\t{path}")
             else:
                 place = self.stage / str(under) / path.relative_to(self.covers[under])
-                ops += [f"mkdir {place}", f"bind {path}\t{place}"]
+                ops += [f"mkdir {place}", f"bind {self.source(path)}\t{place}"]
         if self.kernel:  # before the covers: /dev/shm's goes on the gate's own /dev
             ops += self._dev(self.stage / "dev")
         # a cover that holds the stage goes last: after it, the stage is out of sight
@@ -268,7 +277,8 @@ class View:
         for cover in sorted(self.covers, key=lambda c: len(c.parts)):
             opts += ["--tmpfs", str(cover)]
         for path in sorted({*self.writable, *self.visible}, key=lambda p: len(p.parts)):
-            opts += ["--bind" if path in self.writable else "--ro-bind", str(path), str(path)]
+            kind = "--bind" if path in self.writable else "--ro-bind"
+            opts += [kind, str(self.source(path)), str(path)]
         shown = [*self.writable, *self.visible]
         # a store not made yet has nothing to hide (and no mount point in a read-only place);
         # one under a cover and under nothing shown is out of sight already

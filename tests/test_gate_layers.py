@@ -1,0 +1,76 @@
+"""Each gate of an envelope's tree writes a layer of its own (``worktrees/layers.py``): what
+it writes and git does not track -- a generated module, a config file, a ``.pth`` in the
+tree's venv seed -- is seen by the gates that need it and by no other, so no verdict hangs on
+which gate ran first, and a gate running an envelope's code cannot make a later check pass."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import commit_release_manifest, envelope
+
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
+from dagrunner.process.contain import detect
+from dagrunner.worktrees import layers
+
+pytestmark = pytest.mark.skipif(
+    not (detect().views and layers.available()),
+    reason="this machine gives gates no view, or this process cannot mount an overlay",
+)
+
+PY = sys.executable
+
+
+def manifest(shared: Path) -> str:
+    """``writer`` writes an untracked file into the tree and one into its venv seed, then
+    says so in ``shared`` (the one folder both may write); ``reader`` runs beside it, needs
+    nothing, and waits for that word before it looks; ``user`` needs ``writer``."""
+    said = shlex.quote(str(shared / "written"))
+    wait = f"i=0; while [ ! -e {said} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
+    return f"""
+[sandbox]
+writable = [{str(shared)!r}]
+
+[[worktrees.seed]]
+path = ".venv"
+key = ["requirements.txt"]
+build = "{PY} -m venv --without-pip .venv"
+
+[gates.writer]
+run = "echo '[mypy]' > mypy.ini && echo import-me > .venv/poison.pth && touch {said}"
+
+[gates.reader]
+run = '''{wait}test -e {said} || {{ echo 'writer never ran'; exit 2; }}; \
+test ! -e mypy.ini || {{ echo 'saw mypy.ini'; exit 1; }}; \
+test ! -e .venv/poison.pth || {{ echo 'saw the .pth'; exit 1; }}'''
+
+[gates.user]
+needs = ["writer"]
+run = "test -e mypy.ini && test -e .venv/poison.pth && test -x .venv/bin/python"
+"""
+
+
+def test_what_a_gate_writes_is_seen_by_the_gates_that_need_it_and_no_other(
+    repo: Path, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (repo / ".gitignore").write_text("reports/\n.venv/\n")
+    (repo / "requirements.txt").write_text("# nothing\n")
+    commit_release_manifest(repo, manifest(shared))
+    submit(repo_info(repo), [envelope(repo, "notes")])
+    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    assert [o.state for o in result.envelopes] == ["landed"], result
+    # one run, nothing flaky: before layers, ``reader`` failed on what ``writer`` wrote,
+    # and passed its confirmation (``writer`` had not written yet): "flaky", and landed
+    assert result.gate_runs == 1 and result.envelopes[0].details.flaky_gates is None, result
+    # nothing of what the gates wrote is left in the trees for the next envelope there
+    integration = Path(result.report_dir).parents[1]
+    assert not list(integration.rglob("mypy.ini")), list(integration.rglob("mypy.ini"))
+    assert not list(integration.rglob("poison.pth"))
