@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,8 +57,21 @@ run = "test -e mypy.ini && test -e .venv/poison.pth && test -x .venv/bin/python"
 """
 
 
+@pytest.fixture(params=["bubblewrap", "unshare"])
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The view applied by bubblewrap (where it is here) and by the init's own mounts."""
+    if request.param == "bubblewrap" and not detect().bwrap:
+        pytest.skip("no bubblewrap here")
+    if request.param == "unshare":
+        monkeypatch.setenv("DAGRUNNER_CONTAINMENT", "unshare")
+    detect.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    detect.cache_clear()
+
+
 def test_what_a_gate_writes_is_seen_by_the_gates_that_need_it_and_no_other(
-    repo: Path, tmp_path: Path
+    repo: Path, tmp_path: Path, way: str
 ) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
