@@ -74,6 +74,7 @@ def test_doctor_reports_each_check(project: Path, capsys: pytest.CaptureFixture[
         "root": "PASS",
         "disk": "PASS",
         "seeds": "NOTE" if body["seed_share"] == "copy" else "PASS",
+        "gate layers": "PASS" if body["gate_layers"] else "NOTE",
     } | ({"cgroup-join": "NOTE"} if body["containment"]["cgroup_kill"] and slow_joins() else {}) | (
         {"bubblewrap": "NOTE"} if body["containment"]["views_by"] == "mount" else {}
     )

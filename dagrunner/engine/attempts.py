@@ -264,7 +264,7 @@ class GateRunner:
                 keep = self.run_dir / "changed" / node
                 left = await trio.to_thread.run_sync(guard.put_back, shot, changed, keep)
                 suspects = sorted({node, *running})
-                said = _modified(changed, keep, left, suspects)
+                said = _modified(changed, keep, left, suspects, layer is not None)
                 for suspect in suspects:
                     self.suspects.setdefault(suspect, said)
             said = self.suspects.pop(node, "")
@@ -339,14 +339,17 @@ class GateRunner:
         return replace(outcome, tests=tests)
 
 
-def _modified(changed: list[str], keep: Path, left: list[str], running: list[str]) -> str:
+def _modified(
+    changed: list[str], keep: Path, left: list[str], running: list[str], layered: bool
+) -> str:
     shown = ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if changed[10:] else "")
     said = (
         f"tree-modified: tracked files of the tree under test changed while the gate ran: {shown}"
     )
     if len(running) > 1:  # any of them may have written: the kept files tell which
         said += f" (gates running then: {', '.join(running)})"
-    said += f"; put back, the changed versions kept in {keep}"
+    undone = "the tree never saw them (the gate's own layer)" if layered else "put back"
+    said += f"; {undone}, the changed versions kept in {keep}"
     if left:
         said += f"; left as changed: {', '.join(left[:10])}"
     return said
