@@ -1,0 +1,59 @@
+"""A hostile envelope's gates against their layers (``worktrees/layers.py``): what a gate
+writes reaches no gate that does not need it, by any path the view gives it, and nothing
+the runner does with a layer (mounting, reading, removing it) follows what a gate left."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+from conftest import commit_release_manifest, envelope, git
+
+from dagrunner.git.repo import repo_info
+from dagrunner.integration.run import integrate
+from dagrunner.integration.submit import submit
+from dagrunner.process.contain import detect
+from dagrunner.worktrees import layers
+
+pytestmark = pytest.mark.skipif(
+    not (detect().views and layers.available()),
+    reason="this machine gives gates no view, or this process cannot mount an overlay",
+)
+
+
+def _wait(said: str) -> str:
+    return f"i=0; while [ ! -e {said} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
+
+
+def test_a_writable_place_inside_the_tree_is_the_gates_layer_not_the_tree(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The manifest lets gates write ``build`` (relative: inside the tree).  That place was
+    bound from the tree itself over the gate's layer (bubblewrap binds from the host's
+    path; so does the mount path under a cover, as a worktree under HOME is): ``writer``'s
+    file there reached ``reader``, which does not need it, and stayed in the slot."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    said = shlex.quote(str(shared / "written"))
+    (repo / "build").mkdir()
+    (repo / "build" / ".keep").write_text("")
+    git(repo, "add", "-A")
+    commit_release_manifest(
+        repo,
+        f"""
+[sandbox]
+writable = [{str(shared)!r}, "build"]
+[gates.writer]
+run = "echo x > build/poison && touch {said}"
+[gates.reader]
+run = '''{_wait(said)}test -e {said} || exit 2; test ! -e build/poison || {{ echo saw; exit 1; }}'''
+""",
+    )
+    submit(repo_info(repo), [envelope(repo, "notes")])
+    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    assert [o.state for o in result.envelopes] == ["landed"], result
+    assert result.gate_runs == 1 and result.envelopes[0].details.flaky_gates is None, result
+    integration = Path(result.report_dir).parents[1]
+    assert not list(integration.rglob("poison")), list(integration.rglob("poison"))
