@@ -57,3 +57,26 @@ run = '''{_wait(said)}test -e {said} || exit 2; test ! -e build/poison || {{ ech
     assert result.gate_runs == 1 and result.envelopes[0].details.flaky_gates is None, result
     integration = Path(result.report_dir).parents[1]
     assert not list(integration.rglob("poison")), list(integration.rglob("poison"))
+
+
+def test_a_gate_runs_what_its_need_built_in_a_folder_its_need_made(repo: Path) -> None:
+    """``build`` makes ``out/`` and an executable ``out/tool`` in its layer; ``use`` needs it
+    and runs ``./out/tool`` by path, ``inside`` needs it and runs in ``out``.  The runner
+    looked for both in the tree (where the need's writes no longer are): neither started."""
+    commit_release_manifest(
+        repo,
+        """
+[gates.build]
+run = "mkdir -p out && printf '#!/bin/sh\\necho built\\n' > out/tool && chmod +x out/tool"
+[gates.use]
+needs = ["build"]
+run = ["./out/tool"]
+[gates.inside]
+needs = ["build"]
+cwd = "out"
+run = "test -x tool"
+""",
+    )
+    submit(repo_info(repo), [envelope(repo, "notes")])
+    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    assert [o.state for o in result.envelopes] == ["landed"], result.envelopes

@@ -297,7 +297,8 @@ class GateRunner:
                 if tools is not None and gate.junit and self.cache.observes(gate.id):
                     await trio.to_thread.run_sync(self.clear_junit, gate, root)
                 job = self.job(gate, number, root, tools, str(layer.merged) if layer else "")
-                if not Path(job.cwd).is_dir():
+                seen = layer.merged if layer is not None else root  # a need may have made it
+                if not Path(os.path.normpath(seen / gate.cwd)).is_dir():
                     return Outcome(
                         status=Status.FAILED,
                         reason=f"cwd {gate.cwd!r} does not exist in {root}",
