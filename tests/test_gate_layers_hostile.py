@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from conftest import commit_release_manifest, envelope, git
+from conftest import CLI, commit_release_manifest, envelope, git
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.run import integrate
@@ -80,3 +82,62 @@ run = "test -x tool"
     submit(repo_info(repo), [envelope(repo, "notes")])
     result = integrate(repo=repo, env=dict(os.environ), window=1)
     assert [o.state for o in result.envelopes] == ["landed"], result.envelopes
+
+
+def _layer_mounts(tree_part: str) -> list[str]:
+    """The mount points of gate layers over a tree whose path holds ``tree_part``."""
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [
+        line.split(" ")[4]
+        for line in lines
+        if "/dagrunner-sandbox-" in line.split(" ")[4] and tree_part in line
+    ]
+
+
+def test_the_layers_of_a_killed_run_are_unmounted_and_removed_by_the_next_run(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The runner is SIGKILLed while a gate runs on its layer: no ``finally`` runs, and its
+    overlays stayed mounted (over the slot) in /tmp for as long as the machine ran.  The
+    next layered run sweeps the layers no live run holds."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    said = shlex.quote(str(shared / "started"))
+    commit_release_manifest(
+        repo,
+        f"""
+[sandbox]
+writable = [{str(shared)!r}]
+[gates.slow]
+run = "test -e {said} && exit 0; echo x > scratch; touch {said}; sleep 60"
+""",
+    )
+    submit(repo_info(repo), [envelope(repo, "notes")])
+    runner = subprocess.Popen(
+        [*CLI, "integrate", "run", "--repo", str(repo), "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(600):
+            if (shared / "started").exists() or runner.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert (shared / "started").exists(), "the gate never started"
+    finally:
+        runner.kill()
+        runner.wait()
+    part = os.environ["DAGRUNNER_WORKTREE_ROOT"]  # the slots of this test
+    left = _layer_mounts(part)
+    assert left, "the killed run left no layer mounted: nothing to sweep"
+    try:
+        done = subprocess.run(
+            [*CLI, "integrate", "run", "--repo", str(repo), "--json"], capture_output=True
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        assert _layer_mounts(part) == []
+        sandbox = Path(left[0]).parents[2]
+        assert not sandbox.exists(), list(sandbox.rglob("*"))[:10]
+    finally:
+        for point in sorted(_layer_mounts(part), key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], check=False)

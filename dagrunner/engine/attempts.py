@@ -45,6 +45,7 @@ from dagrunner.units import format_duration
 from dagrunner.worktrees import layers
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
+SANDBOX = "dagrunner-sandbox-"  # a run's folder of its gates' HOMEs and layers, in /tmp
 OUTPUT_READ = 1 << 20  # the last bytes of a failed gate's log its failing tests are named from
 
 
@@ -94,7 +95,7 @@ class GateRunner:
         self.run_dir = run_dir
         self.cache = cache
         self.nodes = nodes
-        self.sandbox_root = Path(tempfile.mkdtemp(prefix="dagrunner-sandbox-"))
+        self.sandbox_root = Path(tempfile.mkdtemp(prefix=SANDBOX))
         self.local: Executor = LocalExecutor()
         # What every gate may write besides its tree and HOME: the manifest's [sandbox]
         # writable and, in a trusted run, the repository's git dir (workers commit there,
@@ -112,7 +113,10 @@ class GateRunner:
         self.listed: str | None = None  # the snapshot's paths, once a gate is given them
         # an envelope's tree: each gate on a layer of its own, where this process can mount
         layered = plan.layered and detect().views and layers.available()
-        self.layers = layers.Layers(self.sandbox_root / "layers") if layered else None
+        self.layers = None
+        if layered:  # other runs' left by a kill go first
+            runs = self.sandbox_root.parent.glob(f"{SANDBOX}*")
+            self.layers = layers.Layers(self.sandbox_root / "layers", runs)
 
     def drop_layers(self) -> None:
         if self.layers is not None:
