@@ -141,3 +141,32 @@ run = "test -e {said} && exit 0; echo x > scratch; touch {said}; sleep 60"
     finally:
         for point in sorted(_layer_mounts(part), key=len, reverse=True):
             subprocess.run(["umount", "-l", point], check=False)
+
+
+def test_the_junit_file_is_read_from_the_gates_layer_never_through_a_link(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The gate turns ``reports`` (the folder of its JUnit file) into a link to a folder
+    outside its tree that holds a JUnit file of someone else's (the runner's namespace: every
+    other gate's layer is there, at a path its HOME names).  The runner, root, followed it:
+    that file's tests became the gate's."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "junit.xml").write_text(
+        '<testsuite name="s"><testcase classname="elsewhere_class" name="t"/></testsuite>'
+    )
+    later = time.time() + 3600  # fresh for the run, whenever it reads it
+    os.utime(elsewhere / "junit.xml", (later, later))
+    commit_release_manifest(
+        repo,
+        f"""
+[gates.spy]
+run = "rm -rf reports && ln -s {shlex.quote(str(elsewhere))} reports"
+junit = "reports/junit.xml"
+""",
+    )
+    submit(repo_info(repo), [envelope(repo, "notes")])
+    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    assert [o.state for o in result.envelopes] == ["landed"], result.envelopes
+    said = b"".join(p.read_bytes() for p in Path(result.report_dir).rglob("*.json"))
+    assert b"elsewhere_class" not in said

@@ -340,7 +340,7 @@ class GateRunner:
         else:
             seen = layer.merged if layer is not None else root  # the gate's writes are there
             where = Path(os.path.normpath(seen / gate.cwd)) / gate.junit
-            tests = await trio.to_thread.run_sync(lambda: read_junit(where, since=began))
+            tests = await trio.to_thread.run_sync(lambda: read_junit(where, since=began, tree=seen))
         return replace(outcome, tests=tests)
 
 
