@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 from conftest import CLI, commit_release_manifest, envelope, git
 
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _wait(said: str) -> str:
-    return f"i=0; while [ ! -e {said} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
+def _wait(said: str, tenths: int = 600) -> str:
+    return f"i=0; while [ ! -e {said} ] && [ $i -lt {tenths} ]; do sleep 0.1; i=$((i+1)); done; "
 
 
 def test_a_writable_place_inside_the_tree_is_the_gates_layer_not_the_tree(
@@ -170,3 +171,43 @@ junit = "reports/junit.xml"
     assert [o.state for o in result.envelopes] == ["landed"], result.envelopes
     said = b"".join(p.read_bytes() for p in Path(result.report_dir).rglob("*.json"))
     assert b"elsewhere_class" not in said
+
+
+def test_a_gate_that_changes_a_tracked_file_fails_alone_and_the_tree_stays(
+    repo: Path, tmp_path: Path
+) -> None:
+    """``mod`` rewrites one tracked file, deletes another and rewrites the tree's ``.git``
+    file, in its layer; ``peer``, where it runs beside it, looks once it wrote.  ``mod``
+    fails ``tree-modified`` naming both files, ``peer`` is never blamed, and the slot's files
+    are as checked out."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    mark = shlex.quote(str(shared / "written"))
+    done = shlex.quote(str(shared / "peer-done"))  # ``mod`` ends after it (fail-fast)
+    (repo / "keep.txt").write_text("kept\n")
+    git(repo, "add", "-A")
+    commit_release_manifest(
+        repo,
+        f"""
+[sandbox]
+writable = [{str(shared)!r}]
+[gates.mod]
+run = "echo changed > README && rm keep.txt && echo 'gitdir: /x' > .git; touch {mark}; {_wait(done, 30)}"
+[gates.peer]
+run = '''{_wait(mark)}grep -qx hello README && test -e keep.txt && grep -q worktrees .git \\
+  && touch {done}'''
+""",
+    )
+    submit(repo_info(repo), [envelope(repo, "notes")])
+    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    assert result.envelopes[0].state == "gates-failed", result
+    seen: dict[str, list[str]] = {}
+    for found in Path(result.report_dir).rglob("gates/*.json"):
+        said = orjson.loads(found.read_bytes())
+        seen.setdefault(found.stem, []).append(f"{said['status']}: {said['reason']}")
+    assert any("tree-modified" in s and "README, keep.txt" in s for s in seen["mod"]), seen
+    assert not any(s.startswith("failed") for s in seen["peer"]), seen
+    slot = Path(result.report_dir).parents[1]
+    for tree in (t.parent for t in slot.rglob(".git") if (t.parent / "keep.txt").exists()):
+        assert (tree / "README").read_text() == "hello\n"
+        assert "worktrees" in (tree / ".git").read_text()
