@@ -211,3 +211,29 @@ run = '''{_wait(mark)}grep -qx hello README && test -e keep.txt && grep -q workt
     for tree in (t.parent for t in slot.rglob(".git") if (t.parent / "keep.txt").exists()):
         assert (tree / "README").read_text() == "hello\n"
         assert "worktrees" in (tree / ".git").read_text()
+
+
+def test_a_retry_does_not_report_the_junit_file_of_the_attempt_before_it(repo: Path) -> None:
+    """An observed gate's JUnit file is removed before each attempt (``clear_junit``) -- in
+    the tree, where the attempt before it no longer wrote it: the second attempt, which
+    wrote none, was reported with the first one's failed test."""
+    commit_release_manifest(
+        repo,
+        """
+[gates.flaky]
+inputs = ["**"]
+observe = true
+retries = 1
+junit = "out/junit.xml"
+run = '''test -e .tried && exit 0; touch .tried; mkdir -p out; printf '%s' \
+'<testsuite><testcase classname="c" name="first_attempt"><failure/></testcase></testsuite>' \
+> out/junit.xml; exit 1'''
+""",
+    )
+    submit(repo_info(repo), [envelope(repo, "notes")])
+    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    assert [o.state for o in result.envelopes] == ["landed"], result.envelopes
+    runs = [orjson.loads(p.read_bytes()) for p in Path(result.report_dir).rglob("flaky.json")]
+    flaky = [r for r in runs if r["status"] == "flaky"]
+    assert flaky, [r["status"] for r in runs]
+    assert all(r["tests"]["failures"] == 0 and not r["tests"]["seconds"] for r in flaky), flaky

@@ -165,13 +165,14 @@ class GateRunner:
             layer=layer,
         )
 
-    def clear_junit(self, gate: GateSpec, root: Path) -> None:
-        """An observed gate's JUnit file, left by an earlier run and not a file of the
-        snapshot, removed before it starts (``inputs.Before.clear``)."""
+    def clear_junit(self, gate: GateSpec, root: Path, seen: Path) -> None:
+        """An observed gate's JUnit file, left by an earlier run (or attempt) and not a file
+        of the snapshot, removed before it starts (``inputs.Before.clear``) where the gate
+        sees ``root``: the tree, or its own layer over it."""
         assert gate.junit is not None
         rel = os.path.normpath(os.path.join(gate.cwd, gate.junit))
         if root == self.cache.snapshot.root and rel not in self.cache.snapshot.ids:
-            self.cache.before.clear(root, rel)
+            self.cache.before.clear(seen, rel)
 
     def paths(self, gate: GateSpec, root: Path) -> str:
         """The snapshot's paths (the key's name set: tracked files and those not yet added
@@ -298,10 +299,10 @@ class GateRunner:
         warm = await trio.to_thread.run_sync(lambda: any(map(toolcaches.warm, places)))
         try:
             for number in range(1, gate.retries + 2):
+                seen = layer.merged if layer is not None else root  # the gate's writes are there
                 if tools is not None and gate.junit and self.cache.observes(gate.id):
-                    await trio.to_thread.run_sync(self.clear_junit, gate, root)
+                    await trio.to_thread.run_sync(self.clear_junit, gate, root, seen)
                 job = self.job(gate, number, root, tools, str(layer.merged) if layer else "")
-                seen = layer.merged if layer is not None else root  # a need may have made it
                 if not Path(os.path.normpath(seen / gate.cwd)).is_dir():
                     return Outcome(
                         status=Status.FAILED,
