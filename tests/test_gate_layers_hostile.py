@@ -237,3 +237,18 @@ run = '''test -e .tried && exit 0; touch .tried; mkdir -p out; printf '%s' \
     flaky = [r for r in runs if r["status"] == "flaky"]
     assert flaky, [r["status"] for r in runs]
     assert all(r["tests"]["failures"] == 0 and not r["tests"]["seconds"] for r in flaky), flaky
+
+
+def test_the_sweep_leaves_a_folder_of_anyone_elses_in_tmp_alone(tmp_path: Path) -> None:
+    """/tmp is anyone's: another user may make a folder named like a run's, with a free
+    lock in it, for the runner (root) to remove what it holds."""
+    theirs = tmp_path / "dagrunner-sandbox-theirs"
+    (theirs / "layers").mkdir(parents=True)
+    (theirs / "layers" / layers.LOCK).write_text("")
+    (theirs / "kept").write_text("theirs\n")
+    for path in (theirs, theirs / "layers", theirs / "layers" / layers.LOCK, theirs / "kept"):
+        os.chown(path, 65534, 65534)
+    linked = tmp_path / "dagrunner-sandbox-linked"
+    linked.symlink_to(theirs)
+    layers.sweep([theirs, linked], "layers")
+    assert (theirs / "kept").read_text() == "theirs\n"

@@ -33,6 +33,7 @@ import functools
 import itertools
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -184,6 +185,9 @@ def sweep(runs: Iterable[Path], name: str) -> None:
     is left under it (nothing is removed through one)."""
     for run in runs:
         try:
+            info = os.lstat(run)  # a folder of this user's (/tmp is anyone's): never a link
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                continue
             held = os.open(run / name / LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             continue  # no layers, or being made, or gone
