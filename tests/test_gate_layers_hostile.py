@@ -252,3 +252,31 @@ def test_the_sweep_leaves_a_folder_of_anyone_elses_in_tmp_alone(tmp_path: Path) 
     linked.symlink_to(theirs)
     layers.sweep([theirs, linked], "layers")
     assert (theirs / "kept").read_text() == "theirs\n"
+
+
+def test_no_scratch_place_of_a_gate_reaches_a_gate_beside_it(repo: Path, tmp_path: Path) -> None:
+    """Besides the tree: ``writer`` writes into its HOME, TMPDIR, ``/tmp``, ``/var/tmp``,
+    ``/dev/shm`` and its tool caches, and tries ``reader``'s HOME and tool cache folder by
+    their names beside its own; ``reader``, beside it, finds none of it in its own."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    said = shlex.quote(str(shared / "written"))
+    places = '"$HOME" "$TMPDIR" /tmp /var/tmp /dev/shm "$XDG_CACHE_HOME" "$MYPY_CACHE_DIR"'
+    theirs = '"$(dirname "$HOME")/reader.1" "$(dirname "$XDG_CACHE_HOME")/reader"'
+    commit_release_manifest(
+        repo,
+        f"""
+[sandbox]
+writable = [{str(shared)!r}]
+[gates.writer]
+run = '''for d in {places} {theirs}; do mkdir -p "$d" && echo x > "$d/poison"; done 2>/dev/null; \
+touch {said}'''
+[gates.reader]
+run = '''{_wait(said)}test -e {said} || exit 2; for d in {places}; do \
+test ! -e "$d/poison" || {{ echo "saw $d/poison"; exit 1; }}; done'''
+""",
+    )
+    submit(repo_info(repo), [envelope(repo, "notes")])
+    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    assert [o.state for o in result.envelopes] == ["landed"], result
+    assert result.gate_runs == 1 and result.envelopes[0].details.flaky_gates is None, result
