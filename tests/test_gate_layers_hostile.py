@@ -280,3 +280,29 @@ test ! -e "$d/poison" || {{ echo "saw $d/poison"; exit 1; }}; done'''
     result = integrate(repo=repo, env=dict(os.environ), window=1)
     assert [o.state for o in result.envelopes] == ["landed"], result
     assert result.gate_runs == 1 and result.envelopes[0].details.flaky_gates is None, result
+
+
+def test_a_link_a_need_left_where_a_mount_of_the_tree_goes_is_never_mounted_on(
+    tmp_path: Path,
+) -> None:
+    """A need's layer holds a link where a mount of the tree (a seed) goes in its
+    dependent's merged view, pointing outside: the dependent's layer is refused
+    (``LayerError``), nothing is mounted on the link's target, and nothing is left mounted."""
+    tree, outside = tmp_path / "tree", tmp_path / "outside"
+    (tree / "seed").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "mine").write_text("untouched\n")
+    subprocess.run(["mount", "--bind", str(tree / "seed"), str(tree / "seed")], check=True)
+    try:
+        need = layers.Layer(tree=tree, folder=tmp_path / "need", parts=("", "seed"))
+        for part in need.parts:
+            need.upper(part).mkdir(parents=True)
+        (need.upper("") / "seed").symlink_to(outside)
+        with pytest.raises(layers.LayerError):
+            layers.mount(tree, tmp_path / "gate", [need])
+        assert (outside / "mine").read_text() == "untouched\n"
+        left = Path("/proc/self/mountinfo").read_text()
+        assert str(outside) not in left and str(tmp_path / "gate") not in left
+        assert not (tmp_path / "gate").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(tree / "seed")], check=False)
