@@ -45,6 +45,7 @@ from dagrunner.units import format_duration
 from dagrunner.worktrees import layers
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
+SANDBOX = "dagrunner-sandbox-"  # a run's folder of its gates' HOMEs and layers, in /tmp
 OUTPUT_READ = 1 << 20  # the last bytes of a failed gate's log its failing tests are named from
 
 
@@ -94,7 +95,7 @@ class GateRunner:
         self.run_dir = run_dir
         self.cache = cache
         self.nodes = nodes
-        self.sandbox_root = Path(tempfile.mkdtemp(prefix="dagrunner-sandbox-"))
+        self.sandbox_root = Path(tempfile.mkdtemp(prefix=SANDBOX))
         self.local: Executor = LocalExecutor()
         # What every gate may write besides its tree and HOME: the manifest's [sandbox]
         # writable and, in a trusted run, the repository's git dir (workers commit there,
@@ -112,7 +113,10 @@ class GateRunner:
         self.listed: str | None = None  # the snapshot's paths, once a gate is given them
         # an envelope's tree: each gate on a layer of its own, where this process can mount
         layered = plan.layered and detect().views and layers.available()
-        self.layers = layers.Layers(self.sandbox_root / "layers") if layered else None
+        self.layers = None
+        if layered:  # other runs' left by a kill go first
+            runs = self.sandbox_root.parent.glob(f"{SANDBOX}*")
+            self.layers = layers.Layers(self.sandbox_root / "layers", runs)
 
     def drop_layers(self) -> None:
         if self.layers is not None:
@@ -161,13 +165,14 @@ class GateRunner:
             layer=layer,
         )
 
-    def clear_junit(self, gate: GateSpec, root: Path) -> None:
-        """An observed gate's JUnit file, left by an earlier run and not a file of the
-        snapshot, removed before it starts (``inputs.Before.clear``)."""
+    def clear_junit(self, gate: GateSpec, root: Path, seen: Path) -> None:
+        """An observed gate's JUnit file, left by an earlier run (or attempt) and not a file
+        of the snapshot, removed before it starts (``inputs.Before.clear``) where the gate
+        sees ``root``: the tree, or its own layer over it."""
         assert gate.junit is not None
         rel = os.path.normpath(os.path.join(gate.cwd, gate.junit))
         if root == self.cache.snapshot.root and rel not in self.cache.snapshot.ids:
-            self.cache.before.clear(root, rel)
+            self.cache.before.clear(seen, rel)
 
     def paths(self, gate: GateSpec, root: Path) -> str:
         """The snapshot's paths (the key's name set: tracked files and those not yet added
@@ -294,10 +299,11 @@ class GateRunner:
         warm = await trio.to_thread.run_sync(lambda: any(map(toolcaches.warm, places)))
         try:
             for number in range(1, gate.retries + 2):
+                seen = layer.merged if layer is not None else root  # the gate's writes are there
                 if tools is not None and gate.junit and self.cache.observes(gate.id):
-                    await trio.to_thread.run_sync(self.clear_junit, gate, root)
+                    await trio.to_thread.run_sync(self.clear_junit, gate, root, seen)
                 job = self.job(gate, number, root, tools, str(layer.merged) if layer else "")
-                if not Path(job.cwd).is_dir():
+                if not Path(os.path.normpath(seen / gate.cwd)).is_dir():
                     return Outcome(
                         status=Status.FAILED,
                         reason=f"cwd {gate.cwd!r} does not exist in {root}",
@@ -335,7 +341,7 @@ class GateRunner:
         else:
             seen = layer.merged if layer is not None else root  # the gate's writes are there
             where = Path(os.path.normpath(seen / gate.cwd)) / gate.junit
-            tests = await trio.to_thread.run_sync(lambda: read_junit(where, since=began))
+            tests = await trio.to_thread.run_sync(lambda: read_junit(where, since=began, tree=seen))
         return replace(outcome, tests=tests)
 
 

@@ -264,6 +264,17 @@ def _unstartable(argv0: str, cwd: str, env: dict[str, str]) -> str:
     return "" if found else "No such file or directory"
 
 
+def _in_layer(job: GateJob, path: str) -> str:
+    """``path`` (absolute) as this process finds what the gate sees there: inside the tree
+    of a gate on a layer of its own, the same place in the layer's merged folder."""
+    if not job.layer or not job.tree or not path.startswith("/"):
+        return path
+    rel = os.path.relpath(path, job.tree)
+    if rel == ".." or rel.startswith("../"):
+        return path
+    return os.path.normpath(os.path.join(job.layer, rel))
+
+
 def _view(job: GateJob, env: Mapping[str, str], hide: Path | None) -> View:
     """The gate's view of the filesystem (``contain.View``); its HOME and stage are made
     just before the gate starts."""
@@ -304,7 +315,9 @@ def _places(tree: Path, paths: tuple[str, ...]) -> list[Path]:
 async def _run(
     job: GateJob, env: dict[str, str], token: str, log: BoundedLog, dirs: tuple[Path, ...]
 ) -> AttemptResult:
-    why = _unstartable(job.argv[0], job.cwd, env)
+    # what its needs built (a program, the folder it runs in) is in its layer, not the tree
+    path = ":".join(_in_layer(job, p) for p in env.get("PATH", DEFAULT_PATH).split(":"))
+    why = _unstartable(job.argv[0], _in_layer(job, job.cwd), {**env, "PATH": path})
     if why:
         message = f"could not start {job.argv[0]!r}: {why}"
         log.note(message)
@@ -336,7 +349,8 @@ async def _run(
     RUNNING[token] = job.gate
     try:
         home = None if job.keep_home else Path(job.sandbox_dir)
-        process = await _start(box.argv, job.cwd, env, dirs, home, observer.fds, job.paths)
+        start = _in_layer(job, job.cwd)  # the init enters the gate's own cwd in its view
+        process = await _start(box.argv, start, env, dirs, home, observer.fds, job.paths)
     except OSError as exc:
         RUNNING.pop(token, None)
         box.remove()

@@ -176,7 +176,12 @@ class View:
         under test is another), unless the tree is inside it."""
         home = Path(os.path.realpath(home.parent)) / home.name
         stage = home.with_name(home.name + ".view")
-        rw = [home, *_real(writable)]  # HOME first: the init's count file goes there
+        layered = [(Path(os.path.realpath(dst)), src) for dst, src in sources]
+        # a place inside a tree shown from its layer is that layer's already: bound on its
+        # own it would come from the tree itself (the host's path), past the layer
+        rw = [home] + [
+            p for p in _real(writable) if not any(p != d and _within(p, d) for d, _ in layered)
+        ]  # HOME first: the init's count file goes there
         shown = _real(visible)
         covers: list[Path] = []
         for cover in _real([*homes(), *map(Path, PRIVATE), *conceal]):
@@ -201,7 +206,7 @@ class View:
             visible=tuple(dict.fromkeys(shown)),
             covers=tuple(covers),
             hide=hide,
-            sources=tuple((Path(os.path.realpath(dst)), src) for dst, src in sources),
+            sources=tuple(layered),
         )
 
     def operations(self) -> list[str]:

@@ -18,6 +18,7 @@ import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from dagrunner.files import folder_beneath
 from dagrunner.records.run import TestCase, TestRun
 from dagrunner.report.logtail import strip_ansi
 
@@ -27,15 +28,31 @@ MAX_FILES = 10000  # test files (or classes) whose seconds are kept
 MESSAGE = 2000
 
 
-def read_junit(path: Path, *, since: float) -> TestRun:
+def _open(path: Path, root: Path | None) -> int:
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    if root is None:
+        return os.open(path, flags)
+    *folders, name = os.path.relpath(path, root).split("/")
+    if ".." in folders or name in ("", ".", ".."):
+        raise OSError(errno.ENOENT, "not in its tree")
+    held = folder_beneath(root, folders)
+    try:
+        return os.open(name, flags, dir_fd=held)
+    finally:
+        os.close(held)
+
+
+def read_junit(path: Path, *, since: float, tree: Path | None = None) -> TestRun:
     """The test results in ``path``, written after ``since`` (a ``time.time()``).  The gate
     wrote it: opened without following a link and without waiting (a FIFO there would
-    block the run forever), and read only when it is a regular file, up to ``MAX_BYTES``."""
+    block the run forever), and read only when it is a regular file, up to ``MAX_BYTES``.
+    ``tree``: the tree it is in (trusted), each folder below it opened without following a
+    link too (the gate may turn ``reports`` into a link to another gate's, or anywhere)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = _open(path, tree)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return TestRun(problem=f"{path.name} is a link: not read")
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            return TestRun(problem=f"{path.name} is a link, or in a linked folder: not read")
         return TestRun(problem=f"no JUnit file at {path.name}: the gate did not write it")
     try:
         info = os.fstat(fd)

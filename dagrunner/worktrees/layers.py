@@ -17,18 +17,25 @@ covers it), and the gate's view binds the merged folder at the tree's path
 (``process.view.View.sources``): the gate's paths, its observed reads (a mount of its own)
 and its JUnit file are the tree's as before.  Where this process may not mount, gates
 share the tree's scratch as before; ``doctor`` says which, and docs/security.md.
+
+A run holds a lock on its layers' folder while it lives.  A run killed outright (SIGKILL, the
+OOM killer) drops nothing: its overlays stayed mounted over the slot, and its upper folders
+in the temporary folder, for as long as the machine ran.  The next layered run unmounts and
+removes the layers whose lock no live run holds (``sweep``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import functools
 import itertools
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +45,7 @@ from dagrunner.process import share
 MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
 # what an overlay's options cannot carry in a folder's name (they are its separators)
 UNSAFE = (",", ":", "\\", "\n")
+LOCK = ".lock"  # in a run's layers' folder: held while the run lives
 
 
 class LayerError(OSError):
@@ -132,11 +140,18 @@ class Layers:
     """The layers of one run's gates, under ``folder``: each gate's mounted while it runs,
     those of the gates that passed kept for the gates that need them, all gone at ``drop``."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, runs: Iterable[Path] = ()) -> None:
+        """``runs``: the folders of other runs whose layers a killed run left (``sweep``)."""
+        sweep(runs, folder.name)
         self.folder = folder
         self.passed: dict[tuple[Path, str], Layer] = {}
         self.mounted: set[Layer] = set()
         self.made = itertools.count()
+        staged = folder.with_name(f".{folder.name}-new")  # locked before a sweep can see it
+        staged.mkdir(parents=True)
+        self.lock: int | None = os.open(staged / LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        staged.rename(folder)
 
     def open(self, tree: Path, node: str, needs: Sequence[str]) -> Layer:
         """``node``'s layer over ``tree``, over the kept layers of ``needs`` (nearest first)."""
@@ -159,3 +174,40 @@ class Layers:
             discard(layer)
         self.mounted.clear()
         self.passed.clear()
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
+
+
+def sweep(runs: Iterable[Path], name: str) -> None:
+    """Each of ``runs`` whose layers' folder (``name`` in it) is locked by no live run (it
+    was killed): its overlays unmounted, then the run's folder removed -- not while any mount
+    is left under it (nothing is removed through one)."""
+    for run in runs:
+        try:
+            info = os.lstat(run)  # a folder of this user's (/tmp is anyone's): never a link
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                continue
+            held = os.open(run / name / LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # no layers, or being made, or gone
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(held)
+            continue  # its run lives
+        try:
+            inside = f"{os.path.realpath(run / name)}/"
+            libc = ctypes.CDLL(None, use_errno=True)
+            for point in _points(inside):  # the shallowest first: a lazy unmount takes all
+                libc.umount2(point.encode(), MNT_DETACH | UMOUNT_NOFOLLOW)
+            if not _points(inside):
+                shutil.rmtree(run, ignore_errors=True)
+        finally:
+            os.close(held)
+
+
+def _points(inside: str) -> list[str]:
+    """The mount points of this namespace under the folder ``inside`` (ending in a slash)."""
+    found = share.mount_points(Path("/proc/self/mountinfo"))
+    return sorted((p for p in found if p.startswith(inside)), key=lambda p: p.count("/"))
