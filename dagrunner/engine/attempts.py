@@ -234,7 +234,8 @@ class GateRunner:
             raise
         finally:
             if layer is not None and self.layers is not None:
-                self.layers.close(root, node, layer, passed)
+                with trio.CancelScope(shield=True):  # a large layer's removal: not on the loop
+                    await trio.to_thread.run_sync(self.layers.close, root, node, layer, passed)
         if gate.kind == "worker" and outcome.status.ok:
             try:
                 note = await trio.to_thread.run_sync(self.nodes.export_worker, node)

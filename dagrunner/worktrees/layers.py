@@ -103,7 +103,10 @@ def mount(tree: Path, folder: Path, below: Sequence[Layer] = ()) -> Layer:
             upper.mkdir(parents=True)
             (upper.parent / "work").mkdir()
             options = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper}"
-            options += f",workdir={upper.parent / 'work'}"
+            # no inode index: a need's overlay not yet released (its namespace goes a moment
+            # after the gate) holds its upper, which a dependent takes as a lower layer; a
+            # kernel indexing by default refused that mount as busy
+            options += f",workdir={upper.parent / 'work'},index=off"
             # a mount inside the tree goes on its folder in the merged view, opened without
             # following a link (a need's layer may hold a link there, to anywhere)
             with share.beneath(layer.merged, part) as point:
