@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import commit_release_manifest, envelope
+from conftest import commit_release_manifest, envelope, run_json
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.run import integrate
@@ -88,3 +88,37 @@ def test_what_a_gate_writes_is_seen_by_the_gates_that_need_it_and_no_other(
     integration = Path(result.report_dir).parents[1]
     assert not list(integration.rglob("mypy.ini")), list(integration.rglob("mypy.ini"))
     assert not list(integration.rglob("poison.pth"))
+
+
+LEFTOVER = """
+[gates.build]
+inputs = ["**"]
+run = "mkdir -p out && echo lib > out/lib.txt"
+
+[gates.use]
+inputs = ["**"]
+run = "test -f out/lib.txt || { echo 'no out/lib.txt: build it first (needs)'; exit 1; }"
+"""
+
+
+def test_a_pass_that_read_what_another_gate_left_never_clears_the_target_for_a_blame(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round 9 of docs/real-projects.md: in the checkout, where gates share the tree,
+    ``use`` (no needs) passed on ``out/`` an earlier run of ``build`` left there, and that
+    pass was cached.  In an envelope's tree ``use`` never sees ``build``'s layer and fails
+    -- rightly: a fresh checkout fails too.  The target's head fails it as well, so the item
+    is held; a cached pass of the head (that run's) must not make the item the culprit."""
+    (repo / ".gitignore").write_text("reports/\nout/\n")
+    commit_release_manifest(repo, LEFTOVER)
+    outside = repo.parent / "leftover.toml"  # nothing untracked in the checkout's key
+    outside.write_text(LEFTOVER)
+    for only in ("build", "use"):
+        code, body = run_json(
+            capsys, "release-check", str(outside), "--repo", str(repo), "--only", only
+        )
+        assert code == 0, body
+    submit(repo_info(repo), [envelope(repo, "notes")])
+    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    assert [o.state for o in result.envelopes] == [], result.to_json()
+    assert result.target_red == ("use",) and len(result.held) == 1, result.to_json()

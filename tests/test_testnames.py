@@ -5,7 +5,8 @@ and the terminal.
 pytest, unittest and ``node --test`` (both its TAP and spec reporters) are run for real
 here.  vitest, jest, mocha, go test and cargo test cannot be installed offline on the test
 machine: their samples in ``tests/fixtures/runner-output/`` were written by hand in each
-runner's documented output format (vitest 1.x, jest 29, mocha 10 spec reporter, go test
+runner's documented output format (vitest 1.x; vitest 4 under turbo after a line of a real
+run in round 9 of docs/real-projects.md; jest 29, mocha 10 spec reporter, go test
 -v, cargo test), not captured from a run."""
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ def test_node_test_runner(tmp_path: Path, reporter: str) -> None:
     [
         ("vitest", ["src/sum.test.ts::sum > adds 1 + 2 to equal 4",
                     "src/sum.test.ts::divide by zero throws"]),
+        # vitest 4 under turbo (`pkg:task: `) and `pnpm -r` (`dir script: `), with a
+        # project's badge (`|server|`, coloured ` client `): round 9's solid
+        ("vitest-workspace", ["test/array.spec.ts::Map operator > simple mapArray",
+                              "test/server/lazy.spec.ts::lazy > renders on the server",
+                              "test/signals.spec.ts::Create signals > Create and read a Signal"]),
         ("jest", ["sum \u203a adds 1 + 2 to equal 4", "divide by zero throws"]),
         ("mocha", ["Array > #indexOf()::should return -1 when the value is not present",
                    "sum::adds 1 + 2 to equal 4"]),

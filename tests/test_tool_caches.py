@@ -4,6 +4,9 @@ envelope's gate wrote there is never read by a trusted run."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -183,3 +186,74 @@ def test_a_worktree_whose_git_file_names_the_main_git_dir_is_still_not_the_main_
     code, body, _ = check(capsys, repo, HOOKED, "--no-cache")
     assert code == 0, body
     assert git(repo, "branch", "--list", "planted").strip() == ""
+
+
+def turbo(gate: str, miss: str, extra: str = "") -> str:
+    """A stand-in for turbo (2.8 and later), as documented: with no cache folder set, in a
+    linked worktree it keeps its task cache in the main worktree's ``.turbo/cache``, not the
+    tree's (a relative ``TURBO_CACHE_DIR`` is the tree's own); a task found there is
+    replayed, not run; one run is cached.  ``miss``: what the task runs."""
+    return f"""
+[gates.{gate}]
+{extra}run = '''top=$(git rev-parse --show-toplevel); \\
+common=$(git rev-parse --path-format=absolute --git-common-dir); \\
+cache=${{TURBO_CACHE_DIR:-$(dirname "$common")/.turbo/cache}}; \\
+case $cache in /*) ;; *) cache=$top/$cache;; esac; \\
+if [ -f "$cache/build" ]; then exec sh "$cache/build"; fi; \\
+{miss} && mkdir -p "$cache" && echo 'exit 0' > "$cache/build"'''
+"""
+
+
+def test_a_workers_check_is_never_answered_by_the_main_checkouts_turbo_cache(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Round 9 of docs/real-projects.md: turbo in a linked worktree replays the main
+    checkout's task cache, which every worker's own turbo run writes too; a worker's
+    release-check must run its tree's own tasks, as a fresh clone would.  (A checkout
+    under /tmp or a home is out of a gate's sight anyway: this one is not.)"""
+    place = next(
+        (Path(p) for p in ("/var/cache", "/var/lib", "/srv", "/opt") if _writable(p)), None
+    )
+    if place is None:
+        pytest.skip("needs a writable folder outside the view's covers (CI runs as root)")
+    repo = Path(tempfile.mkdtemp(prefix="dagrunner-test-turbo-", dir=place))
+    try:
+        git(repo, "init", "-q", "-b", "main")
+        (repo / ".gitignore").write_text("reports/\n.turbo/\n")
+        hooked(repo)
+        manifest = turbo("build", "sh ./check.sh")
+        commit_release_manifest(repo, manifest)
+        code, body, _ = check(capsys, repo, manifest, "--no-cache")
+        assert code == 0, body
+        assert (repo / ".turbo" / "cache" / "build").is_file()  # the main checkout's own
+        path = Path(wt.allocate(mission="m", worker="w", repo=repo)["path"])
+        (path / "bad.txt").write_text("BROKEN\n")
+        code, body, _ = check(capsys, path, manifest, "--no-cache")
+        assert code == 1, body  # replayed from the main checkout's cache, it passed
+    finally:
+        lifecycle.cleanup("m/w", force=True, repo=repo)
+        shutil.rmtree(repo, ignore_errors=True)
+
+
+def _writable(folder: str) -> bool:
+    return os.path.isdir(folder) and os.access(folder, os.W_OK)
+
+
+def test_what_a_gates_turbo_cached_in_an_envelopes_tree_reaches_the_gates_that_need_it(
+    repo: Path,
+) -> None:
+    """In an envelope's tree turbo's cache is the tree's own, on the gate's layer: the tests
+    replay the build their gate needs, as in one CI job, not build it again (or, with the
+    checkout concealed, cache into the gate's private /tmp and lose it)."""
+    (repo / ".gitignore").write_text("reports/\n.turbo/\n")
+    git(repo, "add", ".gitignore")
+    hooked(repo)
+    manifest = turbo("build", "sh ./check.sh") + turbo(
+        "test",
+        "echo 'built again: the build gate left no cache here'; false",
+        'needs = ["build"]\n',
+    )
+    commit_release_manifest(repo, manifest)
+    submit(repo_info(repo), [envelope(repo, "w", {"x.txt": "x\n"})])
+    result = integrate(repo=repo, window=1)
+    assert [o.state for o in result.envelopes] == ["landed"], result.target_red

@@ -276,3 +276,29 @@ def test_an_envelope_cannot_point_a_relative_writable_place_at_the_users_files(
     assert integrate(repo=project, manifest=manifest, window=1).ok
     assert (precious / "key").read_text() == "the user's\n"
     assert not (precious / "new").exists()
+
+
+@confined
+def test_the_users_checkout_stays_concealed_beside_a_tool_on_path(
+    project: Path, tmp_path: Path
+) -> None:
+    """A program on PATH under a cover (``/tmp``, a home) keeps the top folder holding it
+    visible; when that folder holds the user's checkout too (``/tmp/x/node/bin`` beside
+    ``/tmp/x/project``, ``~/go/bin`` beside ``~/go/src/...``), the checkout must stay
+    concealed all the same.  Round 9 of docs/real-projects.md: turbo in the integration
+    tree read the checkout's ``.turbo/cache``, and an envelope was blamed for what it
+    replayed."""
+    tools = tmp_path / "tools" / "bin"
+    tools.mkdir(parents=True)
+    (tools / "probe-tool").write_text("#!/bin/sh\necho tool ran\n")
+    (tools / "probe-tool").chmod(0o755)
+    envelope = worker(project, "w1", lambda p: (p / "one.txt").write_text("1\n"))
+    manifest = tmp_path / "sees.toml"
+    manifest.write_text(
+        '[env]\npass = ["PATH"]\n[gates.sees]\n'
+        f"run = \"probe-tool && if test -e '{project}/shared.txt'; then echo sees; exit 1; fi\"\n"
+    )
+    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+    submit(repo_info(project), [envelope])
+    result = integrate(repo=project, manifest=manifest, window=1, env=env)
+    assert [o.state for o in result.envelopes] == ["landed"], result.to_json()

@@ -36,7 +36,7 @@ from dagrunner.process import toolcaches
 from dagrunner.process.contain import detect
 from dagrunner.process.logs import redact_file
 from dagrunner.process.sandbox import AttemptResult, GateJob, tree_environment
-from dagrunner.process.toolcaches import ToolCaches, with_tool_caches
+from dagrunner.process.toolcaches import ToolCaches, with_tool_caches, with_tree_caches
 from dagrunner.records.run import Attempt, Status, TestRun
 from dagrunner.report.logtail import read_log
 from dagrunner.report.testnames import from_output
@@ -131,6 +131,8 @@ class GateRunner:
         env = tree_environment(
             self.plan.envs[gate.id], root, [s.path for s in self.plan.manifest.worktrees.seeds]
         )
+        if not self.tools.main_checkout(root):  # turbo's cache: the tree's, not the checkout's
+            env = with_tree_caches(env)
         caches: tuple[str, ...] = ()
         if tools is not None:
             env, caches = with_tool_caches(env, tools), (str(tools),)

@@ -78,6 +78,10 @@ class ToolCaches:
                 layer = self.run_folder() / _digest(str(root))[:12]
             return _layered(trusted, layer, gate)
 
+    def main_checkout(self, root: Path) -> bool:
+        """Whether ``root`` is the caller's main checkout (the trusted tier's tree)."""
+        return root == self.repo and self.tier == "trusted"
+
     def run_folder(self) -> Path:
         """This run's folder, locked while the run lives (stale ones of crashed runs go)."""
         if self.run is None:
@@ -247,6 +251,19 @@ def with_tool_caches(env: dict[str, str], folder: Path) -> dict[str, str]:
         env.setdefault(name, str(folder / sub) if sub else str(folder))
     env.setdefault("npm_config_update_notifier", "false")
     return env
+
+
+# Caches a tool keeps in the main worktree when it runs in a linked one, unless told where:
+# turbo (2.8 and later) replays the main checkout's .turbo/cache in every linked worktree (a
+# worker's own turbo runs write it too). In any tree but the main checkout each is pointed at
+# the tree's own folder (relative: the tree's), as in a fresh clone; in an envelope's tree
+# that is on the gate's layer, seen by the gates that need it.
+TREE_CACHES = {"TURBO_CACHE_DIR": ".turbo/cache"}
+
+
+def with_tree_caches(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with each of ``TREE_CACHES`` it lacks set: for a gate in a linked tree."""
+    return {**TREE_CACHES, **env}
 
 
 # Download caches, addressed by content: what they hold never stands for a file of the tree

@@ -192,14 +192,22 @@ class View:
             covers = [c for c in covers if not _within(c, cover)] + [cover]
         # the top folder holding each tool under a cover (or under a concealed folder inside
         # one: the caller's venv in a hidden checkout, never the whole checkout) stays visible
-        bounds = [*covers, *_real(conceal)]
+        concealed = _real(conceal)
+        bounds = [*covers, *concealed]
         for tool in _real(tools):
             inner = [b for b in bounds if tool != b and _within(tool, b)]
             if not inner or any(_within(tool, p) for p in (*rw, *shown)):
                 continue  # not covered, or in sight already (the tree's own venv)
             bound = max(inner, key=lambda b: len(b.parts))
-            if any(_within(bound, c) for c in covers):
-                shown.append(bound / tool.relative_to(bound).parts[0])
+            if not any(_within(bound, c) for c in covers):
+                continue
+            # the shallowest folder holding the tool that holds nothing concealed: a tool
+            # beside the user's checkout (/tmp/x/node/bin, /tmp/x/repo) shows /tmp/x/node
+            parts = tool.relative_to(bound).parts
+            tops = (bound.joinpath(*parts[:n]) for n in range(1, len(parts) + 1))
+            top = next((t for t in tops if not any(_within(c, t) for c in concealed)), None)
+            if top is not None:
+                shown.append(top)
         return cls(
             writable=tuple(rw),
             stage=stage,
