@@ -138,6 +138,11 @@ class Baseline:
         self.announce(item.ids[0], EnvelopeState.GATING, head)
         return done
 
+    def added(self, failing: tuple[str, ...]) -> tuple[str, ...]:
+        """Of the gates a blamed item failed, those the target's head does not fail too (all
+        of them when it fails every one): a gate failing at once beside its own was named."""
+        return tuple(g for g in failing if g not in self.tally.target_red) or failing
+
     async def rejudged(self, front: Item, head: str) -> tuple[str, ...]:
         """The failures excused on ``front`` on an earlier head, judged again on ``head`` (an
         item ahead may have fixed them since): the gates with something new there (named in

@@ -407,11 +407,11 @@ class Pipeline:
     def blame(self, front: Item) -> None:
         """A confirmed failure at the front: judge the one envelope (a batch was split)."""
         self.items.pop(0)
-        (envelope,) = front.envelopes
+        (envelope,), tests = front.envelopes, front.new_failures or None
         self.found |= front.lineage
         self.sizer.judged(blamed=1, named=front.by_name)
-        tests = front.new_failures or None
-        details = Details(failed_gates=front.failing, report=front.report, failed_tests=tests)
+        failing = self.baseline.added(front.failing)
+        details = Details(failed_gates=failing, report=front.report, failed_tests=tests)
         self.it.finish(envelope.id, EnvelopeState.GATES_FAILED, details)
 
     async def land(self, front: Item) -> None:
