@@ -122,3 +122,28 @@ def test_a_pass_that_read_what_another_gate_left_never_clears_the_target_for_a_b
     result = integrate(repo=repo, env=dict(os.environ), window=1)
     assert [o.state for o in result.envelopes] == [], result.to_json()
     assert result.target_red == ("use",) and len(result.held) == 1, result.to_json()
+
+
+def test_a_pass_that_read_what_another_gate_left_never_answers_an_envelopes_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same leftover pass, keyed by inputs an envelope does not touch: it answered the
+    envelope's own ``use`` from the cache, and the envelope landed a tree on which ``use``
+    fails from a fresh checkout.  A run on layers is answered only by passes of gates that
+    had layers of their own (``Store.layered``); the gate runs, fails as the head does."""
+    manifest = LEFTOVER.replace('inputs = ["**"]', 'inputs = ["src/**"]')
+    (repo / ".gitignore").write_text("reports/\nout/\n")
+    (repo / "src").mkdir()
+    (repo / "src" / "lib.py").write_text("x = 1\n")
+    commit_release_manifest(repo, manifest)
+    outside = repo.parent / "leftover.toml"
+    outside.write_text(manifest)
+    for only in ("build", "use"):
+        code, body = run_json(
+            capsys, "release-check", str(outside), "--repo", str(repo), "--only", only
+        )
+        assert code == 0, body
+    submit(repo_info(repo), [envelope(repo, "notes")])
+    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    assert [o.state for o in result.envelopes] == [], result.to_json()
+    assert result.target_red == ("use",) and len(result.held) == 1, result.to_json()

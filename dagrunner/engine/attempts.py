@@ -33,7 +33,6 @@ from dagrunner.git import guard
 from dagrunner.git.command import git
 from dagrunner.manifest.load import GateSpec
 from dagrunner.process import toolcaches
-from dagrunner.process.contain import detect
 from dagrunner.process.logs import redact_file
 from dagrunner.process.sandbox import AttemptResult, GateJob, tree_environment
 from dagrunner.process.toolcaches import ToolCaches, with_tool_caches, with_tree_caches
@@ -112,7 +111,7 @@ class GateRunner:
         self.suspects: dict[str, str] = {}  # gate -> what changed while it ran
         self.listed: str | None = None  # the snapshot's paths, once a gate is given them
         # an envelope's tree: each gate on a layer of its own, where this process can mount
-        layered = plan.layered and detect().views and layers.available()
+        layered = layers.in_force(plan.layered)
         self.layers = None
         if layered:  # other runs' left by a kill go first
             runs = self.sandbox_root.parent.glob(f"{SANDBOX}*")

@@ -47,13 +47,18 @@ class Hit:
     stored_at: str
     duration: float
     log: Path
+    layered: bool = False  # stored by a run whose gates each had a layer of their own
 
 
 class Store:
     """Entries on disk; every read failure is a miss (with a warning), never a crash."""
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, *, layered: bool = False) -> None:
         self.root = root or cache_root()
+        # A run whose gates each wrote a layer of their own (an envelope's tree) stores its
+        # passes marked so, and is answered only by such passes: a pass of a tree whose gates
+        # shared its scratch (a checkout) may have read what another gate left there.
+        self.layered = layered
         self.warnings: list[str] = []
         self._key: bytes | None = None
 
@@ -180,10 +185,13 @@ class Store:
                 stored_at=body["stored_at"],
                 duration=float(body["duration"]),
                 log=log,
+                layered=body.get("layered") is True,
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OSError) as exc:
             self.warnings.append(f"cache entry {path} is corrupt ({exc}); treated as a miss")
             return None
+        if self.layered and not hit.layered:
+            return None  # not a verdict of gates that saw only their tree and their needs
         with contextlib.suppress(OSError):
             os.utime(path)  # least-recently-used order for prune
         return hit
@@ -216,7 +224,7 @@ class Store:
             "duration": round(result.duration, 4),
             "result": result.to_json(),
             "log_sha256": hashlib.sha256(log_bytes).hexdigest(),
-        }
+        } | ({"layered": True} if self.layered else {})
         try:
             signature = self._sign(body)
             # Not fsynced (docs/cache.md): this runs before the gate's dependants start, and
@@ -249,7 +257,7 @@ class Store:
                 "duration": hit.duration,
                 "result": hit.result,
                 "log_sha256": hashlib.sha256(log_bytes).hexdigest(),
-            }
+            } | ({"layered": True} if hit.layered else {})
             signature = self._sign(body)
             atomic_write(path.with_suffix(".log"), log_bytes, durable=False)
             atomic_write(path, orjson.dumps({"body": body, "hmac": signature}), durable=False)

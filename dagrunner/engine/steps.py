@@ -49,6 +49,7 @@ from dagrunner.process.tree import sweep_orphans
 from dagrunner.records.run import GateResult, GovernorSample, RunRecord, RunStatus
 from dagrunner.report.rundir import prepare_run_dir, write_run_dir
 from dagrunner.version import VERSION
+from dagrunner.worktrees import layers
 
 # -- steps --------------------------------------------------------------------
 
@@ -358,7 +359,7 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
         envs=plan.envs,
         run_dir=run_dir,
         read=not options.no_cache,
-        store=Store(options.cache_root) if options.cache_root else None,
+        store=Store(options.cache_root, layered=layers.in_force(options.layered)),
         fingerprint=executor.fingerprinter(),
         # An envelope's tree (its gates see the repository read-only) is the tools' cwd: a
         # `pip/` or a module it adds there shadows what `python -m pip` imports, which no

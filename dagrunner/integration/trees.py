@@ -147,9 +147,6 @@ class Trees:
                     read_only=self.it.guarded,
                     conceal=(self.it.repo,),
                     layered=True,
-                    # the target's head gated for a blame runs its gates: a cached pass may
-                    # be a shared tree's, where a gate read what another left (round 9)
-                    no_cache=not run.ids,
                     trusted=trusted,
                     ahead=run.base,
                     flights=self.flights,

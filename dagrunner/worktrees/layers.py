@@ -80,6 +80,14 @@ def available(where: str | None = None) -> bool:
         return share.can("overlay", Path(tmp))
 
 
+def in_force(asked: bool) -> bool:
+    """Whether a run that asks for layers (``RunOptions.layered``) gets them on this machine:
+    gates' views, and an overlay this process can mount."""
+    from dagrunner.process.contain import detect
+
+    return asked and detect().views and available()
+
+
 def mount(tree: Path, folder: Path, below: Sequence[Layer] = ()) -> Layer:
     """A new layer for one gate over ``tree`` at ``folder`` (made now), its overlays mounted:
     ``below`` are the layers of the gate's needs, the nearest first.  ``LayerError`` when
