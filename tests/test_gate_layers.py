@@ -101,42 +101,23 @@ run = "test -f out/lib.txt || { echo 'no out/lib.txt: build it first (needs)'; e
 """
 
 
-def test_a_pass_that_read_what_another_gate_left_never_clears_the_target_for_a_blame(
-    repo: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("inputs", ["**", "src/**"])
+def test_a_pass_that_read_what_another_gate_left_answers_no_envelopes_tree(
+    repo: Path, capsys: pytest.CaptureFixture[str], inputs: str
 ) -> None:
     """Round 9 of docs/real-projects.md: in the checkout, where gates share the tree,
     ``use`` (no needs) passed on ``out/`` an earlier run of ``build`` left there, and that
     pass was cached.  In an envelope's tree ``use`` never sees ``build``'s layer and fails
     -- rightly: a fresh checkout fails too.  The target's head fails it as well, so the item
-    is held; a cached pass of the head (that run's) must not make the item the culprit."""
-    (repo / ".gitignore").write_text("reports/\nout/\n")
-    commit_release_manifest(repo, LEFTOVER)
-    outside = repo.parent / "leftover.toml"  # nothing untracked in the checkout's key
-    outside.write_text(LEFTOVER)
-    for only in ("build", "use"):
-        code, body = run_json(
-            capsys, "release-check", str(outside), "--repo", str(repo), "--only", only
-        )
-        assert code == 0, body
-    submit(repo_info(repo), [envelope(repo, "notes")])
-    result = integrate(repo=repo, env=dict(os.environ), window=1)
-    assert [o.state for o in result.envelopes] == [], result.to_json()
-    assert result.target_red == ("use",) and len(result.held) == 1, result.to_json()
-
-
-def test_a_pass_that_read_what_another_gate_left_never_answers_an_envelopes_gate(
-    repo: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The same leftover pass, keyed by inputs an envelope does not touch: it answered the
-    envelope's own ``use`` from the cache, and the envelope landed a tree on which ``use``
-    fails from a fresh checkout.  A run on layers is answered only by passes of gates that
-    had layers of their own (``Store.layered``); the gate runs, fails as the head does."""
-    manifest = LEFTOVER.replace('inputs = ["**"]', 'inputs = ["src/**"]')
+    is held.  The cached pass must not clear the head for a blame (``**``: the item was
+    made the culprit), nor answer the item's own gate (``src/**``, inputs the envelope does
+    not touch: it landed).  A run on layers takes only layered passes (``Store.layered``)."""
+    manifest = LEFTOVER.replace('inputs = ["**"]', f"inputs = [{inputs!r}]")
     (repo / ".gitignore").write_text("reports/\nout/\n")
     (repo / "src").mkdir()
     (repo / "src" / "lib.py").write_text("x = 1\n")
     commit_release_manifest(repo, manifest)
-    outside = repo.parent / "leftover.toml"
+    outside = repo.parent / "leftover.toml"  # nothing untracked in the checkout's key
     outside.write_text(manifest)
     for only in ("build", "use"):
         code, body = run_json(
