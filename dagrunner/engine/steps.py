@@ -359,7 +359,11 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
         envs=plan.envs,
         run_dir=run_dir,
         read=not options.no_cache,
-        store=Store(options.cache_root, layered=layers.in_force(options.layered)),
+        # a cluster's gates run on its workers' copies, never on layers
+        store=Store(
+            options.cache_root,
+            layered=executor.name == "local" and layers.in_force(options.layered),
+        ),
         fingerprint=executor.fingerprinter(),
         # An envelope's tree (its gates see the repository read-only) is the tools' cwd: a
         # `pip/` or a module it adds there shadows what `python -m pip` imports, which no
