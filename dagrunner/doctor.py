@@ -110,7 +110,7 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
     )
     from dagrunner.worktrees import layers
 
-    layered = contained.views and layers.available()
+    layered = layers.in_force()
     report.facts["gate_layers"] = layered
     report.add(
         "PASS" if layered else "NOTE",

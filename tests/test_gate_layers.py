@@ -18,10 +18,11 @@ from dagrunner.git.repo import repo_info
 from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
 from dagrunner.process.contain import detect
+from dagrunner.records.integration import IntegrationResult
 from dagrunner.worktrees import layers
 
 pytestmark = pytest.mark.skipif(
-    not (detect().views and layers.available()),
+    not layers.in_force(),
     reason="this machine gives gates no view, or this process cannot mount an overlay",
 )
 
@@ -70,6 +71,22 @@ def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iter
     detect.cache_clear()
 
 
+def integrate_notes(repo: Path) -> IntegrationResult:
+    """One envelope (``notes``, adding ``notes.txt``) submitted and integrated, window 1."""
+    submit(repo_info(repo), [envelope(repo, "notes")])
+    return integrate(repo=repo, env=dict(os.environ), window=1)
+
+
+def assert_landed_in_one_run(result: IntegrationResult, *left: str) -> None:
+    """The envelope landed from its first gate run, nothing flaky, and none of the files
+    named ``left`` is in the integration trees for the next envelope there."""
+    assert [o.state for o in result.envelopes] == ["landed"], result
+    assert result.gate_runs == 1 and result.envelopes[0].details.flaky_gates is None, result
+    integration = Path(result.report_dir).parents[1]
+    for name in left:
+        assert not list(integration.rglob(name)), list(integration.rglob(name))
+
+
 def test_what_a_gate_writes_is_seen_by_the_gates_that_need_it_and_no_other(
     repo: Path, tmp_path: Path, way: str
 ) -> None:
@@ -78,16 +95,10 @@ def test_what_a_gate_writes_is_seen_by_the_gates_that_need_it_and_no_other(
     (repo / ".gitignore").write_text("reports/\n.venv/\n")
     (repo / "requirements.txt").write_text("# nothing\n")
     commit_release_manifest(repo, manifest(shared))
-    submit(repo_info(repo), [envelope(repo, "notes")])
-    result = integrate(repo=repo, env=dict(os.environ), window=1)
-    assert [o.state for o in result.envelopes] == ["landed"], result
     # one run, nothing flaky: before layers, ``reader`` failed on what ``writer`` wrote,
-    # and passed its confirmation (``writer`` had not written yet): "flaky", and landed
-    assert result.gate_runs == 1 and result.envelopes[0].details.flaky_gates is None, result
+    # and passed its confirmation (``writer`` had not written yet): "flaky", and landed;
     # nothing of what the gates wrote is left in the trees for the next envelope there
-    integration = Path(result.report_dir).parents[1]
-    assert not list(integration.rglob("mypy.ini")), list(integration.rglob("mypy.ini"))
-    assert not list(integration.rglob("poison.pth"))
+    assert_landed_in_one_run(integrate_notes(repo), "mypy.ini", "poison.pth")
 
 
 LEFTOVER = """
@@ -124,7 +135,6 @@ def test_a_pass_that_read_what_another_gate_left_answers_no_envelopes_tree(
             capsys, "release-check", str(outside), "--repo", str(repo), "--only", only
         )
         assert code == 0, body
-    submit(repo_info(repo), [envelope(repo, "notes")])
-    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    result = integrate_notes(repo)
     assert [o.state for o in result.envelopes] == [], result.to_json()
     assert result.target_red == ("use",) and len(result.held) == 1, result.to_json()

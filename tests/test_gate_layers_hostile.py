@@ -13,15 +13,14 @@ from pathlib import Path
 import orjson
 import pytest
 from conftest import CLI, commit_release_manifest, envelope, git
+from test_gate_layers import assert_landed_in_one_run, integrate_notes
 
 from dagrunner.git.repo import repo_info
-from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
-from dagrunner.process.contain import detect
 from dagrunner.worktrees import layers
 
 pytestmark = pytest.mark.skipif(
-    not (detect().views and layers.available()),
+    not layers.in_force(),
     reason="this machine gives gates no view, or this process cannot mount an overlay",
 )
 
@@ -54,12 +53,7 @@ run = "echo x > build/poison && touch {said}"
 run = '''{_wait(said)}test -e {said} || exit 2; test ! -e build/poison || {{ echo saw; exit 1; }}'''
 """,
     )
-    submit(repo_info(repo), [envelope(repo, "notes")])
-    result = integrate(repo=repo, env=dict(os.environ), window=1)
-    assert [o.state for o in result.envelopes] == ["landed"], result
-    assert result.gate_runs == 1 and result.envelopes[0].details.flaky_gates is None, result
-    integration = Path(result.report_dir).parents[1]
-    assert not list(integration.rglob("poison")), list(integration.rglob("poison"))
+    assert_landed_in_one_run(integrate_notes(repo), "poison")
 
 
 def test_a_gate_runs_what_its_need_built_in_a_folder_its_need_made(repo: Path) -> None:
@@ -80,8 +74,7 @@ cwd = "out"
 run = "test -x tool"
 """,
     )
-    submit(repo_info(repo), [envelope(repo, "notes")])
-    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    result = integrate_notes(repo)
     assert [o.state for o in result.envelopes] == ["landed"], result.envelopes
 
 
@@ -166,8 +159,7 @@ run = "rm -rf reports && ln -s {shlex.quote(str(elsewhere))} reports"
 junit = "reports/junit.xml"
 """,
     )
-    submit(repo_info(repo), [envelope(repo, "notes")])
-    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    result = integrate_notes(repo)
     assert [o.state for o in result.envelopes] == ["landed"], result.envelopes
     said = b"".join(p.read_bytes() for p in Path(result.report_dir).rglob("*.json"))
     assert b"elsewhere_class" not in said
@@ -198,8 +190,7 @@ run = '''{_wait(mark)}grep -qx hello README && test -e keep.txt && grep -q workt
   && touch {done}'''
 """,
     )
-    submit(repo_info(repo), [envelope(repo, "notes")])
-    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    result = integrate_notes(repo)
     assert result.envelopes[0].state == "gates-failed", result
     seen: dict[str, list[str]] = {}
     for found in Path(result.report_dir).rglob("gates/*.json"):
@@ -230,8 +221,7 @@ run = '''test -e .tried && exit 0; touch .tried; mkdir -p out; printf '%s' \
 > out/junit.xml; exit 1'''
 """,
     )
-    submit(repo_info(repo), [envelope(repo, "notes")])
-    result = integrate(repo=repo, env=dict(os.environ), window=1)
+    result = integrate_notes(repo)
     assert [o.state for o in result.envelopes] == ["landed"], result.envelopes
     runs = [orjson.loads(p.read_bytes()) for p in Path(result.report_dir).rglob("flaky.json")]
     flaky = [r for r in runs if r["status"] == "flaky"]
@@ -276,10 +266,7 @@ run = '''{_wait(said)}test -e {said} || exit 2; for d in {places}; do \
 test ! -e "$d/poison" || {{ echo "saw $d/poison"; exit 1; }}; done'''
 """,
     )
-    submit(repo_info(repo), [envelope(repo, "notes")])
-    result = integrate(repo=repo, env=dict(os.environ), window=1)
-    assert [o.state for o in result.envelopes] == ["landed"], result
-    assert result.gate_runs == 1 and result.envelopes[0].details.flaky_gates is None, result
+    assert_landed_in_one_run(integrate_notes(repo))
 
 
 def test_a_link_a_need_left_where_a_mount_of_the_tree_goes_is_never_mounted_on(

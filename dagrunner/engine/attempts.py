@@ -111,7 +111,7 @@ class GateRunner:
         self.suspects: dict[str, str] = {}  # gate -> what changed while it ran
         self.listed: str | None = None  # the snapshot's paths, once a gate is given them
         # an envelope's tree: each gate on a layer of its own, where this process can mount
-        layered = layers.in_force(plan.layered)
+        layered = layers.in_force(plan.layered, local=executor.name == "local")
         self.layers = None
         if layered:  # other runs' left by a kill go first
             runs = self.sandbox_root.parent.glob(f"{SANDBOX}*")

@@ -359,10 +359,9 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
         envs=plan.envs,
         run_dir=run_dir,
         read=not options.no_cache,
-        # a cluster's gates run on its workers' copies, never on layers
         store=Store(
             options.cache_root,
-            layered=executor.name == "local" and layers.in_force(options.layered),
+            layered=layers.in_force(options.layered, local=executor.name == "local"),
         ),
         fingerprint=executor.fingerprinter(),
         # An envelope's tree (its gates see the repository read-only) is the tools' cwd: a

@@ -27,7 +27,7 @@ import shutil
 import stat
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from dagrunner.errors import DagrunnerError, ExitCode
@@ -225,15 +225,25 @@ def beneath(root: Path, rel: str) -> Iterator[int]:
 
 
 def _mount(lower: Path, layer: Path, point: int) -> bool:
-    """The overlay mounted on the folder ``point`` (an ``O_PATH`` descriptor), by mount(2)
-    on its ``/proc/self/fd`` name: the kernel resolves that to the very folder."""
+    return overlay([lower], layer, point) == 0
+
+
+def overlay(lowers: Sequence[Path], layer: Path, point: int, extra: str = "") -> int:
+    """An overlay mounted on the folder ``point`` (an ``O_PATH`` descriptor), by mount(2) on
+    its ``/proc/self/fd`` name (the kernel resolves that to the very folder): ``lowers``
+    read-only, the first on top, ``layer``'s ``upper`` (and ``work``) the writable layer;
+    ``extra`` more options.  0, or mount(2)'s error number."""
     upper, work = layer / "upper", layer / "work"
     upper.mkdir(parents=True, exist_ok=True)
     work.mkdir(exist_ok=True)
-    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    options = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={work}{extra}"
     libc = ctypes.CDLL(None, use_errno=True)
     target = f"/proc/self/fd/{point}".encode()
-    return bool(libc.mount(b"overlay", target, b"overlay", 0, options.encode()) == 0)
+    return (
+        0
+        if libc.mount(b"overlay", target, b"overlay", 0, options.encode()) == 0
+        else ctypes.get_errno()
+    )
 
 
 def _unmount(point: Path) -> None:

@@ -71,21 +71,21 @@ class Layer:
 
 
 @functools.cache
-def available(where: str | None = None) -> bool:
-    """Whether this process can mount a gate's overlay (under ``where``: the default temporary
-    folder when None), probed once."""
+def available() -> bool:
+    """Whether this process can mount a gate's overlay in the temporary folder, probed once."""
     if os.geteuid() != 0:
         return False  # an ordinary user's overlay needs a user namespace of its own
-    with tempfile.TemporaryDirectory(prefix="dagrunner-layer-probe-", dir=where) as tmp:
+    with tempfile.TemporaryDirectory(prefix="dagrunner-layer-probe-") as tmp:
         return share.can("overlay", Path(tmp))
 
 
-def in_force(asked: bool) -> bool:
-    """Whether a run that asks for layers (``RunOptions.layered``) gets them on this machine:
-    gates' views, and an overlay this process can mount."""
+def in_force(asked: bool = True, *, local: bool = True) -> bool:
+    """Whether a run that asks for layers (``RunOptions.layered``) gets them: its gates run
+    here (``local``: a cluster's run on its workers' copies), with views, and this process
+    can mount an overlay.  The one test: the gates' layers, and the cache's mark on passes."""
     from dagrunner.process.contain import detect
 
-    return asked and detect().views and available()
+    return asked and local and detect().views and available()
 
 
 def mount(tree: Path, folder: Path, below: Sequence[Layer] = ()) -> Layer:
@@ -107,21 +107,14 @@ def mount(tree: Path, folder: Path, below: Sequence[Layer] = ()) -> Layer:
         for part in parts:
             lowers = [b.upper(part) for b in below if part in b.parts]
             lowers.append(tree / part if part else tree)
-            upper = layer.upper(part)
-            upper.mkdir(parents=True)
-            (upper.parent / "work").mkdir()
-            options = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper}"
-            # no inode index: a need's overlay not yet released (its namespace goes a moment
-            # after the gate) holds its upper, which a dependent takes as a lower layer; a
-            # kernel indexing by default refused that mount as busy
-            options += f",workdir={upper.parent / 'work'},index=off"
             # a mount inside the tree goes on its folder in the merged view, opened without
-            # following a link (a need's layer may hold a link there, to anywhere)
+            # following a link (a need's layer may hold a link there, to anywhere); no inode
+            # index: a need's overlay not yet released (its namespace goes a moment after
+            # the gate) holds its upper, which a dependent takes as a lower layer, and a
+            # kernel indexing by default refused that mount as busy
             with share.beneath(layer.merged, part) as point:
-                target = f"/proc/self/fd/{point}".encode()
-                libc = ctypes.CDLL(None, use_errno=True)
-                if libc.mount(b"overlay", target, b"overlay", 0, options.encode()) != 0:
-                    error = ctypes.get_errno()
+                error = share.overlay(lowers, layer.upper(part).parent, point, ",index=off")
+                if error:
                     raise LayerError(error, f"overlay on {tree / part}: {os.strerror(error)}")
     except DagrunnerError as exc:  # a link where a mount of the tree is
         discard(layer)
