@@ -108,7 +108,7 @@ def doctor(path: Path | None, env: Mapping[str, str] | None = None) -> Report:
         else "gates are held by their process group only; see dagrunner's docs/security.md "
         "(run as root, or enable user namespaces or cgroup delegation)",
     )
-    from dagrunner.worktrees import layers
+    from dagrunner.process import layers
 
     layered = layers.in_force()
     report.facts["gate_layers"] = layered

@@ -1,4 +1,4 @@
-"""Each gate of an envelope's tree writes a layer of its own (``worktrees/layers.py``): what
+"""Each gate of an envelope's tree writes a layer of its own (``process/layers.py``): what
 it writes and git does not track -- a generated module, a config file, a ``.pth`` in the
 tree's venv seed -- is seen by the gates that need it and by no other, so no verdict hangs on
 which gate ran first, and a gate running an envelope's code cannot make a later check pass."""
@@ -17,9 +17,9 @@ from conftest import commit_release_manifest, envelope, run_json
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
+from dagrunner.process import layers
 from dagrunner.process.contain import detect
 from dagrunner.records.integration import IntegrationResult
-from dagrunner.worktrees import layers
 
 pytestmark = pytest.mark.skipif(
     not layers.in_force(),

@@ -1,4 +1,4 @@
-"""A hostile envelope's gates against their layers (``worktrees/layers.py``): what a gate
+"""A hostile envelope's gates against their layers (``process/layers.py``): what a gate
 writes reaches no gate that does not need it, by any path the view gives it, and nothing
 the runner does with a layer (mounting, reading, removing it) follows what a gate left."""
 
@@ -17,7 +17,7 @@ from test_gate_layers import assert_landed_in_one_run, integrate_notes
 
 from dagrunner.git.repo import repo_info
 from dagrunner.integration.submit import submit
-from dagrunner.worktrees import layers
+from dagrunner.process import layers
 
 pytestmark = pytest.mark.skipif(
     not layers.in_force(),

@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 from conftest import CLI, can_mount
 
-from dagrunner.process import capabilities
 from dagrunner.process.contain import bubblewrapped, detect, namespaced
 from dagrunner.process.prove import LINES, SUITE
-from dagrunner.process.view import View
+from dagrunner.process.view import View, kept_caps
 
 WAYS = ["bubblewrap", "unshare"] if detect().bwrap else ["unshare"]
 viewed = pytest.mark.skipif(not detect().views, reason="this machine gives gates no view")
@@ -87,7 +86,7 @@ def test_an_ordinary_users_gate_writes_no_knob_and_opens_no_device(
             argv = bubblewrapped(command, options=view.bwrap_options(), left=tree / ".left",
                                  cwd=tree, bwrap=shutil.which("bwrap") or "bwrap", userns=True)  # fmt: skip
         else:  # as jail() starts it: the gate's bounding set cut by setpriv
-            command = capabilities.limited("setpriv", command)
+            command = kept_caps("setpriv", command)
             argv = namespaced(command, ops="\n".join(view.operations()), left=tree / ".left",
                               cwd=tree, userns=True, python="/usr/bin/python3")  # fmt: skip
         user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

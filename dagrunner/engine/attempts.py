@@ -32,7 +32,7 @@ from dagrunner.files import is_inside
 from dagrunner.git import guard
 from dagrunner.git.command import git
 from dagrunner.manifest.load import GateSpec
-from dagrunner.process import toolcaches
+from dagrunner.process import layers, toolcaches
 from dagrunner.process.logs import redact_file
 from dagrunner.process.sandbox import AttemptResult, GateJob, tree_environment
 from dagrunner.process.toolcaches import ToolCaches, with_tool_caches, with_tree_caches
@@ -41,7 +41,6 @@ from dagrunner.report.logtail import read_log
 from dagrunner.report.testnames import from_output
 from dagrunner.report.testresults import read_junit
 from dagrunner.units import format_duration
-from dagrunner.worktrees import layers
 
 MEMORY_FLAG_RATIO = 1.5  # a gate's peak RSS this far past its declared memory is flagged
 SANDBOX = "dagrunner-sandbox-"  # a run's folder of its gates' HOMEs and layers, in /tmp

@@ -47,7 +47,7 @@ class RunOptions:
     # editable installs would otherwise run its code instead of the tree's); what
     # ``read_only`` names inside one stays visible, read-only.
     conceal: tuple[Path, ...] = ()
-    # Each gate on a layer of its own over the tree (an envelope's: ``worktrees.layers``):
+    # Each gate on a layer of its own over the tree (an envelope's: ``process.layers``):
     # what one writes, only the gates that need it see.
     layered: bool = False
     # The trusted commit (the target's head) when the tree under test is an envelope's:

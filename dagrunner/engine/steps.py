@@ -40,7 +40,7 @@ from dagrunner.executors.factory import executor_for
 from dagrunner.git.command import head_info
 from dagrunner.git.repo import cache_root, resolve_repo
 from dagrunner.manifest.load import Manifest, default_manifest, load_manifest
-from dagrunner.process import racy
+from dagrunner.process import layers, racy
 from dagrunner.process.contain import detect, disable_dumping, network_isolation
 from dagrunner.process.logs import secret_values
 from dagrunner.process.prove import last_proof
@@ -49,7 +49,6 @@ from dagrunner.process.tree import sweep_orphans
 from dagrunner.records.run import GateResult, GovernorSample, RunRecord, RunStatus
 from dagrunner.report.rundir import prepare_run_dir, write_run_dir
 from dagrunner.version import VERSION
-from dagrunner.worktrees import layers
 
 # -- steps --------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ Three layers, each used where this machine allows it (``detect()``, shown by
 - **parent-death signal** (``setpriv --pdeathsig KILL``): if the runner is killed, the
   namespace goes with it (the signal follows the parent *thread*: one spawns every gate).
 
-A gate root of its namespaces keeps few capabilities (``capabilities.py``).  Where none
+A gate root of its namespaces keeps few capabilities (``view.kept_caps``).  Where none
 of these is available, ``tree.py``'s process-group and token sweep is the fallback.
 """
 
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from dagrunner.files import is_inside
-from dagrunner.process import capabilities, cgroups
-from dagrunner.process.view import APPLY_VIEW, View
+from dagrunner.process import cgroups
+from dagrunner.process.view import APPLY_VIEW, View, kept_caps, kept_caps_options
 
 # PID 1 of the gate's namespace: join the cgroups, shape the gate's view of the filesystem
 # (one operation per line of $2, applied by $5 in the Python $4: ``view.APPLY_VIEW``), run
@@ -386,7 +386,7 @@ def jail(
             groups.append(group)
     command = list(argv)
     if confined and view is not None and found.bwrap:
-        root = [] if found.userns else capabilities.bwrap_options()  # else bwrap drops all
+        root = [] if found.userns else kept_caps_options()  # else bwrap drops all
         command = bubblewrapped(
             command,
             options=[*view.bwrap_options(), *root, *observe],
@@ -406,7 +406,7 @@ def jail(
         else:
             ops = []
         if found.pdeathsig:  # root of its namespaces: only the capabilities it keeps
-            command = capabilities.limited(found.setpriv, command)
+            command = kept_caps(found.setpriv, command)
         command = namespaced(
             command,
             ops="\n".join([*ops, *(["loopback"] if isolated else [])]),

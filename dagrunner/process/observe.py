@@ -121,7 +121,7 @@ class Observer:
     def __init__(self, tree: str, why: str = "", seen: str = "") -> None:
         self.tree = os.path.realpath(tree) if tree else ""
         # where the tree as the gate saw it is once it has ended: the tree, or the merged
-        # folder of the gate's own layer over it (``worktrees.layers``)
+        # folder of the gate's own layer over it (``process.layers``)
         self.seen = os.path.realpath(seen) if seen else self.tree
         self.why = why  # set: no observation is made, and this says why (``finish``)
         self.fds: tuple[int, ...] = ()  # the child's ends (info's write, block's read)

@@ -68,7 +68,7 @@ class GateJob:
     observe: str = ""  # the tree (absolute) whose reads to record (``observe``), "" for none
     paths: str = ""  # the tree's paths, NUL-separated, for ``$DAGRUNNER_PATHS`` (``home``)
     # the merged folder of the gate's own layer over its tree, shown at the tree's path
-    # (``worktrees.layers``): "" where the gate writes the tree itself
+    # (``process.layers``): "" where the gate writes the tree itself
     layer: str = ""
     # On a cluster ([executor]): how long an attempt no worker can take waits for one, and
     # how far past timeout + grace the submitter waits for a result before giving up on it.

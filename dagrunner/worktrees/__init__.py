@@ -18,5 +18,4 @@
 - ``seeds``: dependency folders (``[[worktrees.seed]]``) built once per key and stored;
   ``seedstores``: package managers' stores that outlive builds, and pruning the store
   (how a worktree gets its own copy of a seed is ``process/share``).
-- ``layers``: each gate of an envelope's tree on an overlay of its own over the tree.
 """

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from dagrunner.errors import DagrunnerError
 from dagrunner.process import share
+from dagrunner.process.contain import detect
 
 MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
 # what an overlay's options cannot carry in a folder's name (they are its separators)
@@ -83,8 +84,6 @@ def in_force(asked: bool = True, *, local: bool = True) -> bool:
     """Whether a run that asks for layers (``RunOptions.layered``) gets them: its gates run
     here (``local``: a cluster's run on its workers' copies), with views, and this process
     can mount an overlay.  The one test: the gates' layers, and the cache's mark on passes."""
-    from dagrunner.process.contain import detect
-
     return asked and local and detect().views and available()
 
 
