@@ -45,10 +45,12 @@ def halving(n: int, d: int) -> int:
 
 
 def naming(d: int) -> int:
-    """Runs for d culprits that a failure names, whatever n: the batch's; per culprit its
-    own, its confirmation (or the run of the rest beside it, which corroborates it) and a
-    run of the rest built again behind it; and the last rest's."""
-    return 2 + 3 * d
+    """Runs for d culprits that a failure names, whatever n: the batch's, and the run of
+    what is queued ahead of the last named (each named envelope is judged on a tree holding
+    what is ahead of it); per culprit its own, its confirmation (or the run of the rest
+    beside it, which corroborates it) and a run of the rest built again behind it; and the
+    last rest's."""
+    return 3 + 3 * d
 
 
 def spent_behind(pipeline: list[Speculation], culprits: set[str]) -> list[Speculation]:
@@ -206,3 +208,37 @@ def test_a_gate_that_changed_a_tracked_file_names_the_envelope_that_changed_it(
     assert {k for k, v in final.items() if v != "landed"} == {"n06"}, final
     named = {e.worker for e in watch(repo=project, follow=False) if e.event == "named"}
     assert named == {"n06"}, named
+
+
+def test_an_envelope_named_beside_a_culprit_is_judged_on_what_is_queued_ahead_of_it(
+    project: Path, tmp_path: Path
+) -> None:
+    """Found by the pipeline fuzzer (seed 117): n02 builds on n01, queued right before it
+    (its check fails without n01's work).  n03 breaks, and its failure's one line names
+    n03's file and n02's (a traceback through n02's test, say).  Gated apart on the batch's
+    base alone, n02 lacked n01 -- queued ahead of it, in the rest -- failed, was confirmed
+    there, and was blamed: the serial loop would have landed it.  What a named envelope is
+    judged on holds every envelope queued ahead of it: only n03 is blamed."""
+    base = git(project, "rev-parse", "main").strip()
+    check = (
+        "for f in n*.txt; do "
+        'grep -q BROKEN $f && echo "error: ./$f broke ./$(sed -n "s/^BROKEN //p" $f)" && bad=1; '
+        'd=$(sed -n "s/^NEEDS //p" $f); '
+        '[ -n "$d" ] && ! grep -q "^good" $d.txt && bad=1; '
+        'done; [ -z "$bad" ]'
+    )
+    said = {1: "good\n", 2: "NEEDS n01\n", 3: "BROKEN n02.txt\n"}
+    submit(repo_info(project), breaking(project, 6, said))
+    gate = tmp_path / "needs.toml"
+    record = f"git rev-parse 'HEAD^{{tree}}' >> '{tmp_path / 'gated.txt'}'"
+    gate.write_text(
+        f'[sandbox]\nwritable = ["{tmp_path}"]\n\n'
+        f"[gates.check]\nrun = '''sleep 0.1; {record}; {check}'''\n"
+    )
+    result = integrate(repo=project, manifest=gate, batch=6, window=2)
+    final = states(project)
+    assert final.pop("n03") == "gates-failed", final
+    assert set(final.values()) == {"landed"}, (final, trace(result.pipeline))
+    named = {e.worker for e in watch(repo=project, follow=False) if e.event == "named"}
+    assert named == {"n02", "n03"}, named
+    assert_every_landing_was_gated(project, base, tmp_path)

@@ -345,23 +345,25 @@ def breaking(project: Path, count: int, bad: dict[int, str], first: int = 1) -> 
 def test_the_envelope_a_failure_names_is_gated_first_apart_from_the_rest(
     project: Path, tmp_path: Path
 ) -> None:
-    """The gate says ./n05.txt:1 broke it: n05 is gated alone on the batch's base and the
-    rest at the same time, built without it; n05 fails the gate its batch failed and the
-    rest passes without it: that is its confirmation (no re-run); it is blamed, the rest
-    lands.  Three runs of envelopes in all, where halving 8 takes five, one after another
-    (and one of the target's head, once: does it fail the gate too?)."""
+    """The gate says ./n05.txt:1 broke it: n05 is gated alone on what is queued ahead of it
+    (n01..n04, gated at the same time on the batch's base) and the rest (n06..n08) on those,
+    built without it; n05 fails the gate its batch failed and the rest passes without it:
+    that is its confirmation (no re-run); it is blamed, the rest lands.  Four runs of
+    envelopes in all, where halving 8 takes five, one after another (and one of the target's
+    head, once: does it fail the gate too?)."""
     base = git(project, "rev-parse", "main").strip()
     submit(repo_info(project), breaking(project, 8, {5: "BROKEN\n"}))
     result = integrate(repo=project, manifest=naming_gate(tmp_path, "-n"), batch=8, window=2)
     final = states(project)
     assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
     runs = {(len(r.envelopes), str(r.verdict)): r for r in result.pipeline if r.envelopes}
-    assert sorted(runs) == [(1, "failed"), (7, "passed"), (8, "failed")]
+    assert sorted(runs) == [(1, "failed"), (3, "passed"), (4, "passed"), (8, "failed")]
     assert [str(r.verdict) for r in result.pipeline if not r.envelopes] == ["passed"]
     assert result.confirm_runs == 0
-    alone, rest = runs[1, "failed"], runs[7, "passed"]
-    assert alone.envelopes[0].split(".")[1] == "n05" and alone.head == base == rest.head
-    assert rest.start < alone.end  # gated beside it
+    ahead, alone, rest = runs[4, "passed"], runs[1, "failed"], runs[3, "passed"]
+    assert alone.envelopes[0].split(".")[1] == "n05"
+    assert ahead.head == base != alone.head == rest.head  # on n01..n04, as the serial loop
+    assert ahead.start < alone.end  # gated beside it
     named = [e for e in watch(repo=project, follow=False) if e.event == "named"]
     assert [e.id.split(".")[1] for e in named] == ["n05"], named
     assert (named[0].details.note or "").startswith("named by the failure of gates-01")
@@ -520,8 +522,16 @@ def test_with_a_window_of_one_a_named_envelope_is_confirmed_by_a_rerun(
     final = states(project)
     assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
     runs = [(len(r.envelopes), str(r.verdict)) for r in result.pipeline]
-    # the target's head, once, after the first failure: it passes, the failure is theirs
-    assert runs == [(8, "failed"), (0, "passed"), (1, "failed"), (1, "confirmed"), (7, "passed")]
+    # the target's head, once, after the first failure: it passes, the failure is theirs;
+    # then what is queued ahead of n05, n05 on it (and its re-run), the rest
+    assert runs == [
+        (8, "failed"),
+        (0, "passed"),
+        (4, "passed"),
+        (1, "failed"),
+        (1, "confirmed"),
+        (3, "passed"),
+    ]
     assert all(a.end <= b.start for a, b in itertools.pairwise(result.pipeline))
 
 

@@ -139,12 +139,15 @@ class Namer:
 
 
 def pieces(item: Item) -> list[Item]:
-    """A failed batch split in two: what its failure named (``Item.named``), gated on the
-    batch's base alone and expected to fail (``Item.rest``: the rest, built without it), then
-    the rest; or, naming none, its halves, the second on the first (where, the first
-    passing, its tree is the failed batch's: known failed, no run).  The named piece goes
-    first, never behind the rest: its tree then holds no envelope queued after it, so none
-    of those can make it fail and get it blamed.
+    """A failed batch split: what its failure named (``Item.named``), gated apart and
+    expected to fail (``Item.rest``: the rest behind it, built without it), on what is
+    queued ahead of the last named envelope (a piece of its own, first: a named envelope is
+    judged on a tree holding every envelope queued ahead of it, as the serial loop judges
+    it -- one may build on another); or, naming none, its halves, the second on the first
+    (where, the first passing, its tree is the failed batch's: known failed, no run).  The
+    named piece goes before the rest: its tree then holds no envelope queued after the
+    named but those ahead of the last of them, judged first (none can fail it and get it
+    blamed: they passed).
 
     Halves share a number (``Item.halves``): the culprit is among them, so nothing behind
     them is gated until one is decided (``Pipeline.narrowing``).  A pair is gated as a
@@ -152,21 +155,25 @@ def pieces(item: Item) -> list[Item]:
     fails and the second passes, the pair's failure is the first's confirmation
     (``corroborated``), a run fewer; when the first passes, the second is rebuilt on it:
     its tree is the pair's, known failed."""
-    first = [e for e in item.envelopes if e.id in item.named]
-    rest = [e for e in item.envelopes if e.id not in item.named]
-    halved = not first or not rest
+    envelopes = item.envelopes
+    last = max((i for i, e in enumerate(envelopes) if e.id in item.named), default=-1)
+    ahead = [e for e in envelopes[:last] if e.id not in item.named]
+    first = [e for e in envelopes[: last + 1] if e.id in item.named]
+    rest = envelopes[last + 1 :]
+    halved = not first or not ahead + rest
     if halved:
-        half = len(item.envelopes) // 2
-        first, rest = item.envelopes[:half], item.envelopes[half:]
-    pieces = [Item(first, priority=item.priority), Item(rest, priority=item.priority)]
-    if item.named or len(item.envelopes) == 2:
-        pieces[0].rest, pieces[0].batch_failing = pieces[1], item.failing
-    pieces[0].by_name = not halved
+        half = len(envelopes) // 2
+        ahead, first, rest = [], envelopes[:half], envelopes[half:]
     split = next(SPLITS) if halved else 0
-    for piece in pieces:
+    made = [Item(part, priority=item.priority) for part in (ahead, first, rest) if part]
+    named = made[-2] if rest else made[-1]
+    if rest and (item.named or len(envelopes) == 2):
+        named.rest, named.batch_failing = made[-1], item.failing
+    named.by_name = not halved
+    for piece in made:
         piece.halves = split
         piece.lineage = item.lineage | {split} if split else item.lineage
-    return pieces
+    return made
 
 
 def narrowing(ahead: list[Item], item: Item, found: set[int]) -> bool:
@@ -187,17 +194,21 @@ def narrowing(ahead: list[Item], item: Item, found: set[int]) -> bool:
     )
 
 
-def corroborated(item: Item, items: list[Item]) -> bool | None:
+def corroborated(item: Item, items: list[Item], window: int) -> bool | None:
     """A named envelope failed alone (``item``, a suspect): is its batch's own failure the
     confirmation?  True when the rest of the batch passed without it and it failed only gates
     the batch failed: two failing runs of two trees whose one common change is this
     envelope, where the rest passes -- what a re-run of its tree would add, a flake could
-    only fake twice.  None while the rest is being gated; False: confirm it by a re-run (also
-    when the rest is not being gated: a window of 1 gates nothing beside the suspect)."""
+    only fake twice.  None while the rest is being gated, or waits for a place in the
+    ``window`` that it has; False: confirm it by a re-run (also when the rest cannot be
+    gated beside it: a window of 1 gates nothing beside the suspect)."""
     rest = item.rest
     if rest is None or rest not in items or not set(item.failing) <= set(item.batch_failing):
         return False
-    return True if rest.stage is Stage.PASSED else None if rest.stage is Stage.GATING else False
+    if rest.stage is Stage.PASSED:
+        return True
+    coming = rest.stage in (Stage.WAITING, Stage.BUILT) and items.index(rest) < window
+    return None if rest.stage is Stage.GATING or coming else False
 
 
 def coalesce(items: list[Item], start: int, size: int) -> None:

@@ -347,8 +347,9 @@ class Pipeline:
         index, pieces = self.items.index(item), batching.pieces(item)
         self.trees.give(item.reset())
         self.items[index : index + 1] = pieces
-        self.reset_from(index + 2, cause=None, why=f"rebuilt behind the pieces of {item.ids[0]}+")
-        coalesce(self.items, index + 2, self.sizer.fixed or self.sizer.size)
+        behind = index + len(pieces)
+        self.reset_from(behind, cause=None, why=f"rebuilt behind the pieces of {item.ids[0]}+")
+        coalesce(self.items, behind, self.sizer.fixed or self.sizer.size)
 
     def confirm_next(self) -> None:
         """Re-run the failed gates of the first undecided item, when it failed (unless its
@@ -356,7 +357,9 @@ class Pipeline:
         for index, item in enumerate(self.items):
             if item.stage is Stage.PASSED:
                 continue
-            if item.stage is Stage.SUSPECT and (said := batching.corroborated(item, self.items)):
+            if item.stage is Stage.SUSPECT and (
+                said := batching.corroborated(item, self.items, self.window)
+            ):
                 item.stage = Stage.FAILED  # confirmed by its batch's failure: no re-run
             elif item.stage is Stage.SUSPECT and said is not None:
                 item.confirms += 1
