@@ -16,12 +16,15 @@ d culprits among n this way costs about d*log2(n/d) + 2d runs, a confirmation ea
 What a failure names (``named``): the envelopes of the batch whose changed paths its failing
 gates' log tails or failed test cases mention.  Runners name the file they failed in (a
 traceback, ``path:line: error`` of a linter or a type checker, a test id), so the culprit is
-usually among them.  The named piece is gated on the batch's base alone, and the rest at the
-same time, built without it (it is expected to fail): a 16-envelope batch with one named
-culprit costs three runs after its failure (the culprit, the rest, one confirmation), two
-at a time, instead of six.  A name is a suspicion, never a verdict: an envelope is blamed
-only for a tree of its own that failed, confirmed; and the named go first, so that their
-trees hold no envelope queued after them (whose failure could name them, and frame them).
+usually among them.  What is queued ahead of the last named is gated first, the named piece
+on it (a named envelope is judged on what is queued ahead of it, as the serial loop judges
+it), and the rest on it at the same time, built without the named (expected to fail): a
+16-envelope batch with one named culprit costs three runs after its failure (what is ahead,
+the culprit, the rest; the rest passing confirms the culprit), instead of six.  A name is a
+suspicion, never a verdict: an envelope is blamed only for a tree of its own that failed,
+confirmed; and the named go before the rest, so that their trees hold no envelope queued
+after them but those ahead of the last named, judged first (whose failure could name
+them, and frame them).
 A batch is split by names once per envelope (``Namer``); then by halves.
 
 Each change of size is a decision with its reason, journaled as a ``batch-size`` event on
