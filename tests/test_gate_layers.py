@@ -138,3 +138,20 @@ def test_a_pass_that_read_what_another_gate_left_answers_no_envelopes_tree(
     result = integrate_notes(repo)
     assert [o.state for o in result.envelopes] == [], result.to_json()
     assert result.target_red == ("use",) and len(result.held) == 1, result.to_json()
+
+
+def test_a_tree_whose_path_holds_what_mount_options_separate_is_layered_all_the_same(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Noticed by the gate layers' hostile review: a worktree root whose path holds ``,`` ``:`` or
+    ``\\`` (the separators of an overlay's mount options) failed every gate of every
+    envelope.  They are escaped as the kernel reads them; the gates pass and see no layer
+    but their own."""
+    monkeypatch.setenv("DAGRUNNER_WORKTREE_ROOT", str(tmp_path / "trees, a:b\\c"))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    plain = manifest(shared).replace(" && echo import-me > .venv/poison.pth", "")
+    plain = plain.replace(" && test -e .venv/poison.pth && test -x .venv/bin/python", "")
+    seed = plain.index("[[worktrees.seed]]")  # a venv refuses a path holding ``:``
+    commit_release_manifest(repo, plain[:seed] + plain[plain.index("[gates.writer]") :])
+    assert_landed_in_one_run(integrate_notes(repo), "mypy.ini")

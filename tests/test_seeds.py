@@ -377,6 +377,27 @@ def test_a_seed_is_never_mounted_through_a_link_the_worker_planted(
     assert deps.is_symlink()  # left as the worker made it
 
 
+@pytest.mark.skipif(not can_mount(), reason="overlay seeds need a process that may mount")
+def test_an_overlay_seed_under_a_root_whose_path_holds_option_separators(
+    venv_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worktree root whose path holds ``,`` ``:`` ``\\`` (an overlay's option separators,
+    escaped when mounted): the seed is mounted, a prune of the store keeps it while a
+    worktree has it as its lower layer (the mount table shows it escaped), and removing the
+    worktree releases its mount."""
+    monkeypatch.setenv("DAGRUNNER_SEED_SHARE", "overlay")
+    monkeypatch.setenv("DAGRUNNER_WORKTREE_ROOT", str(tmp_path / "trees, a:b\\c"))
+    cheap(venv_project)
+    first = wt.allocate(mission="m", worker="a", repo=venv_project)
+    deps = Path(first["path"]) / "deps"
+    assert os.path.ismount(deps) and (deps / "lib.txt").read_text() == "shared library\n"
+    root = Path(wt.open_context(venv_project).root)
+    assert seedstores.prune(root, 0).in_use_kept == 1  # a worktree stands on it: kept
+    assert lifecycle.cleanup("m/a", repo=venv_project)["action"] == "pooled"
+    assert not os.path.ismount(deps)
+    assert seedstores.prune(root, 0).in_use_kept == 0
+
+
 def test_a_seed_built_from_a_workers_base_never_serves_the_targets_allocations(
     venv_project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

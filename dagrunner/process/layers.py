@@ -44,8 +44,9 @@ from dagrunner.process import share
 from dagrunner.process.contain import detect
 
 MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
-# what an overlay's options cannot carry in a folder's name (they are its separators)
-UNSAFE = (",", ":", "\\", "\n")
+# what an overlay's options cannot carry in a folder's name (``,``, ``:`` and ``\\`` are
+# escaped: ``share.overlay``)
+UNSAFE = ("\n",)
 LOCK = ".lock"  # in a run's layers' folder: held while the run lives
 
 

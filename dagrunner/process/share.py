@@ -76,7 +76,7 @@ def _probe(how: str, folder: str) -> bool:
         if how == "reflink":
             (probe / "a").write_bytes(b"dagrunner reflink probe")
             return _clone(probe / "a", probe / "b")
-        if how == "overlay" and not any(c in folder for c in ",:\\"):
+        if how == "overlay":
             lower, merged = probe / "lower", probe / "merged"
             lower.mkdir()
             (lower / "f").write_bytes(b"probe")
@@ -236,7 +236,8 @@ def overlay(lowers: Sequence[Path], layer: Path, point: int, extra: str = "") ->
     upper, work = layer / "upper", layer / "work"
     upper.mkdir(parents=True, exist_ok=True)
     work.mkdir(exist_ok=True)
-    options = f"lowerdir={':'.join(map(str, lowers))},upperdir={upper},workdir={work}{extra}"
+    below = ":".join(map(_option, lowers))
+    options = f"lowerdir={below},upperdir={_option(upper)},workdir={_option(work)}{extra}"
     libc = ctypes.CDLL(None, use_errno=True)
     target = f"/proc/self/fd/{point}".encode()
     return (
@@ -244,6 +245,12 @@ def overlay(lowers: Sequence[Path], layer: Path, point: int, extra: str = "") ->
         if libc.mount(b"overlay", target, b"overlay", 0, options.encode()) == 0
         else ctypes.get_errno()
     )
+
+
+def _option(path: Path) -> str:
+    """A folder as an overlay's mount options name it: ``,`` separates options and ``:``
+    the lower folders, so both (and the escape, ``\\``) are escaped as the kernel reads them."""
+    return str(path).replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
 
 
 def _unmount(point: Path) -> None:
@@ -263,15 +270,37 @@ def _mountinfo() -> str:
         return ""
 
 
-def _overlays() -> Iterator[tuple[Path, str]]:
-    """(mount point, upperdir) of every overlay mount this process sees."""
+def _overlays() -> Iterator[tuple[Path, str, tuple[str, ...]]]:
+    """(mount point, upperdir, lowerdirs) of every overlay mount this process sees: the
+    table shows the options as mounted (``_option``), a ``,`` in them escaped octal."""
     for line in _mountinfo().splitlines():
         left, sep, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if not sep or len(fields) < 5 or len(tail) < 3 or tail[0] != "overlay":
             continue
-        options = dict(o.partition("=")[::2] for o in tail[2].split(","))
-        yield Path(_unescape(fields[4])), options.get("upperdir", "")
+        options = {k: _unescape(v) for k, _, v in (o.partition("=") for o in tail[2].split(","))}
+        upper = _folders(options.get("upperdir", ""))
+        yield (
+            Path(_unescape(fields[4])),
+            upper[0] if upper else "",
+            _folders(options.get("lowerdir", "")),
+        )
+
+
+def _folders(option: str) -> tuple[str, ...]:
+    """The folders an overlay's option names (``_option`` undone): ``:`` between them."""
+    found, part, escaped = [], "", False
+    for char in option:
+        if escaped:
+            part, escaped = part + char, False
+        elif char == "\\":
+            escaped = True
+        elif char == ":":
+            found.append(part)
+            part = ""
+        else:
+            part += char
+    return (*found, part) if option else ()
 
 
 def mount_points(mountinfo: Path) -> list[str]:
@@ -292,12 +321,8 @@ def _unescape(text: str) -> str:
 
 def lower_in_use(trees: set[Path]) -> set[Path]:
     """Which of ``trees`` (stored seeds) a live overlay mount has as its lower layer."""
-    found: set[Path] = set()
-    text = _mountinfo()
-    for tree in trees:
-        if f"lowerdir={tree}," in text or f"lowerdir={tree}:" in text:
-            found.add(tree)
-    return found
+    lowers = {lower for _, _, below in _overlays() for lower in below}
+    return {tree for tree in trees if str(tree) in lowers}
 
 
 def release(path: Path, layers: Path) -> list[str]:
@@ -305,7 +330,7 @@ def release(path: Path, layers: Path) -> list[str]:
     delete its upper layer when it is one of ``layers``; the mount points released."""
     released = []
     top = path.resolve() if path.exists() else path
-    for point, upper in sorted(_overlays(), key=lambda m: -len(str(m[0]))):
+    for point, upper, _ in sorted(_overlays(), key=lambda m: -len(str(m[0]))):
         if point != top and top not in point.parents:
             continue
         try:  # through the folder opened beneath the worktree, never by a name it controls

@@ -155,8 +155,6 @@ def _layered(trusted: Path, layer: Path, gate: str) -> Path:
             share.remount(trusted, layer, gate, upper)  # no-op when mounted, or written to
         return folder
     how = _how(layer)
-    if how == "overlay" and any(c in str(trusted) + str(upper) for c in ",:\\"):
-        how = "copy"  # names an overlay's options cannot carry
     try:
         share.place(trusted, layer, gate, how, upper, lambda _: None)
     except DagrunnerError:  # the mount failed where the probe's succeeded: a copy then
