@@ -190,6 +190,8 @@ def prune(state: Path, *, dry_run: bool = False) -> list[str]:
     gone = []
     with _locked(state):
         for record in sorted(state.glob("*.json")):
+            if not record.is_file() or record.is_symlink():
+                continue  # not a record of ours (made by hand): left as it is
             tree = _read(record).get("tree")
             if isinstance(tree, str) and os.path.isdir(tree):
                 continue
