@@ -91,6 +91,23 @@ def test_a_python_projects_manifest_passes_release_check_and_is_cached_next_time
     assert {g["status"] for g in again["gates"]} == {"cached"}  # its own writes left no trace
 
 
+def test_the_tests_gate_names_the_pytest_table_the_project_wrote(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pytest 9 reads a native ``[tool.pytest]`` table: init named it
+    ``[tool.pytest.ini_options]``, a table the project does not have."""
+    python_project(repo)
+    for table, said in (
+        ('[tool.pytest]\nminversion = "9.0"\n', "[tool.pytest]"),
+        ('[tool.pytest.ini_options]\npythonpath = ["src"]\n', "[tool.pytest.ini_options]"),
+    ):
+        head = PYPROJECT.split("[tool.pytest.ini_options]")[0]
+        (repo / "pyproject.toml").write_text(head + table)
+        code, body = run_json(capsys, "init", "--repo", str(repo), "--dry-run")
+        assert code == 0, body
+        assert gates_of(body)["tests"]["source"] == f"pyproject.toml {said}"
+
+
 def test_package_json_scripts_use_the_lockfiles_manager_and_dry_run_writes_nothing(
     repo: Path,
     capsys: pytest.CaptureFixture[str],

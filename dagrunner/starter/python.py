@@ -156,8 +156,8 @@ def _sources(files: tuple[str, ...], stubs: tuple[str, ...]) -> tuple[str, ...]:
 def _pytest_source(
     project: Project, tool: Mapping[str, Any], setup_cfg: configparser.ConfigParser
 ) -> str | None:
-    if "pytest" in tool:
-        return "pyproject.toml [tool.pytest.ini_options]"
+    if isinstance(table := tool.get("pytest"), Mapping):  # pytest 9 reads [tool.pytest] too
+        return f"pyproject.toml [tool.pytest{'.ini_options' if 'ini_options' in table else ''}]"
     if project.is_file("pytest.ini"):
         return "pytest.ini"
     if setup_cfg.has_section("tool:pytest"):
