@@ -85,14 +85,14 @@ class Item:
     # until one of them is decided, the culprit is among them, and nothing behind is gated
     halves: int = 0
     lineage: frozenset[int] = frozenset()  # the splits it is a piece of, its own included
-    by_name: bool = False  # the piece of its batch that the batch's failure named
+    by_name: bool = False  # a piece of its batch that the batch's failure named
 
     @property
     def suspected(self) -> bool:
         """Expected to fail, so what is behind is built without it: one envelope that failed
         once (waiting for its confirmation, or being confirmed), or a piece its batch's
-        failure named, until it passes."""
-        if self.rest is not None and self.stage is not Stage.PASSED:
+        failure named (or the first of a pair), until it passes."""
+        if (self.rest is not None or self.by_name) and self.stage is not Stage.PASSED:
             return True
         return self.stage is Stage.SUSPECT or (self.stage is Stage.GATING and self.confirms > 0)
 
