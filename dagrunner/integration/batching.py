@@ -174,6 +174,22 @@ def pieces(item: Item) -> list[Item]:
     return made
 
 
+def put_aside(item: Item, whole: bool) -> list[Item]:
+    """The items behind ``item`` that its envelopes put aside (``Item.deferred``) make, in
+    the queue's order: the one that did not apply, deferred (``item`` itself when none
+    applied: ``whole``), and those queued behind it, gated without it -- never ahead of it:
+    one may build on it, and it may apply at the front after all."""
+    (aside, *behind), item.deferred = item.deferred, []
+    made = [] if whole else [Item([aside], stage=Stage.DEFERRED, priority=item.priority)]
+    if whole:
+        item.envelopes, item.stage = [aside], Stage.DEFERRED
+    if behind:
+        made.append(Item(behind, priority=item.priority))
+    for piece in made:  # still pieces of what it is a piece of
+        piece.halves, piece.lineage, piece.by_name = item.halves, item.lineage, item.by_name
+    return made
+
+
 def narrowing(ahead: list[Item], item: Item, found: set[int]) -> bool:
     """Halves of a batch whose failure named nothing are ``ahead`` of ``item`` (not its own
     siblings), none decided yet: the culprit is among them, so ``item``'s tree would most

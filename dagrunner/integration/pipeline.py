@@ -226,14 +226,10 @@ class Pipeline:
         front); or gone (its envelopes all ended at the front: conflict, rejected)."""
         item.base = self.base_for(item, position)
         built = await self.trees.build(item, self.head, final=position == 0)
-        if built == "deferred":
-            item.stage = Stage.DEFERRED
-        elif built == "gone":
+        if built == "gone":
             self.items.remove(item)
-        elif item.deferred:  # some of a batch do not apply here: an item of their own behind
-            later = Item(item.deferred, stage=Stage.DEFERRED, priority=item.priority)
-            self.items.insert(position + 1, later)
-            item.deferred = []
+        elif item.deferred:  # one of it does not apply here: an item of its own, deferred
+            self.items[position + 1 : position + 1] = batching.put_aside(item, built == "deferred")
         if built == "built" and any(id(item) in x.excludes for x in self.items):
             # it applied at the front after all: what was built without it is built again
             self.reset_from(position + 1, cause=None, why=f"rebuilt on {item.ids[0]}")

@@ -99,21 +99,22 @@ class Trees:
         """Apply the item's envelopes on its base in ``slot``.  A conflict is final only on
         the target's head itself (the front, nothing of its batch applied before it); behind
         the front (``final`` False), or behind an envelope of its batch (which may never
-        land), an envelope that does not apply is put aside (``item.deferred``: retried at
-        the front, each journaled so) and the rest go on; False: none applied, and the item
-        is deferred as it is."""
+        land), an envelope that does not apply is put aside (retried at the front, journaled
+        so) and what is queued behind it is not applied ahead of it: ``item.deferred`` holds
+        it and them, in order (the pipeline makes items of them, behind); False: none
+        applied."""
         it = self.it
         it.reset(item.base, slot)
         item.applied, item.deferred = [], []
-        for envelope in item.envelopes:
+        for index, envelope in enumerate(item.envelopes):
             settled = final and not item.applied
             commit = it.apply(envelope, slot, final=settled)
             if commit is not None:
                 item.applied.append((envelope, commit))
             elif not settled:
-                item.deferred.append(envelope)
+                item.deferred = item.envelopes[index:]
+                break
         if item.deferred and not item.applied:
-            item.deferred = []
             return False
         item.envelopes = [e for e, _ in item.applied]  # the rest ended, or were put aside
         item.commit = item.applied[-1][1] if item.applied else item.base
