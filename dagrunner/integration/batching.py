@@ -171,6 +171,7 @@ def pieces(item: Item) -> list[Item]:
     last = max(i for i, (by_name, _) in enumerate(runs) if by_name) if not halved else 0
     if last + 1 < len(made) and (not halved or len(envelopes) == 2):
         made[last].rest, made[last].batch_failing = made[last + 1], item.failing
+        made[last].batch_holds = item.holds
     return made
 
 
@@ -215,12 +216,16 @@ def corroborated(item: Item, items: list[Item], window: int) -> bool | None:
     envelope, where the rest passes -- what a re-run of its tree would add, a flake could
     only fake twice.  None while the rest is being gated, or waits for a place in the
     ``window`` that it has; False: confirm it by a re-run (also when the rest cannot be
-    gated beside it: a window of 1 gates nothing beside the suspect)."""
+    gated beside it: a window of 1 gates nothing beside the suspect).  The rest's tree must
+    hold every envelope the batch's held but this one: one that leaves out another (a named
+    one that failed, one ahead found failing since) may pass for what it left out, and the
+    batch's failure may have been that one's -- a flake of this envelope's tree would then
+    be blamed on it."""
     rest = item.rest
     if rest is None or rest not in items or not set(item.failing) <= set(item.batch_failing):
         return False
     if rest.stage is Stage.PASSED:
-        return True
+        return item.batch_holds - set(item.ids) <= rest.holds
     coming = rest.stage in (Stage.WAITING, Stage.BUILT) and items.index(rest) < window
     return None if rest.stage is Stage.GATING or coming else False
 

@@ -69,6 +69,7 @@ class Item:
     tree: str = ""  # its commit's tree: a tree that failed once in the run is not gated again
     # suspects and deferred items ahead (``id``) its base leaves out: expected not to land
     excludes: frozenset[int] = frozenset()
+    holds: frozenset[str] = frozenset()  # the envelopes its tree holds, landed in the run or not
     deferred: list[Envelope] = field(default_factory=list)  # of its batch, not applied here
     new_failures: tuple[str, ...] = ()  # what it is blamed for (differential: what is new)
     # a differential baseline's: what its failing run failed, what it lands with (all the
@@ -81,6 +82,7 @@ class Item:
     # of its batch, gated without it, and the gates the batch failed
     rest: Item | None = None
     batch_failing: tuple[str, ...] = ()
+    batch_holds: frozenset[str] = frozenset()  # the envelopes the batch's tree held
     # the halves of a batch whose failure named nothing share a number (0: not such a half):
     # until one of them is decided, the culprit is among them, and nothing behind is gated
     halves: int = 0
@@ -109,6 +111,7 @@ class Item:
         slot, self.slot = self.slot, None
         self.stage, self.confirms, self.failing, self.flaky = Stage.WAITING, 0, (), ()
         self.proven, self.applied, self.tree, self.excludes = {}, [], "", frozenset()
+        self.holds = frozenset()
         self.passed, self.excused, self.rerun = frozenset(), frozenset(), ()
         return slot
 

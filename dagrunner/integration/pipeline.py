@@ -89,6 +89,7 @@ class Pipeline:
         # trees failed in this run: one built to the very same tree has its verdict, no run
         self.failed_trees: dict[str, tuple[tuple[str, ...], str]] = {}
         self.found: set[int] = set()  # anonymous splits whose culprit was blamed
+        self.landed: frozenset[str] = frozenset()  # the envelopes landed in this run
 
     # -- the controller ----------------------------------------------------------------------
 
@@ -216,9 +217,9 @@ class Pipeline:
             if ahead.suspected or ahead.stage is Stage.DEFERRED:
                 skipped.add(id(ahead))
             elif ahead.stage is not Stage.FAILED:
-                item.excludes = frozenset(skipped | ahead.excludes)
+                item.excludes, item.holds = frozenset(skipped | ahead.excludes), ahead.holds
                 return ahead.commit
-        item.excludes = frozenset(skipped)
+        item.excludes, item.holds = frozenset(skipped), self.landed
         return self.head
 
     async def build(self, item: Item, position: int) -> Literal["built", "deferred", "gone"]:
@@ -226,6 +227,7 @@ class Pipeline:
         front); or gone (its envelopes all ended at the front: conflict, rejected)."""
         item.base = self.base_for(item, position)
         built = await self.trees.build(item, self.head, final=position == 0)
+        item.holds |= set(item.ids)
         if built == "gone":
             self.items.remove(item)
         elif item.deferred:  # one of it does not apply here: an item of its own, deferred
@@ -423,7 +425,7 @@ class Pipeline:
             self.baseline.landed(front.commit, front.failures)
             self.sizer.judged(landed=len(front.envelopes))
             self.items.pop(0)
-            self.head, self.moves = front.commit, 0
+            self.head, self.moves, self.landed = front.commit, 0, self.landed | set(front.ids)
             self.baseline.announce(front.ids[0], EnvelopeState.LANDED, self.head)
             self.unhold()
             self.window = min(self.ceiling, self.window + 1)
