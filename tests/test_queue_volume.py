@@ -610,3 +610,28 @@ def test_an_envelope_behind_one_put_aside_is_never_judged_without_it(
     integrate(repo=project, manifest=gate, batch=3, window=2)
     assert states(project) == {"n01": "gates-failed", "n02": "landed", "n03": "landed"}
     assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_an_item_built_on_a_manifest_change_is_judged_by_it_once_it_landed(
+    project: Path,
+) -> None:
+    """``strict`` adds a gate to the target's manifest (no file lax.txt); ``lax``, behind
+    it, adds lax.txt.  Built on strict while the target's head still had the old manifest,
+    lax passed the old gates -- and landed after strict, on a target whose manifest it
+    never passed.  The serial loop judges lax by strict's manifest, and blames it."""
+    strict = '\n[gates.strict]\nrun = "test ! -e lax.txt"\n'
+
+    def add_gate(path: Path) -> None:
+        manifest = path / "manifests" / "release.toml"
+        manifest.write_text(manifest.read_text() + strict)
+
+    submit(
+        repo_info(project),
+        [
+            worker(project, "strict", add_gate),
+            worker(project, "lax", lambda p: (p / "lax.txt").write_text("x\n")),
+        ],
+    )
+    integrate(repo=project, batch=1, window=2)
+    assert states(project) == {"strict": "landed", "lax": "gates-failed"}
+    assert git(project, "show", "main:manifests/release.toml").endswith(strict)

@@ -227,7 +227,6 @@ class Pipeline:
         front); or gone (its envelopes all ended at the front: conflict, rejected)."""
         item.base = self.base_for(item, position)
         built = await self.trees.build(item, self.head, final=position == 0)
-        item.holds |= set(item.ids)
         if built == "gone":
             self.items.remove(item)
         elif item.deferred:  # one of it does not apply here: an item of its own, deferred
@@ -426,6 +425,9 @@ class Pipeline:
             self.sizer.judged(landed=len(front.envelopes))
             self.items.pop(0)
             self.head, self.moves, self.landed = front.commit, 0, self.landed | set(front.ids)
+            stale = await trio.to_thread.run_sync(landing.stale, it, self.head, self.items)
+            if stale is not None:  # judged by a manifest the target no longer holds
+                self.reset_from(stale, cause=None, why=f"judged by the manifest of {front.ids[-1]}")
             self.baseline.announce(front.ids[0], EnvelopeState.LANDED, self.head)
             self.unhold()
             self.window = min(self.ceiling, self.window + 1)

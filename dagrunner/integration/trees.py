@@ -117,6 +117,7 @@ class Trees:
         if item.deferred and not item.applied:
             return False
         item.envelopes = [e for e, _ in item.applied]  # the rest ended, or were put aside
+        item.holds |= set(item.ids)  # on what its base holds (``Pipeline.base_for``)
         item.commit = item.applied[-1][1] if item.applied else item.base
         item.tree = git(["rev-parse", f"{item.commit}^{{tree}}"], cwd=it.repo).text
         item.manifest = it.trusted_manifest(head, slot)
