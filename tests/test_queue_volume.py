@@ -8,6 +8,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import commit_release_manifest, git
 from test_integration import breaks_gate, states, worker
 from test_pipeline import numbered, recording, recording_gate
@@ -612,13 +613,15 @@ def test_an_envelope_behind_one_put_aside_is_never_judged_without_it(
     assert_every_landing_was_gated(project, base, tmp_path)
 
 
+@pytest.mark.parametrize("batch", [1, 2], ids=["behind", "in-its-batch"])
 def test_an_item_built_on_a_manifest_change_is_judged_by_it_once_it_landed(
-    project: Path,
+    project: Path, batch: int
 ) -> None:
     """``strict`` adds a gate to the target's manifest (no file lax.txt); ``lax``, behind
-    it, adds lax.txt.  Built on strict while the target's head still had the old manifest,
-    lax passed the old gates -- and landed after strict, on a target whose manifest it
-    never passed.  The serial loop judges lax by strict's manifest, and blames it."""
+    it, adds lax.txt.  Built on strict while the target's head still had the old manifest
+    (an item behind it, or in its batch), lax passed the old gates -- and landed, on a
+    target whose manifest it never passed.  The serial loop judges lax by strict's
+    manifest, and blames it."""
     strict = '\n[gates.strict]\nrun = "test ! -e lax.txt"\n'
 
     def add_gate(path: Path) -> None:
@@ -632,6 +635,6 @@ def test_an_item_built_on_a_manifest_change_is_judged_by_it_once_it_landed(
             worker(project, "lax", lambda p: (p / "lax.txt").write_text("x\n")),
         ],
     )
-    integrate(repo=project, batch=1, window=2)
+    integrate(repo=project, batch=batch, window=2)
     assert states(project) == {"strict": "landed", "lax": "gates-failed"}
     assert git(project, "show", "main:manifests/release.toml").endswith(strict)

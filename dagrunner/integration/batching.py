@@ -176,14 +176,14 @@ def pieces(item: Item) -> list[Item]:
 
 
 def put_aside(item: Item, whole: bool) -> list[Item]:
-    """The items behind ``item`` that its envelopes put aside (``Item.deferred``) make, in
-    the queue's order: the one that did not apply, deferred (``item`` itself when none
-    applied: ``whole``), and those queued behind it, gated without it -- never ahead of it:
-    one may build on it, and it may apply at the front after all."""
-    (aside, *behind), item.deferred = item.deferred, []
-    made = [] if whole else [Item([aside], stage=Stage.DEFERRED, priority=item.priority)]
+    """The items behind ``item`` that what it did not apply makes (``Trees.apply_all``), in
+    the queue's order: the envelope put aside, deferred (``item`` itself when none applied:
+    ``whole``), and those queued behind it, gated without it -- never ahead of it: one may
+    build on it, and it may apply at the front after all."""
+    aside, behind, item.deferred, item.behind = item.deferred, item.behind, [], []
+    made = [Item(aside, stage=Stage.DEFERRED, priority=item.priority)] if aside else []
     if whole:
-        item.envelopes, item.stage = [aside], Stage.DEFERRED
+        item.envelopes, item.stage, made = aside, Stage.DEFERRED, []
     if behind:
         made.append(Item(behind, priority=item.priority))
     for piece in made:  # still pieces of what it is a piece of

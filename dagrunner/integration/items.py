@@ -70,7 +70,10 @@ class Item:
     # suspects and deferred items ahead (``id``) its base leaves out: expected not to land
     excludes: frozenset[int] = frozenset()
     holds: frozenset[str] = frozenset()  # the envelopes its tree holds, landed in the run or not
-    deferred: list[Envelope] = field(default_factory=list)  # of its batch, not applied here
+    # of its batch, not applied here: one that did not apply (put aside), and what is queued
+    # behind it or behind one that changes the manifest (``trees.Trees.apply_all``)
+    deferred: list[Envelope] = field(default_factory=list)
+    behind: list[Envelope] = field(default_factory=list)
     new_failures: tuple[str, ...] = ()  # what it is blamed for (differential: what is new)
     # a differential baseline's: what its failing run failed, what it lands with (all the
     # target's), and the head that excused them

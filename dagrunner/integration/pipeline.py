@@ -229,7 +229,7 @@ class Pipeline:
         built = await self.trees.build(item, self.head, final=position == 0)
         if built == "gone":
             self.items.remove(item)
-        elif item.deferred:  # one of it does not apply here: an item of its own, deferred
+        elif item.deferred or item.behind:  # not all of it applied here: items behind
             self.items[position + 1 : position + 1] = batching.put_aside(item, built == "deferred")
         if built == "built" and any(id(item) in x.excludes for x in self.items):
             # it applied at the front after all: what was built without it is built again

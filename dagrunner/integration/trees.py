@@ -99,20 +99,24 @@ class Trees:
         """Apply the item's envelopes on its base in ``slot``.  A conflict is final only on
         the target's head itself (the front, nothing of its batch applied before it); behind
         the front (``final`` False), or behind an envelope of its batch (which may never
-        land), an envelope that does not apply is put aside (retried at the front, journaled
-        so) and what is queued behind it is not applied ahead of it: ``item.deferred`` holds
-        it and them, in order (the pipeline makes items of them, behind); False: none
-        applied."""
+        land), an envelope that does not apply is put aside (``item.deferred``: retried at
+        the front, journaled so) and what is queued behind it is not applied ahead of it
+        (``item.behind``: the pipeline makes items of them, behind); nor what is queued
+        behind one that changes the target's manifest (judged by it once it landed, as the
+        serial loop judges them).  False: none applied."""
         it = self.it
         it.reset(item.base, slot)
-        item.applied, item.deferred = [], []
+        item.applied, item.deferred, item.behind = [], [], []
+        manifest = it.manifest_rel().as_posix()
         for index, envelope in enumerate(item.envelopes):
             settled = final and not item.applied
             commit = it.apply(envelope, slot, final=settled)
             if commit is not None:
                 item.applied.append((envelope, commit))
             elif not settled:
-                item.deferred = item.envelopes[index:]
+                item.deferred = [envelope]
+            if item.deferred or (commit is not None and manifest in envelope.touched):
+                item.behind = item.envelopes[index + 1 :]
                 break
         if item.deferred and not item.applied:
             return False
