@@ -47,7 +47,9 @@ class Worker:
     name: str
     kind: str  # good, broken (the check fails), lintbad (lint fails), pair (edits one line
     # of shared.txt, as its twin does), plant-pass / plant-fail (hostile: plants a hook),
-    # needs (its check fails without the good worker queued right before it: ``text``)
+    # needs (its check fails without the good worker queued right before it: ``text``),
+    # pairbad (a pair's first twin that breaks the check), needsline (its check fails
+    # without the line of shared.txt that ``text`` says: the second twin's)
     text: str = ""
 
 
@@ -72,6 +74,10 @@ class Scenario:
     # a worker that needs the good one queued right before it (its check fails without it):
     # a pair of them, split, must not blame the second for its tree without the first
     needs: bool = False
+    # the first twin of a pair breaks the check, and a worker behind the second needs the
+    # second's line of shared.txt: the second applies once the first failed (it lands), and
+    # so does the one that needs it -- never judged without it
+    clash: bool = False
 
     @classmethod
     def of(cls, seed: int) -> Scenario:
@@ -103,7 +109,17 @@ class Scenario:
         good = next((i for i, w in enumerate(workers) if w.kind == "good"), None)
         if rng.random() < 0.3 and good is not None:  # drawn last, as the two above
             workers.insert(good + 1, Worker(f"{workers[good].name}n", "needs", workers[good].name))
-            return replace(scenario, workers=tuple(workers), needs=True)
+            scenario = replace(scenario, workers=tuple(workers), needs=True)
+        pair = next((w.name.rstrip("b") for w in workers if w.kind == "pair"), None)
+        twins = [
+            i for i, w in enumerate(workers) if w.kind == "pair" and w.name.rstrip("b") == pair
+        ]
+        if rng.random() < 0.3 and len(twins) == 2:  # drawn last, as the three above
+            # the pair's first twin breaks the check; one behind the second needs its line
+            first, second = (workers[i] for i in twins)
+            workers[twins[0]] = replace(first, kind="pairbad")
+            workers.insert(twins[1] + 1, Worker(f"{second.name}l", "needsline", second.text))
+            scenario = replace(scenario, workers=tuple(workers), clash=True)
         return scenario
 
     def manifest(self, state: Path) -> str:
@@ -154,6 +170,11 @@ class Scenario:
             if self.needs
             else ""
         )
+        if self.clash:  # a worker's file that says NEEDSLINE l: shared.txt must hold line l
+            needs += (
+                'for f in $(grep -rl "^NEEDSLINE " --include=*.txt .); do '
+                'l=$(sed -n "s/^NEEDSLINE //p" "$f"); grep -qx "$l" shared.txt || exit 1; done; '
+            )
         gates = [
             gate("lint", f"{flake('lint')}! grep -rq LINTBAD --include=*.txt ."),
             gate(
@@ -188,12 +209,19 @@ class Scenario:
         that needs another, once that one landed (held on a red target, it did not)."""
         if worker.kind == "needs":
             return states.get(worker.text) == "landed"
+        if worker.kind == "needsline":
+            twin = next(w for w in self.workers if w.kind == "pair" and w.text == worker.text)
+            return states.get(twin.name) == "landed"
         return worker.kind in ("good", "pair")
 
     def change(self, worker: Worker, path: Path) -> None:
         """What the worker does in its worktree."""
-        if worker.kind == "pair":  # both of a pair edit the same line: one conflicts
-            (path / "shared.txt").write_text(f"one\n{worker.text}\nthree\n")
+        if worker.kind in ("pair", "pairbad"):  # both of a pair edit the same line: one conflicts
+            bad = " BROKEN" if worker.kind == "pairbad" else ""
+            (path / "shared.txt").write_text(f"one\n{worker.text}{bad}\nthree\n")
+            return
+        if worker.kind == "needsline":
+            (path / f"{worker.name}.txt").write_text(f"NEEDSLINE {worker.text}\n")
             return
         if worker.kind == "needs":
             (path / f"{worker.name}.txt").write_text(f"NEEDS {worker.text}\n")

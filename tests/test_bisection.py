@@ -242,3 +242,64 @@ def test_an_envelope_named_beside_a_culprit_is_judged_on_what_is_queued_ahead_of
     named = {e.worker for e in watch(repo=project, follow=False) if e.event == "named"}
     assert named == {"n02", "n03"}, named
     assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_an_envelope_between_two_named_ones_is_judged_after_the_first(
+    project: Path, tmp_path: Path
+) -> None:
+    """n03 builds on n02, queued right before it; n05 breaks, and its failure names n05's
+    file and n02's.  What is queued ahead of the last named (n05) but not named -- n01, n03,
+    n04 -- was gated as one piece ahead of n02: n03 without n02, which the serial loop lands
+    before it, failed, and was blamed.  The pieces keep the queue's order: only n05 is
+    blamed."""
+    base = git(project, "rev-parse", "main").strip()
+    check = (
+        "for f in n*.txt; do "
+        'grep -q BROKEN $f && echo "error: ./$f broke ./$(sed -n "s/^BROKEN //p" $f)" && bad=1; '
+        'd=$(sed -n "s/^NEEDS //p" $f); '
+        '[ -n "$d" ] && ! grep -q "^good" $d.txt && bad=1; '
+        'done; [ -z "$bad" ]'
+    )
+    said = {2: "good\n", 3: "NEEDS n02\n", 5: "BROKEN n02.txt\n"}
+    submit(repo_info(project), breaking(project, 6, said))
+    gate = tmp_path / "needs.toml"
+    record = f"git rev-parse 'HEAD^{{tree}}' >> '{tmp_path / 'gated.txt'}'"
+    gate.write_text(
+        f'[sandbox]\nwritable = ["{tmp_path}"]\n\n'
+        f"[gates.check]\nrun = '''sleep 0.1; {record}; {check}'''\n"
+    )
+    result = integrate(repo=project, manifest=gate, batch=6, window=2)
+    final = states(project)
+    assert final.pop("n05") == "gates-failed", final
+    assert set(final.values()) == {"landed"}, (final, trace(result.pipeline))
+    named = {e.worker for e in watch(repo=project, follow=False) if e.event == "named"}
+    assert named == {"n02", "n05"}, named
+    assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_a_named_envelope_is_not_corroborated_by_a_rest_without_another_named_one(
+    project: Path, tmp_path: Path
+) -> None:
+    """n01 breaks its batch of 4, and its failure names n01's file and n03's.  n03, the
+    last named, is gated apart on n02 without n01, the rest (n04) on that without n03 --
+    and n03's first run there flakes.  The rest passing without n01 and n03 says nothing
+    of n03 (the batch's failure was n01's): n03 is re-run, not blamed (it was, on one
+    flake, where the serial loop re-runs it and lands it)."""
+    marker = tmp_path / "flaked"
+    check = (
+        f"if [ -e n03.txt ] && [ ! -e n01.txt ] && mkdir '{marker}' 2>/dev/null; then "
+        "echo flaked; exit 1; fi; for f in n*.txt; do grep -q BROKEN $f && "
+        'echo "error: ./$f broke ./$(sed -n "s/^BROKEN //p" $f)" && bad=1; done; [ -z "$bad" ]'
+    )
+    submit(repo_info(project), breaking(project, 4, {1: "BROKEN n03.txt\n"}))
+    gate = tmp_path / "flaky.toml"
+    gate.write_text(
+        f"[sandbox]\nwritable = [\"{tmp_path}\"]\n\n[gates.check]\nrun = '''sleep 0.1; {check}'''\n"
+    )
+    result = integrate(repo=project, manifest=gate, batch=4, window=4)
+    assert marker.is_dir()  # n03's tree without n01 did flake
+    final = states(project)
+    assert final == {"n01": "gates-failed", "n02": "landed", "n03": "landed", "n04": "landed"}, (
+        final,
+        trace(result.pipeline),
+    )

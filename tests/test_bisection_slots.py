@@ -60,7 +60,8 @@ def test_what_is_left_of_a_batch_once_its_culprit_is_found_is_gated_with_what_is
 
 def test_a_conflict_put_aside_takes_no_place_in_the_window(project: Path, tmp_path: Path) -> None:
     """n02 conflicts with n01 of its own batch: it is put aside, to be retried at the front,
-    and the next batch is gated beside the first at once, as if it were not there."""
+    and n03, queued behind it, is gated beside n01 at once (on n01, without n02: never
+    ahead of it), as if n02 took no place."""
     base = git(project, "rev-parse", "main").strip()
     envelopes = [worker(project, who, partial(two_lines, who)) for who in ("n01", "n02")]
     envelopes += breaking(project, 8, {}, first=3)
@@ -69,8 +70,9 @@ def test_a_conflict_put_aside_takes_no_place_in_the_window(project: Path, tmp_pa
     final = states(project)
     assert final.pop("n02") == "conflict" and set(final.values()) == {"landed"}, final
     front = [r for r in holding(result.pipeline, "n01") if str(r.verdict) == "passed"]
-    behind = [r for r in holding(result.pipeline, "n05") if str(r.verdict) == "passed"]
+    behind = [r for r in holding(result.pipeline, "n03") if str(r.verdict) == "passed"]
     assert front and behind and beside(front[0], behind[0]), trace(result.pipeline, times=True)
+    assert behind[0].head == front[0].commit, trace(result.pipeline)
     assert_every_landing_was_gated(project, base, tmp_path)
 
 

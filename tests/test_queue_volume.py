@@ -8,6 +8,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import commit_release_manifest, git
 from test_integration import breaks_gate, states, worker
 from test_pipeline import numbered, recording, recording_gate
@@ -206,8 +207,9 @@ def test_a_conflict_behind_the_front_leaves_its_batch_and_stalls_nothing(
     project: Path, tmp_path: Path
 ) -> None:
     """c6 edits the line c1 edits: on the speculative head (c1's batch ahead) it does not
-    apply, so it is put aside, and the rest of its batch is gated at once beside the first;
-    at the front c6 is a conflict, never gated."""
+    apply, so it is put aside, an item of its own; c5, ahead of it, is gated at once beside
+    the first batch, and c7, c8 behind it on c5, without it (never ahead of it: one may
+    build on it); at the front c6 is a conflict, never gated."""
 
     def edit(text: str) -> Any:
         return lambda p: (p / "shared.txt").write_text(f"one\n{text}\nthree\n")
@@ -221,9 +223,9 @@ def test_a_conflict_behind_the_front_leaves_its_batch_and_stalls_nothing(
     final = states(project)
     assert final.pop("c6") == "conflict" and set(final.values()) == {"landed"}
     first, second = result.pipeline[0], result.pipeline[1]
-    assert len(first.envelopes) == 4 and len(second.envelopes) == 3, result.pipeline
+    assert [len(r.envelopes) for r in result.pipeline] == [4, 1, 2], result.pipeline
     assert second.start < first.end  # gated beside the first batch, not after it
-    assert result.gate_runs == 2
+    assert result.pipeline[2].head == second.commit  # on c5, without c6
 
 
 def test_a_red_target_said_by_one_run_turns_green_in_the_next(project: Path) -> None:
@@ -582,3 +584,57 @@ def test_a_conflict_with_a_culprit_of_its_own_batch_is_retried_not_final(
     integrate(repo=project, manifest=recording_gate(tmp_path, 0.05), batch=2, window=1)
     assert states(project) == {"n01": "gates-failed", "n02": "landed"}
     assert git(project, "show", "main:shared.txt") == "one\ntwo, n02\nthree\n"
+
+
+def test_an_envelope_behind_one_put_aside_is_never_judged_without_it(
+    project: Path, tmp_path: Path
+) -> None:
+    """n01 (a culprit) and n02 edit the same line; n03 builds on n02 (its check fails
+    without n02's line).  At the front n02 does not apply on n01 and is put aside -- behind
+    n03, which was gated without it, on the target alone once n01 failed, and blamed: the
+    serial loop lands n02 (n01 never landed), then n03 on it."""
+
+    def edit(text: str) -> Any:
+        return lambda p: (p / "shared.txt").write_text(f"one\n{text}\nthree\n")
+
+    needs = "if [ -e n03.txt ] && ! grep -q 'two, n02' shared.txt; then exit 1; fi; "
+    gate = recording(tmp_path, needs + "! grep -rq BROKEN --include=*.txt .", before="sleep 0.05; ")
+    submit(
+        repo_info(project),
+        [
+            worker(project, "n01", edit("BROKEN by n01")),
+            worker(project, "n02", edit("two, n02")),
+            worker(project, "n03", lambda p: (p / "n03.txt").write_text("NEEDS n02\n")),
+        ],
+    )
+    base = git(project, "rev-parse", "main").strip()
+    integrate(repo=project, manifest=gate, batch=3, window=2)
+    assert states(project) == {"n01": "gates-failed", "n02": "landed", "n03": "landed"}
+    assert_every_landing_was_gated(project, base, tmp_path)
+
+
+@pytest.mark.parametrize("batch", [1, 2], ids=["behind", "in-its-batch"])
+def test_an_item_built_on_a_manifest_change_is_judged_by_it_once_it_landed(
+    project: Path, batch: int
+) -> None:
+    """``strict`` adds a gate to the target's manifest (no file lax.txt); ``lax``, behind
+    it, adds lax.txt.  Built on strict while the target's head still had the old manifest
+    (an item behind it, or in its batch), lax passed the old gates -- and landed, on a
+    target whose manifest it never passed.  The serial loop judges lax by strict's
+    manifest, and blames it."""
+    strict = '\n[gates.strict]\nrun = "test ! -e lax.txt"\n'
+
+    def add_gate(path: Path) -> None:
+        manifest = path / "manifests" / "release.toml"
+        manifest.write_text(manifest.read_text() + strict)
+
+    submit(
+        repo_info(project),
+        [
+            worker(project, "strict", add_gate),
+            worker(project, "lax", lambda p: (p / "lax.txt").write_text("x\n")),
+        ],
+    )
+    integrate(repo=project, batch=batch, window=2)
+    assert states(project) == {"strict": "landed", "lax": "gates-failed"}
+    assert git(project, "show", "main:manifests/release.toml").endswith(strict)

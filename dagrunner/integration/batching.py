@@ -16,15 +16,13 @@ d culprits among n this way costs about d*log2(n/d) + 2d runs, a confirmation ea
 What a failure names (``named``): the envelopes of the batch whose changed paths its failing
 gates' log tails or failed test cases mention.  Runners name the file they failed in (a
 traceback, ``path:line: error`` of a linter or a type checker, a test id), so the culprit is
-usually among them.  What is queued ahead of the last named is gated first, the named piece
-on it (a named envelope is judged on what is queued ahead of it, as the serial loop judges
-it), and the rest on it at the same time, built without the named (expected to fail): a
-16-envelope batch with one named culprit costs three runs after its failure (what is ahead,
-the culprit, the rest; the rest passing confirms the culprit), instead of six.  A name is a
-suspicion, never a verdict: an envelope is blamed only for a tree of its own that failed,
-confirmed; and the named go before the rest, so that their trees hold no envelope queued
-after them but those ahead of the last named, judged first (whose failure could name
-them, and frame them).
+usually among them.  The pieces keep the queue's order: what is queued ahead of the named,
+the named (expected to fail), the others between them and behind, built without the named,
+all at the same time: a 16-envelope batch with one named culprit costs three runs after its
+failure (what is ahead, the culprit, the rest: its confirmation), instead of six.  A name
+is a suspicion, never a verdict: an envelope is blamed only for a tree of its own that
+failed, confirmed; and no piece's tree holds an envelope queued after it (whose failure
+could name it, and frame it) or lacks one queued ahead of it that is to land.
 A batch is split by names once per envelope (``Namer``); then by halves.
 
 Each change of size is a decision with its reason, journaled as a ``batch-size`` event on
@@ -142,15 +140,15 @@ class Namer:
 
 
 def pieces(item: Item) -> list[Item]:
-    """A failed batch split: what its failure named (``Item.named``), gated apart and
-    expected to fail (``Item.rest``: the rest behind it, built without it), on what is
-    queued ahead of the last named envelope (a piece of its own, first: a named envelope is
-    judged on a tree holding every envelope queued ahead of it, as the serial loop judges
-    it -- one may build on another); or, naming none, its halves, the second on the first
-    (where, the first passing, its tree is the failed batch's: known failed, no run).  The
-    named piece goes before the rest: its tree then holds no envelope queued after the
-    named but those ahead of the last of them, judged first (none can fail it and get it
-    blamed: they passed).
+    """A failed batch split in the queue's order: what its failure named (``Item.named``),
+    each run of named envelopes a piece gated apart and expected to fail (what is behind is
+    built without it), and each run of the others between them a piece of its own; or,
+    naming none, its halves, the second on the first (where, the first passing, its tree is
+    the failed batch's: known failed, no run).  Every piece is judged on a tree holding what
+    is queued ahead of it and expected to land, as the serial loop judges it (one envelope
+    may build on another); none on a tree holding an envelope queued after it (whose
+    failure could name it, and frame it).  The last named piece's rest (``Item.rest``:
+    what is behind it, built without every named piece) is its corroboration.
 
     Halves share a number (``Item.halves``): the culprit is among them, so nothing behind
     them is gated until one is decided (``Pipeline.narrowing``).  A pair is gated as a
@@ -159,23 +157,37 @@ def pieces(item: Item) -> list[Item]:
     (``corroborated``), a run fewer; when the first passes, the second is rebuilt on it:
     its tree is the pair's, known failed."""
     envelopes = item.envelopes
-    last = max((i for i, e in enumerate(envelopes) if e.id in item.named), default=-1)
-    ahead = [e for e in envelopes[:last] if e.id not in item.named]
-    first = [e for e in envelopes[: last + 1] if e.id in item.named]
-    rest = envelopes[last + 1 :]
-    halved = not first or not ahead + rest
+    runs = [(n, list(g)) for n, g in itertools.groupby(envelopes, lambda e: e.id in item.named)]
+    halved = len(runs) < 2  # named none (or all: never, at most half are named)
     if halved:
         half = len(envelopes) // 2
-        ahead, first, rest = [], envelopes[:half], envelopes[half:]
+        runs = [(False, envelopes[:half]), (False, envelopes[half:])]
     split = next(SPLITS) if halved else 0
-    made = [Item(part, priority=item.priority) for part in (ahead, first, rest) if part]
-    named = made[-2] if rest else made[-1]
-    if rest and (item.named or len(envelopes) == 2):
-        named.rest, named.batch_failing = made[-1], item.failing
-    named.by_name = not halved
-    for piece in made:
+    made = [Item(part, priority=item.priority) for _, part in runs]
+    for (by_name, _), piece in zip(runs, made, strict=True):
+        piece.by_name = by_name
         piece.halves = split
         piece.lineage = item.lineage | {split} if split else item.lineage
+    last = max(i for i, (by_name, _) in enumerate(runs) if by_name) if not halved else 0
+    if last + 1 < len(made) and (not halved or len(envelopes) == 2):
+        made[last].rest, made[last].batch_failing = made[last + 1], item.failing
+        made[last].batch_holds = item.holds
+    return made
+
+
+def put_aside(item: Item, whole: bool) -> list[Item]:
+    """The items behind ``item`` that what it did not apply makes (``Trees.apply_all``), in
+    the queue's order: the envelope put aside, deferred (``item`` itself when none applied:
+    ``whole``), and those queued behind it, gated without it -- never ahead of it: one may
+    build on it, and it may apply at the front after all."""
+    aside, behind, item.deferred, item.behind = item.deferred, item.behind, [], []
+    made = [Item(aside, stage=Stage.DEFERRED, priority=item.priority)] if aside else []
+    if whole:
+        item.envelopes, item.stage, made = aside, Stage.DEFERRED, []
+    if behind:
+        made.append(Item(behind, priority=item.priority))
+    for piece in made:  # still pieces of what it is a piece of
+        piece.halves, piece.lineage, piece.by_name = item.halves, item.lineage, item.by_name
     return made
 
 
@@ -204,12 +216,16 @@ def corroborated(item: Item, items: list[Item], window: int) -> bool | None:
     envelope, where the rest passes -- what a re-run of its tree would add, a flake could
     only fake twice.  None while the rest is being gated, or waits for a place in the
     ``window`` that it has; False: confirm it by a re-run (also when the rest cannot be
-    gated beside it: a window of 1 gates nothing beside the suspect)."""
+    gated beside it: a window of 1 gates nothing beside the suspect).  The rest's tree must
+    hold every envelope the batch's held but this one: one that leaves out another (a named
+    one that failed, one ahead found failing since) may pass for what it left out, and the
+    batch's failure may have been that one's -- a flake of this envelope's tree would then
+    be blamed on it."""
     rest = item.rest
     if rest is None or rest not in items or not set(item.failing) <= set(item.batch_failing):
         return False
     if rest.stage is Stage.PASSED:
-        return True
+        return item.batch_holds - set(item.ids) <= rest.holds
     coming = rest.stage in (Stage.WAITING, Stage.BUILT) and items.index(rest) < window
     return None if rest.stage is Stage.GATING or coming else False
 

@@ -69,7 +69,11 @@ class Item:
     tree: str = ""  # its commit's tree: a tree that failed once in the run is not gated again
     # suspects and deferred items ahead (``id``) its base leaves out: expected not to land
     excludes: frozenset[int] = frozenset()
-    deferred: list[Envelope] = field(default_factory=list)  # of its batch, not applied here
+    holds: frozenset[str] = frozenset()  # the envelopes its tree holds, landed in the run or not
+    # of its batch, not applied here: one that did not apply (put aside), and what is queued
+    # behind it or behind one that changes the manifest (``trees.Trees.apply_all``)
+    deferred: list[Envelope] = field(default_factory=list)
+    behind: list[Envelope] = field(default_factory=list)
     new_failures: tuple[str, ...] = ()  # what it is blamed for (differential: what is new)
     # a differential baseline's: what its failing run failed, what it lands with (all the
     # target's), and the head that excused them
@@ -81,18 +85,19 @@ class Item:
     # of its batch, gated without it, and the gates the batch failed
     rest: Item | None = None
     batch_failing: tuple[str, ...] = ()
+    batch_holds: frozenset[str] = frozenset()  # the envelopes the batch's tree held
     # the halves of a batch whose failure named nothing share a number (0: not such a half):
     # until one of them is decided, the culprit is among them, and nothing behind is gated
     halves: int = 0
     lineage: frozenset[int] = frozenset()  # the splits it is a piece of, its own included
-    by_name: bool = False  # the piece of its batch that the batch's failure named
+    by_name: bool = False  # a piece of its batch that the batch's failure named
 
     @property
     def suspected(self) -> bool:
         """Expected to fail, so what is behind is built without it: one envelope that failed
         once (waiting for its confirmation, or being confirmed), or a piece its batch's
-        failure named, until it passes."""
-        if self.rest is not None and self.stage is not Stage.PASSED:
+        failure named (or the first of a pair), until it passes."""
+        if (self.rest is not None or self.by_name) and self.stage is not Stage.PASSED:
             return True
         return self.stage is Stage.SUSPECT or (self.stage is Stage.GATING and self.confirms > 0)
 
@@ -109,6 +114,7 @@ class Item:
         slot, self.slot = self.slot, None
         self.stage, self.confirms, self.failing, self.flaky = Stage.WAITING, 0, (), ()
         self.proven, self.applied, self.tree, self.excludes = {}, [], "", frozenset()
+        self.holds = frozenset()
         self.passed, self.excused, self.rerun = frozenset(), frozenset(), ()
         return slot
 

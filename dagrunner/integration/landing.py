@@ -40,7 +40,7 @@ import orjson
 
 from dagrunner.files import atomic_write, crash_point
 from dagrunner.git.command import git, is_dirty, split_z
-from dagrunner.integration.items import Item
+from dagrunner.integration.items import Item, Stage
 from dagrunner.manifest.fields import DEFAULT_MESSAGE
 from dagrunner.names import is_safe_id
 from dagrunner.records.integration import (
@@ -117,6 +117,26 @@ def remains(it: Integrator, trees: Trees, front: Item) -> list[Item]:
     entries = it.queue.entries()
     kept = [e for e in front.envelopes if entries[e.id].state is not EnvelopeState.WITHDRAWN]
     return [Item(kept, priority=front.priority)] if kept else []
+
+
+def stale(it: Integrator, head: str, items: list[Item]) -> int | None:
+    """The first of ``items`` built under a manifest other than the one the target holds at
+    ``head`` (one that landed changed it), so that it is judged again by this one, as the
+    serial loop judges it; None: none is (or the manifest is not the target's: the caller's
+    file, or each tree's own)."""
+    now = it.trusted_manifest(head)
+    if not now.is_relative_to(it.reports):
+        return None
+    said = now.read_bytes()
+    built = (Stage.WAITING, Stage.DEFERRED)
+    return next(
+        (
+            index
+            for index, item in enumerate(items)
+            if item.stage not in built and item.manifest and item.manifest.read_bytes() != said
+        ),
+        None,
+    )
 
 
 def failed_sync(

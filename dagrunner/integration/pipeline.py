@@ -89,6 +89,7 @@ class Pipeline:
         # trees failed in this run: one built to the very same tree has its verdict, no run
         self.failed_trees: dict[str, tuple[tuple[str, ...], str]] = {}
         self.found: set[int] = set()  # anonymous splits whose culprit was blamed
+        self.landed: frozenset[str] = frozenset()  # the envelopes landed in this run
 
     # -- the controller ----------------------------------------------------------------------
 
@@ -216,9 +217,9 @@ class Pipeline:
             if ahead.suspected or ahead.stage is Stage.DEFERRED:
                 skipped.add(id(ahead))
             elif ahead.stage is not Stage.FAILED:
-                item.excludes = frozenset(skipped | ahead.excludes)
+                item.excludes, item.holds = frozenset(skipped | ahead.excludes), ahead.holds
                 return ahead.commit
-        item.excludes = frozenset(skipped)
+        item.excludes, item.holds = frozenset(skipped), self.landed
         return self.head
 
     async def build(self, item: Item, position: int) -> Literal["built", "deferred", "gone"]:
@@ -226,14 +227,10 @@ class Pipeline:
         front); or gone (its envelopes all ended at the front: conflict, rejected)."""
         item.base = self.base_for(item, position)
         built = await self.trees.build(item, self.head, final=position == 0)
-        if built == "deferred":
-            item.stage = Stage.DEFERRED
-        elif built == "gone":
+        if built == "gone":
             self.items.remove(item)
-        elif item.deferred:  # some of a batch do not apply here: an item of their own behind
-            later = Item(item.deferred, stage=Stage.DEFERRED, priority=item.priority)
-            self.items.insert(position + 1, later)
-            item.deferred = []
+        elif item.deferred or item.behind:  # not all of it applied here: items behind
+            self.items[position + 1 : position + 1] = batching.put_aside(item, built == "deferred")
         if built == "built" and any(id(item) in x.excludes for x in self.items):
             # it applied at the front after all: what was built without it is built again
             self.reset_from(position + 1, cause=None, why=f"rebuilt on {item.ids[0]}")
@@ -427,7 +424,10 @@ class Pipeline:
             self.baseline.landed(front.commit, front.failures)
             self.sizer.judged(landed=len(front.envelopes))
             self.items.pop(0)
-            self.head, self.moves = front.commit, 0
+            self.head, self.moves, self.landed = front.commit, 0, self.landed | set(front.ids)
+            stale = await trio.to_thread.run_sync(landing.stale, it, self.head, self.items)
+            if stale is not None:  # judged by a manifest the target no longer holds
+                self.reset_from(stale, cause=None, why=f"judged by the manifest of {front.ids[-1]}")
             self.baseline.announce(front.ids[0], EnvelopeState.LANDED, self.head)
             self.unhold()
             self.window = min(self.ceiling, self.window + 1)

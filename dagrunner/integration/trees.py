@@ -100,22 +100,28 @@ class Trees:
         the target's head itself (the front, nothing of its batch applied before it); behind
         the front (``final`` False), or behind an envelope of its batch (which may never
         land), an envelope that does not apply is put aside (``item.deferred``: retried at
-        the front, each journaled so) and the rest go on; False: none applied, and the item
-        is deferred as it is."""
+        the front, journaled so) and what is queued behind it is not applied ahead of it
+        (``item.behind``: the pipeline makes items of them, behind); nor what is queued
+        behind one that changes the target's manifest (judged by it once it landed, as the
+        serial loop judges them).  False: none applied."""
         it = self.it
         it.reset(item.base, slot)
-        item.applied, item.deferred = [], []
-        for envelope in item.envelopes:
+        item.applied, item.deferred, item.behind = [], [], []
+        manifest = it.manifest_rel().as_posix()
+        for index, envelope in enumerate(item.envelopes):
             settled = final and not item.applied
             commit = it.apply(envelope, slot, final=settled)
             if commit is not None:
                 item.applied.append((envelope, commit))
             elif not settled:
-                item.deferred.append(envelope)
+                item.deferred = [envelope]
+            if item.deferred or (commit is not None and manifest in envelope.touched):
+                item.behind = item.envelopes[index + 1 :]
+                break
         if item.deferred and not item.applied:
-            item.deferred = []
             return False
         item.envelopes = [e for e, _ in item.applied]  # the rest ended, or were put aside
+        item.holds |= set(item.ids)  # on what its base holds (``Pipeline.base_for``)
         item.commit = item.applied[-1][1] if item.applied else item.base
         item.tree = git(["rev-parse", f"{item.commit}^{{tree}}"], cwd=it.repo).text
         item.manifest = it.trusted_manifest(head, slot)
