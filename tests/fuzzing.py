@@ -78,6 +78,9 @@ class Scenario:
     # second's line of shared.txt: the second applies once the first failed (it lands), and
     # so does the one that needs it -- never judged without it
     clash: bool = False
+    # workers editing only a page no gate reads (``pages/``): they ride along (issue 46); a
+    # page-liar adds a BROKEN file, its changed_files saying it modified it
+    pages: bool = False
 
     @classmethod
     def of(cls, seed: int) -> Scenario:
@@ -120,6 +123,12 @@ class Scenario:
             workers[twins[0]] = replace(first, kind="pairbad")
             workers.insert(twins[1] + 1, Worker(f"{second.name}l", "needsline", second.text))
             scenario = replace(scenario, workers=tuple(workers), clash=True)
+        if rng.random() < 0.5:  # drawn last, as the ones above
+            for j in range(rng.randint(2, 6)):
+                kind = "page-liar" if hostile and rng.random() < 0.3 else "page"
+                at = rng.randint(0, len(workers))
+                workers.insert(at, Worker(f"p{j:02d}", kind, f"{kind} {seed} {j}"))
+            scenario = replace(scenario, workers=tuple(workers), pages=True)
         return scenario
 
     def manifest(self, state: Path) -> str:
@@ -212,10 +221,16 @@ class Scenario:
         if worker.kind == "needsline":
             twin = next(w for w in self.workers if w.kind == "pair" and w.text == worker.text)
             return states.get(twin.name) == "landed"
-        return worker.kind in ("good", "pair")
+        return worker.kind in ("good", "pair", "page")
 
     def change(self, worker: Worker, path: Path) -> None:
         """What the worker does in its worktree."""
+        if worker.kind == "page":
+            (path / "pages" / f"{worker.name}.md").write_text(f"{worker.text}\n")
+            return
+        if worker.kind == "page-liar":
+            (path / f"{worker.name}.txt").write_text("BROKEN\n")
+            return
         if worker.kind in ("pair", "pairbad"):  # both of a pair edit the same line: one conflicts
             bad = " BROKEN" if worker.kind == "pairbad" else ""
             (path / "shared.txt").write_text(f"one\n{worker.text}{bad}\nthree\n")
@@ -285,6 +300,9 @@ def make_repo(scenario: Scenario, root: Path, state: Path) -> tuple[Path, str]:
     if scenario.observed and scenario.relay:  # workers edit their file: the names stay
         for worker in scenario.workers:
             (repo / f"{worker.name}.txt").write_text("fine\n")
+    for worker in (w for w in scenario.workers if w.kind == "page"):
+        (repo / "pages").mkdir(exist_ok=True)
+        (repo / "pages" / f"{worker.name}.md").write_text("a page\n")
     (repo / "manifests").mkdir()
     (repo / "manifests" / "release.toml").write_text(scenario.manifest(state))
     git(repo, "add", "-A")
@@ -309,6 +327,11 @@ def run(seed: int, root: Path) -> Outcome:
         scenario.change(worker, path)
         out = root / f"{worker.name}.envelope.json"
         exporting.export(f"fuzz/{worker.name}", output=out, repo=repo)
+        if worker.kind == "page-liar":  # its account says a plain edit: it only groups it
+            fields = orjson.loads(out.read_bytes())
+            for change in fields["changed_files"]:
+                change.update(kind="modified", old_mode=change["mode"])
+            out.write_bytes(orjson.dumps(fields))
         envelopes.append(out)
     submit(repo_info(repo), envelopes)
     args = ["integrate", "run", "--json", "--window", str(scenario.window)]
