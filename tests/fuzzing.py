@@ -78,7 +78,7 @@ class Scenario:
     # second's line of shared.txt: the second applies once the first failed (it lands), and
     # so does the one that needs it -- never judged without it
     clash: bool = False
-    # workers editing only a page no gate reads (``pages/``): they ride along (issue 46); a
+    # workers editing only a page no gate reads (``pages/``: no suspects by reads); a
     # page-liar adds a BROKEN file, its changed_files saying it modified it
     pages: bool = False
 
