@@ -14,6 +14,7 @@ no ``node_modules``: its seed is written commented out, with what to set.
 from __future__ import annotations
 
 import glob
+import os
 import re
 from typing import Any
 
@@ -41,6 +42,7 @@ BUILDS = {
 LOCKS = (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"), ("package-lock.json", "npm"))
 CONFIGS = (".npmrc", ".pnpmfile.cjs", ".yarnrc", ".yarnrc.yml", "pnpm-workspace.yaml")
 MAX_WORKSPACES = 64
+INSTALL_HOOKS = ("preinstall", "install", "postinstall", "prepare")  # run by the install
 
 
 def node_seed(project: Project) -> Seed | None:
@@ -72,11 +74,18 @@ def node_seed(project: Project) -> Seed | None:
                 "in .yarnrc.yml to use this seed"
             )
     workspaces = _workspaces(project, body, manager)
-    also = tuple(f"{w.rstrip('/')}/node_modules" for w in workspaces)
+    nested = [d for d in installed_too(project, body) if d not in workspaces]
+    also = tuple(f"{w.rstrip('/')}/node_modules" for w in [*workspaces, *nested])
     key = (
         lock,
         "package.json",
         *(f"{w.rstrip('/')}/package.json" for w in workspaces),
+        *(
+            f"{d}/{f}"
+            for d in nested
+            for f in ("package.json", *dict(LOCKS))
+            if project.is_file(f"{d}/{f}")
+        ),
         *(c for c in CONFIGS if project.is_file(c)),
         *(f"{d}/**" for d in ("patches", ".yarn/patches") if project.files(f"{d}/*")),
     )
@@ -103,6 +112,51 @@ def node_seed(project: Project) -> Seed | None:
         why_off=why_off,
         said=said,
     )
+
+
+def installed_too(project: Project, body: dict[str, Any]) -> list[str]:
+    """The folders the root's install hooks install as well (``postinstall: pnpm --dir build
+    install``, ``cd tools && yarn``, ``npm --prefix x ci``): their ``node_modules`` is the
+    install's as much as the workspaces', and a tree without it fails where the checkout
+    passes (preconstruct's build runs ``build/node_modules/@preconstruct/cli``)."""
+    scripts = body.get("scripts")
+    found: list[str] = []
+    for hook in INSTALL_HOOKS:
+        text = scripts.get(hook) if isinstance(scripts, dict) else None
+        here = "."
+        for command in re.split(r"&&|\|\||;", text if isinstance(text, str) else ""):
+            words = command.split()
+            if words[:1] == ["cd"] and len(words) == 2:
+                here = os.path.normpath(os.path.join(here, words[1]))
+                continue
+            folder = _install_folder(words)
+            if folder is None:
+                continue
+            folder = os.path.normpath(os.path.join(here, folder))
+            if (
+                folder != "."
+                and not folder.startswith(("..", "/"))
+                and project.is_file(f"{folder}/package.json")
+            ):
+                found.append(folder)
+    return list(dict.fromkeys(found))
+
+
+def _install_folder(words: list[str]) -> str | None:
+    """The folder ``words`` install in (``.``: where they run), None for no install."""
+    if not words or words[0] not in ("pnpm", "npm", "yarn"):
+        return None
+    folder, rest, options = ".", words[1:], {"--dir", "-C", "--prefix", "--cwd"}
+    commands = []
+    for i, word in enumerate(rest):
+        flag, eq, value = word.partition("=")
+        if flag in options:
+            folder = value if eq else (rest[i + 1] if i + 1 < len(rest) else folder)
+        elif not word.startswith("-") and (i == 0 or rest[i - 1] not in options):
+            commands.append(word)
+    if commands[:1] in (["install"], ["i"], ["ci"]) or (words[0] == "yarn" and not commands):
+        return folder
+    return None
 
 
 def workspace_folders(project: Project) -> list[str]:
