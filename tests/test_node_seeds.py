@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -378,3 +379,51 @@ def test_an_npm_project_without_a_lockfile_gets_its_seed_commented_out_with_why(
     git(repo, "commit", "-qm", "init's manifest, its seed uncommented as it says")
     path = Path(wt.allocate(mission="m", worker="w", repo=repo)["path"])
     assert (path / "node_modules" / ".bin" / "faketool").exists()
+
+
+def test_pnpm_runs_in_a_seeded_tree_made_after_the_build_without_installing(
+    repo: Path, tmp_path: Path
+) -> None:
+    """Found on preconstruct (round 10): pnpm 10+ checks, before ``pnpm run``, every
+    manifest and the lockfile newer than its workspace state's ``lastValidatedTimestamp``;
+    when the lockfile then differs from the one under ``node_modules/.pnpm`` (which leaves
+    out what this platform skips) it installs, with the gate's store, not the seed's: it
+    wants to remove ``node_modules`` and fails without a terminal
+    (ERR_PNPM_ABORTED_REMOVE_MODULES_DIR_NO_TTY).  A tree made after the seed's build has
+    every such file newer; the seed is keyed on them, so they are the ones validated."""
+    pnpm_workspace(repo, tmp_path)
+    tool_tarball(repo / "vendor" / "wintool-1.0.0.tgz", "wintool", "never here")
+    body = json.loads((repo / "package.json").read_text())
+    body["optionalDependencies"] = {"wintool": "file:vendor/wintool-1.0.0.tgz"}
+    (repo / "package.json").write_text(json.dumps(body, indent=2))
+    with tarfile.open(repo / "vendor" / "wintool-1.0.0.tgz", "w:gz") as tar:
+        data = json.dumps({"name": "wintool", "version": "1.0.0", "os": ["win32"]}).encode()
+        info = tarfile.TarInfo("package/package.json")
+        info.size, info.mtime = len(data), 1700000000
+        tar.addfile(info, io.BytesIO(data))
+    run(
+        repo,
+        "pnpm",
+        "install",
+        "--lockfile-only",
+        "--store-dir",
+        str(tmp_path / "s"),
+        home=tmp_path,
+    )
+    commit_release_manifest(repo, PNPM_SEED)
+    time.sleep(1.1)  # the tree's files are written after the build
+    path = Path(wt.allocate(mission="m", worker="a", repo=repo)["path"])
+    path = Path(wt.allocate(mission="m", worker="b", repo=repo)["path"])
+    state = json.loads((path / "node_modules" / ".pnpm-workspace-state-v1.json").read_text())
+    newest = max((path / f).stat().st_mtime for f in ("pnpm-lock.yaml", "package.json"))
+    assert state["lastValidatedTimestamp"] >= newest * 1000, state
+    env = {"pnpm_config_verify_deps_before_run": "prompt"}  # says why instead of installing
+    done = subprocess.run(
+        ["pnpm", "run", "check"],
+        cwd=path,
+        env={**quiet_env(tmp_path / "home"), **env},
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0 and done.stdout.count("faketool ran") == 2, done
