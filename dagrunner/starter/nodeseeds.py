@@ -5,7 +5,8 @@ worktrees have no ``node_modules`` and every integration gate fails ``command no
 The lockfile names the package manager (``pnpm-lock.yaml``, ``yarn.lock`` -- berry when
 ``.yarnrc.yml`` is there or the lockfile has ``__metadata`` -- and ``package-lock.json``);
 the workspaces (``pnpm-workspace.yaml``'s ``packages``, ``package.json``'s ``workspaces``)
-name every other ``node_modules`` the one install makes (``also``).  The build installs
+name every other ``node_modules`` the one install makes (``also``), and so do the root's
+install hooks that install another folder (``postinstall: pnpm --dir build install``).  The build installs
 exactly the lockfile, with the package manager's store (and pnpm's cache) in
 ``$DAGRUNNER_SEED_STORE``, a folder that outlives the build (docs/worktrees.md, "Node seeds").  Yarn berry's Plug'n'Play makes
 no ``node_modules``: its seed is written commented out, with what to set.

@@ -153,7 +153,7 @@ PNPM_STATE = ".pnpm-workspace-state-v1.json"  # pnpm 10+, at the top of node_mod
 def validated_now(copy: Path) -> None:
     """Before ``pnpm run``, pnpm (10+) looks at each manifest and lockfile newer than its
     workspace state's ``lastValidatedTimestamp``, and installs when the lockfile differs
-    from the one under ``node_modules/.pnpm`` (which leaves out what this platform skips)
+    from the one under ``node_modules/.pnpm`` (which lacks what the install left out)
     -- with the store the running pnpm has, not the seed's, so it wants to remove
     ``node_modules`` and fails without a terminal (ERR_PNPM_ABORTED_REMOVE_MODULES_DIR_NO_TTY;
     found on preconstruct).  A tree is made after its seed's build, so every such file is
