@@ -108,7 +108,7 @@ def without_seed(text: str, install: str) -> str:
 def plain_install(build: str) -> str:
     """The seed's build as a user runs it in a tree: without the seed's store (the package
     manager's own cache instead)."""
-    build = re.sub(r'\S+="\$DAGRUNNER_SEED_STORE"\s+', "", build)
+    build = re.sub(r'\S+="\$DAGRUNNER_SEED_STORE[^"]*"\s+', "", build)
     build = re.sub(
         r'--(cache-folder|store-dir|cache-dir|cache)\s+"\$DAGRUNNER_SEED_STORE[^"]*"', "", build
     )

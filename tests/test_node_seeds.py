@@ -257,8 +257,8 @@ def test_init_proposes_the_workspaces_seed_from_its_lockfile_and_the_gate_passes
     assert seed["path"] == "node_modules" and seed["also"] == ["packages/*/node_modules"]
     assert seed["store"] == "pnpm" and seed["active"] is True
     assert seed["build"] == (
-        'pnpm install --frozen-lockfile --store-dir "$DAGRUNNER_SEED_STORE" '
-        '--cache-dir "$DAGRUNNER_SEED_STORE/cache"'
+        'pnpm_config_store_dir="$DAGRUNNER_SEED_STORE" '
+        'pnpm_config_cache_dir="$DAGRUNNER_SEED_STORE/cache" pnpm install --frozen-lockfile'
     )
     for name in ("pnpm-lock.yaml", "package.json", "packages/*/package.json"):
         assert name in seed["key"]
@@ -427,3 +427,34 @@ def test_pnpm_runs_in_a_seeded_tree_made_after_the_build_without_installing(
         stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0 and done.stdout.count("faketool ran") == 2, done
+
+
+def test_a_pnpm_install_the_root_s_postinstall_runs_uses_the_seed_s_store_too(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """preconstruct's ``postinstall`` runs ``pnpm --dir build install --ignore-workspace``:
+    the build's ``--store-dir`` flag does not reach a pnpm its scripts run, so that install
+    recorded a store in the build's temporary HOME (gone after it) and downloaded everything
+    at every build.  init's build gives pnpm its store in the environment, which they get."""
+    pnpm_workspace(repo, tmp_path)
+    (repo / "build").mkdir()
+    body = {"name": "b", "private": True}
+    body["devDependencies"] = {"faketool": "file:../vendor/faketool-1.0.0.tgz"}
+    (repo / "build" / "package.json").write_text(json.dumps(body))
+    flags = ("--lockfile-only", "--ignore-workspace", "--store-dir", str(tmp_path / "s"))
+    run(repo / "build", "pnpm", "install", *flags, home=tmp_path)
+    root = json.loads((repo / "package.json").read_text())
+    root["scripts"]["postinstall"] = "pnpm --dir build install --ignore-workspace"
+    (repo / "package.json").write_text(json.dumps(root, indent=2))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a workspace whose postinstall installs build/")
+    code, said = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "dagrunner.toml"))
+    assert code == 0, said
+    git(repo, "add", "dagrunner.toml")
+    git(repo, "commit", "-qm", "init's manifest, as written")
+    allocated = wt.allocate(mission="m", worker="w", repo=repo)
+    store = seedstores.shared_store(seeds.seeds_dir(Path(allocated["root"])), "pnpm")
+    path = Path(allocated["path"])
+    for modules in ("node_modules", "build/node_modules"):
+        recorded = (path / modules / ".modules.yaml").read_text()
+        assert str(store) in recorded, (modules, recorded[-600:])

@@ -29,9 +29,11 @@ STORE = '"$DAGRUNNER_SEED_STORE"'
 BUILDS = {
     # pnpm's cache (each package's metadata, and the lockfile's verification against
     # minimumReleaseAge and trust policies, which fetches every entry's metadata) beside its
-    # store: in the build's temporary HOME it was lost, and every build asked the registry
-    "pnpm": f"pnpm install --frozen-lockfile --store-dir {STORE} "
-    '--cache-dir "$DAGRUNNER_SEED_STORE/cache"',
+    # store: in the build's temporary HOME it was lost, and every build asked the registry.
+    # Both in the environment, not flags: a pnpm the install's scripts run (preconstruct's
+    # ``postinstall: pnpm --dir build install``) gets them too
+    "pnpm": f"pnpm_config_store_dir={STORE} "
+    'pnpm_config_cache_dir="$DAGRUNNER_SEED_STORE/cache" pnpm install --frozen-lockfile',
     "npm": f"npm ci --no-audit --no-fund --cache {STORE}",
     "yarn": f"yarn install --frozen-lockfile --non-interactive --cache-folder {STORE}",
     # no lockfile (``package-lock=false``): what package.json allows, resolved at the build
