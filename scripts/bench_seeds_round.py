@@ -2,7 +2,7 @@
 ``dagrunner init`` proposes against the same round without it, pair by pair (issue 44).
 
     python scripts/bench_seeds_round.py --project PATH [--pairs 3] [--path DIR]
-                                        [--edits FILE] [--only seeded|plain]
+                                        [--edits FILE] [--only seeded|plain] [--install-only]
 
 PATH is a checkout of a public JavaScript workspace, installed as its CI says, whose
 ``dagrunner.toml`` (what ``init`` wrote, with a ``[[worktrees.seed]]`` for ``node_modules``)
@@ -25,7 +25,9 @@ w4 ``conflict``, w5 ``gates-failed``; each round's outcomes are printed and chec
   in the clone first).
 
 Unmeasured before each round: the clone, its main checkout's install, one ``release-check``
-there (the gate cache and tool caches a user has).  Measured: from the first allocation to
+there (the gate cache and tool caches a user has; ``--install-only``: of the plain side's
+install gate alone, the one cache the round reads -- an envelope's tree is never the
+checkout's, and the target's head is run, never answered from the cache, to judge a blame).  Measured: from the first allocation to
 the end of ``integrate run``.  Printed per round: the wall, its worktree part, the
 outcomes; then the medians and the median of the pairs' ratios (seeded / plain).
 """
@@ -106,7 +108,7 @@ def without_seed(text: str, install: str) -> str:
 def plain_install(build: str) -> str:
     """The seed's build as a user runs it in a tree: without the seed's store (the package
     manager's own cache instead)."""
-    build = re.sub(r'\S+="\$DAGRUNNER_SEED_STORE"\s+', "", build)
+    build = re.sub(r'\S+="\$DAGRUNNER_SEED_STORE[^"]*"\s+', "", build)
     build = re.sub(
         r'--(cache-folder|store-dir|cache-dir|cache)\s+"\$DAGRUNNER_SEED_STORE[^"]*"', "", build
     )
@@ -148,7 +150,12 @@ class Round:
         so fills its tool cache (the package manager's), as a user's first run would."""
         if self.mode == "seeded":
             sh(["sh", "-c", self.install], self.repo, self.env)
-        sh([*DAGRUNNER, "release-check", "--quiet"], self.repo, self.env, check=False)
+        # --install-only: of that run, only what the round reads (the plain side's install
+        # gate's tool cache): a project whose checks take minutes pays them in the round
+        only = ["--only", "js-install"] if self.args.install_only else []
+        if not (self.args.install_only and self.mode == "seeded"):
+            check = [*DAGRUNNER, "release-check", "--quiet", *only]
+            sh(check, self.repo, self.env, check=False)
         if store is not None and self.seed.get("store"):
             stores = self.stores()
             stores.mkdir(parents=True, exist_ok=True)
@@ -246,6 +253,11 @@ def main() -> int:
     parser.add_argument("--edits", type=Path, help="JSON: worker -> [path, old, new]")
     parser.add_argument("--only", choices=("seeded", "plain"), help="one side, one round each")
     parser.add_argument("--keep", action="store_true", help="keep the rounds' folders")
+    parser.add_argument(
+        "--install-only",
+        action="store_true",
+        help="before each round, release-check only the plain side's install gate",
+    )
     args = parser.parse_args()
     project = args.project.resolve()
     edits = json.loads(args.edits.read_text()) if args.edits else MANYPKG

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -256,8 +257,8 @@ def test_init_proposes_the_workspaces_seed_from_its_lockfile_and_the_gate_passes
     assert seed["path"] == "node_modules" and seed["also"] == ["packages/*/node_modules"]
     assert seed["store"] == "pnpm" and seed["active"] is True
     assert seed["build"] == (
-        'pnpm install --frozen-lockfile --store-dir "$DAGRUNNER_SEED_STORE" '
-        '--cache-dir "$DAGRUNNER_SEED_STORE/cache"'
+        'pnpm_config_store_dir="$DAGRUNNER_SEED_STORE" '
+        'pnpm_config_cache_dir="$DAGRUNNER_SEED_STORE/cache" pnpm install --frozen-lockfile'
     )
     for name in ("pnpm-lock.yaml", "package.json", "packages/*/package.json"):
         assert name in seed["key"]
@@ -378,3 +379,82 @@ def test_an_npm_project_without_a_lockfile_gets_its_seed_commented_out_with_why(
     git(repo, "commit", "-qm", "init's manifest, its seed uncommented as it says")
     path = Path(wt.allocate(mission="m", worker="w", repo=repo)["path"])
     assert (path / "node_modules" / ".bin" / "faketool").exists()
+
+
+def test_pnpm_runs_in_a_seeded_tree_made_after_the_build_without_installing(
+    repo: Path, tmp_path: Path
+) -> None:
+    """Found on preconstruct (round 10): pnpm 10+ checks, before ``pnpm run``, every
+    manifest and the lockfile newer than its workspace state's ``lastValidatedTimestamp``;
+    when the lockfile then differs from the one under ``node_modules/.pnpm`` (which leaves
+    out what this platform skips) it installs, with the gate's store, not the seed's: it
+    wants to remove ``node_modules`` and fails without a terminal
+    (ERR_PNPM_ABORTED_REMOVE_MODULES_DIR_NO_TTY).  A tree made after the seed's build has
+    every such file newer; the seed is keyed on them, so they are the ones validated."""
+    pnpm_workspace(repo, tmp_path)
+    tool_tarball(repo / "vendor" / "wintool-1.0.0.tgz", "wintool", "never here")
+    body = json.loads((repo / "package.json").read_text())
+    body["optionalDependencies"] = {"wintool": "file:vendor/wintool-1.0.0.tgz"}
+    (repo / "package.json").write_text(json.dumps(body, indent=2))
+    with tarfile.open(repo / "vendor" / "wintool-1.0.0.tgz", "w:gz") as tar:
+        data = json.dumps({"name": "wintool", "version": "1.0.0", "os": ["win32"]}).encode()
+        info = tarfile.TarInfo("package/package.json")
+        info.size, info.mtime = len(data), 1700000000
+        tar.addfile(info, io.BytesIO(data))
+    run(
+        repo,
+        "pnpm",
+        "install",
+        "--lockfile-only",
+        "--store-dir",
+        str(tmp_path / "s"),
+        home=tmp_path,
+    )
+    commit_release_manifest(repo, PNPM_SEED)
+    time.sleep(1.1)  # the tree's files are written after the build
+    path = Path(wt.allocate(mission="m", worker="a", repo=repo)["path"])
+    path = Path(wt.allocate(mission="m", worker="b", repo=repo)["path"])
+    state = json.loads((path / "node_modules" / ".pnpm-workspace-state-v1.json").read_text())
+    newest = max((path / f).stat().st_mtime for f in ("pnpm-lock.yaml", "package.json"))
+    assert state["lastValidatedTimestamp"] >= newest * 1000, state
+    env = {"pnpm_config_verify_deps_before_run": "prompt"}  # says why instead of installing
+    done = subprocess.run(
+        ["pnpm", "run", "check"],
+        cwd=path,
+        env={**quiet_env(tmp_path / "home"), **env},
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0 and done.stdout.count("faketool ran") == 2, done
+
+
+def test_a_pnpm_install_the_root_s_postinstall_runs_uses_the_seed_s_store_too(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """preconstruct's ``postinstall`` runs ``pnpm --dir build install --ignore-workspace``:
+    the build's ``--store-dir`` flag does not reach a pnpm its scripts run, so that install
+    recorded a store in the build's temporary HOME (gone after it) and downloaded everything
+    at every build.  init's build gives pnpm its store in the environment, which they get."""
+    pnpm_workspace(repo, tmp_path)
+    (repo / "build").mkdir()
+    body = {"name": "b", "private": True}
+    body["devDependencies"] = {"faketool": "file:../vendor/faketool-1.0.0.tgz"}
+    (repo / "build" / "package.json").write_text(json.dumps(body))
+    flags = ("--lockfile-only", "--ignore-workspace", "--store-dir", str(tmp_path / "s"))
+    run(repo / "build", "pnpm", "install", *flags, home=tmp_path)
+    root = json.loads((repo / "package.json").read_text())
+    root["scripts"]["postinstall"] = "pnpm --dir build install --ignore-workspace"
+    (repo / "package.json").write_text(json.dumps(root, indent=2))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a workspace whose postinstall installs build/")
+    code, said = run_json(capsys, "init", "--repo", str(repo), "-o", str(repo / "dagrunner.toml"))
+    assert code == 0, said
+    git(repo, "add", "dagrunner.toml")
+    git(repo, "commit", "-qm", "init's manifest, as written")
+    allocated = wt.allocate(mission="m", worker="w", repo=repo)
+    store = seedstores.shared_store(seeds.seeds_dir(Path(allocated["root"])), "pnpm")
+    path = Path(allocated["path"])
+    for modules in ("node_modules", "build/node_modules"):
+        recorded = (path / modules / ".modules.yaml").read_text()
+        assert str(store) in recorded, (modules, recorded[-600:])

@@ -27,7 +27,10 @@ class Ci:
     # sessions CI runs for a value of its own (``"downstream(project='$MATRIX_PROJECT')"``):
     # which ones is CI's matrix, not known here; their names, before the variable
     nox_matrix: frozenset[str] = frozenset()
-    scripts: frozenset[str] = frozenset()  # package.json scripts
+    scripts: frozenset[str] = frozenset()  # package.json scripts (or programs: ``pnpm tsc``)
+    # what CI runs only with a subcommand (``pnpm changeset version``): a script of that name
+    # alone (``changeset``: its interactive ``add``) is not what CI checks
+    tasks: frozenset[str] = frozenset()
     make: frozenset[str] = frozenset()
     pre_commit: bool = False
     lines: tuple[str, ...] = ()
@@ -71,7 +74,8 @@ def ci(project: Project) -> Ci:
     for name in sorted(workflows)[:MAX_FILES]:
         lines += run_lines(project.text(name, errors="replace") or "")
         files += [name] * (len(lines) - len(files))
-    found: dict[str, set[str]] = {k: set() for k in ("tox", "nox", "nox_matrix", "scripts", "make")}
+    kinds = ("tox", "nox", "nox_matrix", "scripts", "bare", "tasks", "make")
+    found: dict[str, set[str]] = {k: set() for k in kinds}
     pre_commit = False
     for line in lines:
         for command in re.split(r"&&|\|\||;|\|", line):
@@ -85,6 +89,7 @@ def ci(project: Project) -> Ci:
         nox=frozenset(found["nox"]),
         nox_matrix=frozenset(found["nox_matrix"]),
         scripts=frozenset(found["scripts"]),
+        tasks=frozenset(found["tasks"] - found["bare"]),
         make=frozenset(found["make"]),
         pre_commit=pre_commit,
         lines=tuple(lines),
@@ -138,15 +143,26 @@ def _named(words: list[str], found: dict[str, set[str]]) -> bool:
         found["nox"] |= {n for n in sessions if "$" not in n}
         found["nox_matrix"] |= {re.split(r"[($]", n)[0] for n in sessions if "$" in n} - {""}
     elif program in ("npm", "pnpm", "yarn", "bun"):
+        if program != "npm" and rest[:1] == ["exec"]:  # a program: ``pnpm exec tsc``
+            rest = rest[1:]
         if rest[:1] in (["test"], ["t"]):
-            found["scripts"].add("test")
-        elif rest[:1] in (["run"], ["run-script"]) and len(rest) > 1:
-            found["scripts"].add(rest[1])
-        elif program != "npm" and rest and not rest[0].startswith("-"):
+            rest = ["test"]
+        elif rest[:1] in (["run"], ["run-script"]):
+            rest = rest[1:]
+        elif program == "npm" or (rest[:1] and rest[0].startswith("-")):
+            rest = []
+        if rest:
             found["scripts"].add(rest[0])
+            bare = rest[0] == "test" or not _subcommand(rest[1:])
+            found["bare" if bare else "tasks"].add(rest[0])
     elif program == "make":
         found["make"] |= {w for w in rest if re.fullmatch(r"[A-Za-z0-9][\w.-]*", w)}
     return False
+
+
+def _subcommand(words: list[str]) -> bool:
+    """Whether a script's arguments start with a subcommand (``pnpm changeset version``)."""
+    return bool(words) and re.fullmatch(r"[a-z][a-z-]*", words[0]) is not None
 
 
 def _after(

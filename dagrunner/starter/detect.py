@@ -73,7 +73,7 @@ def detect(root: Path) -> Found:
     listed = hooks(project)
     tox_checks, tox_skipped = tox(project, pyproject, runs.tox)
     nox_checks, nox_skipped = nox(project, runs.nox, runs.nox_matrix)
-    js_checks, js_skipped = package_json(project, runs.scripts, runs.lines)
+    js_checks, js_skipped = package_json(project, runs.scripts, runs.lines, runs.tasks)
     candidates = [
         *python(project, pyproject, Uses(listed, runs.lines)),
         *tox_checks,

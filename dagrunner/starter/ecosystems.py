@@ -95,7 +95,10 @@ EVERY_WORKSPACE = frozenset(
 
 
 def package_json(
-    project: Project, by_ci: frozenset[str] = frozenset(), ci_lines: tuple[str, ...] = ()
+    project: Project,
+    by_ci: frozenset[str] = frozenset(),
+    ci_lines: tuple[str, ...] = (),
+    tasks: frozenset[str] = frozenset(),
 ) -> tuple[list[Check], list[Skipped]]:
     """A gate for each script that is a check: by its name, or because CI runs it (its
     concern then read from the name's start: ``test-ci`` tests, ``lint:md`` lint); and the
@@ -114,7 +117,7 @@ def package_json(
     for script, text in scripts.items():
         concern = CHECK_SCRIPTS.get(str(script))
         head = LOOKS.get(re.split(r"[-:_.]", str(script))[0])
-        if concern is None and script in by_ci:
+        if concern is None and script in by_ci - tasks:  # not ``pnpm changeset version``
             concern = head or "check"
         if not isinstance(text, str):
             continue
@@ -261,7 +264,10 @@ def _ci_programs(
     found = []
     skipped = []
     for name in sorted(names & set(CI_PROGRAMS)) if manager in ("yarn", "pnpm") else ():
-        words = next((w for w in map(_words, ci_lines) if w[:2] == (manager, name)), ())
+        said = map(_words, ci_lines)
+        words = next(
+            (w for w in said if w[:2] == (manager, name) or w[:3] == (manager, "exec", name)), ()
+        )
         if not words or any(re.search(r"[;&|<>$`]", w) for w in words):
             continue
         if not project.is_file(f"node_modules/.bin/{name}"):

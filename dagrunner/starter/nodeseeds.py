@@ -5,7 +5,8 @@ worktrees have no ``node_modules`` and every integration gate fails ``command no
 The lockfile names the package manager (``pnpm-lock.yaml``, ``yarn.lock`` -- berry when
 ``.yarnrc.yml`` is there or the lockfile has ``__metadata`` -- and ``package-lock.json``);
 the workspaces (``pnpm-workspace.yaml``'s ``packages``, ``package.json``'s ``workspaces``)
-name every other ``node_modules`` the one install makes (``also``).  The build installs
+name every other ``node_modules`` the one install makes (``also``), and so do the root's
+install hooks that install another folder (``postinstall: pnpm --dir build install``).  The build installs
 exactly the lockfile, with the package manager's store (and pnpm's cache) in
 ``$DAGRUNNER_SEED_STORE``, a folder that outlives the build (docs/worktrees.md, "Node seeds").  Yarn berry's Plug'n'Play makes
 no ``node_modules``: its seed is written commented out, with what to set.
@@ -14,6 +15,7 @@ no ``node_modules``: its seed is written commented out, with what to set.
 from __future__ import annotations
 
 import glob
+import os
 import re
 from typing import Any
 
@@ -27,9 +29,11 @@ STORE = '"$DAGRUNNER_SEED_STORE"'
 BUILDS = {
     # pnpm's cache (each package's metadata, and the lockfile's verification against
     # minimumReleaseAge and trust policies, which fetches every entry's metadata) beside its
-    # store: in the build's temporary HOME it was lost, and every build asked the registry
-    "pnpm": f"pnpm install --frozen-lockfile --store-dir {STORE} "
-    '--cache-dir "$DAGRUNNER_SEED_STORE/cache"',
+    # store: in the build's temporary HOME it was lost, and every build asked the registry.
+    # Both in the environment, not flags: a pnpm the install's scripts run (preconstruct's
+    # ``postinstall: pnpm --dir build install``) gets them too
+    "pnpm": f"pnpm_config_store_dir={STORE} "
+    'pnpm_config_cache_dir="$DAGRUNNER_SEED_STORE/cache" pnpm install --frozen-lockfile',
     "npm": f"npm ci --no-audit --no-fund --cache {STORE}",
     "yarn": f"yarn install --frozen-lockfile --non-interactive --cache-folder {STORE}",
     # no lockfile (``package-lock=false``): what package.json allows, resolved at the build
@@ -41,6 +45,7 @@ BUILDS = {
 LOCKS = (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"), ("package-lock.json", "npm"))
 CONFIGS = (".npmrc", ".pnpmfile.cjs", ".yarnrc", ".yarnrc.yml", "pnpm-workspace.yaml")
 MAX_WORKSPACES = 64
+INSTALL_HOOKS = ("preinstall", "install", "postinstall", "prepare")  # run by the install
 
 
 def node_seed(project: Project) -> Seed | None:
@@ -72,11 +77,18 @@ def node_seed(project: Project) -> Seed | None:
                 "in .yarnrc.yml to use this seed"
             )
     workspaces = _workspaces(project, body, manager)
-    also = tuple(f"{w.rstrip('/')}/node_modules" for w in workspaces)
+    nested = [d for d in installed_too(project, body) if d not in workspaces]
+    also = tuple(f"{w.rstrip('/')}/node_modules" for w in [*workspaces, *nested])
     key = (
         lock,
         "package.json",
         *(f"{w.rstrip('/')}/package.json" for w in workspaces),
+        *(
+            f"{d}/{f}"
+            for d in nested
+            for f in ("package.json", *dict(LOCKS))
+            if project.is_file(f"{d}/{f}")
+        ),
         *(c for c in CONFIGS if project.is_file(c)),
         *(f"{d}/**" for d in ("patches", ".yarn/patches") if project.files(f"{d}/*")),
     )
@@ -103,6 +115,51 @@ def node_seed(project: Project) -> Seed | None:
         why_off=why_off,
         said=said,
     )
+
+
+def installed_too(project: Project, body: dict[str, Any]) -> list[str]:
+    """The folders the root's install hooks install as well (``postinstall: pnpm --dir build
+    install``, ``cd tools && yarn``, ``npm --prefix x ci``): their ``node_modules`` is the
+    install's as much as the workspaces', and a tree without it fails where the checkout
+    passes (preconstruct's build runs ``build/node_modules/@preconstruct/cli``)."""
+    scripts = body.get("scripts")
+    found: list[str] = []
+    for hook in INSTALL_HOOKS:
+        text = scripts.get(hook) if isinstance(scripts, dict) else None
+        here = "."
+        for command in re.split(r"&&|\|\||;", text if isinstance(text, str) else ""):
+            words = command.split()
+            if words[:1] == ["cd"] and len(words) == 2:
+                here = os.path.normpath(os.path.join(here, words[1]))
+                continue
+            folder = _install_folder(words)
+            if folder is None:
+                continue
+            folder = os.path.normpath(os.path.join(here, folder))
+            if (
+                folder != "."
+                and not folder.startswith(("..", "/"))
+                and project.is_file(f"{folder}/package.json")
+            ):
+                found.append(folder)
+    return list(dict.fromkeys(found))
+
+
+def _install_folder(words: list[str]) -> str | None:
+    """The folder ``words`` install in (``.``: where they run), None for no install."""
+    if not words or words[0] not in ("pnpm", "npm", "yarn"):
+        return None
+    folder, rest, options = ".", words[1:], {"--dir", "-C", "--prefix", "--cwd"}
+    commands = []
+    for i, word in enumerate(rest):
+        flag, eq, value = word.partition("=")
+        if flag in options:
+            folder = value if eq else (rest[i + 1] if i + 1 < len(rest) else folder)
+        elif not word.startswith("-") and (i == 0 or rest[i - 1] not in options):
+            commands.append(word)
+    if commands[:1] in (["install"], ["i"], ["ci"]) or (words[0] == "yarn" and not commands):
+        return folder
+    return None
 
 
 def workspace_folders(project: Project) -> list[str]:

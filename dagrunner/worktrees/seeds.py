@@ -43,7 +43,7 @@ from dagrunner.manifest.load import EnvSpec, Manifest
 from dagrunner.manifest.settings import SeedSpec
 from dagrunner.process import share
 from dagrunner.records.worktree import SeedUse
-from dagrunner.worktrees.seedstores import SEEDS_DIR, build_store, made_also
+from dagrunner.worktrees.seedstores import SEEDS_DIR, build_store, made_also, validated_now
 
 FORMAT = 1
 TAIL_LINES = 20
@@ -393,6 +393,7 @@ def provision(
                 mode = target.lstat().st_mode
                 atomic_write(target, data.replace(old, new), durable=False)
                 os.chmod(target, mode & 0o7777)
+        validated_now(copy)
 
     share.place(folder.tree, worktree, folder.path, how, layer, relocate)
     return SeedUse(path=folder.path, key=seed.key, how=how, built=built)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import orjson
 
+from dagrunner.files import atomic_write, read_regular
 from dagrunner.manifest.globs import glob_regex
 from dagrunner.manifest.settings import SeedSpec
 from dagrunner.process import share
@@ -143,3 +145,25 @@ def made_also(checkout: Path, spec: SeedSpec) -> list[str]:
                 keep.append(name)
         dirs[:] = keep
     return found
+
+
+PNPM_STATE = ".pnpm-workspace-state-v1.json"  # pnpm 10+, at the top of node_modules
+
+
+def validated_now(copy: Path) -> None:
+    """Before ``pnpm run``, pnpm (10+) looks at each manifest and lockfile newer than its
+    workspace state's ``lastValidatedTimestamp``, and installs when the lockfile differs
+    from the one under ``node_modules/.pnpm`` (which lacks what the install left out)
+    -- with the store the running pnpm has, not the seed's, so it wants to remove
+    ``node_modules`` and fails without a terminal (ERR_PNPM_ABORTED_REMOVE_MODULES_DIR_NO_TTY;
+    found on preconstruct).  A tree is made after its seed's build, so every such file is
+    newer; the seed is keyed on them, so they are the files the build validated: the
+    state in ``copy`` (a seeded ``node_modules``) says so as of now."""
+    path = copy / PNPM_STATE
+    try:
+        state = orjson.loads(read_regular(path, limit=1 << 24))
+    except (OSError, orjson.JSONDecodeError):
+        return
+    if isinstance(state, dict) and isinstance(state.get("lastValidatedTimestamp"), int):
+        state["lastValidatedTimestamp"] = int(time.time() * 1000)
+        atomic_write(path, orjson.dumps(state, option=orjson.OPT_INDENT_2), durable=False)
