@@ -210,15 +210,13 @@ def test_a_gate_that_changed_a_tracked_file_names_the_envelope_that_changed_it(
     assert named == {"n06"}, named
 
 
-def test_an_envelope_named_beside_a_culprit_is_judged_on_what_is_queued_ahead_of_it(
-    project: Path, tmp_path: Path
+def builds_on(
+    project: Path, tmp_path: Path, said: dict[int, str], culprit: str, named: set[str]
 ) -> None:
-    """Found by the pipeline fuzzer (seed 117): n02 builds on n01, queued right before it
-    (its check fails without n01's work).  n03 breaks, and its failure's one line names
-    n03's file and n02's (a traceback through n02's test, say).  Gated apart on the batch's
-    base alone, n02 lacked n01 -- queued ahead of it, in the rest -- failed, was confirmed
-    there, and was blamed: the serial loop would have landed it.  What a named envelope is
-    judged on holds every envelope queued ahead of it: only n03 is blamed."""
+    """Six envelopes, ``said[i]`` what n{i}'s file says: ``NEEDS nK`` (its check fails
+    unless nK's says ``good``), ``BROKEN nK.txt`` (it breaks, and its failure's one line
+    names its own file and nK's, as a traceback through nK's test would).  Only the
+    ``culprit`` is blamed, after a failure that ``named`` these."""
     base = git(project, "rev-parse", "main").strip()
     check = (
         "for f in n*.txt; do "
@@ -227,7 +225,6 @@ def test_an_envelope_named_beside_a_culprit_is_judged_on_what_is_queued_ahead_of
         '[ -n "$d" ] && ! grep -q "^good" $d.txt && bad=1; '
         'done; [ -z "$bad" ]'
     )
-    said = {1: "good\n", 2: "NEEDS n01\n", 3: "BROKEN n02.txt\n"}
     submit(repo_info(project), breaking(project, 6, said))
     gate = tmp_path / "needs.toml"
     record = f"git rev-parse 'HEAD^{{tree}}' >> '{tmp_path / 'gated.txt'}'"
@@ -237,11 +234,24 @@ def test_an_envelope_named_beside_a_culprit_is_judged_on_what_is_queued_ahead_of
     )
     result = integrate(repo=project, manifest=gate, batch=6, window=2)
     final = states(project)
-    assert final.pop("n03") == "gates-failed", final
+    assert final.pop(culprit) == "gates-failed", final
     assert set(final.values()) == {"landed"}, (final, trace(result.pipeline))
-    named = {e.worker for e in watch(repo=project, follow=False) if e.event == "named"}
-    assert named == {"n02", "n03"}, named
+    seen = {e.worker for e in watch(repo=project, follow=False) if e.event == "named"}
+    assert seen == named, seen
     assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_an_envelope_named_beside_a_culprit_is_judged_on_what_is_queued_ahead_of_it(
+    project: Path, tmp_path: Path
+) -> None:
+    """Found by the pipeline fuzzer (seed 117): n02 builds on n01, queued right before it
+    (its check fails without n01's work).  n03 breaks, and its failure's one line names
+    n03's file and n02's (a traceback through n02's test, say).  Gated apart on the batch's
+    base alone, n02 lacked n01 -- queued ahead of it, in the rest -- failed, was confirmed
+    there, and was blamed: the serial loop would have landed it.  What a named envelope is
+    judged on holds every envelope queued ahead of it: only n03 is blamed."""
+    said = {1: "good\n", 2: "NEEDS n01\n", 3: "BROKEN n02.txt\n"}
+    builds_on(project, tmp_path, said, "n03", {"n02", "n03"})
 
 
 def test_an_envelope_between_two_named_ones_is_judged_after_the_first(
@@ -252,29 +262,8 @@ def test_an_envelope_between_two_named_ones_is_judged_after_the_first(
     n04 -- was gated as one piece ahead of n02: n03 without n02, which the serial loop lands
     before it, failed, and was blamed.  The pieces keep the queue's order: only n05 is
     blamed."""
-    base = git(project, "rev-parse", "main").strip()
-    check = (
-        "for f in n*.txt; do "
-        'grep -q BROKEN $f && echo "error: ./$f broke ./$(sed -n "s/^BROKEN //p" $f)" && bad=1; '
-        'd=$(sed -n "s/^NEEDS //p" $f); '
-        '[ -n "$d" ] && ! grep -q "^good" $d.txt && bad=1; '
-        'done; [ -z "$bad" ]'
-    )
     said = {2: "good\n", 3: "NEEDS n02\n", 5: "BROKEN n02.txt\n"}
-    submit(repo_info(project), breaking(project, 6, said))
-    gate = tmp_path / "needs.toml"
-    record = f"git rev-parse 'HEAD^{{tree}}' >> '{tmp_path / 'gated.txt'}'"
-    gate.write_text(
-        f'[sandbox]\nwritable = ["{tmp_path}"]\n\n'
-        f"[gates.check]\nrun = '''sleep 0.1; {record}; {check}'''\n"
-    )
-    result = integrate(repo=project, manifest=gate, batch=6, window=2)
-    final = states(project)
-    assert final.pop("n05") == "gates-failed", final
-    assert set(final.values()) == {"landed"}, (final, trace(result.pipeline))
-    named = {e.worker for e in watch(repo=project, follow=False) if e.event == "named"}
-    assert named == {"n02", "n05"}, named
-    assert_every_landing_was_gated(project, base, tmp_path)
+    builds_on(project, tmp_path, said, "n05", {"n02", "n05"})
 
 
 def test_a_named_envelope_is_not_corroborated_by_a_rest_without_another_named_one(
