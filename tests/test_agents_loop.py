@@ -214,8 +214,11 @@ def test_withdraw_while_gating_never_lands_and_requeue_queues_it_again(project: 
         mine = await call(session, "dagrunner_allocate", mission="m", worker="w")
         (Path(mine["path"]) / "slow.txt").write_text("slow\n")  # its gate passes, in 4 s
         queued = await call(session, "dagrunner_submit", worktree="m/w")
-        for _ in range(60):
-            answer = await call(session, "dagrunner_wait", id=queued["id"], timeout_seconds=1)
+        # a wait of 3 s answers after 1.5 s (it keeps a margin; 1 s answered at once, and 60
+        # of those passed before a loaded machine's queue began gating): about every 1.5 s,
+        # for up to 2 minutes, inside the gate's 4 s
+        for _ in range(80):
+            answer = await call(session, "dagrunner_wait", id=queued["id"], timeout_seconds=3)
             if answer["state"] == "gating":
                 break
         said["withdrawn"] = await call(session, "dagrunner_withdraw", id=queued["id"])
