@@ -15,6 +15,7 @@ from dagrunner.engine.plan import RunOptions
 from dagrunner.engine.steps import release_check
 from dagrunner.git.repo import repo_info
 from dagrunner.integration import proofs
+from dagrunner.integration.queue import Queue
 from dagrunner.integration.run import integrate
 from dagrunner.integration.submit import submit
 
@@ -99,6 +100,54 @@ needs = ["lint"]
     assert ran.read_text() == "x\n"  # once: on the confirmation, after lint passed there
     note = git(project, "notes", "--ref", "refs/notes/dagrunner", "show", "main")
     assert set(orjson.loads(note)["proof"]["gates"]) == {"lint", "tests"}
+
+
+def test_a_gate_failing_first_in_a_confirmation_gets_a_confirmation_of_its_own(
+    project: Path, tmp_path: Path
+) -> None:
+    """[lint failed, tests skipped], then the confirmation: lint passes, tests runs for the
+    first time and fails.  That is no confirmation of anything -- no gate failed twice -- so
+    tests is re-run before anyone is blamed (fuzzer seeds 447 and 467: two flakes, one per
+    gate, blamed a worker that passes alone)."""
+    once = tmp_path / "tests-once"
+    body = f"""
+[gates.lint]
+run = "{flaky_once(tmp_path)}"
+
+[gates.tests]
+run = "if mkdir '{once}' 2>/dev/null; then exit 1; fi"
+needs = ["lint"]
+"""
+    envelope = worker(project, "w1", lambda p: (p / "fine.txt").write_text("fine\n"))
+    submit(repo_info(project), [envelope])
+    result = integrate(repo=project, manifest=manifest(tmp_path, body), window=1, batch=1)
+    assert states(project) == {"w1": "landed"}
+    (landed,) = result.envelopes
+    assert set(landed.details.flaky_gates or ()) == {"lint", "tests"}
+    note = git(project, "notes", "--ref", "refs/notes/dagrunner", "show", "main")
+    assert set(orjson.loads(note)["proof"]["gates"]) == {"lint", "tests"}
+
+
+def test_a_gate_failing_again_in_a_confirmation_is_confirmed_whatever_else_flaked(
+    project: Path, tmp_path: Path
+) -> None:
+    """[lint failed, tests skipped], lint passes in the confirmation and tests (broken on
+    this tree) fails there, then again in its own: blamed for tests alone, never landed."""
+    state, before, after = gated_once_each(
+        project,
+        tmp_path,
+        f"""
+[gates.lint]
+run = "{flaky_once(tmp_path)}"
+
+[gates.tests]
+run = "{BROKEN}"
+needs = ["lint"]
+""",
+    )
+    assert (state, after) == ("gates-failed", before)
+    (entry,) = Queue.of(repo_info(project)).entries().values()
+    assert entry.details.failed_gates == ("tests",)
 
 
 def test_what_a_run_passed_and_what_a_confirmation_runs(repo: Path, tmp_path: Path) -> None:

@@ -101,6 +101,20 @@ class Item:
             return True
         return self.stage is Stage.SUSPECT or (self.stage is Stage.GATING and self.confirms > 0)
 
+    def unconfirmed(self, failing: tuple[str, ...], seen: Failures) -> tuple[str, ...]:
+        """Its confirmation failed ``failing``: what it failed, for ``failed``.  When no
+        gate failed twice, what failed now ran for the first time (skipped behind the failed
+        need, or cancelled by the first failure) and what failed first passed or did not
+        finish: no confirmation, so one of its own is due (bounded: each such run is some
+        gate's first failure).  What passed now is flaky; what did not finish still fails."""
+        if set(failing) & set(self.failing):
+            return failing
+        self.confirms -= 1
+        passed = tuple(g for g in self.failing if g in self.passed)
+        self.flaky = tuple(dict.fromkeys(self.flaky + passed))
+        self.seen = self.seen.rerun(seen, passed)
+        return failing + tuple(g for g in self.failing if g not in self.passed | set(failing))
+
     @property
     def ids(self) -> tuple[str, ...]:
         return tuple(e.id for e in self.envelopes)

@@ -298,7 +298,7 @@ class Pipeline:
             item.failures = seen  # its own failures are all the target's (or none)
             item.excused |= proofs.failures(done.record)  # judged so: the target's own
             if done.confirm:
-                item.flaky = item.failing
+                item.flaky = tuple(dict.fromkeys(item.flaky + item.failing))
                 item.failures = item.seen.rerun(seen, item.flaky)  # the target's, still
                 details = Details(flaky_gates=item.flaky, report=done.report)
                 journal(self.it.queue, item, details, event="flaky")
@@ -311,7 +311,8 @@ class Pipeline:
             self.failed_trees[done.tree] = (done.failing, done.report)
         await self.namer.name(item, done)
         item.certain = done.record is not None and not rerunnable(done.record)
-        self.failed(item, done.failing, done.report)
+        failing = item.unconfirmed(done.failing, seen) if done.confirm else done.failing
+        self.failed(item, failing, done.report)
 
     def failed(
         self, item: Item, failing: tuple[str, ...], report: str, *, inferred: bool = False
