@@ -59,9 +59,9 @@ def test_what_is_left_of_a_batch_once_its_culprit_is_found_is_gated_with_what_is
 
 
 def test_a_conflict_put_aside_takes_no_place_in_the_window(project: Path, tmp_path: Path) -> None:
-    """n02 conflicts with n01 of its own batch: it is put aside, to be retried at the front,
-    and n03, queued behind it, is gated beside n01 at once (on n01, without n02: never
-    ahead of it), as if n02 took no place."""
+    """n02 conflicts with n01 of its own batch: it is put aside and n01, n03 are gated in
+    one run, on the tree the serial loop gates n03 on once n01 landed (n02 a conflict
+    there), and the next batch beside them at once, as if n02 took no place."""
     base = git(project, "rev-parse", "main").strip()
     envelopes = [worker(project, who, partial(two_lines, who)) for who in ("n01", "n02")]
     envelopes += breaking(project, 8, {}, first=3)
@@ -70,8 +70,9 @@ def test_a_conflict_put_aside_takes_no_place_in_the_window(project: Path, tmp_pa
     final = states(project)
     assert final.pop("n02") == "conflict" and set(final.values()) == {"landed"}, final
     front = [r for r in holding(result.pipeline, "n01") if str(r.verdict) == "passed"]
-    behind = [r for r in holding(result.pipeline, "n03") if str(r.verdict) == "passed"]
+    behind = [r for r in holding(result.pipeline, "n04") if str(r.verdict) == "passed"]
     assert front and behind and beside(front[0], behind[0]), trace(result.pipeline, times=True)
+    assert [e.split(".")[1] for e in front[0].envelopes] == ["n01", "n03"]
     assert behind[0].head == front[0].commit, trace(result.pipeline)
     assert_every_landing_was_gated(project, base, tmp_path)
 

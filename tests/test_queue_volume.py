@@ -43,6 +43,11 @@ def assert_every_landing_was_gated(project: Path, base: str, tmp: Path) -> None:
         assert git(project, "rev-parse", f"{head}^{{tree}}").strip() in gated, head
 
 
+def workers(ids: tuple[str, ...]) -> tuple[str, ...]:
+    """A run's envelopes by their workers' names."""
+    return tuple(i.split(".")[1] for i in ids)
+
+
 def batch_events(project: Path) -> list[str]:
     return [
         e.details.note or "" for e in watch(repo=project, follow=False) if e.event == "batch-size"
@@ -223,9 +228,33 @@ def test_a_conflict_behind_the_front_leaves_its_batch_and_stalls_nothing(
     final = states(project)
     assert final.pop("c6") == "conflict" and set(final.values()) == {"landed"}
     first, second = result.pipeline[0], result.pipeline[1]
-    assert [len(r.envelopes) for r in result.pipeline] == [4, 1, 2], result.pipeline
+    # c5, c7, c8 in one run: the tree the serial loop gates them on once c1 landed
+    assert [workers(r.envelopes) for r in result.pipeline][1:] == [("c5", "c7", "c8")]
     assert second.start < first.end  # gated beside the first batch, not after it
-    assert result.pipeline[2].head == second.commit  # on c5, without c6
+
+
+def test_a_batch_with_an_envelope_that_conflicts_with_a_sibling_is_gated_in_one_run(
+    project: Path, tmp_path: Path
+) -> None:
+    """n02 edits the line n01 edits, in one batch at the front: n02 is put aside and the
+    batch gated without it, in one run (not n01, then n03 and n04 apart); the batch passing,
+    n01 lands, so n02 is judged where the serial loop judges it -- on n01: a conflict."""
+
+    def edit(text: str) -> Any:
+        return lambda p: (p / "shared.txt").write_text(f"one\n{text}\nthree\n")
+
+    envelopes = [
+        worker(project, "n01", edit("two, n01")),
+        worker(project, "n02", edit("two, n02")),
+        *breaking(project, 4, {}, first=3),
+    ]
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project, manifest=recording_gate(tmp_path, 0.05), batch=4, window=1)
+    assert states(project) == {"n01": "landed", "n02": "conflict", "n03": "landed", "n04": "landed"}
+    assert [workers(r.envelopes) for r in result.pipeline] == [("n01", "n03", "n04")]
+    assert git(project, "show", "main:shared.txt") == "one\ntwo, n01\nthree\n"
+    (conflict,) = [e for e in result.envelopes if str(e.state) == "conflict"]
+    assert conflict.details.conflicts == ("shared.txt",)
 
 
 def test_a_red_target_said_by_one_run_turns_green_in_the_next(project: Path) -> None:

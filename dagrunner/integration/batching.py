@@ -156,7 +156,7 @@ def pieces(item: Item) -> list[Item]:
     fails and the second passes, the pair's failure is the first's confirmation
     (``corroborated``), a run fewer; when the first passes, the second is rebuilt on it:
     its tree is the pair's, known failed."""
-    envelopes = item.envelopes
+    envelopes = item.in_order()  # with what it put aside, in its place
     runs = [(n, list(g)) for n, g in itertools.groupby(envelopes, lambda e: e.id in item.named)]
     halved = len(runs) < 2  # named none (or all: never, at most half are named)
     if halved:

@@ -74,6 +74,11 @@ class Item:
     # behind it or behind one that changes the manifest (``trees.Trees.apply_all``)
     deferred: list[Envelope] = field(default_factory=list)
     behind: list[Envelope] = field(default_factory=list)
+    # of its batch, put aside behind a sibling they do not apply on, each with the commit it
+    # did not apply on: a conflict there once the item lands (``Trees.judge_skipped``), back
+    # in its place when the item is rebuilt or split (``in_order``); and the batch as queued
+    skipped: list[tuple[Envelope, str]] = field(default_factory=list)
+    queued: list[Envelope] = field(default_factory=list)
     new_failures: tuple[str, ...] = ()  # what it is blamed for (differential: what is new)
     # a differential baseline's: what its failing run failed, what it lands with (all the
     # target's), and the head that excused them
@@ -115,6 +120,11 @@ class Item:
         self.seen = self.seen.rerun(seen, passed)
         return failing + tuple(g for g in self.failing if g not in self.passed | set(failing))
 
+    def in_order(self) -> list[Envelope]:
+        """Its envelopes, those put aside back in their places (the queue's order)."""
+        kept = {e.id for e in self.envelopes} | {e.id for e, _ in self.skipped}
+        return [e for e in self.queued if e.id in kept] if self.skipped else self.envelopes
+
     @property
     def ids(self) -> tuple[str, ...]:
         return tuple(e.id for e in self.envelopes)
@@ -126,6 +136,7 @@ class Item:
         if self.scope is not None:
             self.scope.cancel()  # the run ends its process trees, then frees its slot
         slot, self.slot = self.slot, None
+        self.envelopes, self.skipped = self.in_order(), []
         self.stage, self.confirms, self.failing, self.flaky = Stage.WAITING, 0, (), ()
         self.proven, self.applied, self.tree, self.excludes = {}, [], "", frozenset()
         self.holds = frozenset()

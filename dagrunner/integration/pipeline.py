@@ -320,6 +320,10 @@ class Pipeline:
         """A gate run failed ``item``'s tree (``inferred``: one of the very same tree did,
         or its verdict no longer holds on the target's head)."""
         item.failing, item.report = failing, report
+        if item.skipped and len(item.envelopes) == 1:  # what it put aside, back in its place
+            item.deferred, item.skipped = [e for e, _ in item.skipped], []
+            at = self.items.index(item) + 1
+            self.items[at:at] = batching.put_aside(item, False)
         item.rerun = proofs.rerun(item.manifest, item.passed)  # not only what failed
         certain, item.certain = item.certain and not inferred, False  # a re-run: no use
         if len(item.envelopes) == 1 and item.confirms < self.confirm and not certain:
@@ -426,6 +430,8 @@ class Pipeline:
             self.sizer.judged(landed=len(front.envelopes))
             self.items.pop(0)
             self.head, self.moves, self.landed = front.commit, 0, self.landed | set(front.ids)
+            if again := await self.trees.judge_skipped(front, self.head):
+                self.items.insert(0, Item(again, priority=front.priority))
             stale = await trio.to_thread.run_sync(landing.stale, it, self.head, self.items)
             if stale is not None:  # judged by a manifest the target no longer holds
                 self.reset_from(stale, cause=None, why=f"judged by the manifest of {front.ids[-1]}")

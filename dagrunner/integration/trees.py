@@ -22,13 +22,20 @@ from dagrunner.integration import proofs
 from dagrunner.integration.items import Finished, GateRun, Item
 from dagrunner.manifest.load import Manifest
 from dagrunner.process import share
-from dagrunner.records.integration import LandOutcome, PipelineTally, Speculation, Verdict
+from dagrunner.records.integration import (
+    EnvelopeState,
+    LandOutcome,
+    PipelineTally,
+    Speculation,
+    Verdict,
+)
 from dagrunner.records.run import RunRecord, RunStatus, Status
 from dagrunner.starter.venvs import in_place
 from dagrunner.worktrees import seeds
 from dagrunner.worktrees.prepare import provision_seeds, release_seeds
 
 if TYPE_CHECKING:
+    from dagrunner.envelope import Envelope
     from dagrunner.integration.needs import IntegratorLike as Integrator
 
 
@@ -99,26 +106,30 @@ class Trees:
         """Apply the item's envelopes on its base in ``slot``.  A conflict is final only on
         the target's head itself (the front, nothing of its batch applied before it); behind
         the front (``final`` False), or behind an envelope of its batch (which may never
-        land), an envelope that does not apply is put aside (``item.deferred``: retried at
-        the front, journaled so) and what is queued behind it is not applied ahead of it
-        (``item.behind``: the pipeline makes items of them, behind); nor what is queued
-        behind one that changes the target's manifest (judged by it once it landed, as the
-        serial loop judges them).  False: none applied."""
+        land), an envelope that does not apply is put aside (``item.skipped``) and the rest
+        applied without it, as the serial loop applies them once what is ahead of it landed
+        (then it is a conflict there: ``judge_skipped``); if the item fails, it goes back in
+        its place (``Item.in_order``).  What is queued behind one that changes the target's
+        manifest is not applied (``item.behind``: an item of its own, behind; judged by that
+        manifest once it landed, as the serial loop judges it).  False: none applied
+        (``item.deferred``: all put aside, retried at the front)."""
         it = self.it
         it.reset(item.base, slot)
-        item.applied, item.deferred, item.behind = [], [], []
+        item.applied, item.deferred, item.behind, item.skipped = [], [], [], []
+        item.queued = list(item.envelopes)
         manifest = it.manifest_rel().as_posix()
         for index, envelope in enumerate(item.envelopes):
             settled = final and not item.applied
             commit = it.apply(envelope, slot, final=settled)
             if commit is not None:
                 item.applied.append((envelope, commit))
-            elif not settled:
-                item.deferred = [envelope]
-            if item.deferred or (commit is not None and manifest in envelope.touched):
+            elif not settled:  # gated without it: where it would be judged if all ahead land
+                item.skipped.append((envelope, item.applied[-1][1] if item.applied else item.base))
+            if commit is not None and manifest in envelope.touched:
                 item.behind = item.envelopes[index + 1 :]
                 break
-        if item.deferred and not item.applied:
+        if item.skipped and not item.applied:
+            item.deferred, item.skipped = [e for e, _ in item.skipped], []
             return False
         item.envelopes = [e for e, _ in item.applied]  # the rest ended, or were put aside
         item.holds |= set(item.ids)  # on what its base holds (``Pipeline.base_for``)
@@ -126,6 +137,26 @@ class Trees:
         item.tree = git(["rev-parse", f"{item.commit}^{{tree}}"], cwd=it.repo).text
         item.manifest = it.trusted_manifest(head, slot)
         return True
+
+    async def judge_skipped(self, landed: Item, head: str) -> list[Envelope]:
+        """``landed`` landed: each envelope it put aside (``Item.skipped``, still queued) is
+        applied where the serial loop applies it, on the commit of its batch it did not
+        apply on -- final now: a conflict (or a corrupt patch).  Those that apply there
+        after all (the same patch on the same tree: never) are returned, to be queued."""
+        again: list[Envelope] = []
+        entries = self.it.queue.entries()
+        for envelope, on in landed.skipped:
+            if entries[envelope.id].state is not EnvelopeState.QUEUED:
+                continue  # withdrawn meanwhile
+            slot = await self.take(head)
+            try:
+                await trio.to_thread.run_sync(self.it.reset, on, slot)
+                commit = await trio.to_thread.run_sync(self.it.apply, envelope, slot)
+            finally:
+                self.give(slot)
+            again += [envelope] if commit is not None else []
+        landed.skipped = []
+        return again
 
     async def gate(self, run: GateRun, run_dir: Path, head: str) -> RunRecord:
         """One gate run of the run's tree: in the slot it was built in, or (a confirmation)
