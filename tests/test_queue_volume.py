@@ -377,24 +377,26 @@ def test_the_envelope_a_failure_names_is_gated_first_apart_from_the_rest(
     project: Path, tmp_path: Path
 ) -> None:
     """The gate says ./n05.txt:1 broke it: n05 is gated alone on what is queued ahead of it
-    (n01..n04, gated at the same time on the batch's base) and the rest (n06..n08) on those,
-    built without it; n05 fails the gate its batch failed and the rest passes without it:
-    that is its confirmation (no re-run); it is blamed, the rest lands.  Four runs of
-    envelopes in all, where halving 8 takes five, one after another (and one of the target's
-    head, once: does it fail the gate too?)."""
+    (n01..n04, as the serial loop gates it) and the rest (n06..n08) on those, built without
+    it, at the same time; n05 fails the gate its batch failed and the rest passes without
+    it: that is its confirmation (no re-run); it is blamed, and n01..n04 land with the rest,
+    on the rest's tree (never gated apart: carried).  Three runs of envelopes in all, where
+    halving 8 takes five, one after another (and one of the target's head, once: does it
+    fail the gate too?)."""
     base = git(project, "rev-parse", "main").strip()
     submit(repo_info(project), breaking(project, 8, {5: "BROKEN\n"}))
     result = integrate(repo=project, manifest=naming_gate(tmp_path, "-n"), batch=8, window=2)
     final = states(project)
     assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
     runs = {(len(r.envelopes), str(r.verdict)): r for r in result.pipeline if r.envelopes}
-    assert sorted(runs) == [(1, "failed"), (3, "passed"), (4, "passed"), (8, "failed")]
+    assert sorted(runs) == [(1, "failed"), (3, "passed"), (8, "failed")]
     assert [str(r.verdict) for r in result.pipeline if not r.envelopes] == ["passed"]
     assert result.confirm_runs == 0
-    ahead, alone, rest = runs[4, "passed"], runs[1, "failed"], runs[3, "passed"]
+    alone, rest = runs[1, "failed"], runs[3, "passed"]
     assert alone.envelopes[0].split(".")[1] == "n05"
-    assert ahead.head == base != alone.head == rest.head  # on n01..n04, as the serial loop
-    assert ahead.start < alone.end  # gated beside it
+    assert base != alone.head == rest.head  # on n01..n04, as the serial loop
+    assert rest.start < alone.end  # gated beside it
+    assert target_heads(project, base) == [rest.commit]  # n01..n04 landed with the rest
     named = [e for e in watch(repo=project, follow=False) if e.event == "named"]
     assert [e.id.split(".")[1] for e in named] == ["n05"], named
     assert (named[0].details.note or "").startswith("named by the failure of gates-01")
@@ -554,13 +556,15 @@ def test_with_a_window_of_one_a_named_envelope_is_confirmed_by_a_rerun(
     assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
     runs = [(len(r.envelopes), str(r.verdict)) for r in result.pipeline]
     # the target's head, once, after the first failure: it passes, the failure is theirs;
-    # then what is queued ahead of n05, n05 on it (and its re-run), the rest
+    # then n05 on what is queued ahead of it (and its re-run); one run at a time, the rest
+    # waits for n05's place in the window, so what is ahead of n05 is gated on its own
+    # after all (not carried by the rest), then the rest
     assert runs == [
         (8, "failed"),
         (0, "passed"),
-        (4, "passed"),
         (1, "failed"),
         (1, "confirmed"),
+        (4, "passed"),
         (3, "passed"),
     ]
     assert all(a.end <= b.start for a, b in itertools.pairwise(result.pipeline))
@@ -640,6 +644,39 @@ def test_an_envelope_behind_one_put_aside_is_never_judged_without_it(
     integrate(repo=project, manifest=gate, batch=3, window=2)
     assert states(project) == {"n01": "gates-failed", "n02": "landed", "n03": "landed"}
     assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_an_envelope_put_aside_ahead_of_a_failing_one_is_judged_before_it(
+    project: Path, tmp_path: Path
+) -> None:
+    """Fuzzer seed 43: n01 (a culprit) and n03 edit the same line, n04 needs n03's line,
+    n02 breaks too.  The batch fails naming none; its second half [n03, n04], built on the
+    first [n01, n02], put n03 aside (it does not apply on n01): its tree is the batch's,
+    known failed, so n04 failed without a run -- and n03 went back behind it.  n01 failing,
+    n03 lands, and n04, judged without it, was blamed: the serial loop lands both."""
+
+    def edit(text: str) -> Any:
+        return lambda p: (p / "shared.txt").write_text(f"one\n{text}\nthree\n")
+
+    needs = "if [ -e n04.txt ] && ! grep -q 'two, n03' shared.txt; then exit 1; fi; "
+    gate = recording(tmp_path, needs + "! grep -rq BROKEN --include=*.txt .", before="sleep 0.1; ")
+    submit(
+        repo_info(project),
+        [
+            worker(project, "n01", edit("BROKEN by n01")),
+            worker(project, "n02", lambda p: (p / "n02.txt").write_text("BROKEN\n")),
+            worker(project, "n03", edit("two, n03")),
+            worker(project, "n04", lambda p: (p / "n04.txt").write_text("NEEDS n03\n")),
+        ],
+    )
+    base = git(project, "rev-parse", "main").strip()
+    result = integrate(repo=project, manifest=gate, batch=4, window=4)
+    final = states(project)
+    assert final == {"n01": "gates-failed", "n02": "gates-failed", "n03": "landed", "n04": "landed"}
+    assert_every_landing_was_gated(project, base, tmp_path)
+    landed = git(project, "log", "--reverse", "--format=%s", f"{base}..main").splitlines()
+    assert [s.split("/")[-1] for s in landed] == ["n03", "n04"], landed  # in the queue's order
+    assert [len(r.envelopes) for r in result.pipeline][:3] == [3, 0, 2]  # its first half, run
 
 
 @pytest.mark.parametrize("batch", [1, 2], ids=["behind", "in-its-batch"])

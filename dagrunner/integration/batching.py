@@ -172,22 +172,8 @@ def pieces(item: Item) -> list[Item]:
     if last + 1 < len(made) and (not halved or len(envelopes) == 2):
         made[last].rest, made[last].batch_failing = made[last + 1], item.failing
         made[last].batch_holds = item.holds
-    return made
-
-
-def put_aside(item: Item, whole: bool) -> list[Item]:
-    """The items behind ``item`` that what it did not apply makes (``Trees.apply_all``), in
-    the queue's order: the envelope put aside, deferred (``item`` itself when none applied:
-    ``whole``), and those queued behind it, gated without it -- never ahead of it: one may
-    build on it, and it may apply at the front after all."""
-    aside, behind, item.deferred, item.behind = item.deferred, item.behind, [], []
-    made = [Item(aside, stage=Stage.DEFERRED, priority=item.priority)] if aside else []
-    if whole:
-        item.envelopes, item.stage, made = aside, Stage.DEFERRED, []
-    if behind:
-        made.append(Item(behind, priority=item.priority))
-    for piece in made:  # still pieces of what it is a piece of
-        piece.halves, piece.lineage, piece.by_name = item.halves, item.lineage, item.by_name
+        # what is ahead of the named lands with the rest (or a named one that passes)
+        made[0].carried = not halved and not runs[0][0]
     return made
 
 
@@ -247,6 +233,7 @@ def coalesce(items: list[Item], start: int, size: int) -> None:
             del items[index + 1]
             # a batch again, no longer a piece: nothing expected of it, or of its siblings
             item.rest, item.batch_failing, item.halves, item.by_name = None, (), 0, False
+            item.carried = False
         else:
             index += 1
 

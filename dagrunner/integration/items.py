@@ -4,7 +4,7 @@ and tree, and the verdicts its gate runs send back (``pipeline.py`` drives them)
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -96,6 +96,9 @@ class Item:
     halves: int = 0
     lineage: frozenset[int] = frozenset()  # the splits it is a piece of, its own included
     by_name: bool = False  # a piece of its batch that the batch's failure named
+    # the piece of a named split ahead of the named: not gated, it lands with the first item
+    # behind it that passes holding it, once those between failed (``batching.carrier``)
+    carried: bool = False
 
     @property
     def suspected(self) -> bool:
@@ -125,6 +128,16 @@ class Item:
         kept = {e.id for e in self.envelopes} | {e.id for e, _ in self.skipped}
         return [e for e in self.queued if e.id in kept] if self.skipped else self.envelopes
 
+    def absorb(self, ahead: Item) -> None:
+        """``ahead`` (carried, this item's base or the base of those failed between them)
+        lands with this one: one item from ``ahead``'s base to this tree, which holds it."""
+        self.envelopes, self.applied = (
+            ahead.envelopes + self.envelopes,
+            ahead.applied + self.applied,
+        )
+        self.skipped, self.queued = ahead.skipped + self.skipped, ahead.queued + self.queued
+        self.base = ahead.base
+
     @property
     def ids(self) -> tuple[str, ...]:
         return tuple(e.id for e in self.envelopes)
@@ -142,6 +155,95 @@ class Item:
         self.holds = frozenset()
         self.passed, self.excused, self.rerun = frozenset(), frozenset(), ()
         return slot
+
+
+def base_for(ahead: list[Item], item: Item, head: str, landed: frozenset[str]) -> str:
+    """``item``'s speculative head: the tree of the nearest item ``ahead`` still expected
+    to land (else the target's ``head``, holding what ``landed``).  A suspect (one envelope
+    that failed once, waiting for its confirmation) is expected to fail: what is behind it is
+    built without it (``item.excludes`` says so)."""
+    skipped: set[int] = set()
+    for before in reversed(ahead):
+        if before.suspected or before.stage is Stage.DEFERRED:
+            skipped.add(id(before))
+        elif before.stage is not Stage.FAILED:
+            item.excludes, item.holds = frozenset(skipped | before.excludes), before.holds
+            return before.commit
+    item.excludes, item.holds = frozenset(skipped), landed
+    return head
+
+
+def put_aside(item: Item, whole: bool) -> list[Item]:
+    """The items behind ``item`` that what it did not apply makes (``Trees.apply_all``), in
+    the queue's order: the envelope put aside, deferred (``item`` itself when none applied:
+    ``whole``), and those queued behind it, gated without it -- never ahead of it: one may
+    build on it, and it may apply at the front after all."""
+    aside, behind, item.deferred, item.behind = item.deferred, item.behind, [], []
+    made = [Item(aside, stage=Stage.DEFERRED, priority=item.priority)] if aside else []
+    if whole:
+        item.envelopes, item.stage, made = aside, Stage.DEFERRED, []
+    if behind:
+        made.append(Item(behind, priority=item.priority))
+    for piece in made:  # still pieces of what it is a piece of
+        piece.halves, piece.lineage, piece.by_name = item.halves, item.lineage, item.by_name
+    return made
+
+
+def set_aside(items: list[Item], item: Item) -> None:
+    """A failed item of one envelope: what it put aside (``Item.skipped``) goes back in its
+    places, deferred, as if put aside when it was built (``put_aside``): what is queued
+    behind its envelope right behind it, what is queued ahead of it right ahead of it -- at
+    the front before it is judged (a conflict there once what it was built on landed; if it
+    applies after all, the item is built again on it: ``excludes``)."""
+    if not item.skipped or len(item.envelopes) != 1:
+        return
+    order = [e.id for e in item.queued]
+    mine, aside, item.skipped = order.index(item.ids[0]), [e for e, _ in item.skipped], []
+    at = items.index(item)
+    for ahead in (False, True):
+        item.deferred = [e for e in aside if (order.index(e.id) < mine) is ahead]
+        if item.deferred:
+            made = put_aside(item, False)
+            items[at + (not ahead) : at + (not ahead)] = made
+            item.excludes |= {id(made[0])} if ahead else frozenset()
+
+
+def carrier(items: list[Item]) -> tuple[list[Item], Item | None] | None:
+    """The front is carried (``Item.carried``: never gated on its own): the items behind it
+    that failed (confirmed, each one envelope: to be blamed) and the first behind them,
+    which passed on a tree holding the front -- the front lands with it, on its tree.  Those
+    failed were judged on trees holding the front, as the serial loop judges them once it
+    landed; the passing tree says it lands.  None: one of them is undecided, wait;
+    ``(_, None)``: nothing will carry it (none behind passes holding it), gate it."""
+    front, index = items[0], 1
+    while index < len(items) and items[index].stage is Stage.FAILED:
+        if len(items[index].envelopes) > 1:
+            return [], None
+        index += 1
+    into = items[index] if index < len(items) else None
+    if into is not None and into.stage in (Stage.WAITING, Stage.BUILT, Stage.GATING):
+        return None
+    if into is not None and into.stage is Stage.SUSPECT:
+        return None
+    if into is None or into.stage is not Stage.PASSED or not set(front.ids) <= into.holds:
+        return [], None
+    return items[1:index], into
+
+
+def carry(items: list[Item], blame: Callable[[Item], None]) -> bool:
+    """Land a carried front with what carries it (``carrier``), those failed between them
+    blamed: True when it is now part of the front (which passed); False: it waits, or (gated
+    on its own now) it is no longer carried."""
+    if (said := carrier(items)) is None:
+        return False
+    blamed, into = said
+    if into is None:  # nothing behind lands it
+        items[0].carried = False
+        return False
+    for item in blamed:
+        blame(item)
+    into.absorb(items.pop(0))
+    return True
 
 
 @dataclass(frozen=True)

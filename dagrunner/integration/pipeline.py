@@ -35,7 +35,7 @@ from dagrunner.engine.governor import Governor, resolve_capacity
 from dagrunner.errors import DagrunnerError
 from dagrunner.executors.base import Executor
 from dagrunner.files import crash_point
-from dagrunner.integration import batching, landing, proofs
+from dagrunner.integration import batching, items, landing, proofs
 from dagrunner.integration.baseline import Baseline
 from dagrunner.integration.batching import Intake, Sizer, coalesce, resolve
 from dagrunner.integration.items import Finished, GateRun, Item, Stage, auto_window, journal
@@ -117,8 +117,13 @@ class Pipeline:
                         break
                     if self.items[0].stage in DECIDED:
                         continue  # fill settled what was at the front: settle what is now
-                    # nothing gating and nothing decided would wait forever: a bug, not a hang
-                    assert self.in_flight or self.receive.statistics().current_buffer_used
+                    if not (self.in_flight or self.receive.statistics().current_buffer_used):
+                        # a carried front waits on what is not gated: gated on its own (not
+                        # carried, nothing decided would wait forever: a bug, not a hang)
+                        assert self.items[0].carried
+                        if not items.carry(self.items, self.blame):
+                            self.items[0].carried = False
+                        continue
                     done = await self.receive.receive()
                     if done is not None:  # None: a priority item was submitted
                         await self.take(done)
@@ -155,8 +160,10 @@ class Pipeline:
             elif front.stage is Stage.DEFERRED:
                 front.stage = Stage.WAITING  # at the front its conflicts are its own
                 return
-            else:
-                return
+            elif not (
+                front.carried and front.stage is Stage.BUILT and items.carry(self.items, self.blame)
+            ):
+                return  # undecided (a carried front: until what is behind lands it)
 
     async def fill(self) -> None:
         """Build and start every item in the window that waits (in queue order); build the
@@ -179,6 +186,10 @@ class Pipeline:
                 position, aside = position + 1, aside + 1
                 continue
             item.stage = Stage.BUILT if item.stage is Stage.WAITING else item.stage
+            if item.carried and item.stage is Stage.BUILT:  # gated with what is behind it
+                self.trees.give(item.slot)
+                position, aside, item.slot = position + 1, aside + 1, None
+                continue
             if position - aside >= self.window:
                 return
             if item.stage is Stage.BUILT and not self.known(item):
@@ -208,29 +219,15 @@ class Pipeline:
 
     # -- building and gating -----------------------------------------------------------------
 
-    def base_for(self, item: Item, position: int) -> str:
-        """The speculative head: the tree of the nearest item ahead still expected to land.
-        A suspect (one envelope that failed once, waiting for its confirmation) is expected
-        to fail: what is behind it is built without it (``item.excludes`` says so)."""
-        skipped: set[int] = set()
-        for ahead in reversed(self.items[:position]):
-            if ahead.suspected or ahead.stage is Stage.DEFERRED:
-                skipped.add(id(ahead))
-            elif ahead.stage is not Stage.FAILED:
-                item.excludes, item.holds = frozenset(skipped | ahead.excludes), ahead.holds
-                return ahead.commit
-        item.excludes, item.holds = frozenset(skipped), self.landed
-        return self.head
-
     async def build(self, item: Item, position: int) -> Literal["built", "deferred", "gone"]:
         """Apply the item on its speculative head: built; deferred (it conflicts behind the
         front); or gone (its envelopes all ended at the front: conflict, rejected)."""
-        item.base = self.base_for(item, position)
+        item.base = items.base_for(self.items[:position], item, self.head, self.landed)
         built = await self.trees.build(item, self.head, final=position == 0)
         if built == "gone":
             self.items.remove(item)
         elif item.deferred or item.behind:  # not all of it applied here: items behind
-            self.items[position + 1 : position + 1] = batching.put_aside(item, built == "deferred")
+            self.items[position + 1 : position + 1] = items.put_aside(item, built == "deferred")
         if built == "built" and any(id(item) in x.excludes for x in self.items):
             # it applied at the front after all: what was built without it is built again
             self.reset_from(position + 1, cause=None, why=f"rebuilt on {item.ids[0]}")
@@ -320,10 +317,7 @@ class Pipeline:
         """A gate run failed ``item``'s tree (``inferred``: one of the very same tree did,
         or its verdict no longer holds on the target's head)."""
         item.failing, item.report = failing, report
-        if item.skipped and len(item.envelopes) == 1:  # what it put aside, back in its place
-            item.deferred, item.skipped = [e for e, _ in item.skipped], []
-            at = self.items.index(item) + 1
-            self.items[at:at] = batching.put_aside(item, False)
+        items.set_aside(self.items, item)  # what it put aside, back in its place
         item.rerun = proofs.rerun(item.manifest, item.passed)  # not only what failed
         certain, item.certain = item.certain and not inferred, False  # a re-run: no use
         if len(item.envelopes) == 1 and item.confirms < self.confirm and not certain:
@@ -357,7 +351,7 @@ class Pipeline:
         """Re-run the failed gates of the first undecided item, when it failed (unless its
         batch's failure confirms it: ``batching.corroborated``)."""
         for index, item in enumerate(self.items):
-            if item.stage is Stage.PASSED:
+            if item.stage is Stage.PASSED or item.carried:
                 continue
             if item.stage is Stage.SUSPECT and (
                 said := batching.corroborated(item, self.items, self.window)
@@ -404,14 +398,10 @@ class Pipeline:
         said = Details(target_red=self.tally.target_red, note="the target's own failure")
         journal(self.it.queue, item, said, EnvelopeState.QUEUED, event="held")
 
-    def unhold(self) -> None:
-        """The target's head moved: what was held is gated again, after what is in flight."""
-        self.items.extend(self.held)
-        self.held.clear()
-
     def blame(self, front: Item) -> None:
-        """A confirmed failure at the front: judge the one envelope (a batch was split)."""
-        self.items.pop(0)
+        """A confirmed failure at the front (or behind a carried one): judge the one
+        envelope (a batch was split)."""
+        self.items.remove(front)
         (envelope,), tests = front.envelopes, front.new_failures or None
         self.found |= front.lineage
         self.sizer.judged(blamed=1, named=front.by_name)
@@ -436,7 +426,8 @@ class Pipeline:
             if stale is not None:  # judged by a manifest the target no longer holds
                 self.reset_from(stale, cause=None, why=f"judged by the manifest of {front.ids[-1]}")
             self.baseline.announce(front.ids[0], EnvelopeState.LANDED, self.head)
-            self.unhold()
+            self.items += self.held  # gated again, after what is in flight
+            self.held.clear()
             self.window = min(self.ceiling, self.window + 1)
             self.cleaners.start_soon(landing.clean, self.it, [e.id for e in front.envelopes])
         elif outcome is LandOutcome.MOVED:
@@ -448,7 +439,8 @@ class Pipeline:
             self.tally.rebuilds += 1
             self.head = it.head()
             self.reset_from(0, cause=None)
-            self.unhold()
+            self.items += self.held  # gated again, after what is in flight
+            self.held.clear()
         elif outcome is LandOutcome.WITHDRAWN:  # (BLOCKED: landing.block said why, stopped)
             self.items[0:1] = await trio.to_thread.run_sync(landing.remains, it, self.trees, front)
             self.reset_from(0, cause=None, why=f"rebuilt without the withdrawn {front.ids[0]}")

@@ -132,7 +132,7 @@ class Trees:
             item.deferred, item.skipped = [e for e, _ in item.skipped], []
             return False
         item.envelopes = [e for e, _ in item.applied]  # the rest ended, or were put aside
-        item.holds |= set(item.ids)  # on what its base holds (``Pipeline.base_for``)
+        item.holds |= set(item.ids)  # on what its base holds (``items.base_for``)
         item.commit = item.applied[-1][1] if item.applied else item.base
         item.tree = git(["rev-parse", f"{item.commit}^{{tree}}"], cwd=it.repo).text
         item.manifest = it.trusted_manifest(head, slot)
