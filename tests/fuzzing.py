@@ -363,6 +363,15 @@ def run(seed: int, root: Path) -> Outcome:
             dep = git(repo, "grep", "-l", "^good ", commit, "--", f"{worker.text}.txt", check=False)
             if has.strip() and not dep.strip():
                 outcome.broken.append(f"landed {commit[:12]} holds {worker.name} without its need")
+    # landings keep the queue's order (held items rejoin the queue behind: a red target,
+    # absolute baseline)
+    said = git(repo, "log", "--reverse", "--format=%s", f"{base}..main").splitlines()
+    order = [w.name for w in scenario.workers]
+    landed_in = [s.rsplit("/", 1)[-1] for s in said if s.rsplit("/", 1)[-1] in order]
+    if landed_in != sorted(landed_in, key=order.index) and not (
+        scenario.red and scenario.baseline == "absolute"
+    ):
+        outcome.broken.append(f"landed out of the queue's order: {landed_in}")
     outcome.broken += stale_cached(repo, root)
     if landed:
         outcome.broken += oracle(scenario, repo, root, state)
