@@ -16,10 +16,11 @@ d culprits among n this way costs about d*log2(n/d) + 2d runs, a confirmation ea
 What a failure names (``named``): the envelopes of the batch whose changed paths its failing
 gates' log tails or failed test cases mention.  Runners name the file they failed in (a
 traceback, ``path:line: error`` of a linter or a type checker, a test id), so the culprit is
-usually among them.  The pieces keep the queue's order: what is queued ahead of the named,
-the named (expected to fail), the others between them and behind, built without the named,
-all at the same time: a 16-envelope batch with one named culprit costs three runs after its
-failure (what is ahead, the culprit, the rest: its confirmation), instead of six.  A name
+usually among them.  The pieces keep the queue's order: what is queued ahead of the named
+(carried: not gated, it lands with the rest, ``items.carry``), the named (expected to
+fail), the others between them and behind, built without the named, all at the same time:
+a 16-envelope batch with one named culprit costs two runs after its failure (the culprit,
+the rest: its confirmation), instead of six.  A name
 is a suspicion, never a verdict: an envelope is blamed only for a tree of its own that
 failed, confirmed; and no piece's tree holds an envelope queued after it (whose failure
 could name it, and frame it) or lacks one queued ahead of it that is to land.
