@@ -403,6 +403,42 @@ def test_the_envelope_a_failure_names_is_gated_first_apart_from_the_rest(
     assert_every_landing_was_gated(project, base, tmp_path)
 
 
+def test_a_carried_envelope_withdrawn_while_the_named_gate_never_gets_them_blamed(
+    project: Path, tmp_path: Path
+) -> None:
+    """n05 fails only beside n02 (the check names n05); n01..n04 are carried, and n02 is
+    withdrawn while n05 and the rest gate.  n05 was judged on a tree holding n02: it must
+    not be blamed off the rest's pass (which would land n02); the carried piece is gated on
+    its own, found withdrawn, and n05, judged again without n02, lands."""
+    import threading
+    import time
+
+    from dagrunner.integration.submit import withdraw
+
+    submit(repo_info(project), breaking(project, 8, {}))
+    check = (
+        "sleep 1; if [ -e n02.txt ] && [ -e n05.txt ]; then echo './n05.txt:1: clash'; exit 1; fi"
+    )
+    gate = recording(tmp_path, check)
+
+    def withdraw_once_named() -> None:
+        for _ in range(600):
+            named = [e.id for e in watch(repo=project, follow=False) if e.event == "named"]
+            if named:
+                ids = [e.id for e in watch(repo=project, follow=False) if ".n02." in e.id]
+                withdraw(repo_info(project), ids[0])
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=withdraw_once_named)
+    thread.start()
+    integrate(repo=project, manifest=gate, batch=8, window=2)
+    thread.join()
+    final = states(project)
+    assert final.pop("n02") == "withdrawn" and set(final.values()) == {"landed"}, final
+    assert "n02.txt" not in git(project, "ls-tree", "-r", "--name-only", "main")
+
+
 def tree_gate(tmp: Path) -> Path:
     """A gate that runs the tree's own checks (``checks/*.sh``), as a test suite does: an
     envelope says what its checks print and when they fail."""

@@ -230,14 +230,19 @@ def carrier(items: list[Item]) -> tuple[list[Item], Item | None] | None:
     return items[1:index], into
 
 
-def carry(items: list[Item], blame: Callable[[Item], None]) -> bool:
+def carry(items: list[Item], blame: Callable[[Item], None], queue: Queue) -> bool:
     """Land a carried front with what carries it (``carrier``), those failed between them
     blamed: True when it is now part of the front (which passed); False: it waits, or (gated
-    on its own now) it is no longer carried."""
+    on its own now) it is no longer carried.  Those failed between are blamed before the
+    landing: not when an envelope of the front was withdrawn since (they were judged with
+    it, and the landing would not take it: gated on its own, it is found so, and what was
+    built on it is built again without it)."""
     if (said := carrier(items)) is None:
         return False
     blamed, into = said
-    if into is None:  # nothing behind lands it
+    entries = queue.entries()
+    gone = any(entries[e.id].state is EnvelopeState.WITHDRAWN for e in items[0].envelopes)
+    if into is None or gone:  # nothing behind lands it
         items[0].carried = False
         return False
     for item in blamed:

@@ -121,7 +121,7 @@ class Pipeline:
                         # a carried front waits on what is not gated: gated on its own (not
                         # carried, nothing decided would wait forever: a bug, not a hang)
                         assert self.items[0].carried
-                        if not items.carry(self.items, self.blame):
+                        if not items.carry(self.items, self.blame, self.it.queue):
                             self.items[0].carried = False
                         continue
                     done = await self.receive.receive()
@@ -161,7 +161,9 @@ class Pipeline:
                 front.stage = Stage.WAITING  # at the front its conflicts are its own
                 return
             elif not (
-                front.carried and front.stage is Stage.BUILT and items.carry(self.items, self.blame)
+                front.carried
+                and front.stage is Stage.BUILT
+                and items.carry(self.items, self.blame, self.it.queue)
             ):
                 return  # undecided (a carried front: until what is behind lands it)
 
