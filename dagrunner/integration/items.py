@@ -111,8 +111,10 @@ class Item:
         gate failed twice, what failed now ran for the first time (skipped behind the failed
         need, or cancelled by the first failure) and what failed first passed or did not
         finish: no confirmation, so one of its own is due (bounded: each such run is some
-        gate's first failure).  What passed now is flaky; what did not finish still fails."""
-        if set(failing) & set(self.failing):
+        gate's first failure).  What passed now is flaky; what did not finish still fails.
+        A run failing with no gate failed (a ``[budget]`` miss) runs nothing for the first
+        time: a second failing run of the tree is its confirmation (else: forever)."""
+        if not failing or set(failing) & set(self.failing):
             return failing
         self.confirms -= 1
         passed = tuple(g for g in self.failing if g in self.passed)
