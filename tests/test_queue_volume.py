@@ -667,3 +667,38 @@ def test_an_item_built_on_a_manifest_change_is_judged_by_it_once_it_landed(
     integrate(repo=project, batch=batch, window=2)
     assert states(project) == {"strict": "landed", "lax": "gates-failed"}
     assert git(project, "show", "main:manifests/release.toml").endswith(strict)
+
+
+def test_a_rest_holding_an_envelope_its_batch_put_aside_corroborates_nothing(
+    project: Path, tmp_path: Path
+) -> None:
+    """Batch [a, e, b]: e edits the line a edits (put aside, the batch gated as a+b), b is
+    broken unless e's fix is in the tree.  a+b fails and names a; a alone flakes once; the
+    rest, built without a, is e+b -- e applies there and fixes b, so it passes.  That is no
+    corroboration of a: the rest's tree holds e, which the batch's did not, so its pass
+    says nothing about what failed the batch.  The serial loop confirms a's flake (a lands),
+    then e conflicts on a and b is blamed."""
+    check = tmp_path / "check.sh"
+    check.write_text(
+        "if [ -f b.txt ] && ! [ -f fix.txt ]; then echo 'error: ./shared.txt:2: broken'; exit 1; fi\n"
+        f"if grep -q 'two, a' shared.txt && ! [ -f b.txt ] && mkdir '{tmp_path / 'a-flaked'}' "
+        "2>/dev/null; then echo 'error: ./shared.txt:2: flaked'; exit 1; fi\n"
+    )
+
+    def edit(text: str, fix: bool = False) -> Any:
+        def write(p: Path) -> None:
+            (p / "shared.txt").write_text(f"one\n{text}\nthree\n")
+            if fix:
+                (p / "fix.txt").write_text("fixed\n")
+
+        return write
+
+    envelopes = [
+        worker(project, "a", edit("two, a")),
+        worker(project, "e", edit("two, e", fix=True)),
+        worker(project, "b", lambda p: (p / "b.txt").write_text("b\n")),
+    ]
+    submit(repo_info(project), envelopes)
+    gate = recording(tmp_path, f"sh '{check}'", before="sleep 0.2; ")
+    integrate(repo=project, manifest=gate, batch=3, window=2)
+    assert states(project) == {"a": "landed", "e": "conflict", "b": "gates-failed"}
