@@ -191,6 +191,24 @@ def put_aside(item: Item, whole: bool) -> list[Item]:
     return made
 
 
+def put_back(items: list[Item], item: Item) -> None:
+    """``item``'s one envelope failed: what it put aside (``Item.skipped``) goes back in the
+    queue's order, as deferred items ahead of it and behind it -- never one queued ahead of
+    it behind it (it would then be gated without it).  No tree built behind either holds
+    it: each is built again if it applies at the front after all (``Item.excludes``)."""
+    order, (mine,) = item.in_order(), item.envelopes
+    at, item.skipped = order.index(mine), []
+    item.deferred = order[:at]
+    ahead = put_aside(item, False)
+    item.deferred = order[at + 1 :]
+    behind = put_aside(item, False)
+    index = items.index(item)
+    items[index : index + 1] = [*ahead, item, *behind]
+    for made in ahead + behind:
+        for later in items[items.index(made) + 1 :]:
+            later.excludes |= {id(made)}
+
+
 def narrowing(ahead: list[Item], item: Item, found: set[int]) -> bool:
     """Halves of a batch whose failure named nothing are ``ahead`` of ``item`` (not its own
     siblings), none decided yet: the culprit is among them, so ``item``'s tree would most

@@ -321,9 +321,7 @@ class Pipeline:
         or its verdict no longer holds on the target's head)."""
         item.failing, item.report = failing, report
         if item.skipped and len(item.envelopes) == 1:  # what it put aside, back in its place
-            item.deferred, item.skipped = [e for e, _ in item.skipped], []
-            at = self.items.index(item) + 1
-            self.items[at:at] = batching.put_aside(item, False)
+            batching.put_back(self.items, item)
         item.rerun = proofs.rerun(item.manifest, item.passed)  # not only what failed
         certain, item.certain = item.certain and not inferred, False  # a re-run: no use
         if len(item.envelopes) == 1 and item.confirms < self.confirm and not certain:
