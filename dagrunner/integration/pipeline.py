@@ -384,10 +384,8 @@ class Pipeline:
             if built:
                 reset = True
                 self.tally.resets += 1
-                details = Details(note=why)
-                journal(
-                    self.it.queue, item, details, EnvelopeState.QUEUED, event="speculation-reset"
-                )
+                said = Details(note=why)
+                journal(self.it.queue, item, said, EnvelopeState.QUEUED, event="speculation-reset")
         if reset:
             crash_point("speculation-reset")
 
