@@ -81,6 +81,9 @@ class Scenario:
     # workers editing only a page no gate reads (``pages/``: no suspects by reads); a
     # page-liar adds a BROKEN file, its changed_files saying it modified it
     pages: bool = False
+    # clash only: the first twin's break is certain (exit 127, a missing program: never
+    # re-run), so the second, put aside behind it, goes back in its place at once
+    certain: bool = False
 
     @classmethod
     def of(cls, seed: int) -> Scenario:
@@ -129,6 +132,8 @@ class Scenario:
                 at = rng.randint(0, len(workers))
                 workers.insert(at, Worker(f"p{j:02d}", kind, f"{kind} {seed} {j}"))
             scenario = replace(scenario, workers=tuple(workers), pages=True)
+        if rng.random() < 0.5 and scenario.clash:  # drawn last, as the ones above
+            scenario = replace(scenario, certain=True)
         return scenario
 
     def manifest(self, state: Path) -> str:
@@ -184,6 +189,8 @@ class Scenario:
                 'for f in $(grep -rl "^NEEDSLINE " --include=*.txt .); do '
                 'l=$(sed -n "s/^NEEDSLINE //p" "$f"); grep -qx "$l" shared.txt || exit 1; done; '
             )
+        if self.certain:  # the first twin's line: a missing program, as certain as it gets
+            needs = "if grep -q BROKEN shared.txt; then echo ./shared.txt; exit 127; fi; " + needs
         gates = [
             gate("lint", f"{flake('lint')}! grep -rq LINTBAD --include=*.txt ."),
             gate(

@@ -216,3 +216,26 @@ needs = ["build"]
     assert states(project) == {"w1": "landed", "w2": "landed"}
     runs = sorted(Path(result.report_dir).glob("gates-*/gates/build.json"))
     assert runs and all(orjson.loads(r.read_bytes())["status"] == "passed" for r in runs)
+
+
+def test_a_run_failing_with_no_failed_gate_is_confirmed_not_rerun_forever(
+    project: Path, tmp_path: Path
+) -> None:
+    """A run that fails with every gate passed (a ``[budget]`` miss: the gate took longer than
+    its ``max_duration``) names no failing gate, so its confirmation's failure shares none with
+    it either: that used to count as "no gate failed twice" and ask for yet another
+    confirmation, forever.  Two failing runs of the tree are its confirmation."""
+    body = """
+[budget]
+max_duration = { slow = 0.05 }
+
+[gates.slow]
+run = "if [ -f fine.txt ]; then sleep 0.5; fi"
+"""
+    envelope = worker(project, "w1", lambda p: (p / "fine.txt").write_text("fine\n"))
+    submit(repo_info(project), [envelope])
+    before = git(project, "rev-parse", "main").strip()
+    result = integrate(repo=project, manifest=manifest(tmp_path, body), window=1, batch=1)
+    assert states(project)["w1"] == "gates-failed"
+    assert git(project, "rev-parse", "main").strip() == before
+    assert len(list(Path(result.report_dir).glob("gates-*"))) <= 3

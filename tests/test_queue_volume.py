@@ -680,6 +680,9 @@ def test_an_envelope_behind_one_put_aside_is_never_judged_without_it(
     integrate(repo=project, manifest=gate, batch=3, window=2)
     assert states(project) == {"n01": "gates-failed", "n02": "landed", "n03": "landed"}
     assert_every_landing_was_gated(project, base, tmp_path)
+    said = "--format=%(trailers:key=Dagrunner-Worker,valueonly)"
+    landed = git(project, "log", "--reverse", said, f"{base}..main").split()
+    assert landed == ["n02", "n03"], landed  # in the queue's order
 
 
 def test_an_envelope_put_aside_ahead_of_a_failing_one_is_judged_before_it(
@@ -740,3 +743,67 @@ def test_an_item_built_on_a_manifest_change_is_judged_by_it_once_it_landed(
     integrate(repo=project, batch=batch, window=2)
     assert states(project) == {"strict": "landed", "lax": "gates-failed"}
     assert git(project, "show", "main:manifests/release.toml").endswith(strict)
+
+
+def test_a_rest_holding_an_envelope_its_batch_put_aside_corroborates_nothing(
+    project: Path, tmp_path: Path
+) -> None:
+    """Batch [a, e, b]: e edits the line a edits (put aside, the batch gated as a+b), b is
+    broken unless e's fix is in the tree.  a+b fails and names a; a alone flakes once; the
+    rest, built without a, is e+b -- e applies there and fixes b, so it passes.  That is no
+    corroboration of a: the rest's tree holds e, which the batch's did not, so its pass
+    says nothing about what failed the batch.  The serial loop confirms a's flake (a lands),
+    then e conflicts on a and b is blamed."""
+    check = tmp_path / "check.sh"
+    check.write_text(
+        "if [ -f b.txt ] && ! [ -f fix.txt ]; then echo 'error: ./shared.txt:2: broken'; exit 1; fi\n"
+        f"if grep -q 'two, a' shared.txt && ! [ -f b.txt ] && mkdir '{tmp_path / 'a-flaked'}' "
+        "2>/dev/null; then echo 'error: ./shared.txt:2: flaked'; exit 1; fi\n"
+    )
+
+    def edit(text: str, fix: bool = False) -> Any:
+        def write(p: Path) -> None:
+            (p / "shared.txt").write_text(f"one\n{text}\nthree\n")
+            if fix:
+                (p / "fix.txt").write_text("fixed\n")
+
+        return write
+
+    envelopes = [
+        worker(project, "a", edit("two, a")),
+        worker(project, "e", edit("two, e", fix=True)),
+        worker(project, "b", lambda p: (p / "b.txt").write_text("b\n")),
+    ]
+    submit(repo_info(project), envelopes)
+    gate = recording(tmp_path, f"sh '{check}'", before="sleep 0.2; ")
+    integrate(repo=project, manifest=gate, batch=3, window=2)
+    assert states(project) == {"a": "landed", "e": "conflict", "b": "gates-failed"}
+
+
+def test_an_envelope_put_aside_ahead_of_its_batchs_last_stays_ahead_of_it(
+    project: Path, tmp_path: Path
+) -> None:
+    """n01 (a culprit whose failure is certain: exit 127, not re-run) and n02 edit the same
+    line; n03 needs n02's line.  n02 is put aside behind n01, n03 is gated on n01 without
+    it and fails; n02 then went back into the queue *behind* n03 -- and, n01 blamed, n03 was
+    gated on the target without n02 ahead of it, and blamed.  The serial loop lands n02 (n01
+    never landed), then n03 on it."""
+
+    def edit(text: str) -> Any:
+        return lambda p: (p / "shared.txt").write_text(f"one\n{text}\nthree\n")
+
+    needs = "if [ -e n03.txt ] && ! grep -q 'two, n02' shared.txt; then exit 1; fi; "
+    certain = "if grep -rq BROKEN --include=*.txt .; then exit 127; fi; "
+    gate = recording(tmp_path, certain + needs + "true", before="sleep 0.05; ")
+    submit(
+        repo_info(project),
+        [
+            worker(project, "n01", edit("BROKEN by n01")),
+            worker(project, "n02", edit("two, n02")),
+            worker(project, "n03", lambda p: (p / "n03.txt").write_text("NEEDS n02\n")),
+        ],
+    )
+    base = git(project, "rev-parse", "main").strip()
+    integrate(repo=project, manifest=gate, batch=3, window=2)
+    assert states(project) == {"n01": "gates-failed", "n02": "landed", "n03": "landed"}
+    assert_every_landing_was_gated(project, base, tmp_path)

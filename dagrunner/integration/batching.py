@@ -207,12 +207,13 @@ def corroborated(item: Item, items: list[Item], window: int) -> bool | None:
     hold every envelope the batch's held but this one: one that leaves out another (a named
     one that failed, one ahead found failing since) may pass for what it left out, and the
     batch's failure may have been that one's -- a flake of this envelope's tree would then
-    be blamed on it."""
+    be blamed on it.  Nor may it hold one the batch's did not (an envelope the batch put
+    aside, applying without this one): the rest may pass for it."""
     rest = item.rest
     if rest is None or rest not in items or not set(item.failing) <= set(item.batch_failing):
         return False
     if rest.stage is Stage.PASSED:
-        return item.batch_holds - set(item.ids) <= rest.holds
+        return item.batch_holds - set(item.ids) <= rest.holds <= item.batch_holds
     coming = rest.stage in (Stage.WAITING, Stage.BUILT) and items.index(rest) < window
     return None if rest.stage is Stage.GATING or coming else False
 

@@ -114,8 +114,10 @@ class Item:
         gate failed twice, what failed now ran for the first time (skipped behind the failed
         need, or cancelled by the first failure) and what failed first passed or did not
         finish: no confirmation, so one of its own is due (bounded: each such run is some
-        gate's first failure).  What passed now is flaky; what did not finish still fails."""
-        if set(failing) & set(self.failing):
+        gate's first failure).  What passed now is flaky; what did not finish still fails.
+        A run failing with no gate failed (a ``[budget]`` miss) runs nothing for the first
+        time: a second failing run of the tree is its confirmation (else: forever)."""
+        if not failing or set(failing) & set(self.failing):
             return failing
         self.confirms -= 1
         passed = tuple(g for g in self.failing if g in self.passed)
@@ -189,23 +191,24 @@ def put_aside(item: Item, whole: bool) -> list[Item]:
     return made
 
 
-def set_aside(items: list[Item], item: Item) -> None:
-    """A failed item of one envelope: what it put aside (``Item.skipped``) goes back in its
-    places, deferred, as if put aside when it was built (``put_aside``): what is queued
-    behind its envelope right behind it, what is queued ahead of it right ahead of it -- at
-    the front before it is judged (a conflict there once what it was built on landed; if it
-    applies after all, the item is built again on it: ``excludes``)."""
+def put_back(items: list[Item], item: Item) -> None:
+    """``item``'s one envelope failed: what it put aside (``Item.skipped``) goes back in the
+    queue's order, as deferred items ahead of it and behind it -- never one queued ahead of
+    it behind it (it would then be gated without it).  No tree built behind either holds
+    it: each is built again if it applies at the front after all (``Item.excludes``)."""
     if not item.skipped or len(item.envelopes) != 1:
         return
-    order = [e.id for e in item.queued]
-    mine, aside, item.skipped = order.index(item.ids[0]), [e for e, _ in item.skipped], []
-    at = items.index(item)
-    for ahead in (False, True):
-        item.deferred = [e for e in aside if (order.index(e.id) < mine) is ahead]
-        if item.deferred:
-            made = put_aside(item, False)
-            items[at + (not ahead) : at + (not ahead)] = made
-            item.excludes |= {id(made[0])} if ahead else frozenset()
+    order, (mine,) = item.in_order(), item.envelopes
+    at, item.skipped = order.index(mine), []
+    item.deferred = order[:at]
+    ahead = put_aside(item, False)
+    item.deferred = order[at + 1 :]
+    behind = put_aside(item, False)
+    index = items.index(item)
+    items[index : index + 1] = [*ahead, item, *behind]
+    for made in ahead + behind:
+        for later in items[items.index(made) + 1 :]:
+            later.excludes |= {id(made)}
 
 
 def carrier(items: list[Item]) -> tuple[list[Item], Item | None] | None:

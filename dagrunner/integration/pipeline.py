@@ -319,7 +319,7 @@ class Pipeline:
         """A gate run failed ``item``'s tree (``inferred``: one of the very same tree did,
         or its verdict no longer holds on the target's head)."""
         item.failing, item.report = failing, report
-        items.set_aside(self.items, item)  # what it put aside, back in its place
+        items.put_back(self.items, item)  # what it put aside, back in its place
         item.rerun = proofs.rerun(item.manifest, item.passed)  # not only what failed
         certain, item.certain = item.certain and not inferred, False  # a re-run: no use
         if len(item.envelopes) == 1 and item.confirms < self.confirm and not certain:
@@ -382,10 +382,8 @@ class Pipeline:
             if built:
                 reset = True
                 self.tally.resets += 1
-                details = Details(note=why)
-                journal(
-                    self.it.queue, item, details, EnvelopeState.QUEUED, event="speculation-reset"
-                )
+                said = Details(note=why)
+                journal(self.it.queue, item, said, EnvelopeState.QUEUED, event="speculation-reset")
         if reset:
             crash_point("speculation-reset")
 
