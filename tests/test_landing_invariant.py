@@ -91,15 +91,21 @@ run = "{flaky_once(tmp_path)}"
 run = "echo x >> '{ran}'; {BROKEN}"
 needs = ["lint"]
 """
+    assert fine_lands_flaky(project, tmp_path, body) == {"lint"}
+    assert ran.read_text() == "x\n"  # once: on the confirmation, after lint passed there
+
+
+def fine_lands_flaky(project: Path, tmp: Path, body: str) -> set[str]:
+    """A good envelope, integrated alone: it lands with a proof of every gate (lint and
+    tests); its flaky gates."""
     envelope = worker(project, "w1", lambda p: (p / "fine.txt").write_text("fine\n"))
     submit(repo_info(project), [envelope])
-    result = integrate(repo=project, manifest=manifest(tmp_path, body), window=1, batch=1)
+    result = integrate(repo=project, manifest=manifest(tmp, body), window=1, batch=1)
     assert states(project) == {"w1": "landed"}
-    (landed,) = result.envelopes
-    assert landed.details.flaky_gates == ("lint",)
-    assert ran.read_text() == "x\n"  # once: on the confirmation, after lint passed there
     note = git(project, "notes", "--ref", "refs/notes/dagrunner", "show", "main")
     assert set(orjson.loads(note)["proof"]["gates"]) == {"lint", "tests"}
+    (landed,) = result.envelopes
+    return set(landed.details.flaky_gates or ())
 
 
 def test_a_gate_failing_first_in_a_confirmation_gets_a_confirmation_of_its_own(
@@ -118,14 +124,7 @@ run = "{flaky_once(tmp_path)}"
 run = "if mkdir '{once}' 2>/dev/null; then exit 1; fi"
 needs = ["lint"]
 """
-    envelope = worker(project, "w1", lambda p: (p / "fine.txt").write_text("fine\n"))
-    submit(repo_info(project), [envelope])
-    result = integrate(repo=project, manifest=manifest(tmp_path, body), window=1, batch=1)
-    assert states(project) == {"w1": "landed"}
-    (landed,) = result.envelopes
-    assert set(landed.details.flaky_gates or ()) == {"lint", "tests"}
-    note = git(project, "notes", "--ref", "refs/notes/dagrunner", "show", "main")
-    assert set(orjson.loads(note)["proof"]["gates"]) == {"lint", "tests"}
+    assert fine_lands_flaky(project, tmp_path, body) == {"lint", "tests"}
 
 
 def test_a_gate_failing_again_in_a_confirmation_is_confirmed_whatever_else_flaked(

@@ -655,19 +655,25 @@ def test_a_conflict_with_a_culprit_of_its_own_batch_is_retried_not_final(
     assert git(project, "show", "main:shared.txt") == "one\ntwo, n02\nthree\n"
 
 
+@pytest.mark.parametrize("certain", [False, True], ids=["confirmed", "certain"])
 def test_an_envelope_behind_one_put_aside_is_never_judged_without_it(
-    project: Path, tmp_path: Path
+    project: Path, tmp_path: Path, certain: bool
 ) -> None:
     """n01 (a culprit) and n02 edit the same line; n03 builds on n02 (its check fails
     without n02's line).  At the front n02 does not apply on n01 and is put aside -- behind
     n03, which was gated without it, on the target alone once n01 failed, and blamed: the
-    serial loop lands n02 (n01 never landed), then n03 on it."""
+    serial loop lands n02 (n01 never landed), then n03 on it.  ``certain``: n01's failure
+    is not re-run (exit 127), and n02, put aside ahead of n03, went back into the queue
+    *behind* it: n03 was gated on the target without n02 ahead of it, and blamed."""
 
     def edit(text: str) -> Any:
         return lambda p: (p / "shared.txt").write_text(f"one\n{text}\nthree\n")
 
     needs = "if [ -e n03.txt ] && ! grep -q 'two, n02' shared.txt; then exit 1; fi; "
-    gate = recording(tmp_path, needs + "! grep -rq BROKEN --include=*.txt .", before="sleep 0.05; ")
+    check = needs + "! grep -rq BROKEN --include=*.txt ."
+    if certain:
+        check = "if grep -rq BROKEN --include=*.txt .; then exit 127; fi; " + needs + "true"
+    gate = recording(tmp_path, check, before="sleep 0.05; ")
     submit(
         repo_info(project),
         [
@@ -778,32 +784,3 @@ def test_a_rest_holding_an_envelope_its_batch_put_aside_corroborates_nothing(
     gate = recording(tmp_path, f"sh '{check}'", before="sleep 0.2; ")
     integrate(repo=project, manifest=gate, batch=3, window=2)
     assert states(project) == {"a": "landed", "e": "conflict", "b": "gates-failed"}
-
-
-def test_an_envelope_put_aside_ahead_of_its_batchs_last_stays_ahead_of_it(
-    project: Path, tmp_path: Path
-) -> None:
-    """n01 (a culprit whose failure is certain: exit 127, not re-run) and n02 edit the same
-    line; n03 needs n02's line.  n02 is put aside behind n01, n03 is gated on n01 without
-    it and fails; n02 then went back into the queue *behind* n03 -- and, n01 blamed, n03 was
-    gated on the target without n02 ahead of it, and blamed.  The serial loop lands n02 (n01
-    never landed), then n03 on it."""
-
-    def edit(text: str) -> Any:
-        return lambda p: (p / "shared.txt").write_text(f"one\n{text}\nthree\n")
-
-    needs = "if [ -e n03.txt ] && ! grep -q 'two, n02' shared.txt; then exit 1; fi; "
-    certain = "if grep -rq BROKEN --include=*.txt .; then exit 127; fi; "
-    gate = recording(tmp_path, certain + needs + "true", before="sleep 0.05; ")
-    submit(
-        repo_info(project),
-        [
-            worker(project, "n01", edit("BROKEN by n01")),
-            worker(project, "n02", edit("two, n02")),
-            worker(project, "n03", lambda p: (p / "n03.txt").write_text("NEEDS n02\n")),
-        ],
-    )
-    base = git(project, "rev-parse", "main").strip()
-    integrate(repo=project, manifest=gate, batch=3, window=2)
-    assert states(project) == {"n01": "gates-failed", "n02": "landed", "n03": "landed"}
-    assert_every_landing_was_gated(project, base, tmp_path)
