@@ -601,6 +601,12 @@ def test_with_a_window_of_one_a_named_envelope_is_confirmed_by_a_rerun(
     assert all(a.end <= b.start for a, b in itertools.pairwise(result.pipeline))
     assert target_heads(project, base) == [result.pipeline[-1].commit]  # n01..n04 with it
     assert_every_landing_was_gated(project, base, tmp_path)
+    # each landed entry says which gate run passed the tree it landed on (the carried too:
+    # integrate status --json's landed shape, tests/test_json_shapes.py)
+    landed = [e for e in queue_status(repo=project)["envelopes"] if e["state"] == "landed"]
+    assert {e["worker"]: e.get("gate_run") for e in landed} == dict.fromkeys(
+        ("n01", "n02", "n03", "n04", "n06", "n07", "n08"), result.pipeline[-1].gate_run
+    )
 
 
 def test_a_flake_landing_on_a_red_target_leaves_it_red_and_blames_nobody(
