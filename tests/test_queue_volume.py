@@ -604,6 +604,9 @@ def test_with_a_window_of_one_a_named_envelope_is_confirmed_by_a_rerun(
     # each landed entry says which gate run passed the tree it landed on (the carried too:
     # integrate status --json's landed shape, tests/test_json_shapes.py)
     landed = [e for e in queue_status(repo=project)["envelopes"] if e["state"] == "landed"]
+    assert {
+        list(e)[-6:] == ["commit", "gate_run", "old", "new", "head", "position"] for e in landed
+    } == {True}
     assert {e["worker"]: e.get("gate_run") for e in landed} == dict.fromkeys(
         ("n01", "n02", "n03", "n04", "n06", "n07", "n08"), result.pipeline[-1].gate_run
     )

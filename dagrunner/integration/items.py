@@ -261,6 +261,8 @@ def carry(items: list[Item], blame: Callable[[Item], None], queue: Queue) -> boo
         return False
     for item in blamed:
         blame(item)
+    run = entries[into.envelopes[0].id].details  # the run that passed the tree it lands on
+    journal(queue, items[0], Details(gate_run=run.gate_run, head=run.head, position=run.position))
     into.absorb(items.pop(0))
     return True
 
