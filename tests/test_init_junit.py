@@ -222,3 +222,23 @@ def test_scripts_and_ci_programs_that_look_like_checks_are_gates_or_listed(
     assert "the tests gate runs the tests" in why["js-test-coverage"], why
     assert "node_modules/.bin/tsc is not here" in why["js-tsc"], why
     assert "js-start" not in why and "js-install" not in why, why
+
+
+def test_init_says_the_ignore_rule_the_junit_file_needs(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round 11 (pallets/click): the tests gate's comment said "add build/junit/ to
+    .gitignore", and init's summary, which lists every other edit it leaves to the user,
+    did not; a project that ignores the folder is told nothing."""
+    (repo / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')
+    git(repo, "rm", "-q", ".gitignore")  # the fixture's ignores reports/, a JUnit folder too
+    git(repo, "commit", "-qm", "no ignore rules")
+    assert run_cli(["init", "--repo", str(repo)]) == 0
+    printed = capsys.readouterr().out
+    assert "add build/junit/ to .gitignore" in printed and "(gate tests)" in printed, printed
+    (repo / "dagrunner.toml").unlink()
+    (repo / ".gitignore").write_text("build/\n")
+    git(repo, "add", ".gitignore")
+    git(repo, "commit", "-qm", "ignore build")
+    assert run_cli(["init", "--repo", str(repo)]) == 0
+    assert ".gitignore" not in capsys.readouterr().out

@@ -584,26 +584,32 @@ def test_with_a_window_of_one_a_named_envelope_is_confirmed_by_a_rerun(
     project: Path, tmp_path: Path
 ) -> None:
     """One run at a time: nothing is gated beside the named n05, so its batch's failure
-    cannot be corroborated by the rest passing; it is re-run, blamed, and the rest lands
-    after it (it used to wait for the rest, which waited for the window: a hang)."""
+    cannot be corroborated by the rest passing; it is re-run, blamed as the rest lands, and
+    what is ahead of it (carried) lands with the rest, never gated on its own: n05,
+    confirmed, is gated no more, so the rest is gated next (it used to wait for the rest,
+    which waited for the window: a hang; then the carried piece was gated on its own, a
+    run more, as round 11 on pallets/click showed with ``--batch 5``)."""
+    base = git(project, "rev-parse", "main").strip()
     submit(repo_info(project), breaking(project, 8, {5: "BROKEN\n"}))
     result = integrate(repo=project, manifest=naming_gate(tmp_path, "-n"), batch=8, window=1)
     final = states(project)
     assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
     runs = [(len(r.envelopes), str(r.verdict)) for r in result.pipeline]
     # the target's head, once, after the first failure: it passes, the failure is theirs;
-    # then n05 on what is queued ahead of it (and its re-run); one run at a time, the rest
-    # waits for n05's place in the window, so what is ahead of n05 is gated on its own
-    # after all (not carried by the rest), then the rest
-    assert runs == [
-        (8, "failed"),
-        (0, "passed"),
-        (1, "failed"),
-        (1, "confirmed"),
-        (4, "passed"),
-        (3, "passed"),
-    ]
+    # then n05 on what is queued ahead of it (and its re-run); then the rest on n01..n04
+    assert runs == [(8, "failed"), (0, "passed"), (1, "failed"), (1, "confirmed"), (3, "passed")]
     assert all(a.end <= b.start for a, b in itertools.pairwise(result.pipeline))
+    assert target_heads(project, base) == [result.pipeline[-1].commit]  # n01..n04 with it
+    assert_every_landing_was_gated(project, base, tmp_path)
+    # each landed entry says which gate run passed the tree it landed on (the carried too:
+    # integrate status --json's landed shape, tests/test_json_shapes.py)
+    landed = [e for e in queue_status(repo=project)["envelopes"] if e["state"] == "landed"]
+    assert {
+        list(e)[-6:] == ["commit", "gate_run", "old", "new", "head", "position"] for e in landed
+    } == {True}
+    assert {e["worker"]: e.get("gate_run") for e in landed} == dict.fromkeys(
+        ("n01", "n02", "n03", "n04", "n06", "n07", "n08"), result.pipeline[-1].gate_run
+    )
 
 
 def test_a_flake_landing_on_a_red_target_leaves_it_red_and_blames_nobody(

@@ -140,6 +140,9 @@ def cmd_init(args: argparse.Namespace) -> int:
             print(
                 f"not on PATH here (those gates fail until installed): {', '.join(started.missing)}"
             )
+        for check in started.found.checks:
+            if check.junit and ".gitignore" in check.note:  # the edit its comment asks for
+                print(f"{check.note} (gate {check.id})")
         for seed in started.found.seeds:
             if not seed.ignored or seed.why_off:  # written commented out: the edit is theirs
                 why = seed.why_off or f"no committed ignore rule covers {seed.path}/"

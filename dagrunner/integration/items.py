@@ -233,6 +233,20 @@ def carrier(items: list[Item]) -> tuple[list[Item], Item | None] | None:
     return items[1:index], into
 
 
+def waiting_carrier(items: list[Item]) -> int | None:
+    """Nothing gating, a carried front waiting: the place of the item that would carry it
+    (past the confirmed failures between them, blamed as it lands, gated no more) when it is
+    built and waits only for the window's place those failures held; gate it, never the
+    carried piece on its own for that (a window of 1 after a confirmation: a run more, the
+    rest one after it).  None: nothing to gate so."""
+    index = 1
+    while index < len(items) and items[index].stage is Stage.FAILED:
+        index += 1
+    if index in (1, len(items)) or items[index].stage is not Stage.BUILT:
+        return None
+    return None if items[index].carried else index
+
+
 def carry(items: list[Item], blame: Callable[[Item], None], queue: Queue) -> bool:
     """Land a carried front with what carries it (``carrier``), those failed between them
     blamed: True when it is now part of the front (which passed); False: it waits, or (gated
@@ -250,6 +264,8 @@ def carry(items: list[Item], blame: Callable[[Item], None], queue: Queue) -> boo
         return False
     for item in blamed:
         blame(item)
+    run = entries[into.envelopes[0].id].details  # the run that passed the tree it lands on
+    journal(queue, items[0], Details(gate_run=run.gate_run, head=run.head, position=run.position))
     into.absorb(items.pop(0))
     return True
 

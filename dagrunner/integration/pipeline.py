@@ -118,10 +118,12 @@ class Pipeline:
                     if self.items[0].stage in DECIDED:
                         continue  # fill settled what was at the front: settle what is now
                     if not (self.in_flight or self.receive.statistics().current_buffer_used):
-                        # a carried front waits on what is not gated: gated on its own (not
-                        # carried, nothing decided would wait forever: a bug, not a hang)
+                        # a carried front waits on what is not gated: its carrier, else it
                         assert self.items[0].carried
-                        if not items.carry(self.items, self.blame, self.it.queue):
+                        if (at := items.waiting_carrier(self.items)) is not None:
+                            if not self.known(self.items[at]):
+                                self.launch(self.items[at], at)
+                        elif not items.carry(self.items, self.blame, self.it.queue):
                             self.items[0].carried = False
                         continue
                     done = await self.receive.receive()
