@@ -807,3 +807,38 @@ def test_an_envelope_put_aside_ahead_of_its_batchs_last_stays_ahead_of_it(
     integrate(repo=project, manifest=gate, batch=3, window=2)
     assert states(project) == {"n01": "gates-failed", "n02": "landed", "n03": "landed"}
     assert_every_landing_was_gated(project, base, tmp_path)
+
+
+@pytest.mark.timeout(90)
+def test_a_carried_front_waiting_on_runs_being_cancelled_does_not_hang(
+    project: Path, tmp_path: Path
+) -> None:
+    """Batch [n01, n02, n03, n04, n05], its failure naming n02 and n04: n01 is carried; n02
+    fails twice (confirmed), n03 fails for a missing program (certain: no re-run) while
+    n04 and n05, built on it, gate -- they are reset, their runs cancelled (a gate that
+    takes its grace to end), and the window, halved, has no room for them.  The carried
+    front then waits on nothing live: the cancelled runs end without a verdict, and the
+    controller waited for one forever."""
+    gated = tmp_path / "gated.txt"
+    check = (
+        "trap '' TERM; "
+        "if [ -e n02.txt ]; then echo './n02.txt:1: broken'; "
+        "[ -e n04.txt ] && echo './n04.txt:1: broken'; exit 1; fi; "
+        "if [ -e n04.txt ]; then sleep 6; echo './n04.txt:1: broken'; exit 1; fi; "
+        "if [ -e n05.txt ]; then sleep 6; exit 0; fi; "
+        "if [ -e n03.txt ]; then sleep 3; exit 127; fi"
+    )
+    manifest = tmp_path / "slow.toml"
+    manifest.write_text(
+        f'[sandbox]\nwritable = ["{tmp_path}"]\n\n[gates.check]\ncpu = 0.1\n'
+        f"run = \"git rev-parse 'HEAD^{{tree}}' >> '{gated}'; {check}\"\n"
+    )
+    submit(repo_info(project), breaking(project, 5, {}))
+    integrate(repo=project, manifest=manifest, batch=5, window=8)
+    assert states(project) == {
+        "n01": "landed",
+        "n02": "gates-failed",
+        "n03": "gates-failed",
+        "n04": "gates-failed",
+        "n05": "landed",
+    }
