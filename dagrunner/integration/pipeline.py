@@ -125,7 +125,7 @@ class Pipeline:
                             self.items[0].carried = False
                         continue
                     done = await self.receive.receive()
-                    if done is not None:  # None: a priority item was submitted
+                    if done is not None:  # None: a priority item, or a run cancelled
                         await self.take(done)
                 nursery.cancel_scope.cancel()
         self.intake.requeue(self.items, self.tally)
@@ -271,8 +271,8 @@ class Pipeline:
         said = run.speculation(finished, start, trio.current_time() - self.t0, str(run_dir))
         self.tally.pipeline.append(said)
         run.account(self.it.queue, said, finished)
-        if finished is not None:
-            self.send.send_nowait(finished)
+        # None (cancelled): a wake all the same -- a carried front may wait on nothing else
+        self.send.send_nowait(finished)
 
     # -- verdicts ----------------------------------------------------------------------------
 
