@@ -842,3 +842,18 @@ def test_a_carried_front_waiting_on_runs_being_cancelled_does_not_hang(
         "n04": "gates-failed",
         "n05": "landed",
     }
+
+
+def test_a_carried_envelope_failing_alone_cannot_frame_the_one_it_names(
+    project: Path, tmp_path: Path
+) -> None:
+    """A hostile n01 fails whenever n02 is in its tree (naming n02), and whenever n03 is
+    not: alone it fails.  The serial loop blames n01 and lands n02 and n03.  Carried (never
+    gated alone), n01 landed with the rest (n01+n03 passes) and n02, failing beside n01,
+    was blamed for n01's failure."""
+    bomb = (
+        "if [ -e n02.txt ]; then echo 'error: ./n02.txt:1'; exit 1; fi; [ -e n03.txt ] || exit 1\n"
+    )
+    submit(repo_info(project), [checking(project, "n01", bomb), *breaking(project, 3, {}, 2)])
+    integrate(repo=project, manifest=tree_gate(tmp_path), batch=3, window=2)
+    assert states(project) == {"n01": "gates-failed", "n02": "landed", "n03": "landed"}
