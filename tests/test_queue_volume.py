@@ -379,24 +379,26 @@ def test_the_envelope_a_failure_names_is_gated_first_apart_from_the_rest(
     """The gate says ./n05.txt:1 broke it: n05 is gated alone on what is queued ahead of it
     (n01..n04, as the serial loop gates it) and the rest (n06..n08) on those, built without
     it, at the same time; n05 fails the gate its batch failed and the rest passes without
-    it: that is its confirmation (no re-run); it is blamed, and n01..n04 land with the rest,
-    on the rest's tree (never gated apart: carried).  Three runs of envelopes in all, where
-    halving 8 takes five, one after another (and one of the target's head, once: does it
-    fail the gate too?)."""
+    it: that is its confirmation (no re-run).  n01..n04 (carried: not gated while n05 may
+    pass and land them) are then gated alone, as the serial loop judges n05 on them (a tree
+    holding the rest says nothing of them alone); they land, n05 is blamed, the rest lands.
+    Four runs of envelopes in all, where halving 8 takes five, one after another (and one
+    of the target's head, once: does it fail the gate too?)."""
     base = git(project, "rev-parse", "main").strip()
     submit(repo_info(project), breaking(project, 8, {5: "BROKEN\n"}))
     result = integrate(repo=project, manifest=naming_gate(tmp_path, "-n"), batch=8, window=2)
     final = states(project)
     assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}
     runs = {(len(r.envelopes), str(r.verdict)): r for r in result.pipeline if r.envelopes}
-    assert sorted(runs) == [(1, "failed"), (3, "passed"), (8, "failed")]
+    assert sorted(runs) == [(1, "failed"), (3, "passed"), (4, "passed"), (8, "failed")]
     assert [str(r.verdict) for r in result.pipeline if not r.envelopes] == ["passed"]
     assert result.confirm_runs == 0
     alone, rest = runs[1, "failed"], runs[3, "passed"]
     assert alone.envelopes[0].split(".")[1] == "n05"
     assert base != alone.head == rest.head  # on n01..n04, as the serial loop
     assert rest.start < alone.end  # gated beside it
-    assert target_heads(project, base) == [rest.commit]  # n01..n04 landed with the rest
+    ahead = runs[4, "passed"]
+    assert target_heads(project, base) == [ahead.commit, rest.commit]  # n01..n04 first
     named = [e for e in watch(repo=project, follow=False) if e.event == "named"]
     assert [e.id.split(".")[1] for e in named] == ["n05"], named
     assert (named[0].details.note or "").startswith("named by the failure of gates-01")

@@ -96,8 +96,8 @@ class Item:
     halves: int = 0
     lineage: frozenset[int] = frozenset()  # the splits it is a piece of, its own included
     by_name: bool = False  # a piece of its batch that the batch's failure named
-    # the piece of a named split ahead of the named: not gated, it lands with the first item
-    # behind it that passes holding it, once those between failed (``batching.carrier``)
+    # the piece of a named split ahead of the named: not gated while the item behind it may
+    # pass holding it (it then lands with it), gated alone once that failed (``carrier``)
     carried: bool = False
 
     @property
@@ -131,8 +131,7 @@ class Item:
         return [e for e in self.queued if e.id in kept] if self.skipped else self.envelopes
 
     def absorb(self, ahead: Item) -> None:
-        """``ahead`` (carried, this item's base or the base of those failed between them)
-        lands with this one: one item from ``ahead``'s base to this tree, which holds it."""
+        """``ahead`` (carried, this item's base) lands with this one: one item from ``ahead``'s base to this tree, which holds it."""
         self.envelopes, self.applied = (
             ahead.envelopes + self.envelopes,
             ahead.applied + self.applied,
@@ -212,17 +211,17 @@ def put_back(items: list[Item], item: Item) -> None:
 
 
 def carrier(items: list[Item]) -> tuple[list[Item], Item | None] | None:
-    """The front is carried (``Item.carried``: never gated on its own): the items behind it
-    that failed (confirmed, each one envelope: to be blamed) and the first behind them,
-    which passed on a tree holding the front -- the front lands with it, on its tree.  Those
-    failed were judged on trees holding the front, as the serial loop judges them once it
-    landed; the passing tree says it lands.  None: one of them is undecided, wait;
-    ``(_, None)``: nothing will carry it (none behind passes holding it), gate it."""
+    """The front is carried (``Item.carried``: never gated on its own): the item behind it,
+    when it passed on a tree holding the front -- the front lands with it, on its tree.
+    None: it is undecided, wait; ``(_, None)``: nothing will carry it (it failed, or does
+    not hold the front), gate it.  One failed behind it is never blamed off a later tree's
+    pass: the serial loop judges it on the front landed alone, and a tree holding the
+    front and what is behind it says nothing of the front alone (a hostile envelope can
+    fail alone, pass beside the rest, and name the one behind it: it would land, and that
+    one be blamed for it)."""
     front, index = items[0], 1
-    while index < len(items) and items[index].stage is Stage.FAILED:
-        if len(items[index].envelopes) > 1:
-            return [], None
-        index += 1
+    if index < len(items) and items[index].stage is Stage.FAILED:
+        return [], None
     into = items[index] if index < len(items) else None
     if into is not None and into.stage in (Stage.WAITING, Stage.BUILT, Stage.GATING):
         return None
@@ -234,12 +233,11 @@ def carrier(items: list[Item]) -> tuple[list[Item], Item | None] | None:
 
 
 def carry(items: list[Item], blame: Callable[[Item], None], queue: Queue) -> bool:
-    """Land a carried front with what carries it (``carrier``), those failed between them
-    blamed: True when it is now part of the front (which passed); False: it waits, or (gated
-    on its own now) it is no longer carried.  Those failed between are blamed before the
-    landing: not when an envelope of the front was withdrawn since (they were judged with
-    it, and the landing would not take it: gated on its own, it is found so, and what was
-    built on it is built again without it)."""
+    """Land a carried front with what carries it (``carrier``: none failed between them,
+    so none is blamed): True when it is now part of the front (which passed); False: it
+    waits, or (gated on its own now) it is no longer carried -- also when an envelope of
+    the front was withdrawn since (the landing would not take it: gated on its own, it is
+    found so, and what was built on it is built again without it)."""
     if (said := carrier(items)) is None:
         return False
     blamed, into = said

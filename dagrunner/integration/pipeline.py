@@ -399,8 +399,7 @@ class Pipeline:
         journal(self.it.queue, item, said, EnvelopeState.QUEUED, event="held")
 
     def blame(self, front: Item) -> None:
-        """A confirmed failure at the front (or behind a carried one): judge the one
-        envelope (a batch was split)."""
+        """A confirmed failure at the front: judge the one envelope (a batch was split)."""
         self.items.remove(front)
         (envelope,), tests = front.envelopes, front.new_failures or None
         self.found |= front.lineage
