@@ -820,7 +820,8 @@ def test_a_carried_front_waiting_on_runs_being_cancelled_does_not_hang(
     n04 and n05, built on it, gate -- they are reset, their runs cancelled (a gate that
     takes its grace to end), and the window, halved, has no room for them.  The carried
     front then waits on nothing live: the cancelled runs end without a verdict, and the
-    controller waited for one forever."""
+    controller waited for one forever (on 0ba9c6d; now the carried piece is also gated alone
+    as soon as n02 failed, and a cancelled run wakes the controller all the same)."""
     gated = tmp_path / "gated.txt"
     check = (
         "trap '' TERM; "
