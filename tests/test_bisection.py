@@ -48,11 +48,11 @@ def naming(d: int) -> int:
     """Runs for d culprits that a failure names, whatever n: the batch's; per culprit its
     own and its confirmation (one culprit: the run of the rest beside it, which
     corroborates it; more: a rest built without the others corroborates none, so each is
-    re-run); for each but the last the run of what lies between it and the next; and the
-    rest's.  What is queued ahead of the first is carried: it lands with the rest, no run of
-    its own (each named envelope is still judged on a tree holding what is ahead of it).
-    3 for one culprit, 3d + 1 for more (3 + 3d before the carried piece)."""
-    return 3 if d == 1 else 3 * d + 1
+    re-run); for each but the last the run of what lies between it and the next; what is
+    queued ahead of the first (carried while the first might pass and land it, gated alone
+    once it failed); and the rest's.  4 for one culprit, 3d + 2 for more (3 + 3d before
+    an envelope put aside or carried cost no run of its own)."""
+    return 4 if d == 1 else 3 * d + 2
 
 
 def spent_behind(pipeline: list[Speculation], culprits: set[str]) -> list[Speculation]:

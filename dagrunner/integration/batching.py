@@ -17,10 +17,11 @@ What a failure names (``named``): the envelopes of the batch whose changed paths
 gates' log tails or failed test cases mention.  Runners name the file they failed in (a
 traceback, ``path:line: error`` of a linter or a type checker, a test id), so the culprit is
 usually among them.  The pieces keep the queue's order: what is queued ahead of the named
-(carried: not gated, it lands with the rest, ``items.carry``), the named (expected to
-fail), the others between them and behind, built without the named, all at the same time:
-a 16-envelope batch with one named culprit costs two runs after its failure (the culprit,
-the rest: its confirmation), instead of six.  A name
+(carried: not gated while a named one behind may pass and land it, ``items.carry``), the
+named (expected to fail), the others between them and behind, built without the named, all
+at the same time: a 16-envelope batch with one named culprit costs two runs after its
+failure (the culprit, the rest: its confirmation) and one of what is ahead of it, instead
+of six.  A name
 is a suspicion, never a verdict: an envelope is blamed only for a tree of its own that
 failed, confirmed; and no piece's tree holds an envelope queued after it (whose failure
 could name it, and frame it) or lacks one queued ahead of it that is to land.
@@ -173,7 +174,7 @@ def pieces(item: Item) -> list[Item]:
     if last + 1 < len(made) and (not halved or len(envelopes) == 2):
         made[last].rest, made[last].batch_failing = made[last + 1], item.failing
         made[last].batch_holds = item.holds
-        # what is ahead of the named lands with the rest (or a named one that passes)
+        # what is ahead of the named lands with a named one that passes (else gated alone)
         made[0].carried = not halved and not runs[0][0]
     return made
 

@@ -4,10 +4,10 @@ and tree, and the verdicts its gate runs send back (``pipeline.py`` drives them)
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from dagrunner.engine.landed import GateProof
 from dagrunner.integration.queue import Queue
@@ -96,8 +96,8 @@ class Item:
     halves: int = 0
     lineage: frozenset[int] = frozenset()  # the splits it is a piece of, its own included
     by_name: bool = False  # a piece of its batch that the batch's failure named
-    # the piece of a named split ahead of the named: not gated, it lands with the first item
-    # behind it that passes holding it, once those between failed (``batching.carrier``)
+    # the piece of a named split ahead of the named: not gated while the item behind it may
+    # pass holding it (it then lands with it), gated alone once that failed (``carrier``)
     carried: bool = False
 
     @property
@@ -131,8 +131,7 @@ class Item:
         return [e for e in self.queued if e.id in kept] if self.skipped else self.envelopes
 
     def absorb(self, ahead: Item) -> None:
-        """``ahead`` (carried, this item's base or the base of those failed between them)
-        lands with this one: one item from ``ahead``'s base to this tree, which holds it."""
+        """``ahead`` (carried, this item's base) lands with this one: one item from ``ahead``'s base to this tree, which holds it."""
         self.envelopes, self.applied = (
             ahead.envelopes + self.envelopes,
             ahead.applied + self.applied,
@@ -211,59 +210,37 @@ def put_back(items: list[Item], item: Item) -> None:
             later.excludes |= {id(made)}
 
 
-def carrier(items: list[Item]) -> tuple[list[Item], Item | None] | None:
-    """The front is carried (``Item.carried``: never gated on its own): the items behind it
-    that failed (confirmed, each one envelope: to be blamed) and the first behind them,
-    which passed on a tree holding the front -- the front lands with it, on its tree.  Those
-    failed were judged on trees holding the front, as the serial loop judges them once it
-    landed; the passing tree says it lands.  None: one of them is undecided, wait;
-    ``(_, None)``: nothing will carry it (none behind passes holding it), gate it."""
-    front, index = items[0], 1
-    while index < len(items) and items[index].stage is Stage.FAILED:
-        if len(items[index].envelopes) > 1:
-            return [], None
-        index += 1
-    into = items[index] if index < len(items) else None
+def carrier(items: list[Item]) -> Item | Literal[False] | None:
+    """The front is carried (``Item.carried``: not gated on its own): the item right behind
+    it when it passed on a tree holding the front -- the front lands with it, on its tree;
+    None while it is undecided; False when it failed (or failed once), or holds not the
+    front: gate the front on its own.  A named piece behind it is never blamed off a later
+    tree's pass: the serial loop judges it on the front landed alone, and a tree holding the
+    front and the rest says nothing of the front alone (a hostile envelope ahead can fail
+    alone, pass beside the rest, and name the one behind it: it would land, and that one
+    be blamed for it)."""
+    front, into = items[0], items[1] if len(items) > 1 else None
     if into is not None and into.stage in (Stage.WAITING, Stage.BUILT, Stage.GATING):
         return None
-    if into is not None and into.stage is Stage.SUSPECT:
-        return None
     if into is None or into.stage is not Stage.PASSED or not set(front.ids) <= into.holds:
-        return [], None
-    return items[1:index], into
-
-
-def waiting_carrier(items: list[Item]) -> int | None:
-    """Nothing gating, a carried front waiting: the place of the item that would carry it
-    (past the confirmed failures between them, blamed as it lands, gated no more) when it is
-    built and waits only for the window's place those failures held; gate it, never the
-    carried piece on its own for that (a window of 1 after a confirmation: a run more, the
-    rest one after it).  None: nothing to gate so."""
-    index = 1
-    while index < len(items) and items[index].stage is Stage.FAILED:
-        index += 1
-    if index in (1, len(items)) or items[index].stage is not Stage.BUILT:
-        return None
-    return None if items[index].carried else index
-
-
-def carry(items: list[Item], blame: Callable[[Item], None], queue: Queue) -> bool:
-    """Land a carried front with what carries it (``carrier``), those failed between them
-    blamed: True when it is now part of the front (which passed); False: it waits, or (gated
-    on its own now) it is no longer carried.  Those failed between are blamed before the
-    landing: not when an envelope of the front was withdrawn since (they were judged with
-    it, and the landing would not take it: gated on its own, it is found so, and what was
-    built on it is built again without it)."""
-    if (said := carrier(items)) is None:
         return False
-    blamed, into = said
+    return into
+
+
+def carry(items: list[Item], queue: Queue) -> bool:
+    """Land a carried front with what carries it (``carrier``): True when it is now part of
+    the front (which passed); False: it waits, or (gated on its own now) it is no longer
+    carried -- also when an envelope of the front was withdrawn since (the landing would
+    not take it: gated on its own, it is found so, and what was built on it is built again
+    without it).  Its envelopes are journaled with the run that passed the tree they land
+    on."""
+    if (into := carrier(items)) is None:
+        return False
     entries = queue.entries()
     gone = any(entries[e.id].state is EnvelopeState.WITHDRAWN for e in items[0].envelopes)
-    if into is None or gone:  # nothing behind lands it
+    if into is False or gone:
         items[0].carried = False
         return False
-    for item in blamed:
-        blame(item)
     run = entries[into.envelopes[0].id].details  # the run that passed the tree it lands on
     journal(queue, items[0], Details(gate_run=run.gate_run, head=run.head, position=run.position))
     into.absorb(items.pop(0))

@@ -118,16 +118,14 @@ class Pipeline:
                     if self.items[0].stage in DECIDED:
                         continue  # fill settled what was at the front: settle what is now
                     if not (self.in_flight or self.receive.statistics().current_buffer_used):
-                        # a carried front waits on what is not gated: its carrier, else it
+                        # a carried front waits on what is not gated: gated on its own
+                        # (else nothing decided would wait forever: a bug, not a hang)
                         assert self.items[0].carried
-                        if (at := items.waiting_carrier(self.items)) is not None:
-                            if not self.known(self.items[at]):
-                                self.launch(self.items[at], at)
-                        elif not items.carry(self.items, self.blame, self.it.queue):
+                        if not items.carry(self.items, self.it.queue):
                             self.items[0].carried = False
                         continue
                     done = await self.receive.receive()
-                    if done is not None:  # None: a priority item was submitted
+                    if done is not None:  # None: a priority item, or a run cancelled
                         await self.take(done)
                 nursery.cancel_scope.cancel()
         self.intake.requeue(self.items, self.tally)
@@ -165,7 +163,7 @@ class Pipeline:
             elif not (
                 front.carried
                 and front.stage is Stage.BUILT
-                and items.carry(self.items, self.blame, self.it.queue)
+                and items.carry(self.items, self.it.queue)
             ):
                 return  # undecided (a carried front: until what is behind lands it)
 
@@ -273,8 +271,8 @@ class Pipeline:
         said = run.speculation(finished, start, trio.current_time() - self.t0, str(run_dir))
         self.tally.pipeline.append(said)
         run.account(self.it.queue, said, finished)
-        if finished is not None:
-            self.send.send_nowait(finished)
+        # None (cancelled): a wake all the same -- a carried front may wait on nothing else
+        self.send.send_nowait(finished)
 
     # -- verdicts ----------------------------------------------------------------------------
 
@@ -401,8 +399,7 @@ class Pipeline:
         journal(self.it.queue, item, said, EnvelopeState.QUEUED, event="held")
 
     def blame(self, front: Item) -> None:
-        """A confirmed failure at the front (or behind a carried one): judge the one
-        envelope (a batch was split)."""
+        """A confirmed failure at the front: judge the one envelope (a batch was split)."""
         self.items.remove(front)
         (envelope,), tests = front.envelopes, front.new_failures or None
         self.found |= front.lineage
