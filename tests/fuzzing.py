@@ -372,9 +372,9 @@ def run(seed: int, root: Path) -> Outcome:
                 outcome.broken.append(f"landed {commit[:12]} holds {worker.name} without its need")
     # landings keep the queue's order (held items rejoin the queue behind: a red target,
     # absolute baseline)
-    said = git(repo, "log", "--reverse", "--format=%s", f"{base}..main").splitlines()
+    subjects = git(repo, "log", "--reverse", "--format=%s", f"{base}..main").splitlines()
     order = [w.name for w in scenario.workers]
-    landed_in = [s.rsplit("/", 1)[-1] for s in said if s.rsplit("/", 1)[-1] in order]
+    landed_in = [s.rsplit("/", 1)[-1] for s in subjects if s.rsplit("/", 1)[-1] in order]
     if landed_in != sorted(landed_in, key=order.index) and not (
         scenario.red and scenario.baseline == "absolute"
     ):
