@@ -39,6 +39,11 @@ FOUND = [
     # first time, which flaked: a page worker that passes alone was blamed (no gate had
     # failed twice)
     467,
+    # a pair split by a flake: the second, gated without the first, failed its need; rebuilt
+    # on the first, its tree known failed, confirmed by a pass (the flake) -- and landed with
+    # the failures of its run without the first as the target's own: the target was "red"
+    # on check, and under the differential baseline two BROKEN trees behind it landed
+    432,
     # a pair's first twin breaking the check for sure (exit 127: never re-run), the second
     # put aside in their batch: it went back behind the worker needing its line, which was
     # gated without it and blamed (the scenario's certain)

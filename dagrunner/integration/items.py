@@ -155,6 +155,9 @@ class Item:
         self.proven, self.applied, self.tree, self.excludes = {}, [], "", frozenset()
         self.holds = frozenset()
         self.passed, self.excused, self.rerun = frozenset(), frozenset(), ()
+        # what a run of another tree failed is no verdict of the next (a flake's landing
+        # passed run 5's failures of its tree without its need on as the target's own)
+        self.seen, self.failures, self.new_failures = Failures(), None, ()
         return slot
 
 
