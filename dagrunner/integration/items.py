@@ -131,7 +131,8 @@ class Item:
         return [e for e in self.queued if e.id in kept] if self.skipped else self.envelopes
 
     def absorb(self, ahead: Item) -> None:
-        """``ahead`` (carried, this item's base) lands with this one: one item from ``ahead``'s base to this tree, which holds it."""
+        """``ahead`` (carried, this item's base) lands with this one: one item from
+        ``ahead``'s base to this tree, which holds it."""
         self.envelopes, self.applied = (
             ahead.envelopes + self.envelopes,
             ahead.applied + self.applied,
