@@ -296,3 +296,47 @@ def test_a_named_envelope_is_not_corroborated_by_a_rest_without_another_named_on
         final,
         trace(result.pipeline),
     )
+
+
+def test_what_is_behind_a_named_split_is_gated_beside_what_was_queued_ahead_of_the_culprit(
+    project: Path, tmp_path: Path
+) -> None:
+    """Found on the swarm round's timeline: n05 breaks the first of two batches of 8, and
+    its failure names it.  n05 fails apart, its rest (n06..n08) passes without it: n05 is
+    corroborated, and n01..n04 (carried) are gated alone.  Decided items ran no gate and
+    still took the window's places, and the suspect waited for n01..n04 to be corroborated:
+    the second batch (n09..n16, built on n01..n04 + the rest) waited a whole gate run
+    for a slot that was free.  It is gated beside n01..n04 now."""
+    submit(repo_info(project), breaking(project, 16, {5: "BROKEN\n"}))
+    gate = naming_gate(tmp_path, "-n")
+    gate.write_text(gate.read_text().replace("sleep 0.2", "sleep 0.6"))
+    result = integrate(repo=project, manifest=gate, batch=8, window=2)
+    final = states(project)
+    assert final.pop("n05") == "gates-failed" and set(final.values()) == {"landed"}, final
+    passed = [r for r in result.pipeline if r.envelopes and str(r.verdict) == "passed"]
+    ahead = next(r for r in passed if len(r.envelopes) == 4)
+    behind = next(r for r in passed if r.envelopes[0].split(".")[1] == "n09")
+    assert behind.start < ahead.end, trace(result.pipeline, times=True)
+
+
+def test_a_culprit_narrowed_down_to_a_pair_is_gated_beside_all_that_is_left_of_its_batch(
+    project: Path, tmp_path: Path
+) -> None:
+    """n11 breaks a batch of 16 and its failure names nothing: halving narrows it down to
+    the pair n11, n12.  n11 is gated apart, and beside it not n12 alone (then n13..n16 in a
+    run of their own, once n11 was blamed) but everything left of the batch (n12..n16)
+    without it: its pass corroborates n11 (two failing trees, the batch's and n11's, whose
+    one common change is n11) and lands them.  Six runs, where it took seven, one after
+    another."""
+    base = git(project, "rev-parse", "main").strip()
+    submit(repo_info(project), breaking(project, 16, {11: "BROKEN\n"}))
+    result = integrate(repo=project, manifest=anonymous_gate(tmp_path), batch=16, window=2)
+    final = states(project)
+    assert final.pop("n11") == "gates-failed" and set(final.values()) == {"landed"}, final
+    runs = [r for r in result.pipeline if r.envelopes]
+    assert len(runs) == 6 and result.confirm_runs == 0, trace(runs)
+    culprit = next(r for r in runs if r.envelopes[0].split(".")[1] == "n11")
+    rest = next(r for r in runs if r.envelopes[0].split(".")[1] == "n12")
+    assert len(rest.envelopes) == 5 and str(rest.verdict) == "passed", trace(runs)
+    assert rest.start < culprit.end and rest.head == culprit.head, trace(runs, times=True)
+    assert_every_landing_was_gated(project, base, tmp_path)

@@ -132,7 +132,8 @@ def test_blame_without_waiting_the_item_behind_a_suspect_is_gated_without_it_mea
 ) -> None:
     """n01 fails; while its failure is confirmed, n02 (built on n01, so failing too) is built
     again on the head without n01 and gated beside the confirmation.  Once n01 is blamed,
-    n02 goes on from that run, not from a rebuild; the window stays at 2 after the blame."""
+    n02 goes on from that run, not from a rebuild; n02 passed takes no place in the window
+    while the confirmation runs: n03 and n04 are gated in the slot it leaves free."""
     base = git(project, "rev-parse", "HEAD").strip()
     envelopes = numbered(project, 4, bad={1})
     submit(repo_info(project), envelopes)
@@ -166,9 +167,10 @@ run = "t=$(git rev-parse 'HEAD^{{tree}}'); if grep -qs $t '{gated}'; then sleep 
     # n02 was never rebuilt after the blame: its only runs are the first and the twin
     ran = [r for r in runs if r.envelopes]  # and once the target's head: does it fail too?
     assert [r.head for r in ran if ".n02." in r.envelopes[0]].count(base) == 1
-    # the window stayed at 2: n03 and n04 were gated at once
+    # n02 passed takes no place in the window: n03 and n04 are gated in the slot the slow
+    # confirmation leaves free, before n01 is blamed (they waited for it)
     n03, n04 = (next(r for r in ran if f".n0{i}." in r.envelopes[0]) for i in (3, 4))
-    assert n04.start < n03.end, [r.to_json() for r in runs]
+    assert n03.start < n04.start < confirm.end, [r.to_json() for r in runs]
     assert git(project, "rev-parse", "main^{tree}").strip() == expected_tree(
         project, base, envelopes[1:], tmp_path
     )

@@ -8,9 +8,10 @@ of two at most (1 - rate) / rate, between 1 and ``MOST``: a first batch of ``FIR
 after 4 landed, 16 after 12; about 16 at one culprit in 20.  A batch that fails is split
 at once (``pieces``): what its failure names first, then the rest of it, else it is halved,
 and nothing queued behind the halves is gated until the culprit is found (its trees would
-hold it; ``narrowing``).  A pair's two envelopes are gated side by side on its base: the
-first failing beside the second passing is blamed with no re-run (``corroborated``).  Finding
-d culprits among n this way costs about d*log2(n/d) + 2d runs, a confirmation each included
+hold it; ``narrowing``).  A pair's first is gated on its base and, side by side, the second
+with all that is left of the batch (``items.lengthen``): the first failing beside that
+passing is blamed with no re-run (``corroborated``), and all of it lands.  Finding d
+culprits among n this way costs about d*log2(n/d) + 2d runs, a confirmation each included
 (docs/integration.md).
 
 What a failure names (``named``): the envelopes of the batch whose changed paths its failing
@@ -157,7 +158,9 @@ def pieces(item: Item) -> list[Item]:
     named piece and its rest are, each on the batch's base, side by side: when the first
     fails and the second passes, the pair's failure is the first's confirmation
     (``corroborated``), a run fewer; when the first passes, the second is rebuilt on it:
-    its tree is the pair's, known failed."""
+    its tree is the pair's, known failed.  Every half carries the outermost batch of its
+    bisection (``batch_holds``, ``batch_failing``): the pair's second takes what is left
+    of it (``items.lengthen``), and that batch's failure is then the first's confirmation."""
     envelopes = item.in_order()  # with what it put aside, in its place
     runs = [(n, list(g)) for n, g in itertools.groupby(envelopes, lambda e: e.id in item.named)]
     halved = len(runs) < 2  # named none (or all: never, at most half are named)
@@ -166,10 +169,13 @@ def pieces(item: Item) -> list[Item]:
         runs = [(False, envelopes[:half]), (False, envelopes[half:])]
     split = next(SPLITS) if halved else 0
     made = [Item(part, priority=item.priority) for _, part in runs]
+    # the batch whose failure a bisection narrows, its outermost (``items.lengthen``)
+    root = (item.batch_holds, item.batch_failing) if item.halves else (item.holds, item.failing)
     for (by_name, _), piece in zip(runs, made, strict=True):
         piece.by_name = by_name
         piece.halves = split
         piece.lineage = item.lineage | {split} if split else item.lineage
+        piece.batch_holds, piece.batch_failing = root
     last = max(i for i, (by_name, _) in enumerate(runs) if by_name) if not halved else 0
     if last + 1 < len(made) and (not halved or len(envelopes) == 2):
         made[last].rest, made[last].batch_failing = made[last + 1], item.failing
@@ -236,7 +242,7 @@ def coalesce(items: list[Item], start: int, size: int) -> None:
             del items[index + 1]
             # a batch again, no longer a piece: nothing expected of it, or of its siblings
             item.rest, item.batch_failing, item.halves, item.by_name = None, (), 0, False
-            item.carried = False
+            item.carried, item.own, item.batch_holds = False, frozenset(), frozenset()
         else:
             index += 1
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import takewhile
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -87,7 +88,8 @@ class Item:
     excused_on: str = ""
     named: frozenset[str] = frozenset()  # of its envelopes, what its failure names (a batch's)
     # a piece its batch's failure named, gated apart and first (``batching.pieces``): the rest
-    # of its batch, gated without it, and the gates the batch failed
+    # of its batch, gated without it, and the gates the batch failed (a half: its batch's,
+    # for a pair's rest that takes it, ``lengthen``)
     rest: Item | None = None
     batch_failing: tuple[str, ...] = ()
     batch_holds: frozenset[str] = frozenset()  # the envelopes the batch's tree held
@@ -99,6 +101,9 @@ class Item:
     # the piece of a named split ahead of the named: not gated while the item behind it may
     # pass holding it (it then lands with it), gated alone once that failed (``carrier``)
     carried: bool = False
+    # a pair's rest that took what was left of the batches the pair was halved from: its own
+    # envelopes, parted from what it took again when the pair's first passes (``lengthen``)
+    own: frozenset[str] = frozenset()
 
     @property
     def suspected(self) -> bool:
@@ -212,6 +217,49 @@ def put_back(items: list[Item], item: Item) -> None:
     for made in ahead + behind:
         for later in items[items.index(made) + 1 :]:
             later.excludes |= {id(made)}
+
+
+def lengthen(items: list[Item], at: int) -> None:
+    """Halving narrowed a failure down to a pair (``items[at]``, its rest right behind it):
+    the rest takes what is left behind it of the batches the pair was halved from (their
+    waiting halves), all gated beside the first, without it.  When the first fails and the
+    rest passes, the outermost batch's failure corroborates the first (that batch's tree
+    held the rest's and the first), and all of the rest lands: one run beside the first,
+    where the second alone took one and what was left another, once the first was blamed.
+    When the first passes, the rest is parted again (``part``): what it took is no longer
+    the rest of a failure, the second is its culprit."""
+    first, rest = items[at], items[at + 1] if at + 1 < len(items) else None
+    if not first.halves or rest is None or first.rest is not rest:
+        return  # not a pair of a bisection
+    while at + 2 < len(items):
+        after = items[at + 2]
+        if after.stage is not Stage.WAITING or after.priority != first.priority or after.by_name:
+            return
+        # what coalescing put behind it may hold envelopes queued after the batch: not those
+        taken = list(takewhile(lambda e: e.id in rest.batch_holds, after.envelopes))
+        if not taken:
+            return
+        rest.own = rest.own or frozenset(rest.ids)
+        rest.envelopes = rest.envelopes + taken
+        first.batch_holds, first.batch_failing = rest.batch_holds, rest.batch_failing
+        if len(taken) < len(after.envelopes):
+            after.envelopes = after.envelopes[len(taken) :]
+            return
+        del items[at + 2]
+
+
+def part(items: list[Item], rest: Item | None) -> None:
+    """The first of a pair passed: its rest (waiting: the caller reset it), which took what
+    was left of its batches (``lengthen``), is the pair's second again, and what it took
+    an item of its own right behind it."""
+    if rest is None or not rest.own or rest not in items:
+        return
+    taken = [e for e in rest.envelopes if e.id not in rest.own]
+    rest.envelopes, rest.own = [e for e in rest.envelopes if e.id in rest.own], frozenset()
+    if taken and rest.envelopes:
+        after = Item(taken, priority=rest.priority)
+        after.halves, after.lineage = rest.halves, rest.lineage
+        items.insert(items.index(rest) + 1, after)
 
 
 def carrier(items: list[Item]) -> Item | Literal[False] | None:

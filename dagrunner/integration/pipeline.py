@@ -1,9 +1,10 @@
 """The speculative integration pipeline: several queue items gated at once, landed in order.
 
 An item is a batch of envelopes (``batching``: sized from the queue's outcomes, or fixed).
-The first ``window`` items are each applied, in their own integration worktree, on the
-speculative head "target + every item ahead of it still expected to land", gated at once
-under one governor, and landed in queue order by compare-and-swap when all ahead passed.
+The first ``window`` items that run a gate (one decided or put aside takes no place) are
+each applied, in their own integration worktree, on the speculative head "target + every
+item ahead of it still expected to land", gated at once under one governor, and landed in
+queue order by compare-and-swap when all ahead passed.
 
 - A failed batch is split at once (``batching.pieces``): what its failure names first, else
   halves, nothing behind gated until its culprit is found; a failed tree is not gated again.
@@ -183,8 +184,8 @@ class Pipeline:
                 built = await self.build(item, position)
                 if built == "gone":
                     continue  # nothing of it to gate: it left the pipeline
-            if item.stage is Stage.DEFERRED:
-                # built again at the front, no place in the window: what is behind goes on
+            if item.stage in (Stage.DEFERRED, Stage.PASSED, Stage.FAILED):
+                # decided, or built again at the front: no run, no place in the window
                 position, aside = position + 1, aside + 1
                 continue
             item.stage = Stage.BUILT if item.stage is Stage.WAITING else item.stage
@@ -304,6 +305,7 @@ class Pipeline:
             if item.suspected:  # what is behind was built without it: it lands after all
                 why = "rebuilt on a flake" if done.confirm else f"rebuilt on {item.ids[0]}+"
                 self.reset_from(self.items.index(item) + 1, cause=None, why=why)
+                items.part(self.items, item.rest)
             item.stage = Stage.PASSED
             return
         if done.tree:
@@ -347,19 +349,20 @@ class Pipeline:
         self.items[index : index + 1] = pieces
         behind = index + len(pieces)
         self.reset_from(behind, cause=None, why=f"rebuilt behind the pieces of {item.ids[0]}+")
+        items.lengthen(self.items, index)  # a pair: what is left of the batch beside it
         coalesce(self.items, behind, self.sizer.fixed or self.sizer.size)
 
     def confirm_next(self) -> None:
         """Re-run the failed gates of the first undecided item, when it failed (unless its
         batch's failure confirms it: ``batching.corroborated``)."""
+        for item in self.items:  # a corroboration needs no run: taken wherever it stands
+            if item.stage is Stage.SUSPECT and batching.corroborated(item, self.items, 0):
+                item.stage = Stage.FAILED
         for index, item in enumerate(self.items):
             if item.stage is Stage.PASSED or item.carried:
                 continue
-            if item.stage is Stage.SUSPECT and (
-                said := batching.corroborated(item, self.items, self.window)
-            ):
-                item.stage = Stage.FAILED  # confirmed by its batch's failure: no re-run
-            elif item.stage is Stage.SUSPECT and said is not None:
+            suspect = item.stage is Stage.SUSPECT  # (None: its rest gates, or will)
+            if suspect and batching.corroborated(item, self.items, self.window) is False:
                 item.confirms += 1
                 crash_point("confirming")
                 self.launch(item, index, confirm=True)
