@@ -151,7 +151,7 @@ class Scenario:
                 f"k=$(git ls-tree -r HEAD -- '*.txt' | cksum); "
                 f"if [ ! -e '{state}/steady' ] && "
                 f'[ $(( $(printf %s "${{k}}{gate}{self.seed}" | cksum | cut -d" " -f1) % 3 )) = 0 ] && '
-                f"mkdir '{mark}' 2>/dev/null; then echo flaked; exit 1; fi; "
+                f'mkdir "{mark}" 2>/dev/null; then echo flaked; exit 1; fi; '
             )
 
         grep = "-rl" if self.named else "-rq"
