@@ -262,6 +262,15 @@ def part(items: list[Item], rest: Item | None) -> None:
         items.insert(items.index(rest) + 1, after)
 
 
+def forget(items: list[Item]) -> None:
+    """The target moved under the run: a batch's failure on the head it had is no evidence
+    on the new one (a fix landed around the queue may have ended it), so it corroborates
+    no piece of that batch there (``batching.corroborated``): each is confirmed by a re-run
+    of its own tree, as the serial loop confirms it on the new head."""
+    for item in items:
+        item.batch_holds = frozenset()
+
+
 def carrier(items: list[Item]) -> Item | Literal[False] | None:
     """The front is carried (``Item.carried``: not gated on its own): the item right behind
     it when it passed on a tree holding the front -- the front lands with it, on its tree;

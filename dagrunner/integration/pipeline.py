@@ -441,6 +441,7 @@ class Pipeline:
             self.tally.rebuilds += 1
             self.head = it.head()
             self.reset_from(0, cause=None)
+            items.forget(self.items + self.held)  # what failed on the old head proves nothing
             self.items += self.held  # gated again, after what is in flight
             self.held.clear()
         elif outcome is LandOutcome.WITHDRAWN:  # (BLOCKED: landing.block said why, stopped)
