@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import git, skip_unless_reads_observed
+from conftest import commit_release_manifest, git, skip_unless_reads_observed
 from test_integration import states, worker
 from test_pipeline import recording
 from test_queue_volume import assert_every_landing_was_gated, breaking, naming_gate
@@ -406,3 +406,50 @@ def test_a_batch_failure_on_a_head_moved_since_corroborates_nothing(
         moving.join()
     assert (sync / "n1-flaked").is_dir() and result.rebuilds == 1, trace(result.pipeline)
     assert set(states(project).values()) == {"landed"}, trace(result.pipeline)
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_failure_under_a_manifest_since_changed_corroborates_nothing(
+    project: Path, tmp_path: Path
+) -> None:
+    """m (queued ahead, in a batch of its own) changes the target's manifest: its check no
+    longer fails n2.  The batch n1..n4, gated under the old one meanwhile, fails and is
+    halved down to the pair n1, n2 (the rest: n2..n4); m lands, and both are judged again
+    by the new manifest.  There n1 flakes once and the rest passes: the batch's failure,
+    under a manifest that no longer holds, says nothing of n1, yet it corroborated n1.  The
+    serial loop judges n1 by the new manifest: a flake, confirmed as one; it lands."""
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    script = tmp_path / "check.sh"
+    script.write_text(
+        f"S='{sync}'; v=$1\n"  # a1..a3, m gate until n1 and the rest gate under v0
+        'if [ -e a1.txt ] && ! [ -e n1.txt ] && ! [ -e n2.txt ] && [ "$v" = v0 ]; then\n'
+        "  sleep 4; exit 0\n"
+        "fi\n"
+        'if [ -e n2.txt ] && [ "$v" = v0 ] && ! [ -e n1.txt ]; then sleep 20; exit 1; fi\n'
+        'if [ -e n2.txt ] && [ "$v" = v0 ]; then exit 1; fi\n'
+        'if [ -e n1.txt ] && ! [ -e n2.txt ] && [ "$v" = v0 ]; then sleep 20; exit 0; fi\n'
+        'if [ -e n1.txt ] && ! [ -e n2.txt ] && mkdir "$S/n1-flaked" 2>/dev/null; then exit 1; fi\n'
+    )
+
+    def manifest(version: str) -> str:
+        return f"[sandbox]\nwritable = ['{tmp_path}']\n\n[gates.check]\nrun = \"sh '{script}' {version}\"\n"
+
+    commit_release_manifest(project, manifest("v0"))
+    base = git(project, "rev-parse", "main").strip()
+
+    def write(name: str) -> Callable[[Path], None]:
+        def change(path: Path) -> None:
+            if name == "m":
+                (path / "manifests" / "release.toml").write_text(manifest("v1"))
+            else:
+                (path / f"{name}.txt").write_text(f"{name}\n")
+
+        return change
+
+    names = ["a1", "a2", "a3", "m", "n1", "n2", "n3", "n4"]
+    submit(repo_info(project), [worker(project, name, write(name)) for name in names])
+    result = integrate(repo=project, batch=4, window=16)
+    assert (sync / "n1-flaked").is_dir(), trace(result.pipeline)
+    assert set(states(project).values()) == {"landed"}, trace(result.pipeline)
+    assert git(project, "rev-parse", "main").strip() != base

@@ -262,11 +262,12 @@ def part(items: list[Item], rest: Item | None) -> None:
         items.insert(items.index(rest) + 1, after)
 
 
-def forget(items: list[Item]) -> None:
-    """The target moved under the run: a batch's failure on the head it had is no evidence
-    on the new one (a fix landed around the queue may have ended it), so it corroborates
-    no piece of that batch there (``batching.corroborated``): each is confirmed by a re-run
-    of its own tree, as the serial loop confirms it on the new head."""
+def forget_failures(items: list[Item]) -> None:
+    """The target moved under the run, or a landing changed its manifest: a batch's failure
+    on the head it had, or under the manifest it had, is no evidence on the new one (a fix
+    landed around the queue, a gate changed, may have ended it), so it corroborates no
+    piece of that batch there (``batching.corroborated``): each is confirmed by a re-run
+    of its own tree, as the serial loop confirms it there."""
     for item in items:
         item.batch_holds = frozenset()
 
