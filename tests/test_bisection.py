@@ -453,3 +453,46 @@ def test_a_batch_failure_under_a_manifest_since_changed_corroborates_nothing(
     assert (sync / "n1-flaked").is_dir(), trace(result.pipeline)
     assert set(states(project).values()) == {"landed"}, trace(result.pipeline)
     assert git(project, "rev-parse", "main").strip() != base
+
+
+@pytest.mark.timeout(120)
+def test_a_tree_failed_under_a_manifest_since_changed_is_not_known_failed(
+    project: Path, tmp_path: Path
+) -> None:
+    """m (queued ahead) changes the target's manifest: its check no longer fails n2.  The
+    batch n1..n4 fails under the old one; n3+n4, built on n1+n2, is that very tree, but
+    the window has no room to gate it before m lands.  Under the new manifest n1+n2
+    passes, and n3+n4 on it -- the tree that failed under the old one -- was taken as
+    failed without a run: split, n3 flaked once and n4 passed, and n3 was blamed off a
+    verdict of a manifest that no longer holds.  The serial loop lands all of them."""
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    script = tmp_path / "check.sh"
+    script.write_text(
+        f"S='{sync}'; v=$1\n"
+        'if [ -e a1.txt ] && ! [ -e n1.txt ] && [ "$v" = v0 ]; then sleep 4; exit 0; fi\n'
+        'if [ -e n2.txt ] && ! [ -e n3.txt ] && [ "$v" = v0 ]; then sleep 20; exit 1; fi\n'
+        'if [ -e n2.txt ] && [ "$v" = v0 ]; then exit 1; fi\n'
+        'if [ -e n3.txt ] && ! [ -e n4.txt ] && mkdir "$S/n3-flaked" 2>/dev/null; then exit 1; fi\n'
+    )
+
+    def manifest(version: str) -> str:
+        return f"[sandbox]\nwritable = ['{tmp_path}']\n\n[gates.check]\nrun = \"sh '{script}' {version}\"\n"
+
+    commit_release_manifest(project, manifest("v0"))
+
+    def write(name: str) -> Callable[[Path], None]:
+        def change(path: Path) -> None:
+            if name == "m":
+                (path / "manifests" / "release.toml").write_text(manifest("v1"))
+            else:
+                (path / f"{name}.txt").write_text(f"{name}\n")
+
+        return change
+
+    names = ["a1", "a2", "a3", "m", "n1", "n2", "n3", "n4"]
+    submit(repo_info(project), [worker(project, name, write(name)) for name in names])
+    result = integrate(repo=project, batch=4, window=2)
+    assert set(states(project).values()) == {"landed"}, trace(result.pipeline)
+    ran = [r.envelopes for r in result.pipeline if str(r.verdict) == "passed"]
+    assert [e.split(".")[1] for e in ran[-1]] == ["n3", "n4"], trace(result.pipeline)

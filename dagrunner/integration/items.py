@@ -67,7 +67,9 @@ class Item:
     slot: Path | None = None  # the worktree it was just built in, until its run takes it
     proven: Mapping[str, GateProof] = field(default_factory=dict)  # its landed proof's gates
     priority: int = 0  # its envelopes' (``--priority``; queue.URGENT pre-empts)
-    tree: str = ""  # its commit's tree: a tree that failed once in the run is not gated again
+    # its commit's tree, and the manifest judging it: one that failed once in the run is not
+    # gated again (by the same manifest: one a landing changed may pass it)
+    tree: str = ""
     # suspects and deferred items ahead (``id``) its base leaves out: expected not to land
     excludes: frozenset[int] = frozenset()
     holds: frozenset[str] = frozenset()  # the envelopes its tree holds, landed in the run or not
