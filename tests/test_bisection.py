@@ -7,11 +7,13 @@ culprits among n, plus one confirmation each."""
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import git, skip_unless_reads_observed
+from conftest import commit_release_manifest, git, skip_unless_reads_observed
 from test_integration import states, worker
 from test_pipeline import recording
 from test_queue_volume import assert_every_landing_was_gated, breaking, naming_gate
@@ -340,3 +342,157 @@ def test_a_culprit_narrowed_down_to_a_pair_is_gated_beside_all_that_is_left_of_i
     assert len(rest.envelopes) == 5 and str(rest.verdict) == "passed", trace(runs)
     assert rest.start < culprit.end and rest.head == culprit.head, trace(runs, times=True)
     assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def launches(project: Path, name: str) -> int:
+    """How many gate runs of trees holding worker ``name`` were started."""
+    return sum(
+        1
+        for e in watch(repo=project, follow=False)
+        if e.worker == name and e.event != "gate-run" and e.details.gate_run is not None
+    )
+
+
+def mover(repo: Path, stop: threading.Event) -> None:
+    """Somebody else lands a fix on the target (fix.txt) once n1 and the rest, the third
+    runs of trees holding each, gate."""
+    while not stop.is_set():
+        if launches(repo, "n1") >= 3 and launches(repo, "n2") >= 3:
+            (repo / "fix.txt").write_text("fixed\n")
+            git(repo, "add", "fix.txt")
+            git(repo, "-c", "user.name=m", "-c", "user.email=m@m", "commit", "-q", "-m", "fix")
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_failure_on_a_head_moved_since_corroborates_nothing(
+    project: Path, tmp_path: Path
+) -> None:
+    """n2 fails until somebody else lands fix.txt on the target.  The batch n1..n4 fails on
+    the old head and is halved down to the pair n1, n2 (the rest: n2..n4); meanwhile the
+    target moves to the fix, and both are built again on it.  There n1 flakes once and the
+    rest passes: the batch's failure, on a head without the fix, says nothing of n1 (n2 was
+    its cause there), yet it corroborated n1, and one flake got it blamed (before 6f54429
+    too: the pair's failure did).  The serial loop judges n1 on the new head: its flake is
+    confirmed as one, and it lands."""
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    script = tmp_path / "check.sh"
+    script.write_text(
+        f"S='{sync}'\n"  # a1..a4 gate until n1 and the rest gate on the old head
+        "if [ -e a1.txt ] && ! [ -e n1.txt ] && ! [ -e n2.txt ] && ! [ -e fix.txt ]; then\n"
+        "  sleep 4; exit 0\n"
+        "fi\n"
+        "if [ -e n2.txt ] && ! [ -e fix.txt ] && ! [ -e n1.txt ]; then sleep 20; exit 1; fi\n"
+        "if [ -e n2.txt ] && ! [ -e fix.txt ]; then exit 1; fi\n"
+        "if [ -e n1.txt ] && ! [ -e n2.txt ] && ! [ -e fix.txt ]; then sleep 20; exit 0; fi\n"
+        'if [ -e n1.txt ] && ! [ -e n2.txt ] && mkdir "$S/n1-flaked" 2>/dev/null; then exit 1; fi\n'
+    )
+    names = ["a1", "a2", "a3", "a4", "n1", "n2", "n3", "n4"]
+    envelopes = [
+        worker(project, name, lambda p, name=name: (p / f"{name}.txt").write_text(f"{name}\n"))
+        for name in names
+    ]
+    submit(repo_info(project), envelopes)
+    stop = threading.Event()
+    moving = threading.Thread(target=mover, args=(project, stop))
+    moving.start()
+    try:
+        gate = recording(tmp_path, f"sh '{script}'")
+        result = integrate(repo=project, manifest=gate, batch=4, window=16)
+    finally:
+        stop.set()
+        moving.join()
+    assert (sync / "n1-flaked").is_dir() and result.rebuilds == 1, trace(result.pipeline)
+    assert set(states(project).values()) == {"landed"}, trace(result.pipeline)
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_failure_under_a_manifest_since_changed_corroborates_nothing(
+    project: Path, tmp_path: Path
+) -> None:
+    """m (queued ahead, in a batch of its own) changes the target's manifest: its check no
+    longer fails n2.  The batch n1..n4, gated under the old one meanwhile, fails and is
+    halved down to the pair n1, n2 (the rest: n2..n4); m lands, and both are judged again
+    by the new manifest.  There n1 flakes once and the rest passes: the batch's failure,
+    under a manifest that no longer holds, says nothing of n1, yet it corroborated n1.  The
+    serial loop judges n1 by the new manifest: a flake, confirmed as one; it lands."""
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    script = tmp_path / "check.sh"
+    script.write_text(
+        f"S='{sync}'; v=$1\n"  # a1..a3, m gate until n1 and the rest gate under v0
+        'if [ -e a1.txt ] && ! [ -e n1.txt ] && ! [ -e n2.txt ] && [ "$v" = v0 ]; then\n'
+        "  sleep 4; exit 0\n"
+        "fi\n"
+        'if [ -e n2.txt ] && [ "$v" = v0 ] && ! [ -e n1.txt ]; then sleep 20; exit 1; fi\n'
+        'if [ -e n2.txt ] && [ "$v" = v0 ]; then exit 1; fi\n'
+        'if [ -e n1.txt ] && ! [ -e n2.txt ] && [ "$v" = v0 ]; then sleep 20; exit 0; fi\n'
+        'if [ -e n1.txt ] && ! [ -e n2.txt ] && mkdir "$S/n1-flaked" 2>/dev/null; then exit 1; fi\n'
+    )
+
+    def manifest(version: str) -> str:
+        return f"[sandbox]\nwritable = ['{tmp_path}']\n\n[gates.check]\nrun = \"sh '{script}' {version}\"\n"
+
+    commit_release_manifest(project, manifest("v0"))
+    base = git(project, "rev-parse", "main").strip()
+
+    def write(name: str) -> Callable[[Path], None]:
+        def change(path: Path) -> None:
+            if name == "m":
+                (path / "manifests" / "release.toml").write_text(manifest("v1"))
+            else:
+                (path / f"{name}.txt").write_text(f"{name}\n")
+
+        return change
+
+    names = ["a1", "a2", "a3", "m", "n1", "n2", "n3", "n4"]
+    submit(repo_info(project), [worker(project, name, write(name)) for name in names])
+    result = integrate(repo=project, batch=4, window=16)
+    assert (sync / "n1-flaked").is_dir(), trace(result.pipeline)
+    assert set(states(project).values()) == {"landed"}, trace(result.pipeline)
+    assert git(project, "rev-parse", "main").strip() != base
+
+
+@pytest.mark.timeout(120)
+def test_a_tree_failed_under_a_manifest_since_changed_is_not_known_failed(
+    project: Path, tmp_path: Path
+) -> None:
+    """m (queued ahead) changes the target's manifest: its check no longer fails n2.  The
+    batch n1..n4 fails under the old one; n3+n4, built on n1+n2, is that very tree, but
+    the window has no room to gate it before m lands.  Under the new manifest n1+n2
+    passes, and n3+n4 on it -- the tree that failed under the old one -- was taken as
+    failed without a run: split, n3 flaked once and n4 passed, and n3 was blamed off a
+    verdict of a manifest that no longer holds.  The serial loop lands all of them."""
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    script = tmp_path / "check.sh"
+    script.write_text(
+        f"S='{sync}'; v=$1\n"
+        'if [ -e a1.txt ] && ! [ -e n1.txt ] && [ "$v" = v0 ]; then sleep 4; exit 0; fi\n'
+        'if [ -e n2.txt ] && ! [ -e n3.txt ] && [ "$v" = v0 ]; then sleep 20; exit 1; fi\n'
+        'if [ -e n2.txt ] && [ "$v" = v0 ]; then exit 1; fi\n'
+        'if [ -e n3.txt ] && ! [ -e n4.txt ] && mkdir "$S/n3-flaked" 2>/dev/null; then exit 1; fi\n'
+    )
+
+    def manifest(version: str) -> str:
+        return f"[sandbox]\nwritable = ['{tmp_path}']\n\n[gates.check]\nrun = \"sh '{script}' {version}\"\n"
+
+    commit_release_manifest(project, manifest("v0"))
+
+    def write(name: str) -> Callable[[Path], None]:
+        def change(path: Path) -> None:
+            if name == "m":
+                (path / "manifests" / "release.toml").write_text(manifest("v1"))
+            else:
+                (path / f"{name}.txt").write_text(f"{name}\n")
+
+        return change
+
+    names = ["a1", "a2", "a3", "m", "n1", "n2", "n3", "n4"]
+    submit(repo_info(project), [worker(project, name, write(name)) for name in names])
+    result = integrate(repo=project, batch=4, window=2)
+    assert set(states(project).values()) == {"landed"}, trace(result.pipeline)
+    ran = [r.envelopes for r in result.pipeline if str(r.verdict) == "passed"]
+    assert [e.split(".")[1] for e in ran[-1]] == ["n3", "n4"], trace(result.pipeline)

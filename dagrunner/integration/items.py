@@ -67,7 +67,9 @@ class Item:
     slot: Path | None = None  # the worktree it was just built in, until its run takes it
     proven: Mapping[str, GateProof] = field(default_factory=dict)  # its landed proof's gates
     priority: int = 0  # its envelopes' (``--priority``; queue.URGENT pre-empts)
-    tree: str = ""  # its commit's tree: a tree that failed once in the run is not gated again
+    # its commit's tree, and the manifest judging it: one that failed once in the run is not
+    # gated again (by the same manifest: one a landing changed may pass it)
+    tree: str = ""
     # suspects and deferred items ahead (``id``) its base leaves out: expected not to land
     excludes: frozenset[int] = frozenset()
     holds: frozenset[str] = frozenset()  # the envelopes its tree holds, landed in the run or not
@@ -260,6 +262,16 @@ def part(items: list[Item], rest: Item | None) -> None:
         after = Item(taken, priority=rest.priority)
         after.halves, after.lineage = rest.halves, rest.lineage
         items.insert(items.index(rest) + 1, after)
+
+
+def forget_failures(items: list[Item]) -> None:
+    """The target moved under the run, or a landing changed its manifest: a batch's failure
+    on the head it had, or under the manifest it had, is no evidence on the new one (a fix
+    landed around the queue, a gate changed, may have ended it), so it corroborates no
+    piece of that batch there (``batching.corroborated``): each is confirmed by a re-run
+    of its own tree, as the serial loop confirms it there."""
+    for item in items:
+        item.batch_holds = frozenset()
 
 
 def carrier(items: list[Item]) -> Item | Literal[False] | None:

@@ -40,7 +40,7 @@ import orjson
 
 from dagrunner.files import atomic_write, crash_point
 from dagrunner.git.command import git, is_dirty, split_z
-from dagrunner.integration.items import Item, Stage
+from dagrunner.integration.items import Item, Stage, forget_failures
 from dagrunner.manifest.fields import DEFAULT_MESSAGE
 from dagrunner.names import is_safe_id
 from dagrunner.records.integration import (
@@ -119,15 +119,18 @@ def remains(it: Integrator, trees: Trees, front: Item) -> list[Item]:
     return [Item(kept, priority=front.priority)] if kept else []
 
 
-def stale(it: Integrator, head: str, items: list[Item]) -> int | None:
+def stale(it: Integrator, head: str, items: list[Item], landed: Item) -> int | None:
     """The first of ``items`` built under a manifest other than the one the target holds at
     ``head`` (one that landed changed it), so that it is judged again by this one, as the
     serial loop judges it; None: none is (or the manifest is not the target's: the caller's
-    file, or each tree's own)."""
+    file, or each tree's own).  When ``landed`` changed it, a batch's failure under the old
+    one is no evidence any more: it corroborates nothing (``forget_failures``)."""
     now = it.trusted_manifest(head)
     if not now.is_relative_to(it.reports):
         return None
     said = now.read_bytes()
+    if landed.manifest and landed.manifest.read_bytes() != said:
+        forget_failures(items)
     built = (Stage.WAITING, Stage.DEFERRED)
     return next(
         (

@@ -424,12 +424,12 @@ class Pipeline:
             self.head, self.moves, self.landed = front.commit, 0, self.landed | set(front.ids)
             if again := await self.trees.judge_skipped(front, self.head):
                 self.items.insert(0, Item(again, priority=front.priority))
-            stale = await trio.to_thread.run_sync(landing.stale, it, self.head, self.items)
+            self.items += self.held  # gated again, after what is in flight
+            self.held.clear()
+            stale = await trio.to_thread.run_sync(landing.stale, it, self.head, self.items, front)
             if stale is not None:  # judged by a manifest the target no longer holds
                 self.reset_from(stale, cause=None, why=f"judged by the manifest of {front.ids[-1]}")
             self.baseline.announce(front.ids[0], EnvelopeState.LANDED, self.head)
-            self.items += self.held  # gated again, after what is in flight
-            self.held.clear()
             self.window = min(self.ceiling, self.window + 1)
             self.cleaners.start_soon(landing.clean, self.it, [e.id for e in front.envelopes])
         elif outcome is LandOutcome.MOVED:
@@ -441,6 +441,7 @@ class Pipeline:
             self.tally.rebuilds += 1
             self.head = it.head()
             self.reset_from(0, cause=None)
+            items.forget_failures(self.items + self.held)  # what failed on the old head
             self.items += self.held  # gated again, after what is in flight
             self.held.clear()
         elif outcome is LandOutcome.WITHDRAWN:  # (BLOCKED: landing.block said why, stopped)

@@ -4,6 +4,7 @@ written when a tree lands.  ``pipeline.py`` decides which tree, when, and what c
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -134,8 +135,10 @@ class Trees:
         item.envelopes = [e for e, _ in item.applied]  # the rest ended, or were put aside
         item.holds |= set(item.ids)  # on what its base holds (``items.base_for``)
         item.commit = item.applied[-1][1] if item.applied else item.base
-        item.tree = git(["rev-parse", f"{item.commit}^{{tree}}"], cwd=it.repo).text
         item.manifest = it.trusted_manifest(head, slot)
+        # the tree with the manifest that judges it: another manifest's verdict is not its own
+        tree = git(["rev-parse", f"{item.commit}^{{tree}}"], cwd=it.repo).text
+        item.tree = f"{tree} {hashlib.sha256(item.manifest.read_bytes()).hexdigest()}"
         return True
 
     async def judge_skipped(self, landed: Item, head: str) -> list[Envelope]:
