@@ -496,3 +496,20 @@ def test_a_tree_failed_under_a_manifest_since_changed_is_not_known_failed(
     assert set(states(project).values()) == {"landed"}, trace(result.pipeline)
     ran = [r.envelopes for r in result.pipeline if str(r.verdict) == "passed"]
     assert [e.split(".")[1] for e in ran[-1]] == ["n3", "n4"], trace(result.pipeline)
+
+
+def test_what_is_left_of_a_batch_failing_beside_its_culprit_is_a_bisection_of_its_own(
+    project: Path, tmp_path: Path
+) -> None:
+    """Found by review 13: n03 and n11 break a batch of 16 that names nothing.  Halving
+    narrows it to the pair n03, n04; n04..n16 (all that is left) fails beside n03 -- n11 is
+    in it -- and is halved in turn.  Its pieces took the first batch as the one whose
+    failure corroborates: n11's rest never held n03 (blamed), so n11 was re-run.  What is
+    left failed on its own: its pieces are corroborated by its failure, and n11 is not
+    re-run (n03 is: its rest failed)."""
+    submit(repo_info(project), breaking(project, 16, {3: "BROKEN\n", 11: "BROKEN\n"}))
+    result = integrate(repo=project, manifest=anonymous_gate(tmp_path), batch=16, window=2)
+    final = states(project)
+    assert {k for k, v in final.items() if v != "landed"} == {"n03", "n11"}, final
+    runs = [r for r in result.pipeline if r.envelopes]
+    assert result.confirm_runs == 1 and len(runs) <= 12, trace(runs)

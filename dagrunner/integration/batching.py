@@ -169,8 +169,10 @@ def pieces(item: Item) -> list[Item]:
         runs = [(False, envelopes[:half]), (False, envelopes[half:])]
     split = next(SPLITS) if halved else 0
     made = [Item(part, priority=item.priority) for _, part in runs]
-    # the batch whose failure a bisection narrows, its outermost (``items.lengthen``)
-    root = (item.batch_holds, item.batch_failing) if item.halves else (item.holds, item.failing)
+    # the batch whose failure a bisection narrows, its outermost (``items.lengthen``); a
+    # pair's rest that took what was left of it failed on its own: a bisection of its own
+    ours = item.halves and not item.own
+    root = (item.batch_holds, item.batch_failing) if ours else (item.holds, item.failing)
     for (by_name, _), piece in zip(runs, made, strict=True):
         piece.by_name = by_name
         piece.halves = split

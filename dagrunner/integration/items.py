@@ -256,9 +256,11 @@ def part(items: list[Item], rest: Item | None) -> None:
     an item of its own right behind it."""
     if rest is None or not rest.own or rest not in items:
         return
+    mine = [e for e in rest.envelopes if e.id in rest.own]
     taken = [e for e in rest.envelopes if e.id not in rest.own]
-    rest.envelopes, rest.own = [e for e in rest.envelopes if e.id in rest.own], frozenset()
-    if taken and rest.envelopes:
+    rest.own = frozenset()
+    if mine and taken:  # (else it is whole as it is: nothing lost)
+        rest.envelopes = mine
         after = Item(taken, priority=rest.priority)
         after.halves, after.lineage = rest.halves, rest.lineage
         items.insert(items.index(rest) + 1, after)
