@@ -261,8 +261,8 @@ def part(items: list[Item], rest: Item | None) -> None:
     rest.own = frozenset()
     if mine and taken:  # (else it is whole as it is: nothing lost)
         rest.envelopes = mine
-        after = Item(taken, priority=rest.priority)
-        after.halves, after.lineage = rest.halves, rest.lineage
+        after = Item(taken, priority=rest.priority)  # the second is the culprit: what is
+        after.lineage = rest.lineage  # left is gated as any item is (``narrowing``)
         items.insert(items.index(rest) + 1, after)
 
 
