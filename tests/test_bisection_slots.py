@@ -159,3 +159,26 @@ def test_a_second_culprit_in_what_is_left_holds_back_what_is_behind_it_again(
     wasted = [r for r in spent_behind(result.pipeline, culprits) if r.start > first]
     assert wasted == [], trace(result.pipeline, times=True)
     assert_every_landing_was_gated(project, base, tmp_path)
+
+
+def test_a_pairs_rest_takes_what_is_left_past_an_envelope_its_batch_put_aside(
+    project: Path, tmp_path: Path
+) -> None:
+    """n11 breaks a batch of 16 that names nothing; n15 does not apply behind n14 (the
+    batch's tree was gated without it).  Narrowed down to the pair n11, n12, the rest beside
+    n11 took what was left only up to n15 (not in the batch's tree): n16 was gated apart,
+    and the rest, lacking it, corroborated nothing (n11 re-run).  It takes all of it, n15
+    put aside in its place again: n11 is blamed off the batch's failure, no re-run."""
+    from test_bisection import anonymous_gate
+
+    envelopes = breaking(project, 13, {11: "BROKEN\n"})
+    envelopes += [worker(project, who, partial(two_lines, who)) for who in ("n14", "n15")]
+    envelopes += breaking(project, 16, {}, first=16)
+    submit(repo_info(project), envelopes)
+    result = integrate(repo=project, manifest=anonymous_gate(tmp_path), batch=16, window=2)
+    final = states(project)
+    assert (final.pop("n11"), final.pop("n15")) == ("gates-failed", "conflict"), final
+    assert set(final.values()) == {"landed"}, final
+    rest = [r for r in holding(result.pipeline, "n12") if str(r.verdict) == "passed"]
+    assert rest and holding([rest[-1]], "n16"), trace(result.pipeline)
+    assert result.confirm_runs == 0, trace(result.pipeline)

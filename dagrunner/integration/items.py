@@ -6,7 +6,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from itertools import takewhile
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -233,21 +232,31 @@ def lengthen(items: list[Item], at: int) -> None:
     first, rest = items[at], items[at + 1] if at + 1 < len(items) else None
     if not first.halves or rest is None or first.rest is not rest:
         return  # not a pair of a bisection
-    while at + 2 < len(items):
-        after = items[at + 2]
-        if after.stage is not Stage.WAITING or after.priority != first.priority or after.by_name:
-            return
-        # what coalescing put behind it may hold envelopes queued after the batch: not those
-        taken = list(takewhile(lambda e: e.id in rest.batch_holds, after.envelopes))
-        if not taken:
-            return
-        rest.own = rest.own or frozenset(rest.ids)
-        rest.envelopes = rest.envelopes + taken
-        first.batch_holds, first.batch_failing = rest.batch_holds, rest.batch_failing
-        if len(taken) < len(after.envelopes):
-            after.envelopes = after.envelopes[len(taken) :]
-            return
-        del items[at + 2]
+
+    behind: list[Item] = []
+    for after in items[at + 2 :]:
+        if after.stage not in (Stage.WAITING, Stage.DEFERRED) or after.by_name:
+            break
+        if after.priority != first.priority:
+            break
+        behind.append(after)
+    # what is left reaches to the batch's last envelope behind it (coalescing may have put
+    # others after it); one between two of them was put aside in the batch's tree, which
+    # held it not: it is again, or, applying, lets the rest corroborate nothing
+    flat = [e for after in behind for e in after.envelopes]
+    end = max((i + 1 for i, e in enumerate(flat) if e.id in rest.batch_holds), default=0)
+    if not end:
+        return
+    rest.own = rest.own or frozenset(rest.ids)
+    rest.envelopes = rest.envelopes + flat[:end]
+    first.batch_holds, first.batch_failing = rest.batch_holds, rest.batch_failing
+    taken = {e.id for e in flat[:end]}
+    for after in behind:
+        kept = [e for e in after.envelopes if e.id not in taken]
+        if kept:
+            after.envelopes = kept
+        else:
+            items.remove(after)
 
 
 def part(items: list[Item], rest: Item | None) -> None:
