@@ -160,7 +160,7 @@ def test_what_ci_runs_in_one_workspace_is_a_gate_or_listed(
     neither gated the tests nor listed either.  A script CI runs in one workspace is read
     as one it runs in every workspace: a gate with CI's words when its name says a check
     the root's scripts do not run, else listed with why (naming the workspace)."""
-    scripts = {"build": "tsc -b"}
+    scripts = {"build": "tsc -b", "test:scripts": "jest ./scripts"}
     body = {"name": "root", "private": True, "workspaces": ["packages/*"], "scripts": scripts}
     (repo / "package.json").write_text(json.dumps(body))
     (repo / "pnpm-workspace.yaml").write_text("packages:\n  - packages/*\n")
@@ -171,12 +171,13 @@ def test_what_ci_runs_in_one_workspace_is_a_gate_or_listed(
         json.dumps({"name": "lib", "scripts": scripts})
     )
     steps = [line.replace(" test", f" {s}") for s in ("test", "circular-dependency-check")]
+    steps.append(f"{run[0]} run test:scripts")  # another tests gate CI runs: not the same
     out = init_with_ci(capsys, repo, steps)
     gates = {g["id"]: g for g in out["gates"]}
     assert gates["js-test"]["run"] == run, gates
     assert gates["js-test"]["needs"] == ["js-build"], gates
     assert "in CI (" in gates["js-test"]["source"], gates
-    assert "js-lib-test" not in gates, gates
+    assert "js-lib-test" not in gates and "js-test-scripts" in gates, gates
     left = {s["id"]: s["why"] for s in out["skipped"]}
     why = left["js-circular-dependency-check"]
     assert "CI runs it in workspace lib; its name says no check init knows" in why, left

@@ -59,6 +59,11 @@ class Ci:
             {f"tox-{n}" for n in self.tox}
             | {f"nox-{n}" for n in self.nox}
             | {f"js-{n.replace(':', '-')}" for n in self.scripts}
+            | {  # a script CI runs in one workspace or each (``yarn workspace lib test``)
+                f"js-{step[0].replace(':', '-')}"
+                for manager in ("npm", "pnpm", "yarn")
+                for step in every_workspace(manager, self.lines)
+            }
             | {f"make-{n}" for n in self.make}
             | ({"pre-commit"} if self.pre_commit else set())
         )
