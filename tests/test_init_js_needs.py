@@ -181,3 +181,24 @@ def test_what_ci_runs_in_one_workspace_is_a_gate_or_listed(
     left = {s["id"]: s["why"] for s in out["skipped"]}
     why = left["js-circular-dependency-check"]
     assert "CI runs it in workspace lib; its name says no check init knows" in why, left
+
+
+def test_a_script_that_runs_the_gradle_wrapper_needs_the_network(
+    capsys: pytest.CaptureFixture[str], repo: Path
+) -> None:
+    """react-native-gesture-handler's CI runs ``yarn workspace react-native-gesture-handler
+    lint:android``: ``./android/gradlew -p android spotlessCheck -q``.  The Gradle wrapper
+    downloads Gradle on first use, and Gradle the build's plugins: offline it fails.  init
+    marks it, as it marks pre-commit and intersphinx."""
+    body = {"name": "root", "private": True, "workspaces": ["packages/*"], "scripts": {}}
+    (repo / "package.json").write_text(json.dumps(body))
+    (repo / "yarn.lock").write_text("")
+    (repo / "packages" / "lib").mkdir(parents=True)
+    scripts = {"test": "jest", "lint:android": "./android/gradlew -p android spotlessCheck -q"}
+    (repo / "packages" / "lib" / "package.json").write_text(
+        json.dumps({"name": "lib", "scripts": scripts})
+    )
+    out = init_with_ci(capsys, repo, ["yarn workspace lib lint:android", "yarn workspace lib test"])
+    gates = {g["id"]: g for g in out["gates"]}
+    assert "Gradle wrapper" in (gates["js-lint-android"]["network"] or ""), gates
+    assert gates["js-test"]["network"] is None, gates

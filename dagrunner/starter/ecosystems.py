@@ -193,7 +193,7 @@ def _ci_every_workspace(
                 tools=("node --version", f"{manager} --version"),
                 memory=memory_of(concern, " ".join(words), scripts, packages),
                 needs=("js-build",) if concern == "tests" else (),
-                commands=(words,),
+                commands=(words, *(_words(text) for text in packages[script])),
                 runner=True,
             )
         )
