@@ -112,7 +112,9 @@ def plain_install(build: str) -> str:
     build = re.sub(
         r'--(cache-folder|store-dir|cache-dir|cache)\s+"\$DAGRUNNER_SEED_STORE[^"]*"', "", build
     )
-    return " ".join(build.split())
+    # and without the variables set before it (yarn berry's ``YARN_ENABLE_GLOBAL_CACHE=true``,
+    # its default): ``--setup`` runs its words, not a shell line
+    return " ".join(re.sub(r"^(\s*[A-Za-z_]\w*=\S*\s+)+", "", build).split())
 
 
 def seed_of(project: Path) -> dict[str, object]:

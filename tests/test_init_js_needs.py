@@ -140,3 +140,65 @@ def test_a_step_ci_runs_in_every_workspace_before_its_tests_builds_what_they_imp
     gates = {g["id"]: g for g in out["gates"]}
     assert gates["js-build"]["run"] == ["pnpm", "-r", "run", "prepublishOnly"], gates
     assert gates["js-test"]["needs"] == ["js-build"], gates
+
+
+@pytest.mark.parametrize(
+    ("lock", "line", "run"),
+    [
+        ("yarn.lock", "yarn workspace lib test", ["yarn", "workspace", "lib", "test"]),
+        ("pnpm-lock.yaml", "pnpm --filter lib test", ["pnpm", "--filter", "lib", "test"]),
+        ("package-lock.json", "npm run test -w lib", ["npm", "run", "test", "-w", "lib"]),
+    ],
+    ids=["yarn", "pnpm", "npm"],
+)
+def test_what_ci_runs_in_one_workspace_is_a_gate_or_listed(
+    capsys: pytest.CaptureFixture[str], repo: Path, lock: str, line: str, run: list[str]
+) -> None:
+    """Found on a real yarn 4 workspace (software-mansion/react-native-gesture-handler): CI
+    runs the library's jest suite as ``yarn workspace react-native-gesture-handler test``
+    and its ``circular-dependency-check`` so; the root has no ``test`` script, and init
+    neither gated the tests nor listed either.  A script CI runs in one workspace is read
+    as one it runs in every workspace: a gate with CI's words when its name says a check
+    the root's scripts do not run, else listed with why (naming the workspace)."""
+    scripts = {"build": "tsc -b", "test:scripts": "jest ./scripts"}
+    body = {"name": "root", "private": True, "workspaces": ["packages/*"], "scripts": scripts}
+    (repo / "package.json").write_text(json.dumps(body))
+    (repo / "pnpm-workspace.yaml").write_text("packages:\n  - packages/*\n")
+    (repo / lock).write_text("")
+    (repo / "packages" / "lib").mkdir(parents=True)
+    scripts = {"test": "jest", "circular-dependency-check": "madge --circular src"}
+    (repo / "packages" / "lib" / "package.json").write_text(
+        json.dumps({"name": "lib", "scripts": scripts})
+    )
+    steps = [line.replace(" test", f" {s}") for s in ("test", "circular-dependency-check")]
+    steps.append(f"{run[0]} run test:scripts")  # another tests gate CI runs: not the same
+    out = init_with_ci(capsys, repo, steps)
+    gates = {g["id"]: g for g in out["gates"]}
+    assert gates["js-test"]["run"] == run, gates
+    assert gates["js-test"]["needs"] == ["js-build"], gates
+    assert "in CI (" in gates["js-test"]["source"], gates
+    assert "js-lib-test" not in gates and "js-test-scripts" in gates, gates
+    left = {s["id"]: s["why"] for s in out["skipped"]}
+    why = left["js-circular-dependency-check"]
+    assert "CI runs it in workspace lib; its name says no check init knows" in why, left
+
+
+def test_a_script_that_runs_the_gradle_wrapper_needs_the_network(
+    capsys: pytest.CaptureFixture[str], repo: Path
+) -> None:
+    """react-native-gesture-handler's CI runs ``yarn workspace react-native-gesture-handler
+    lint:android``: ``./android/gradlew -p android spotlessCheck -q``.  The Gradle wrapper
+    downloads Gradle on first use, and Gradle the build's plugins: offline it fails.  init
+    marks it, as it marks pre-commit and intersphinx."""
+    body = {"name": "root", "private": True, "workspaces": ["packages/*"], "scripts": {}}
+    (repo / "package.json").write_text(json.dumps(body))
+    (repo / "yarn.lock").write_text("")
+    (repo / "packages" / "lib").mkdir(parents=True)
+    scripts = {"test": "jest", "lint:android": "./android/gradlew -p android spotlessCheck -q"}
+    (repo / "packages" / "lib" / "package.json").write_text(
+        json.dumps({"name": "lib", "scripts": scripts})
+    )
+    out = init_with_ci(capsys, repo, ["yarn workspace lib lint:android", "yarn workspace lib test"])
+    gates = {g["id"]: g for g in out["gates"]}
+    assert "Gradle wrapper" in (gates["js-lint-android"]["network"] or ""), gates
+    assert gates["js-test"]["network"] is None, gates

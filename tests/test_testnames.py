@@ -6,7 +6,7 @@ pytest, unittest and ``node --test`` (both its TAP and spec reporters) are run f
 here.  vitest, jest, mocha, go test and cargo test cannot be installed offline on the test
 machine: their samples in ``tests/fixtures/runner-output/`` were written by hand in each
 runner's documented output format (vitest 1.x; vitest 4 under turbo after a line of a real
-run in round 9 of docs/real-projects.md; jest 29, mocha 10 spec reporter, go test
+run in round 9 of docs/real-projects.md; jest 30 under turbo from a real run in round 12; jest 29, mocha 10 spec reporter, go test
 -v, cargo test), not captured from a run."""
 
 from __future__ import annotations
@@ -132,6 +132,9 @@ def test_node_test_runner(tmp_path: Path, reporter: str) -> None:
                               "test/server/lazy.spec.ts::lazy > renders on the server",
                               "test/signals.spec.ts::Create signals > Create and read a Signal"]),
         ("jest", ["sum \u203a adds 1 + 2 to equal 4", "divide by zero throws"]),
+        # jest 30 under turbo (`pkg:task: `; a real run's lines, callstack/reassure) and
+        # `pnpm -r` (`dir script: `)
+        ("jest-workspace", ["formatCountDiff", "logger \u203a prints in colour"]),
         ("mocha", ["Array > #indexOf()::should return -1 when the value is not present",
                    "sum::adds 1 + 2 to equal 4"]),
         ("go", ["TestDivide", "TestTable/negative"]),

@@ -4,8 +4,9 @@ Each common runner names what failed in its own words: pytest's short summary (`
 path::Class::test - why``), unittest (``FAIL: test_x (mod.Class.test_x)``), ``node --test``
 as TAP (``not ok 2 - name``, nested subtests indented; a parent that failed only for its
 subtests is left out) or with its spec reporter (the ``✖ failing tests:`` section), vitest
-(``FAIL  file > suite > test``, behind turbo's or ``pnpm -r``'s prefix too), jest (``● Suite \u203a test``, ``● test``), mocha (the numbered list after
-``N failing``), go (``--- FAIL: TestX``) and cargo (``test x ... FAILED``).
+(``FAIL  file > suite > test``) and jest (``● Suite \u203a test``, ``● test``), each behind
+turbo's or ``pnpm -r``'s prefix too, mocha (the numbered list after ``N failing``), go
+(``--- FAIL: TestX``) and cargo (``test x ... FAILED``).
 
 The log is the gate's, so untrusted: it is read bounded, escape sequences are stripped,
 at most ``MAX_CASES`` names of at most 300 characters are kept, and the names are for
@@ -33,11 +34,12 @@ _TAP_NOT_OK = re.compile(r"^(\s*)not ok \d+ - (.+?)(?: # (?:TODO|SKIP)\b.*)?$")
 _SPEC = re.compile(r"^\s*\u2716 (.+?) \([\d.]+m?s\)$")
 # vitest's line, maybe behind a workspace runner's prefix (turbo's ``pkg:task: ``, ``pnpm -r``'s
 # ``dir script: ``), its file maybe behind a project's badge (``|server|``, or coloured)
+_PREFIX = r"(?:\S+:\S+: |\S+ [\w:-]+: )?"
 _VITEST = re.compile(
-    r"^(?:\S+:\S+: |\S+ [\w:-]+: )?\s*FAIL\s+(?:\|[^|]+\|\s+|\S+\s+(?=\S+ > ))?"
-    r"(\S+) > (.+?)(?: \[.*\])?$"
+    rf"^{_PREFIX}\s*FAIL\s+(?:\|[^|]+\|\s+|\S+\s+(?=\S+ > ))?(\S+) > (.+?)(?: \[.*\])?$"
 )
-_JEST = re.compile(r"^\s*\u25cf (?!Test suite failed to run|Console$)(.+)$")
+# jest's, behind the same prefixes (turbo: round 12's callstack/reassure)
+_JEST = re.compile(rf"^{_PREFIX}\s*\u25cf (?!Test suite failed to run|Console$)(.+)$")
 _MOCHA_HEAD = re.compile(r"^\s*\d+ failing\b")
 _MOCHA = re.compile(r"^(\s*)\d+\) (.+)$")
 _GO = re.compile(r"^\s*--- FAIL: (\S+) \(")

@@ -59,6 +59,11 @@ class Ci:
             {f"tox-{n}" for n in self.tox}
             | {f"nox-{n}" for n in self.nox}
             | {f"js-{n.replace(':', '-')}" for n in self.scripts}
+            | {  # a script CI runs in one workspace or each (``yarn workspace lib test``)
+                f"js-{step[0].replace(':', '-')}"
+                for manager in ("npm", "pnpm", "yarn")
+                for step in every_workspace(manager, self.lines)
+            }
             | {f"make-{n}" for n in self.make}
             | ({"pre-commit"} if self.pre_commit else set())
         )
@@ -188,35 +193,54 @@ def _after(
     return {n.strip() for n in names if n.strip() and (variables or "$" not in n)}
 
 
-def every_workspace(manager: str, lines: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
-    """(script, CI's words) for each command of ``lines`` that runs a script in every
-    workspace with ``manager`` (``pnpm -r --no-bail test``), once per script; a command
-    with shell syntax in it is no gate's words."""
-    found: dict[str, tuple[str, ...]] = {}
+def every_workspace(manager: str, lines: tuple[str, ...]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(script, workspace, CI's words) for each command of ``lines`` that runs a script in
+    every workspace with ``manager`` (``pnpm -r --no-bail test``; workspace "") or in one
+    (``yarn workspace lib test``, ``pnpm --filter lib test``, ``npm run test -w lib``; its
+    name), once per script and workspace; a command with shell syntax in it is no gate's
+    words."""
+    found: dict[tuple[str, str], tuple[str, ...]] = {}
     for line in lines:
         try:
             words = shlex.split(line)
         except ValueError:
             continue
-        script = _every_workspace_script(manager, words)
+        script, where = _workspace_script(manager, words)
         if script and not any(re.search(r"[;&|<>$`]", w) for w in words):
-            found.setdefault(script, tuple(words))
-    return list(found.items())
+            found.setdefault((script, where), tuple(words))
+    return [(script, where, words) for (script, where), words in found.items()]
 
 
-def _every_workspace_script(manager: str, words: list[str]) -> str:
-    """The script ``words`` run in every workspace with ``manager`` ("" when none)."""
+# each manager's flags naming the workspaces a command runs in (their value follows)
+_ONE_WORKSPACE = {"pnpm": ("--filter", "-F"), "npm": ("--workspace", "-w"), "yarn": ()}
+
+
+def _workspace_script(manager: str, words: list[str]) -> tuple[str, str]:
+    """The script ``words`` run with ``manager`` in every workspace (``(script, "")``) or in
+    one (``(script, name)``); ``("", "")`` when neither."""
     if not words or words[0] != manager:
-        return ""
-    rest = words[1:]
+        return "", ""
+    rest, where = words[1:], ""
+    for i, word in enumerate(rest):  # ``--filter lib``, ``--workspace=lib``
+        flag, _, inline = word.partition("=")
+        if flag in _ONE_WORKSPACE[manager] and (inline or i + 1 < len(rest)):
+            where = inline or rest[i + 1]
+            rest = rest[:i] + rest[i + (1 if inline else 2) :]
+            break
     if manager == "pnpm" and {"-r", "--recursive"} & set(rest):
-        names = [w for w in rest if not w.startswith("-")]
+        where, names = "", [w for w in rest if not w.startswith("-")]
     elif manager == "yarn" and rest[:1] == ["workspaces"] and "run" in rest:
         names = [w for w in rest[rest.index("run") + 1 :] if not w.startswith("-")]
+    elif manager == "yarn" and rest[:1] == ["workspace"] and len(rest) > 2:
+        where, names = rest[1], [w for w in rest[2:] if not w.startswith("-")]
     elif manager == "npm" and {"--workspaces", "-ws"} & set(rest):
+        where, names = "", [w for w in rest if not w.startswith("-")]
+    elif where:
         names = [w for w in rest if not w.startswith("-")]
     else:
-        return ""
+        return "", ""
     names = names[1:] if names[:1] in (["run"], ["run-script"]) else names
     names = ["test"] if names[:1] == ["t"] else names
-    return names[0] if names and re.fullmatch(r"[\w:.-]+", names[0]) else ""
+    if names and re.fullmatch(r"[\w:.-]+", names[0]):
+        return names[0], where
+    return "", ""

@@ -165,16 +165,21 @@ def _ci_every_workspace(
     found: list[Check] = []
     skipped: list[Skipped] = []
     steps = every_workspace(manager, ci_lines)
-    tests = next((i for i, (s, _) in enumerate(steps) if CHECK_SCRIPTS.get(s) == "tests"), -1)
-    for index, (script, words) in enumerate(steps):
+    tests = next((i for i, (s, _, _) in enumerate(steps) if CHECK_SCRIPTS.get(s) == "tests"), -1)
+    taken: set[str] = set()
+    for index, (script, where, words) in enumerate(steps):
         if script in scripts or script not in packages:
             continue
         gate, said = f"js-{script.replace(':', '-')}", f"`{' '.join(words)}` in CI"
+        if gate in taken:  # the same script in another workspace
+            gate = f"js-{re.sub(r'[^A-Za-z0-9]+', '-', where).strip('-')}-{gate[3:]}"
+        taken.add(gate)
         concern = CHECK_SCRIPTS.get(script) or LOOKS.get(re.split(r"[-:_.]", script)[0])
         if concern is None and index < tests and "build" not in scripts and reads_build(project):
             gate, concern = "js-build", "build"
         if concern is None:
-            why = "CI runs it in every workspace; its name says no check init knows"
+            place = f"workspace {where}" if where else "every workspace"
+            why = f"CI runs it in {place}; its name says no check init knows"
             skipped.append(Skipped(gate, said, why))
             continue
         source = f"{said} (each workspace's scripts.{script}; {_lock_for(project, manager)})"
@@ -188,7 +193,7 @@ def _ci_every_workspace(
                 tools=("node --version", f"{manager} --version"),
                 memory=memory_of(concern, " ".join(words), scripts, packages),
                 needs=("js-build",) if concern == "tests" else (),
-                commands=(words,),
+                commands=(words, *(_words(text) for text in packages[script])),
                 runner=True,
             )
         )

@@ -17,6 +17,10 @@ from dagrunner.starter.readers import Project
 
 CONF_PY = ("docs/conf.py", "doc/conf.py", "docs/source/conf.py", "doc/source/conf.py")
 HOOKS = "{} clones its hooks' repositories and installs their environments"
+WRAPPERS = {  # a build tool's wrapper script, which downloads the tool on first use
+    "gradlew": "the Gradle wrapper downloads Gradle on first use, and Gradle the build's plugins",
+    "mvnw": "the Maven wrapper downloads Maven on first use, and Maven the build's plugins",
+}
 
 
 def intersphinx(project: Project) -> str:
@@ -56,5 +60,12 @@ def mark(project: Project, checks: list[Check]) -> list[Check]:
             why = said if check.id == "pre-commit" else f"it runs {runner}: {said}"
         elif docs and (check.concern.endswith(":docs") or any("sphinx-build" in w for w in words)):
             why = f"sphinx's intersphinx ({docs}) fetches other projects' inventories"
+        elif wrapper := next((w for w in _programs(words) if w in WRAPPERS), ""):
+            why = WRAPPERS[wrapper]
         marked.append(replace(check, network=why) if why else check)
     return marked
+
+
+def _programs(lines: list[str]) -> list[str]:
+    """The file names of the words of ``lines`` (``./android/gradlew`` -> ``gradlew``)."""
+    return [w.rpartition("/")[2] for line in lines for w in re.split(r"[\s;&|()]+", line)]
