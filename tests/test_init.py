@@ -1106,3 +1106,26 @@ def test_a_nox_session_ci_runs_for_a_matrix_value_is_not_said_to_be_unrun_by_ci(
     assert "CI runs it for a matrix value" in skipped["nox-downstream"], skipped
     assert "CI does not" not in skipped["nox-downstream"]
     assert "and CI does not" in skipped["nox-typing"]  # named by nothing CI runs
+
+
+def test_the_summary_says_which_gates_need_the_network_and_what_to_do_offline(
+    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found on real projects (rounds 6-8, 11, 12): a gate init marked as needing the
+    network fails every tree where gates run offline, so nothing lands; the user commented
+    it out, an edit init never told (its comment says why it needs the network, not what to
+    do without it).  The summary names the gates and the edit."""
+    python_project(repo)
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n- repo: https://github.com/pre-commit/pre-commit-hooks\n  hooks:\n"
+        "  - id: check-yaml\n"
+    )
+    tools = repo.parent / "bin"  # pre-commit on PATH, so that its gate is written active
+    tools.mkdir()
+    (tools / "pre-commit").write_text("#!/bin/sh\nexit 0\n")
+    (tools / "pre-commit").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    assert run_cli(["init", "--repo", str(repo), "-o", str(repo / "dagrunner.toml")]) == 0
+    said = capsys.readouterr().out
+    line = next((x for x in said.splitlines() if x.startswith("needs the network")), said)
+    assert "pre-commit" in line and "comment" in line and "offline" in line, line

@@ -140,6 +140,12 @@ def cmd_init(args: argparse.Namespace) -> int:
             print(
                 f"not on PATH here (those gates fail until installed): {', '.join(started.missing)}"
             )
+        said = started.to_json()["gates"]
+        if online := [g["id"] for g in said if g["network"] and not g["commented_out"]]:
+            print(
+                f'needs the network: {", ".join(online)} (network = "host"): where gates run '
+                "offline, comment them out -- every tree fails them there, and nothing lands"
+            )
         for check in started.found.checks:
             if check.junit and ".gitignore" in check.note:  # the edit its comment asks for
                 print(f"{check.note} (gate {check.id})")
