@@ -408,6 +408,28 @@ def test_a_batch_failure_on_a_head_moved_since_corroborates_nothing(
     assert set(states(project).values()) == {"landed"}, trace(result.pipeline)
 
 
+def manifest_changed_ahead(project: Path, tmp_path: Path, script: Path) -> None:
+    """The target's check runs ``script`` with v0; a1..a3, then m (which changes the
+    manifest: v1), then n1..n4 are submitted, each adding its own file."""
+
+    def manifest(version: str) -> str:
+        return f"[sandbox]\nwritable = ['{tmp_path}']\n\n[gates.check]\nrun = \"sh '{script}' {version}\"\n"
+
+    commit_release_manifest(project, manifest("v0"))
+
+    def write(name: str) -> Callable[[Path], None]:
+        def change(path: Path) -> None:
+            if name == "m":
+                (path / "manifests" / "release.toml").write_text(manifest("v1"))
+            else:
+                (path / f"{name}.txt").write_text(f"{name}\n")
+
+        return change
+
+    names = ["a1", "a2", "a3", "m", "n1", "n2", "n3", "n4"]
+    submit(repo_info(project), [worker(project, name, write(name)) for name in names])
+
+
 @pytest.mark.timeout(120)
 def test_a_batch_failure_under_a_manifest_since_changed_corroborates_nothing(
     project: Path, tmp_path: Path
@@ -432,23 +454,8 @@ def test_a_batch_failure_under_a_manifest_since_changed_corroborates_nothing(
         'if [ -e n1.txt ] && ! [ -e n2.txt ] && mkdir "$S/n1-flaked" 2>/dev/null; then exit 1; fi\n'
     )
 
-    def manifest(version: str) -> str:
-        return f"[sandbox]\nwritable = ['{tmp_path}']\n\n[gates.check]\nrun = \"sh '{script}' {version}\"\n"
-
-    commit_release_manifest(project, manifest("v0"))
-    base = git(project, "rev-parse", "main").strip()
-
-    def write(name: str) -> Callable[[Path], None]:
-        def change(path: Path) -> None:
-            if name == "m":
-                (path / "manifests" / "release.toml").write_text(manifest("v1"))
-            else:
-                (path / f"{name}.txt").write_text(f"{name}\n")
-
-        return change
-
-    names = ["a1", "a2", "a3", "m", "n1", "n2", "n3", "n4"]
-    submit(repo_info(project), [worker(project, name, write(name)) for name in names])
+    manifest_changed_ahead(project, tmp_path, script)
+    base = git(project, "rev-parse", "main").strip()  # the v0 manifest committed
     result = integrate(repo=project, batch=4, window=16)
     assert (sync / "n1-flaked").is_dir(), trace(result.pipeline)
     assert set(states(project).values()) == {"landed"}, trace(result.pipeline)
@@ -476,22 +483,7 @@ def test_a_tree_failed_under_a_manifest_since_changed_is_not_known_failed(
         'if [ -e n3.txt ] && ! [ -e n4.txt ] && mkdir "$S/n3-flaked" 2>/dev/null; then exit 1; fi\n'
     )
 
-    def manifest(version: str) -> str:
-        return f"[sandbox]\nwritable = ['{tmp_path}']\n\n[gates.check]\nrun = \"sh '{script}' {version}\"\n"
-
-    commit_release_manifest(project, manifest("v0"))
-
-    def write(name: str) -> Callable[[Path], None]:
-        def change(path: Path) -> None:
-            if name == "m":
-                (path / "manifests" / "release.toml").write_text(manifest("v1"))
-            else:
-                (path / f"{name}.txt").write_text(f"{name}\n")
-
-        return change
-
-    names = ["a1", "a2", "a3", "m", "n1", "n2", "n3", "n4"]
-    submit(repo_info(project), [worker(project, name, write(name)) for name in names])
+    manifest_changed_ahead(project, tmp_path, script)
     result = integrate(repo=project, batch=4, window=2)
     assert set(states(project).values()) == {"landed"}, trace(result.pipeline)
     ran = [r.envelopes for r in result.pipeline if str(r.verdict) == "passed"]
