@@ -288,6 +288,18 @@ def envelopes_of(repo: Path, args: argparse.Namespace) -> list[Path]:
     return files
 
 
+def measured() -> str:
+    """Which dagrunner this run measures: an editable install follows whichever checkout
+    last installed it (a CI proof's clone, say), not the one the script is in."""
+    import dagrunner
+
+    where = Path(dagrunner.__file__).resolve().parents[1]
+    said = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=where, capture_output=True, text=True
+    )
+    return f"dagrunner from {where} at {said.stdout.strip() or 'no git checkout'}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -319,6 +331,7 @@ def main() -> int:
             f"conflicting pairs), one gate of {args.gate_seconds}s CPU, "
             f"{'a red target, ' if args.red else ''}on {os.cpu_count()} cores"
         )
+        print(measured())
         peer = None
         if not args.skip_serial:
             peer_repo = base / "peer"
