@@ -118,10 +118,9 @@ def _mentioned(envelopes: Sequence[Envelope], record: RunRecord, run_dir: Path) 
 
 class Namer:
     """What a failed batch's failure names (``named``), once per envelope in a run: a batch
-    is split so only when none of the envelopes it names was in a batch split so before.
-    A failure that names one envelope after another (a hostile one can) then costs one run
-    more than halving, not a run per envelope; a rest that took batches queued behind its
-    own (``items.lengthen``) is split by the name of one of those."""
+    is split so only when none of its envelopes was split so before.  A failure that names
+    one envelope after another (a hostile one can) then costs one run more than halving,
+    not a run per envelope."""
 
     def __init__(self, queue: Queue) -> None:
         self.queue = queue
@@ -131,12 +130,11 @@ class Namer:
         """``item.named``, each a ``named`` event on its line (its state stays: a
         suspicion, not a verdict)."""
         ids = set(item.ids)
-        if len(ids) < 2 or done.record is None or done.confirm:
+        if len(ids) < 2 or done.record is None or done.confirm or ids & self.split:
             return
         where = (item.envelopes, done.record, Path(done.report))
         item.named = await trio.to_thread.run_sync(named, *where)
-        if not item.named or item.named & self.split:
-            item.named = frozenset()
+        if not item.named:
             return
         self.split |= ids
         note = f"named by the failure of {where[2].name}: gated apart, ahead of its batch"
@@ -285,7 +283,6 @@ class Sizer:
     fixed: int | None = None  # --batch N: always this
     size: int = FIRST
     recent: deque[bool] = field(default_factory=lambda: deque(maxlen=RECENT))  # per envelope
-    blamed: deque[bool] = field(default_factory=lambda: deque(maxlen=RECENT))  # named or not
     said: int = 0  # the size the journal was last told of (0: none yet)
     why: str = "the first batch of the run"
 
@@ -297,7 +294,6 @@ class Sizer:
         """Envelopes landed, or blamed (a culprit, confirmed): the rate, and the size.  A
         culprit its batch's failure named counts as landed: it cost the same few runs
         whatever the size of its batch, and a batch need not shrink for it."""
-        self.blamed.extend([False] * landed + [True] * blamed)
         if self.fixed is not None:
             return
         landed, blamed = (landed + blamed, 0) if named else (landed, blamed)
@@ -307,14 +303,6 @@ class Sizer:
         if size != self.size:
             tally = f"{culprits} culprits among the last {len(self.recent)} envelopes judged"
             self.size, self.why = size, f"{'grew' if size > self.size else 'shrank'}: {tally}"
-
-    @property
-    def riding(self) -> int:
-        """How many envelopes queued behind a failed batch its rest takes (``items.lengthen``):
-        a batch's worth at the rate of culprits, named or not (about as likely to hold one
-        as not: a rest that fails costs its culprit a confirmation), at most the size."""
-        rate = (self.blamed.count(True) + 1) / (len(self.blamed) + PRIOR_SEEN)
-        return min(self.fixed or self.size, group_size(rate))
 
     def decided(self, admitted: int) -> str | None:
         """The reason to journal for a batch of ``admitted`` envelopes, when the size changed

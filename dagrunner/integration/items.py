@@ -229,7 +229,7 @@ def lengthen(items: list[Item], at: int, size: int) -> None:
     """A failed batch was split: ``items[at]`` is gated apart (a named piece, or the first
     of the pair halving narrowed it down to), its rest right behind it, without it.  The
     rest takes what is left behind it of the batches a pair was halved from (their waiting
-    halves), then what is queued behind (up to ``size`` envelopes), all gated beside
+    halves), then whole batches queued behind (up to ``size`` envelopes), all gated beside
     the first.  When the first fails and the rest passes, the batch's failure corroborates
     the first (its tree held the rest's and the first), and all of the rest lands: one run
     beside the first, where what was left, and what was behind, took one each once the
@@ -254,16 +254,16 @@ def lengthen(items: list[Item], at: int, size: int) -> None:
         first.batch_holds, first.batch_failing = rest.batch_holds, rest.batch_failing
     else:
         end = 0
-    # then what is behind: never one put aside (by its batch: its tree held it not, and
-    # the rest may pass for it), nor a piece of another split
+    # then whole batches behind: never one put aside (by its batch: its tree held it not,
+    # and the rest may pass for it), nor a piece of another split
     beyond: list[Envelope] = []
     room, within = 0 if first.aside or rest.aside else size, {e.id for e in flat[:end]}
     for after in behind:
         if not (mine := [e for e in after.envelopes if e.id not in within]):
             continue
-        if after.aside or after.halves:
+        if after.aside or after.halves or len(beyond) + len(mine) > room:
             break
-        beyond += mine[: room - len(beyond)]  # (the rest of one it takes a part of stays)
+        beyond += mine
     taken = flat[:end] + beyond
     if not taken:
         return

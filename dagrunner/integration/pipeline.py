@@ -350,7 +350,7 @@ class Pipeline:
         behind = index + len(pieces)
         self.reset_from(behind, cause=None, why=f"rebuilt behind the pieces of {item.ids[0]}+")
         for at in range(index, behind):  # the rest beside the piece gated apart takes more
-            items.lengthen(self.items, at, self.sizer.riding)
+            items.lengthen(self.items, at, self.sizer.fixed or self.sizer.size)
         coalesce(self.items, behind, self.sizer.fixed or self.sizer.size)
 
     def confirm_next(self) -> None:
