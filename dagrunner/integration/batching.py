@@ -174,7 +174,7 @@ def pieces(item: Item) -> list[Item]:
     ours = item.halves and not item.own
     root = (item.batch_holds, item.batch_failing) if ours else (item.holds, item.failing)
     for (by_name, _), piece in zip(runs, made, strict=True):
-        piece.by_name, piece.aside = by_name, item.aside or bool(item.skipped)
+        piece.by_name = by_name
         piece.halves = split
         piece.lineage = item.lineage | {split} if split else item.lineage
         piece.batch_holds, piece.batch_failing = root
@@ -217,19 +217,12 @@ def corroborated(item: Item, items: list[Item], window: int) -> bool | None:
     one that failed, one ahead found failing since) may pass for what it left out, and the
     batch's failure may have been that one's -- a flake of this envelope's tree would then
     be blamed on it.  Nor may it hold one the batch's did not (an envelope the batch put
-    aside, applying without this one): the rest may pass for it -- but whole batches queued
-    behind (``Item.beyond``, judged by the same manifest): one of those could make the rest
-    pass only by mending what one of the batch broke, which the rule assumes none does, as
-    it assumes no two envelopes fail only together (docs/integration.md)."""
+    aside, applying without this one): the rest may pass for it."""
     rest = item.rest
     if rest is None or rest not in items or not set(item.failing) <= set(item.batch_failing):
         return False
     if rest.stage is Stage.PASSED:
-        if not item.batch_holds - set(item.ids) <= rest.holds:
-            return False
-        if rest.beyond and rest.tree.split()[-1:] != item.tree.split()[-1:]:
-            return False  # what it took from behind changed the manifest that judged it
-        return rest.holds - item.batch_holds <= rest.beyond
+        return item.batch_holds - set(item.ids) <= rest.holds <= item.batch_holds
     coming = rest.stage in (Stage.WAITING, Stage.BUILT) and items.index(rest) < window
     return None if rest.stage is Stage.GATING or coming else False
 
@@ -248,12 +241,10 @@ def coalesce(items: list[Item], start: int, size: int) -> None:
             and len(item.envelopes) + len(after.envelopes) <= most
         ):
             item.envelopes += after.envelopes
-            item.aside = item.aside or after.aside
             del items[index + 1]
             # a batch again, no longer a piece: nothing expected of it, or of its siblings
             item.rest, item.batch_failing, item.halves, item.by_name = None, (), 0, False
             item.carried, item.own, item.batch_holds = False, frozenset(), frozenset()
-            item.beyond = frozenset()
         else:
             index += 1
 

@@ -102,12 +102,9 @@ class Item:
     # the piece of a named split ahead of the named: not gated while the item behind it may
     # pass holding it (it then lands with it), gated alone once that failed (``carrier``)
     carried: bool = False
-    # a rest that took what was left of the batches its pair was halved from, or what is
-    # queued behind its batch: its own envelopes, parted from what it took again when the
-    # first passes, and of what it took, what its batch's tree did not hold (``lengthen``)
+    # a pair's rest that took what was left of the batches the pair was halved from: its own
+    # envelopes, parted from what it took again when the pair's first passes (``lengthen``)
     own: frozenset[str] = frozenset()
-    beyond: frozenset[str] = frozenset()
-    aside: bool = False  # put an envelope of its own aside once (so did a batch it is of)
 
     @property
     def suspected(self) -> bool:
@@ -193,7 +190,6 @@ def put_aside(item: Item, whole: bool) -> list[Item]:
     ``whole``), and those queued behind it, gated without it -- never ahead of it: one may
     build on it, and it may apply at the front after all."""
     aside, behind, item.deferred, item.behind = item.deferred, item.behind, [], []
-    item.aside = item.aside or bool(aside or behind)
     made = [Item(aside, stage=Stage.DEFERRED, priority=item.priority)] if aside else []
     if whole:
         item.envelopes, item.stage, made = aside, Stage.DEFERRED, []
@@ -201,7 +197,6 @@ def put_aside(item: Item, whole: bool) -> list[Item]:
         made.append(Item(behind, priority=item.priority))
     for piece in made:  # still pieces of what it is a piece of
         piece.halves, piece.lineage, piece.by_name = item.halves, item.lineage, item.by_name
-        piece.aside = True
     return made
 
 
@@ -225,18 +220,18 @@ def put_back(items: list[Item], item: Item) -> None:
             later.excludes |= {id(made)}
 
 
-def lengthen(items: list[Item], at: int, size: int) -> None:
-    """A failed batch was split: ``items[at]`` is gated apart (a named piece, or the first
-    of the pair halving narrowed it down to), its rest right behind it, without it.  The
-    rest takes what is left behind it of the batches a pair was halved from (their waiting
-    halves), then whole batches queued behind (up to ``size`` envelopes), all gated beside
-    the first.  When the first fails and the rest passes, the batch's failure corroborates
-    the first (its tree held the rest's and the first), and all of the rest lands: one run
-    beside the first, where what was left, and what was behind, took one each once the
-    first was blamed.  When the first passes, the rest is parted again (``part``)."""
+def lengthen(items: list[Item], at: int) -> None:
+    """Halving narrowed a failure down to a pair (``items[at]``, its rest right behind it):
+    the rest takes what is left behind it of the batches the pair was halved from (their
+    waiting halves), all gated beside the first, without it.  When the first fails and the
+    rest passes, the outermost batch's failure corroborates the first (that batch's tree
+    held the rest's and the first), and all of the rest lands: one run beside the first,
+    where the second alone took one and what was left another, once the first was blamed.
+    When the first passes, the rest is parted again (``part``): what it took is no longer
+    the rest of a failure, the second is its culprit."""
     first, rest = items[at], items[at + 1] if at + 1 < len(items) else None
-    if rest is None or first.rest is not rest:
-        return  # not a piece with a rest
+    if not first.halves or rest is None or first.rest is not rest:
+        return  # not a pair of a bisection
 
     behind: list[Item] = []
     for after in items[at + 2 :]:
@@ -250,29 +245,14 @@ def lengthen(items: list[Item], at: int, size: int) -> None:
     # held it not: it is again, or, applying, lets the rest corroborate nothing
     flat = [e for after in behind for e in after.envelopes]
     end = max((i + 1 for i, e in enumerate(flat) if e.id in rest.batch_holds), default=0)
-    if first.halves and end:
-        first.batch_holds, first.batch_failing = rest.batch_holds, rest.batch_failing
-    else:
-        end = 0
-    # then whole batches behind: never one put aside (by its batch: its tree held it not,
-    # and the rest may pass for it), nor a piece of another split
-    beyond: list[Envelope] = []
-    room, within = 0 if first.aside or rest.aside else size, {e.id for e in flat[:end]}
-    for after in behind:
-        if not (mine := [e for e in after.envelopes if e.id not in within]):
-            continue
-        if after.aside or after.halves or len(beyond) + len(mine) > room:
-            break
-        beyond += mine
-    taken = flat[:end] + beyond
-    if not taken:
+    if not end:
         return
     rest.own = rest.own or frozenset(rest.ids)
-    rest.beyond |= {e.id for e in beyond}
-    rest.envelopes = rest.envelopes + taken
-    ids = {e.id for e in taken}
+    rest.envelopes = rest.envelopes + flat[:end]
+    first.batch_holds, first.batch_failing = rest.batch_holds, rest.batch_failing
+    taken = {e.id for e in flat[:end]}
     for after in behind:
-        kept = [e for e in after.envelopes if e.id not in ids]
+        kept = [e for e in after.envelopes if e.id not in taken]
         if kept:
             after.envelopes = kept
         else:
@@ -287,7 +267,7 @@ def part(items: list[Item], rest: Item | None) -> None:
         return
     mine = [e for e in rest.envelopes if e.id in rest.own]
     taken = [e for e in rest.envelopes if e.id not in rest.own]
-    rest.own, rest.beyond = frozenset(), frozenset()
+    rest.own = frozenset()
     if mine and taken:  # (else it is whole as it is: nothing lost)
         rest.envelopes = mine
         after = Item(taken, priority=rest.priority)  # the second is the culprit: what is

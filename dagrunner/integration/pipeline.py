@@ -349,8 +349,7 @@ class Pipeline:
         self.items[index : index + 1] = pieces
         behind = index + len(pieces)
         self.reset_from(behind, cause=None, why=f"rebuilt behind the pieces of {item.ids[0]}+")
-        for at in range(index, behind):  # the rest beside the piece gated apart takes more
-            items.lengthen(self.items, at, self.sizer.fixed or self.sizer.size)
+        items.lengthen(self.items, index)  # a pair: what is left of the batch beside it
         coalesce(self.items, behind, self.sizer.fixed or self.sizer.size)
 
     def confirm_next(self) -> None:
