@@ -149,6 +149,33 @@ needs = ["lint"]
     assert entry.details.failed_gates == ("tests",)
 
 
+def test_the_target_heads_failures_are_confirmed_only_by_gates_that_failed_twice(
+    project: Path, tmp_path: Path
+) -> None:
+    """Fuzzer seed 5216 (differential baseline): w1 breaks tests, and its failure gates the
+    target's head.  There lint flakes once (tests skipped behind it); in the head's
+    confirmation lint passes and tests runs for the first time and flakes.  No gate of the
+    head failed twice, yet tests was taken for the target's own failure: w1's real one was
+    excused, and w1 landed a tree that fails tests.  A gate failing first in the head's
+    confirmation gets one of its own, as an item's does."""
+    tree = git(project, "rev-parse", "main^{tree}").strip()
+    on_head = f'[ "$(git rev-parse "HEAD^{{tree}}")" = {tree} ]'
+    body = f"""
+[integrate]
+baseline = "differential"
+
+[gates.lint]
+run = '''if {on_head} && mkdir '{tmp_path / "lint-once"}' 2>/dev/null; then exit 1; fi'''
+
+[gates.tests]
+run = '''if {on_head} && mkdir '{tmp_path / "tests-once"}' 2>/dev/null; then exit 1; fi; {BROKEN}'''
+needs = ["lint"]
+"""
+    state, before, after = gated_once_each(project, tmp_path, body)
+    assert (tmp_path / "lint-once").is_dir() and (tmp_path / "tests-once").is_dir()
+    assert (state, after) == ("gates-failed", before)
+
+
 def test_what_a_run_passed_and_what_a_confirmation_runs(repo: Path, tmp_path: Path) -> None:
     """From a real run's record: a gate skipped behind a failed need, or cancelled, has no
     pass; a split gate passes only when every shard did; what a confirmation runs is every

@@ -12,7 +12,7 @@ all the target's lands (the target is no worse); one that adds a failure is
 
 The head's own verdict is known once per head and shared by every item: the first time an
 item fails on a head, the head itself is gated once (``Baseline.of``: a trusted run, its
-failures confirmed by one more); a commit that lands passes its verdict on (``landed``), so
+failures confirmed by one more, as an item's: ``Baseline.confirmed``); a commit that lands passes its verdict on (``landed``), so
 a run gates the head at most once plus once per foreign move of the target.  The first time
 the target is seen red, a ``target-red`` event names what it fails and since which head,
 with one line for people (``line``); ``target-green`` when a later head fails nothing
@@ -76,12 +76,7 @@ class Baseline:
 
             done = self.pending[head] = trio.Event()
             try:
-                # its failures are confirmed as an item's are: only what fails twice is
-                # the target's (a flake of the head's own run would excuse a real break)
-                first = Failures.of(await self.gate_head(head, want))
-                if first.gates:
-                    again = Failures.of(await self.gate_head(head, tuple(first.gates)))
-                    first = first.confirmed_by(again)
+                first = await self.confirmed(head, want)
                 self.head_runs += 1
                 had = self.known.get(head, Failures())
                 found = {**had.gates, **first.gates}, had.hard | first.hard
@@ -92,6 +87,31 @@ class Baseline:
                 del self.pending[head]
                 done.set()
         return self.known[head]
+
+    async def confirmed(self, head: str, want: tuple[str, ...]) -> Failures:
+        """``head``'s failures of ``want``, confirmed as an item's are: only a gate that ran
+        and failed twice is the target's (a flake of the head's own run would excuse a real
+        break).  One that failed in one run and did not run in the other (skipped behind a
+        need that flaked, cancelled) failed once: it gets a run of its own (fuzzer seed
+        5216: lint flaked, tests skipped, then tests flaked in the confirmation, and an
+        item's real failure of tests was excused as the target's)."""
+        record = await self.gate_head(head, want)
+        first = Failures.of(record)
+        if not first.gates:
+            return first
+        again_record = await self.gate_head(head, tuple(first.gates))
+        again, ran = Failures.of(again_record), (failed(record), failed(again_record))
+        found = first.confirmed_by(again)
+        once = tuple(g for g in found.gates if (g in ran[0]) != (g in ran[1]))
+        if once:
+            third_record = await self.gate_head(head, once)
+            third = Failures.of(third_record)
+            for gate in once:
+                where = again if gate in ran[1] else first
+                alone = where.without(set(where.gates) - {gate})
+                ran_again = gate in failed(third_record)
+                found = found.rerun(alone.confirmed_by(third) if ran_again else Failures(), (gate,))
+        return found
 
     def unknown(self, head: str, gates: tuple[str, ...]) -> tuple[str, ...] | None:
         """What of ``gates`` (() : all of them) ``head`` is still to be gated on (() : all);
@@ -207,6 +227,11 @@ class Baseline:
             self.red_since = ""
             return "target-green", seen
         return None
+
+
+def failed(record: RunRecord) -> set[str]:
+    """The gates of ``record`` that ran and failed (not skipped, cancelled, interrupted)."""
+    return {g.id for g in record.gates if g.status in (Status.FAILED, Status.TIMED_OUT)}
 
 
 def red_targets(queue: Queue) -> dict[str, dict[str, Any]]:
