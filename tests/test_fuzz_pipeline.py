@@ -39,6 +39,10 @@ FOUND = [
     # first time, which flaked: a page worker that passes alone was blamed (no gate had
     # failed twice)
     467,
+    # the same two flakes on the target's head under the differential baseline (lint, then
+    # the check running for the first time in the head's confirmation): the head "failed"
+    # the check, and a hostile worker's real failure of it was excused -- a BROKEN tree landed
+    5216,
     # a pair split by a flake: the second, gated without the first, failed its need; rebuilt
     # on the first, its tree known failed, confirmed by a pass (the flake) -- and landed with
     # the failures of its run without the first as the target's own: the target was "red"
