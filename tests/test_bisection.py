@@ -505,3 +505,36 @@ def test_what_is_left_of_a_batch_failing_beside_its_culprit_is_a_bisection_of_it
     assert {k for k, v in final.items() if v != "landed"} == {"n03", "n11"}, final
     runs = [r for r in result.pipeline if r.envelopes]
     assert result.confirm_runs == 1 and len(runs) <= 12, trace(runs)
+
+
+def test_a_rest_mended_by_an_envelope_behind_its_batch_corroborates_nothing(
+    project: Path, tmp_path: Path
+) -> None:
+    """Batches of 2: n01, n02, then n03, n04.  n02 builds on n03, queued after it (its
+    check fails without n03), and its failure names n01's file (a traceback through n01's
+    code); n01's own tree flakes once.  n01 is gated apart beside its rest (n02): were the
+    rest to take the batch behind (n03, n04), it would pass for n03's sake and corroborate
+    n01's flake (review 14, on a change that let it: reverted).  The serial loop re-runs
+    n01 and lands it."""
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    check = tmp_path / "check.sh"
+    check.write_text(
+        f"S='{sync}'\n"
+        "if grep -q NEEDS n02.txt 2>/dev/null && [ ! -e n03.txt ]; then "
+        "echo 'error: ./n01.txt:1: broken'; exit 1; fi\n"
+        'if [ -e n01.txt ] && [ ! -e n02.txt ] && mkdir "$S/n01-flaked" 2>/dev/null; then '
+        "echo flaked; exit 1; fi\n"
+    )
+    texts = {"n01": "1\n", "n02": "NEEDS n03\n", "n03": "3\n", "n04": "4\n"}
+    envelopes = [
+        worker(project, n, lambda p, n=n, t=t: (p / f"{n}.txt").write_text(t))
+        for n, t in texts.items()
+    ]
+    submit(repo_info(project), envelopes)
+    result = integrate(
+        repo=project, manifest=recording(tmp_path, f"sh '{check}'"), batch=2, window=2
+    )
+    assert (sync / "n01-flaked").is_dir(), trace(result.pipeline)
+    final = states(project)
+    assert final["n01"] == "landed", (final, trace(result.pipeline))
