@@ -92,12 +92,8 @@ def detect(root: Path) -> Found:
     checks = [replace(c, needs=tuple(n for n in c.needs if n in ids)) for c in checks]
     checks = network.mark(project, checks)
     languages = tuple(sorted({c.concern.partition(":")[0] for c in checks}))
-    # Bytecode written beside the sources would change the tree the next gate is keyed by,
-    # unless the project ignores it: then it is in no key (an observed gate's read of it is
-    # its source's), and the tests' own Pythons load the package compiled, not afresh each
-    bytecode = ("__pycache__/m.cpython-311.pyc", "src/m/__pycache__/m.cpython-311.pyc")
-    kept = all(project.ignored(path) for path in bytecode)
-    env_set = (("PYTHONDONTWRITEBYTECODE", "1"),) if "python" in languages and not kept else ()
+    # Bytecode written beside the sources would change the tree the next gate is keyed by.
+    env_set = (("PYTHONDONTWRITEBYTECODE", "1"),) if "python" in languages else ()
     left_out = (*project.refused, *tox_skipped, *nox_skipped, *js_skipped, *skipped, *overlaps)
     left_out += tuple(_coverage_left_out(runs, checks))
     venv = venv_seed(root, extra=extra) if "python" in languages else None
