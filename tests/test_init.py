@@ -1129,25 +1129,3 @@ def test_the_summary_says_which_gates_need_the_network_and_what_to_do_offline(
     said = capsys.readouterr().out
     line = next((x for x in said.splitlines() if x.startswith("needs the network")), said)
     assert "pre-commit" in line and "comment" in line and "offline" in line, line
-
-
-def test_bytecode_is_left_on_where_the_project_ignores_it(
-    repo: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Found on pallets/werkzeug: init set ``PYTHONDONTWRITEBYTECODE=1`` for every Python
-    project, so nothing ever wrote the project's own bytecode and each Python the tests
-    started (a dev server per test there) compiled the package afresh: the tests gate took
-    12 s where tox's, with bytecode, took 9 s.  Bytecode the project ignores is in no key
-    (an observed gate's read of it is its source's): only where it would be a file of the
-    tree is it turned off."""
-    python_project(repo)
-    (repo / "pyproject.toml").write_text(PYPROJECT + "[tool.tox]\nenv_list = ['py']\n")
-    for ignore, off in (("", True), ("__pycache__/\n", False), ("*.py[cod]\n", False)):
-        out = repo / "m.toml"
-        out.unlink(missing_ok=True)
-        (repo / ".gitignore").write_text(ignore)
-        git(repo, "add", "-A")
-        git(repo, "commit", "-q", "-m", f"ignore {ignore!r}", "--allow-empty")
-        code, _ = run_json(capsys, "init", "--repo", str(repo), "-o", str(out))
-        assert code == 0
-        assert ("PYTHONDONTWRITEBYTECODE" in out.read_text()) is off, ignore
