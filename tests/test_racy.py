@@ -362,3 +362,24 @@ def test_cache_prune_removes_the_records_of_trees_that_are_gone(repo: Path, tmp_
     records = [p for p in state.glob("*.json") if p.is_file()]
     assert [json.loads(p.read_text())["tree"] for p in records] == [str(repo)]
     assert (state / "stray.json").is_dir()
+
+
+def test_a_junit_file_a_gate_declares_is_never_touched_as_a_rewritten_input(
+    capsys: pytest.CaptureFixture[str], repo: Path
+) -> None:
+    """Found on pallets/werkzeug: where nobody ignored ``build/junit/`` (init tells to), the
+    JUnit file the last run wrote was named at every run, "touched 1 file(s) ... written
+    again since the last run": a declared output is in no gate's key and is rewritten by
+    every run (and removed before an observed gate starts), so no tool trusts its time."""
+    manifest = """
+[env]
+pass = ["PATH"]
+[gates.tests]
+run = "mkdir -p build/junit && echo '<testsuite tests=\\"1\\"><testcase name=\\"t\\"/></testsuite>' > build/junit/tests.xml"
+inputs = ["**"]
+junit = "build/junit/tests.xml"
+"""
+    for _ in range(3):
+        code, body, _ = check(capsys, repo, manifest, "--no-cache")
+        assert code == 0
+        assert not any("build/junit" in w for w in body["warnings"]), body["warnings"]

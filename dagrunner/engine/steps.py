@@ -32,6 +32,7 @@ from dagrunner.engine.evidence import check_budget, speed_evidence
 from dagrunner.engine.governor import Governor, check_fits, resolve_capacity
 from dagrunner.engine.graph import build_graph, expected_durations, select, spec
 from dagrunner.engine.history import history_path, read_history, read_splits, record_history
+from dagrunner.engine.keys import declared_outputs
 from dagrunner.engine.landed import read_proof
 from dagrunner.engine.plan import NodeKinds, PlainGates, Plan, RunOptions, check_network
 from dagrunner.engine.scheduler import Scheduler
@@ -350,7 +351,8 @@ def _prepare(plan: Plan, options: RunOptions, executor: Executor) -> Prepared:
     # files rewritten in the second a gate read them (an integration tree is checked out
     # afresh, and its tool caches name other paths: nothing of an earlier run is stale there)
     racy_state = (options.cache_root or cache_root()) / "racy"
-    settled = racy.prepare(racy_state, plan.repo) if not options.trusted else None
+    outputs = declared_outputs(plan.graph)  # rewritten by every run: no tool trusts their time
+    settled = None if options.trusted else racy.prepare(racy_state, plan.repo, outputs)
     cache = RunCache(
         manifest=plan.manifest,
         graph=plan.graph,

@@ -46,7 +46,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -300,14 +300,17 @@ def _shown(paths: list[str]) -> str:
     return ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
 
 
-def prepare(state: Path, root: Path) -> Settled:
+def prepare(state: Path, root: Path, outputs: Collection[str] = ()) -> Settled:
     """``settle`` and ``remove_stale_bytecode`` for ``root``, on one listing of the tree; the
     run's warnings say what they did (docs/cache.md, "Files rewritten in the second they were
-    read").  Call ``end`` on what it returns when the run's gates are over."""
+    read").  ``outputs``: the files the gates declare they write (their JUnit files), left
+    out: every run writes them again, and no gate's key holds them.  Call ``end`` on what it
+    returns when the run's gates are over."""
     warnings = []
     files = _files(root)
     if files is None:
         return Settled(state=state, root=root, since=None, warnings=[])
+    files = [path for path in files if path not in outputs]
     began = _read(_record_path(state, root)).get("since")  # before settle records this run
     touched, since = settle(state, root, files)
     if touched:
