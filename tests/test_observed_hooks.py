@@ -119,34 +119,21 @@ junit = "build/junit/tests.xml"
 """
 
 
+@pytest.mark.parametrize("ignored", [True, False], ids=["ignored", "not-ignored"])
 def test_the_junit_file_an_earlier_run_left_does_not_make_the_next_incomplete(
-    capsys: pytest.CaptureFixture[str], tree: Path
+    capsys: pytest.CaptureFixture[str], tree: Path, ignored: bool
 ) -> None:
     """``init``'s pytest gate writes its JUnit file where the project ignores it (as init
     tells): the next run found it held before, an ignored cache, and every run after the
     first was keyed by the whole tree.  dagrunner removes it before the gate starts, so
-    the gate's file is its own and what the old one held went unread."""
-    (tree / ".gitignore").write_text("reports/\nbuild/junit/\n")
-    git(tree, "commit", "-qam", "ignore the JUnit file")
-    for edit in ("A = 2\n", "A = 3\n"):  # the first run leaves the file, the second finds it
-        (tree / "src" / "a.py").write_text(edit)
-        code, body, _ = check(capsys, tree, JUNIT)
-        assert code == 0
-        found = next(g for g in body["gates"] if g["id"] == "tests")
-        assert found["cache"]["observed"]["complete"] is True, found["cache"]["observed"]
-    (tree / "README").write_text("an edit of the docs\n")
-    code, body, _ = check(capsys, tree, JUNIT)
-    assert next(g for g in body["gates"] if g["id"] == "tests")["status"] == "cached"
-
-
-def test_a_junit_file_the_project_does_not_ignore_does_not_make_the_next_run_incomplete(
-    capsys: pytest.CaptureFixture[str], tree: Path
-) -> None:
-    """Found on pallets/werkzeug: init tells to ignore ``build/junit/``; where nobody did,
-    the file the first run left (untracked, not ignored: no file of the snapshot, which
-    leaves declared outputs out) was kept, the next run's pytest rewrote it in place, and
-    "it opened build/junit/tests.xml, a name the tree did not hold of a file older than its
-    run" keyed every later run by the whole tree: a README edit ran the tests again."""
+    the gate's file is its own and what the old one held went unread.  Where nobody ignored
+    it (found on pallets/werkzeug: untracked, not ignored, no file of the snapshot, which
+    leaves declared outputs out) the old file was kept, pytest rewrote it in place, and "it
+    opened build/junit/tests.xml, a name the tree did not hold of a file older than its run"
+    keyed every later run by the whole tree: a README edit ran the tests again."""
+    if ignored:
+        (tree / ".gitignore").write_text("reports/\nbuild/junit/\n")
+        git(tree, "commit", "-qam", "ignore the JUnit file")
     for edit in ("A = 2\n", "A = 3\n"):  # the first run leaves the file, the second finds it
         (tree / "src" / "a.py").write_text(edit)
         code, body, _ = check(capsys, tree, JUNIT)
