@@ -12,8 +12,9 @@ all the target's lands (the target is no worse); one that adds a failure is
 
 The head's own verdict is known once per head and shared by every item: the first time an
 item fails on a head, the head itself is gated once (``Baseline.of``: a trusted run, its
-failures confirmed by one more, as an item's: ``Baseline.confirmed``); a commit that lands passes its verdict on (``landed``), so
-a run gates the head at most once plus once per foreign move of the target.  The first time
+failures confirmed by one more, as an item's: ``Baseline.confirmed``); a commit that lands
+passes its verdict on (``landed``), so a run gates the head at most once plus once per
+foreign move of the target.  The first time
 the target is seen red, a ``target-red`` event names what it fails and since which head,
 with one line for people (``line``); ``target-green`` when a later head fails nothing
 (``integrate status`` shows the colour in between).
@@ -105,12 +106,13 @@ class Baseline:
         once = tuple(g for g in found.gates if (g in ran[0]) != (g in ran[1]))
         if once:
             third_record = await self.gate_head(head, once)
-            third = Failures.of(third_record)
+            third, thrice = Failures.of(third_record), failed(third_record)
             for gate in once:
                 where = again if gate in ran[1] else first
                 alone = where.without(set(where.gates) - {gate})
-                ran_again = gate in failed(third_record)
-                found = found.rerun(alone.confirmed_by(third) if ran_again else Failures(), (gate,))
+                found = found.rerun(
+                    alone.confirmed_by(third) if gate in thrice else Failures(), (gate,)
+                )
         return found
 
     def unknown(self, head: str, gates: tuple[str, ...]) -> tuple[str, ...] | None:
