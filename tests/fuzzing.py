@@ -4,9 +4,10 @@ every tree really fails.
 
 A scenario mixes gates that flake once on some trees, a ``needs`` chain, fail-fast
 cancellations (a slow gate beside a fast one), failures that name the culprit's file or name
-nothing, batches, conflicting pairs, a red target under either baseline, and hostile
-envelopes whose gate plants a hook in its tool cache (``PRE_COMMIT_HOME``) that later trees'
-gates run.  After ``integrate run`` (a subprocess, bounded: a hang is a broken invariant):
+nothing, batches, conflicting pairs, a red target under either baseline, workers that need
+another (queued before them, or after them: ``early``, which passes only in a batch holding
+that one), and hostile envelopes whose gate plants a hook in its tool cache
+(``PRE_COMMIT_HOME``) that later trees' gates run.  After ``integrate run`` (a subprocess, bounded: a hang is a broken invariant):
 
 - every landed commit fails nothing the oracle's check finds (what the target itself failed
   at the start aside, under the differential baseline), and the target's tip passes a
@@ -47,7 +48,8 @@ class Worker:
     name: str
     kind: str  # good, broken (the check fails), lintbad (lint fails), pair (edits one line
     # of shared.txt, as its twin does), plant-pass / plant-fail (hostile: plants a hook),
-    # needs (its check fails without the good worker queued right before it: ``text``),
+    # needs (its check fails without the good worker queued right before it: ``text``;
+    # early: queued before it, so it never passes alone: only what it lands with mends it),
     # pairbad (a pair's first twin that breaks the check), needsline (its check fails
     # without the line of shared.txt that ``text`` says: the second twin's)
     text: str = ""
@@ -84,9 +86,15 @@ class Scenario:
     # clash only: the first twin's break is certain (exit 127, a missing program: never
     # re-run), so the second, put aside behind it, goes back in its place at once
     certain: bool = False
+    # a worker queued up to three places ahead of the good one it needs (``early``): it fails
+    # alone and passes only in a batch that holds that one too -- what lands must still be
+    # a tree that passed, and a split must not blame what the early one broke on another
+    early: bool = False
 
     @classmethod
-    def of(cls, seed: int) -> Scenario:
+    def of(cls, seed: int, *, early: bool = True) -> Scenario:
+        """The scenario of ``seed``.  ``early=False``: as drawn before the early kind was
+        added (the seeds pinned in ``tests/test_fuzz_pipeline.py`` keep their scenarios)."""
         rng = random.Random(seed)
         hostile = rng.random() < 0.3
         kinds = [k for k in KINDS if hostile or not k.startswith("plant")]
@@ -134,6 +142,11 @@ class Scenario:
             scenario = replace(scenario, workers=tuple(workers), pages=True)
         if rng.random() < 0.5 and scenario.clash:  # drawn last, as the ones above
             scenario = replace(scenario, certain=True)
+        good = next((i for i, w in enumerate(workers) if w.kind == "good"), None)
+        if early and rng.random() < 0.3 and good is not None:  # drawn last, as the ones above
+            ahead = Worker(f"{workers[good].name}e", "early", workers[good].name)
+            workers.insert(max(0, good - rng.randint(0, 3)), ahead)
+            scenario = replace(scenario, workers=tuple(workers), early=True)
         return scenario
 
     def manifest(self, state: Path) -> str:
@@ -245,7 +258,7 @@ class Scenario:
         if worker.kind == "needsline":
             (path / f"{worker.name}.txt").write_text(f"NEEDSLINE {worker.text}\n")
             return
-        if worker.kind == "needs":
+        if worker.kind in ("needs", "early"):
             (path / f"{worker.name}.txt").write_text(f"NEEDS {worker.text}\n")
             return
         plant = {"plant-pass": "PLANTPASS.txt", "plant-fail": "PLANTFAIL.txt"}.get(worker.kind)
@@ -317,12 +330,12 @@ def make_repo(scenario: Scenario, root: Path, state: Path) -> tuple[Path, str]:
     return repo, git(repo, "rev-parse", "HEAD").strip()
 
 
-def run(seed: int, root: Path) -> Outcome:
+def run(seed: int, root: Path, *, early: bool = True) -> Outcome:
     """One scenario in ``root`` (an empty folder): its outcome, with every broken invariant."""
     import time
 
     started = time.monotonic()
-    scenario = Scenario.of(seed)
+    scenario = Scenario.of(seed, early=early)
     outcome = Outcome(seed)
     state = root / "state"
     state.mkdir(parents=True)
@@ -365,6 +378,8 @@ def run(seed: int, root: Path) -> Outcome:
             hit = git(repo, "grep", "-l", mark, commit, "--", "*.txt", check=False).strip()
             if hit:
                 outcome.broken.append(f"landed {commit[:12]} fails on {mark}: {hit}")
+        # (not the early kind: it is mended only at its batch's end, and the commits inside a
+        # batch are not gated alone, docs/integration.md)
         for worker in (w for w in scenario.workers if w.kind == "needs"):
             has = git(repo, "grep", "-l", "^NEEDS", commit, "--", f"{worker.name}.txt", check=False)
             dep = git(repo, "grep", "-l", "^good ", commit, "--", f"{worker.text}.txt", check=False)

@@ -53,10 +53,13 @@ FOUND = [
     # gated without it and blamed (the scenario's certain)
     43,
 ]
+# Scenarios drawn with the early kind (a worker queued ahead of the good one it needs); the
+# seeds above keep the scenarios they were pinned with (``early=False``)
+EARLY = [6060, 6086]
 
 
 def test_the_fixed_seeds_cover_every_feature_of_a_scenario() -> None:
-    scenarios = [Scenario.of(seed) for seed in SEEDS]
+    scenarios = [Scenario.of(seed, early=False) for seed in SEEDS]
     kinds = {w.kind for s in scenarios for w in s.workers}
     assert kinds >= {"good", "broken", "lintbad", "pair", "plant-pass", "plant-fail"}
     assert {s.baseline for s in scenarios} == {"absolute", "differential"}
@@ -68,9 +71,25 @@ def test_the_fixed_seeds_cover_every_feature_of_a_scenario() -> None:
     assert {s.window for s in scenarios} >= {1, 2, 4}
     assert {(s.observed, s.relay) for s in scenarios if s.observed} == {(True, True), (True, False)}
     assert any(s.certain for s in scenarios)
+    early = [Scenario.of(seed) for seed in EARLY]
+    assert all(s.early and s.batch == "auto" for s in early)
+    assert not any(s.early for s in scenarios)
 
 
-@pytest.mark.parametrize("seed", SEEDS + FOUND)
-def test_a_seeded_scenario_keeps_the_landing_invariant(seed: int, tmp_path: Path) -> None:
-    outcome = run(seed, tmp_path)
-    assert outcome.ok, (outcome.broken, outcome.states, Scenario.of(seed))
+def test_the_pinned_seeds_keep_the_scenarios_they_were_found_with() -> None:
+    """The early kind is drawn last: without it, a seed is drawn exactly as before; with
+    it, at most one worker is added (the early one), the others unchanged."""
+    for seed in SEEDS + FOUND + EARLY:
+        before, now = Scenario.of(seed, early=False), Scenario.of(seed)
+        assert [w for w in now.workers if w.kind != "early"] == list(before.workers)
+        assert now.early == (len(now.workers) == len(before.workers) + 1)
+
+
+@pytest.mark.parametrize(
+    ("seed", "early"), [(s, False) for s in SEEDS + FOUND] + [(s, True) for s in EARLY]
+)
+def test_a_seeded_scenario_keeps_the_landing_invariant(
+    seed: int, early: bool, tmp_path: Path
+) -> None:
+    outcome = run(seed, tmp_path, early=early)
+    assert outcome.ok, (outcome.broken, outcome.states, Scenario.of(seed, early=early))
