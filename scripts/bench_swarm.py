@@ -259,6 +259,15 @@ def dagrunner(repo: Path, envelopes: list[Path], args: argparse.Namespace) -> Si
     submit(repo_info(repo), envelopes)
     result = integrate(repo=repo)
     wall = time.perf_counter() - start
+    if args.timeline:  # each gate run: when, how it ended, which envelopes (by number)
+        for run in result.pipeline:
+            ids = [e.split(".")[1] if "." in e else e for e in run.envelopes] or [
+                "the target's head"
+            ]
+            print(
+                f"  {run.gate_run:3d} {run.start:6.2f}-{run.end:6.2f}s {run.verdict!s:10s}"
+                f"{' confirm' if run.confirm else ''} {ids[0]}..{ids[-1]} ({len(run.envelopes)})"
+            )
     outcomes: dict[str, int] = {}
     for outcome in result.envelopes:
         outcomes[str(outcome.state)] = outcomes.get(str(outcome.state), 0) + 1
@@ -313,6 +322,9 @@ def main() -> int:
         "--anonymous", action="store_true", help="the check's failure names no file (halving)"
     )
     parser.add_argument("--skip-serial", action="store_true")
+    parser.add_argument(
+        "--timeline", action="store_true", help="print the queue's gate runs, one a line"
+    )
     parser.add_argument(
         "--docs", type=float, default=0.0, help="the fraction of envelopes editing docs only"
     )
