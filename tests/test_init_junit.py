@@ -242,3 +242,34 @@ def test_init_says_the_ignore_rule_the_junit_file_needs(
     git(repo, "commit", "-qm", "ignore build")
     assert run_cli(["init", "--repo", str(repo)]) == 0
     assert ".gitignore" not in capsys.readouterr().out
+
+
+def test_a_script_a_gated_script_runs_is_listed_as_run_by_that_gate(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round 15 (tj/commander.js): ``check`` runs ``check:type``, ``check:lint`` and
+    ``check:format`` (CI runs ``npm run check``), yet each was listed as "its name is no check
+    of its own and CI does not run it; the check gate runs the check" -- as if no gate ran it.
+    The script that calls it is named, and the gate of that script."""
+    scripts = {
+        "check": "npm run check:type && npm run check:lint && npm run check:format",
+        "check:format": "prettier --check .",
+        "check:lint": "eslint .",
+        "check:type": "npm run check:type:js && npm run check:type:ts",
+        "check:type:ts": "tsd && tsc -p tsconfig.ts.json",
+        "check:type:js": "tsc -p tsconfig.js.json",
+        "test": "node --test && npm run check:type:ts",
+        "test:coverage": "node --test --experimental-test-coverage",
+    }
+    (repo / "package.json").write_text(json.dumps({"name": "m", "scripts": scripts}))
+    (repo / "package-lock.json").write_text("{}\n")
+    body = dry(capsys, repo)
+    why = {s["id"]: s["why"] for s in body["skipped"]}
+    assert sorted(gates_of(body)) == ["js-check", "js-test"], gates_of(body)
+    assert why["js-check-format"] == "scripts.check runs it: the js-check gate runs it", why
+    assert why["js-check-lint"] == "scripts.check runs it: the js-check gate runs it", why
+    # called through check:type; test calls it too: the first gated script that runs it
+    assert why["js-check-type-ts"] == "scripts.check runs it: the js-check gate runs it", why
+    assert why["js-check-type-js"] == "scripts.check runs it: the js-check gate runs it", why
+    # run by no gated script: as before
+    assert "the tests gate runs the tests" in why["js-test-coverage"], why

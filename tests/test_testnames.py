@@ -115,9 +115,11 @@ test('a suite', async (t) => {
 def test_node_test_runner(tmp_path: Path, reporter: str) -> None:
     (tmp_path / "a.test.js").write_text(NODE_SUITE)
     out = ran(tmp_path, "node", "--test", f"--test-reporter={reporter}", "a.test.js")
-    # the parent "a suite" failed only for its subtest: not a test of its own
+    # the parent "a suite" failed only for its subtest: not a test of its own; the spec
+    # reporter's "test at FILE:LINE:COL" above each names its file (round 15, commander.js:
+    # "js-test::when arguments includes -- ...", in which of 112 test files not said)
     expected = {"tap": ["subtracts numbers", "a suite::inner fails"],
-                "spec": ["subtracts numbers", "inner fails"]}  # fmt: skip
+                "spec": ["a.test.js::subtracts numbers", "a.test.js::inner fails"]}  # fmt: skip
     assert names(out) == expected[reporter], out
 
 
@@ -249,4 +251,7 @@ def test_a_failing_test_is_named_once_without_an_empty_suite_or_its_gate_beside_
     result = integrate(repo=project)
     assert states(project) == {"bad": "gates-failed"}
     (outcome,) = result.envelopes
-    assert outcome.details.failed_tests == ("tests::should process a file",), outcome.details
+    # its file, from the spec reporter's "test at a.test.js:3:1" (round 15)
+    assert outcome.details.failed_tests == ("tests::a.test.js::should process a file",), (
+        outcome.details
+    )

@@ -3,7 +3,7 @@
 Each common runner names what failed in its own words: pytest's short summary (``FAILED
 path::Class::test - why``), unittest (``FAIL: test_x (mod.Class.test_x)``), ``node --test``
 as TAP (``not ok 2 - name``, nested subtests indented; a parent that failed only for its
-subtests is left out) or with its spec reporter (the ``✖ failing tests:`` section), vitest
+subtests is left out) or with its spec reporter (the ``✖ failing tests:`` section, each in its file), vitest
 (``FAIL  file > suite > test``) and jest (``● Suite \u203a test``, ``● test``), each behind
 turbo's or ``pnpm -r``'s prefix too, mocha (the numbered list after ``N failing``), go
 (``--- FAIL: TestX``) and cargo (``test x ... FAILED``).
@@ -32,6 +32,7 @@ _UNITTEST = re.compile(r"^(?:FAIL|ERROR): (\w+) \(([\w.]+)\)")
 _TAP_SUBTEST = re.compile(r"^(\s*)# Subtest: (.+)$")
 _TAP_NOT_OK = re.compile(r"^(\s*)not ok \d+ - (.+?)(?: # (?:TODO|SKIP)\b.*)?$")
 _SPEC = re.compile(r"^\s*\u2716 (.+?) \([\d.]+m?s\)$")
+_SPEC_AT = re.compile(r"^\s*test at (?:file://)?(.+?):\d+:\d+$")  # the file of the next
 # vitest's line, maybe behind a workspace runner's prefix (turbo's ``pkg:task: ``, ``pnpm -r``'s
 # ``dir script: ``), its file maybe behind a project's badge (``|server|``, or coloured)
 _PREFIX = r"(?:\S+:\S+: |\S+ [\w:-]+: )?"
@@ -70,11 +71,15 @@ def _names(lines: list[str]) -> Iterator[tuple[str, str]]:
     yield from _tap(lines)
     yield from _mocha(lines)
     failing = False  # inside node's spec reporter's "failing tests" section
+    where = ""  # its "test at FILE:LINE:COL" line, above the failed test's
     for line in lines:
         if line.strip() == "\u2716 failing tests:":
             failing = True
+        elif failing and (found := _SPEC_AT.match(line)):
+            where = found[1]
         elif failing and (found := _SPEC.match(line)):
-            yield "", found[1]
+            yield where, found[1]
+            where = ""
         elif found := _PYTEST.match(line):
             suite, _, name = found[1].rpartition("::")
             yield suite, name + (found[2] or "")

@@ -39,6 +39,8 @@ CI_PROGRAMS = {"tsc": "types", "vue-tsc": "types", "eslint": "lint", "knip": "ch
 CI_PROGRAMS |= {"biome": "lint", "oxlint": "lint", "prettier": "format", "publint": "check"}
 # A script that writes what it checks is a fixer (``prettier --write``, ``eslint --fix``).
 FIXES = re.compile(r"(^|\s)(--write|-w|--fix|--apply|fix)(\s|$)")
+# A script's call of another: ``npm run X``, ``pnpm X``, ``yarn run X``, ``bun run X``
+RUNS = re.compile(r"(?:^|[\s;&|(])(?:npm|pnpm|yarn|bun)\s+(?:run(?:-script)?\s+)?([^\s;&|()]+)")
 LOCKFILES = (
     ("pnpm-lock.yaml", "pnpm"),
     ("yarn.lock", "yarn"),
@@ -113,6 +115,7 @@ def package_json(
     found = []
     skipped: list[Skipped] = []
     taken = {CHECK_SCRIPTS[s] for s in scripts if s in CHECK_SCRIPTS}
+    callers = _callers(scripts, [s for s in scripts if s in CHECK_SCRIPTS or s in by_ci - tasks])
     packages = workspace_scripts(project, body, manager)
     for script, text in scripts.items():
         concern = CHECK_SCRIPTS.get(str(script))
@@ -124,7 +127,11 @@ def package_json(
         if concern is None and head is not None:
             where = f"package.json scripts.{script}"
             skipped.append(
-                Skipped(f"js-{script.replace(':', '-')}", where, _why_not(text, head, taken))
+                Skipped(
+                    f"js-{script.replace(':', '-')}",
+                    where,
+                    _why_not(text, head, taken, callers.get(script)),
+                )
             )
         if concern is None:
             continue
@@ -200,10 +207,28 @@ def _ci_every_workspace(
     return found, skipped
 
 
-def _why_not(text: str, concern: str, taken: set[str]) -> str:
-    """Why a script whose name says ``concern`` (``test:coverage``, ``format``) is no gate."""
+def _callers(scripts: dict[str, object], gated: list[str]) -> dict[str, str]:
+    """Each script a gated one runs (``npm run check:lint`` in ``check``, or through a script
+    it runs in turn) -> the first gated script, in the file's order, that runs it."""
+    callers: dict[str, str] = {}
+    for gate in gated:
+        todo = [gate]
+        while todo:
+            text = scripts.get(todo.pop())
+            for called in RUNS.findall(text if isinstance(text, str) else ""):
+                if called in scripts and called != gate and called not in callers:
+                    callers[called] = gate
+                    todo.append(called)
+    return callers
+
+
+def _why_not(text: str, concern: str, taken: set[str], caller: str | None = None) -> str:
+    """Why a script whose name says ``concern`` (``test:coverage``, ``format``) is no gate:
+    a fixer; run by a gated script (``caller``); or its concern gated by another script."""
     if FIXES.search(text):
         return "it changes files (a fixer): a gate checks, never writes"
+    if caller is not None:
+        return f"scripts.{caller} runs it: the js-{caller.replace(':', '-')} gate runs it"
     if concern in taken:
         return (
             f"its name is no check of its own and CI does not run it; the {concern} gate "
