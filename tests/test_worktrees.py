@@ -523,6 +523,7 @@ def test_list_says_landed_only_when_all_the_work_landed(
     committed = Path(alloc(project, "committed")["path"])
     (committed / "work.txt").write_text("committed\n")
     commit_all(committed)
+    alloc(project, "idle")  # nothing done in it (round 15: it read "landed")
     for name, text in (("first", "one\n"), ("second", "two\n")):
         path = Path(alloc(project, name, session=name)["path"])
         (path / "README").write_text(text)
@@ -534,6 +535,7 @@ def test_list_says_landed_only_when_all_the_work_landed(
     rows = {line.split()[0]: line.split()[2] for line in capsys.readouterr().out.splitlines()}
     assert rows["m/edited"] == "uncommitted"
     assert rows["m/committed"] == "committed-not-landed"
+    assert rows["m/idle"] == "nothing-committed"
     assert rows["m/second"] == "conflict"
     assert "m/first" not in rows  # landed and cleaned
 

@@ -124,7 +124,8 @@ class WorktreeStatus:
 
     @property
     def landing(self) -> str:
-        """What of its work is on the target, in a word: ``landed`` only when all of it is."""
+        """What of its work is on the target, in a word: ``landed`` only when all of it is
+        (``nothing-committed``: its head is still its base, so nothing of it is anywhere)."""
         if self.missing:
             return "missing"
         if self.retained and "conflict" in self.retained:
@@ -133,6 +134,8 @@ class WorktreeStatus:
             return "committed-not-landed"
         if not self.clean:
             return "uncommitted"
+        if self.head is not None and self.head == self.base:
+            return "nothing-committed"
         return "landed"
 
     def to_json(self) -> dict[str, Any]:
