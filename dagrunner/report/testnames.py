@@ -4,8 +4,9 @@ Each common runner names what failed in its own words: pytest's short summary (`
 path::Class::test - why``), unittest (``FAIL: test_x (mod.Class.test_x)``), ``node --test``
 as TAP (``not ok 2 - name``, nested subtests indented; a parent that failed only for its
 subtests is left out) or with its spec reporter (the ``✖ failing tests:`` section, each in
-its file: the ``test at FILE:LINE:COL`` line above it), vitest (``FAIL  file > suite > test``) and jest (``● Suite \u203a test``, ``● test``), each behind
-turbo's or ``pnpm -r``'s prefix too, mocha (the numbered list after ``N failing``), go
+its file: the ``test at FILE:LINE:COL`` line above it), vitest (``FAIL  file > suite >
+test``) and jest (``● Suite \u203a test``, ``● test``), each behind turbo's or ``pnpm -r``'s
+prefix too, mocha (the numbered list after ``N failing``), go
 (``--- FAIL: TestX``) and cargo (``test x ... FAILED``).
 
 The log is the gate's, so untrusted: it is read bounded, escape sequences are stripped,
