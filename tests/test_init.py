@@ -708,6 +708,32 @@ def test_the_tests_are_run_here_while_cis_runner_for_them_is_missing(
     assert len(here) == 1 and not here[0]["commented_out"], gates
 
 
+def test_what_the_stand_in_for_a_missing_runner_runs_is_said_to_be_run_by_it(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on Textualize/rich (round 16): tox is missing, so ``make-test`` runs the tests
+    here and ``tox-py311`` is written commented out; yet the tool table's tests and the
+    envs of missing Pythons were listed as run by ``tox-py311``, a gate that runs nothing.
+    They are run by the stand-in, and the left-out line says the runner's gate is off."""
+    python_project(repo)
+    (repo / "noxfile.py").write_text(
+        "import nox\n\n@nox.session\ndef tests(session):\n    session.run('pytest')\n"
+    )
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  t:\n    steps:\n    - run: nox -s tests\n"
+    )
+    assert shutil.which("nox") is None  # what this test is about
+    body = dry(capsys, repo)
+    (stand_in,) = [g["id"] for g in body["gates"] if g["id"] in ("tests", "make-test")]
+    whys = {s["id"]: s["why"] for s in body["skipped"]}
+    left = [i for i in ("tests", "make-test") if i != stand_in]
+    assert left and all(i in whys for i in left), whys
+    for i in left:
+        assert f"run by {stand_in!r}" in whys[i], whys
+        assert "'nox-tests' is written commented out" in whys[i], whys
+
+
 def test_what_pre_commits_mypy_hook_installs_for_it_goes_into_the_seed(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
