@@ -396,7 +396,10 @@ def test_nox_sessions_that_are_tasks_or_not_default_are_skipped_and_real_ones_wi
     assert "git tag" in skipped["nox-release"]
     assert "task" in skipped["nox-update-deps"]
     assert "git commit" in skipped["nox-docs_build"]
-    assert skipped["nox-old"].startswith("tests is run by 'nox-tests'")
+    if shutil.which("nox"):
+        assert skipped["nox-old"].startswith("tests is run by 'nox-tests'")
+    else:  # the stand-in runs them (round 16)
+        assert skipped["nox-old"].startswith("tests is run by 'tests' ('nox-tests' is written")
 
 
 def test_what_ci_runs_by_name_wins(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
