@@ -216,6 +216,42 @@ def test_a_gate_that_changed_a_tracked_file_names_the_envelope_that_changed_it(
     assert named == {"n06"}, named
 
 
+@pytest.mark.parametrize(
+    "says", ["would reformat {f}", "Would reformat: {f}"], ids=["black", "ruff-format"]
+)
+def test_a_formatter_check_names_the_envelope_whose_file_it_would_reformat(
+    project: Path, tmp_path: Path, says: str
+) -> None:
+    """Found on Textualize/rich (round 16): ``black --check .`` failed a batch of four
+    saying ``would reformat rich/errors.py`` (ruff format: ``Would reformat: x.py``), one
+    envelope's file, yet the batch was halved like a failure that names nothing: the line
+    was not one that says what failed (``failing_lines``)."""
+    for i in range(1, 9):
+        (project / f"n{i:02d}.txt").write_text(f"{i}\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "files to edit")
+
+    def edit(i: int) -> Callable[[Path], None]:
+        def change(path: Path) -> None:
+            (path / f"n{i:02d}.txt").write_text("UNFORMATTED\n" if i == 6 else f"{i}, edited\n")
+
+        return change
+
+    submit(repo_info(project), [worker(project, f"n{i:02d}", edit(i)) for i in range(1, 9)])
+    check = (
+        f'for f in n*.txt; do grep -q UNFORMATTED $f && echo "{says.format(f="$f")}" && bad=1; '
+        'done; [ -z "$bad" ] || { echo "Oh no!"; '
+        'echo "1 file would be reformatted, 7 files would be left unchanged."; exit 1; }'
+    )
+    gate = tmp_path / "format.toml"  # black's and ruff's words, the summary last
+    gate.write_text(f"[gates.format]\ninputs = [\"**\"]\nrun = '''{check}'''\n")
+    integrate(repo=project, manifest=gate, batch=8, window=1)
+    final = states(project)
+    assert {k for k, v in final.items() if v != "landed"} == {"n06"}, final
+    named = {e.worker for e in watch(repo=project, follow=False) if e.event == "named"}
+    assert named == {"n06"}, named
+
+
 def builds_on(
     project: Path, tmp_path: Path, said: dict[int, str], culprit: str, named: set[str]
 ) -> None:

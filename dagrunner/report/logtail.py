@@ -16,10 +16,11 @@ ANSI = re.compile(
     r"|\x1b[ -/]*[0-~]"
 )
 # Lines that say what failed, in the common runners' words (pytest, unittest, node's TAP,
-# jest/vitest, mocha, go, cargo, tsc, eslint, ruff, mypy): shown before the log's tail.
+# jest/vitest, mocha, go, cargo, tsc, eslint, ruff, mypy, black): shown before the log's tail.
 FAILING = re.compile(
     r"^(?:E |FAIL|FAILED|ERROR|not ok\b|Traceback|panic:|thread '.*' panicked|\s*[\u2717\u2716\u00d7]\s)"
-    r"|(?:\berror(?:\[\w+\])?:|\bError:|AssertionError|\bfailed\b|: error |\bFAIL\b)",
+    r"|(?:\berror(?:\[\w+\])?:|\bError:|AssertionError|\bfailed\b|: error |\bFAIL\b)"
+    r"|^would reformat\b",  # black's and ruff format's --check: the file it names
     re.IGNORECASE,
 )
 EXCERPT_LINES = 40  # failing lines shown at most, with one line of context each side

@@ -214,12 +214,13 @@ def _one_per_concern(
             for c in group:
                 if id(c) not in winners and chosen_for.get(id(c), best[key]) is best[key]:
                     chosen_for[id(c)] = stand
+    stand_ins: dict[str, Check] = {}
     for key, group in groups.items():  # the tests' gate is written commented out (its runner
         # is missing here): the best one this machine can run checks them meanwhile
         program = best[key].needs_program
         here = [c for c in group if runnable(c.needs_program)]
         if key.endswith(":tests") and not runnable(program) and here:
-            stand_in = min(here, key=order)
+            stand_in = stand_ins[key] = min(here, key=order)
             winners.add(id(stand_in))
             notes[id(stand_in)] = (
                 f"runs the tests here while `{program}` is missing ({best[key].id} is the "
@@ -235,7 +236,10 @@ def _one_per_concern(
                 continue
             by = chosen_for.get(id(check), chosen)
             said = held.get(id(check), why if by is chosen else "")
-            skipped.append(Skipped(check.id, check.source, _why_not(check, by, key, said)))
+            if by is chosen and key in stand_ins:  # the chosen one is off: the stand-in runs it
+                by, program = stand_ins[key], chosen.needs_program
+                said = f"{chosen.id!r} is written commented out: `{program}` is missing"
+            skipped.append(Skipped(check.id, check.source, _why_not(check, by, key, said, chosen)))
     seen: set[str] = set()
     for check in candidates:
         if id(check) in winners:
@@ -263,8 +267,9 @@ def _deselected(commands: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def _why_not(check: Check, chosen: Check, key: str, why: str) -> str:
-    """The true reason ``check`` is left out for ``chosen``."""
+def _why_not(check: Check, chosen: Check, key: str, why: str, own: Check) -> str:
+    """The true reason ``check`` is left out for ``chosen`` (``own``: the project's own run
+    of the concern, which a variant is not, though a stand-in may run it here)."""
     concern = key.partition(":")[2]
     name = check.id.partition("-")[2]
     if not has_interpreter(check.python):
@@ -272,7 +277,7 @@ def _why_not(check: Check, chosen: Check, key: str, why: str) -> str:
     if word := variant(name):
         return (
             f"a variant ({word!r}: other versions of its dependencies or Python), not the "
-            f"project's own {concern} run; {chosen.id!r} is"
+            f"project's own {concern} run; {own.id!r} is"
         )
     return f"{concern} is run by {chosen.id!r}" + (f" ({why})" if why else "")
 

@@ -7,7 +7,10 @@ marked editable, PEP 610, or a ``.pth`` naming a folder of the checkout) is what
 project's gates ran with here.  Integration gates never see the checkout, so without a seed
 of their own every import of the project fails there.  The seed's build makes the same
 venv: the project installed editable, and every other distribution of that venv pinned to
-its version (those installed from a local path or a VCS are named, not pinned).  It is
+its version (those installed from a local path or a VCS are named, not pinned) -- but a
+poetry project's is ``poetry install`` from its ``poetry.lock`` (where poetry is on PATH),
+as its CI builds it: pins taken from the checkout's venv would ignore a worker's lock
+change, and gate it with the old versions.  It is
 written active where git ignores the folder (a seed must be ignored), commented out with
 what to do otherwise.  The venv is the caller's own folder, read bounded; nothing is run.
 """
@@ -18,6 +21,7 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +35,11 @@ NAMES = (".venv", "venv")
 KEYS = ("pyproject.toml", "setup.cfg", "setup.py", "uv.lock", "poetry.lock", "pdm.lock")
 TOOLING = {"pip", "setuptools", "wheel"}  # the venv's own: `python -m venv` brings pip
 MAX_DISTS = 2000
+POETRY_MISSING = (
+    "poetry.lock is not followed: `poetry` is not on PATH here, so this build pins what the"
+    " venv holds now and a change of the lock rebuilds the same venv; put poetry on PATH"
+    " and run init again to build it with `poetry install`"
+)
 
 
 def venv_seed(
@@ -120,18 +129,27 @@ def _seed(
     root: Path, venv: Path, pinned: list[str], unpinned: list[str], extra: tuple[str, ...]
 ) -> Seed:
     rel = venv.relative_to(root).as_posix()
-    build = f"python3 -m venv {rel} && {rel}/bin/python -m pip install -q -e ."
-    build += "".join(f" {p}" for p in pinned)
     has = {_name(p) for p in (*pinned, *unpinned)}
-    build += "".join(f" {shlex.quote(e)}" for e in dict.fromkeys(extra) if _name(e) not in has)
+    more = "".join(f" {shlex.quote(e)}" for e in dict.fromkeys(extra) if _name(e) not in has)
     note = f"installed from elsewhere, not pinned here: {', '.join(unpinned)}" if unpinned else ""
     key = tuple(k for k in KEYS if (root / k).is_file()) or ("pyproject.toml",)
+    tools: tuple[str, ...] = ("python3 --version",)
+    if (root / "poetry.lock").is_file() and shutil.which("poetry"):
+        # the project's own install, from its lock: a worker's lock change is what it gates
+        build = f'python3 -m venv {rel} && VIRTUAL_ENV="$PWD/{rel}" poetry install --no-interaction'
+        build += f" && {rel}/bin/python -m pip install -q{more}" if more else ""
+        tools = ("python3 --version", "poetry --version")
+    else:
+        build = f"python3 -m venv {rel} && {rel}/bin/python -m pip install -q -e ."
+        build += "".join(f" {p}" for p in pinned) + more
+        if (root / "poetry.lock").is_file():
+            note = "; ".join(n for n in (note, POETRY_MISSING) if n)
     said = (
         f"from {rel}: it imports this project in place; each worktree and integration",
         "tree gets its own venv built so (docs/worktrees.md), or their gates cannot import it",
     )
     ignored = ignored_by_rules(root, rel)
-    return Seed(path=rel, key=key, build=build, ignored=ignored, note=note, said=said)
+    return Seed(path=rel, key=key, build=build, ignored=ignored, note=note, tools=tools, said=said)
 
 
 def ignored_by_rules(root: Path, rel: str) -> bool:
