@@ -681,6 +681,43 @@ def test_a_poetry_projects_venv_seed_is_built_from_its_lock(
     assert 'tools = ["python3 --version", "poetry --version"]' in out.read_text()
 
 
+def test_a_uv_projects_venv_seed_is_built_from_its_lock(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gap of round 16 (a lock bump gated on the old pins) for ``uv.lock``, as
+    pallets/werkzeug has it (round 14: its seed pinned the checkout's venv): with uv on PATH
+    the build is ``uv sync --locked`` into the seed's venv; without it the pins stay and the
+    manifest says the lock is not followed."""
+    python_project(repo)
+    (repo / "uv.lock").write_text("version = 1\n")
+    (repo / ".gitignore").write_text(".venv/\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "uv")
+    fake_venv(repo)
+    paths = os.environ["PATH"].split(os.pathsep)
+    bare = os.pathsep.join(p for p in paths if p and not (Path(p) / "uv").exists())
+    monkeypatch.setenv("PATH", bare)
+    (seed,) = dry(capsys, repo)["seeds"]
+    assert "pytest==8.3.5" in seed["build"] and "uv " not in seed["build"], seed
+    out = tmp_path / "pinned.toml"
+    assert run_cli(["init", "--repo", str(repo), "-q", "-o", str(out)]) == 0
+    assert "uv.lock is not followed" in out.read_text()
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "uv").write_text("#!/bin/sh\necho 'uv 0.13.9'\n")
+    (tools / "uv").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{bare}")
+    (seed,) = dry(capsys, repo)["seeds"]
+    assert seed["key"] == ["pyproject.toml", "uv.lock"], seed
+    assert seed["build"] == (
+        'python3 -m venv .venv && UV_PROJECT_ENVIRONMENT="$PWD/.venv" uv sync --locked'
+        " --python .venv/bin/python"
+    ), seed
+    out = tmp_path / "locked.toml"
+    assert run_cli(["init", "--repo", str(repo), "-q", "-o", str(out)]) == 0
+    assert 'tools = ["python3 --version", "uv --version"]' in out.read_text()
+
+
 def test_a_venv_that_does_not_import_the_project_is_no_seed(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,9 +8,9 @@ project's gates ran with here.  Integration gates never see the checkout, so wit
 of their own every import of the project fails there.  The seed's build makes the same
 venv: the project installed editable, and every other distribution of that venv pinned to
 its version (those installed from a local path or a VCS are named, not pinned) -- but a
-poetry project's is ``poetry install`` from its ``poetry.lock`` (where poetry is on PATH),
-as its CI builds it: pins taken from the checkout's venv would ignore a worker's lock
-change, and gate it with the old versions.  It is
+poetry or uv project's is its own install from its lock (``poetry install``, ``uv sync
+--locked``, where the tool is on PATH), as its CI builds it: pins taken from the checkout's
+venv would ignore a worker's lock change, and gate it with the old versions.  It is
 written active where git ignores the folder (a seed must be ignored), commented out with
 what to do otherwise.  The venv is the caller's own folder, read bounded; nothing is run.
 """
@@ -24,6 +24,7 @@ import shlex
 import shutil
 import urllib.parse
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -35,11 +36,33 @@ NAMES = (".venv", "venv")
 KEYS = ("pyproject.toml", "setup.cfg", "setup.py", "uv.lock", "poetry.lock", "pdm.lock")
 TOOLING = {"pip", "setuptools", "wheel"}  # the venv's own: `python -m venv` brings pip
 MAX_DISTS = 2000
-POETRY_MISSING = (
-    "poetry.lock is not followed: `poetry` is not on PATH here, so this build pins what the"
-    " venv holds now and a change of the lock rebuilds the same venv; put poetry on PATH"
-    " and run init again to build it with `poetry install`"
-)
+
+
+@dataclass(frozen=True)
+class Locked:
+    """How a lockfile's own tool installs the project into the seed's venv (``{rel}``, made
+    by ``python3 -m venv`` first), and what a hook needs besides after it."""
+
+    tool: str
+    command: str  # what the project's guide runs, as said in the manifest's note
+    install: str
+    pip: str
+
+
+LOCKED = {
+    "poetry.lock": Locked(
+        "poetry",
+        "poetry install",
+        'VIRTUAL_ENV="$PWD/{rel}" poetry install --no-interaction',
+        "{rel}/bin/python -m pip install -q",
+    ),
+    "uv.lock": Locked(
+        "uv",
+        "uv sync --locked",
+        'UV_PROJECT_ENVIRONMENT="$PWD/{rel}" uv sync --locked --python {rel}/bin/python',
+        "uv pip install -q --python {rel}/bin/python",
+    ),
+}
 
 
 def venv_seed(
@@ -134,16 +157,24 @@ def _seed(
     note = f"installed from elsewhere, not pinned here: {', '.join(unpinned)}" if unpinned else ""
     key = tuple(k for k in KEYS if (root / k).is_file()) or ("pyproject.toml",)
     tools: tuple[str, ...] = ("python3 --version",)
-    if (root / "poetry.lock").is_file() and shutil.which("poetry"):
+    lock = next((k for k in LOCKED if (root / k).is_file()), None)
+    locked = LOCKED[lock] if lock else None
+    if locked is not None and shutil.which(locked.tool):
         # the project's own install, from its lock: a worker's lock change is what it gates
-        build = f'python3 -m venv {rel} && VIRTUAL_ENV="$PWD/{rel}" poetry install --no-interaction'
-        build += f" && {rel}/bin/python -m pip install -q{more}" if more else ""
-        tools = ("python3 --version", "poetry --version")
+        build = f"python3 -m venv {rel} && {locked.install.format(rel=rel)}"
+        build += f" && {locked.pip.format(rel=rel)}{more}" if more else ""
+        tools = ("python3 --version", f"{locked.tool} --version")
     else:
         build = f"python3 -m venv {rel} && {rel}/bin/python -m pip install -q -e ."
         build += "".join(f" {p}" for p in pinned) + more
-        if (root / "poetry.lock").is_file():
-            note = "; ".join(n for n in (note, POETRY_MISSING) if n)
+        if locked is not None:
+            off = (
+                f"{lock} is not followed: `{locked.tool}` is not on PATH here, so this build "
+                "pins what the venv holds now and a change of the lock rebuilds the same venv; "
+                f"put {locked.tool} on PATH and run init again to build it with "
+                f"`{locked.command}`"
+            )
+            note = "; ".join(n for n in (note, off) if n)
     said = (
         f"from {rel}: it imports this project in place; each worktree and integration",
         "tree gets its own venv built so (docs/worktrees.md), or their gates cannot import it",
