@@ -702,6 +702,11 @@ def test_a_uv_projects_venv_seed_is_built_from_its_lock(
     out = tmp_path / "pinned.toml"
     assert run_cli(["init", "--repo", str(repo), "-q", "-o", str(out)]) == 0
     assert "uv.lock is not followed" in out.read_text()
+    (repo / "uv.lock").rename(repo / "pdm.lock")  # no build from pdm's lock yet: said so
+    out = tmp_path / "pdm.toml"
+    assert run_cli(["init", "--repo", str(repo), "-q", "-o", str(out)]) == 0
+    assert "pdm.lock is not followed" in out.read_text()
+    (repo / "pdm.lock").rename(repo / "uv.lock")
     tools = tmp_path / "tools"
     tools.mkdir()
     (tools / "uv").write_text("#!/bin/sh\necho 'uv 0.13.9'\n")

@@ -175,6 +175,9 @@ def _seed(
                 f"`{locked.command}`"
             )
             note = "; ".join(n for n in (note, off) if n)
+        elif (root / "pdm.lock").is_file():  # no build from it written yet: say so
+            off = "pdm.lock is not followed: this build pins what the venv holds now"
+            note = "; ".join(n for n in (note, off) if n)
     said = (
         f"from {rel}: it imports this project in place; each worktree and integration",
         "tree gets its own venv built so (docs/worktrees.md), or their gates cannot import it",
