@@ -164,6 +164,27 @@ def test_duplicate_submission_queues_once(
     assert len(Queue.of(repo_info(project)).entries()) == 1
 
 
+def test_a_submissions_position_counts_only_what_is_pending_ahead_of_it(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round 16 (rich): the only pending item was "queued at position 11": the count of every
+    item the journal knows, the ten finished ones too.  It is its place among the target's
+    pending items, as ``integrate status`` gives it."""
+    first = worker(project, "w1", independent_1)
+    submit(repo_info(project), [first])
+    assert integrate(repo=project).ok and states(project) == {"w1": "landed"}
+    envelopes = [
+        worker(project, f"n{i}", lambda p, i=i: (p / f"n{i}.txt").write_text(f"{i}\n"))
+        for i in (2, 3)
+    ]
+    code, body = run_json(
+        capsys, "integrate", "submit", *map(str, envelopes), "--repo", str(project)
+    )
+    assert code == 0 and [s["position"] for s in body["submitted"]] == [1, 2], body
+    code, body = run_json(capsys, "integrate", "submit", str(envelopes[1]), "--repo", str(project))
+    assert body["submitted"][0]["duplicate"] is True and body["submitted"][0]["position"] == 2
+
+
 def test_concurrent_submitters(project: Path) -> None:
     envelopes = [
         worker(project, f"w{i}", lambda p, i=i: (p / f"f{i}.txt").write_text(f"{i}\n"))

@@ -215,7 +215,7 @@ def submit(
                         envelope=envelope.id,
                         file=str(path),
                         duplicate=True,
-                        position=order.index(item) + 1,
+                        position=_position(order[: order.index(item) + 1], known, goal),
                         state=known[item].state,
                         target=known[item].target or goal,
                         provenance=known[item].provenance or proof,
@@ -272,7 +272,7 @@ def submit(
                     envelope=envelope.id,
                     file=str(path),
                     duplicate=False,
-                    position=len(known),
+                    position=len(ahead) + 1,
                     state=EnvelopeState.QUEUED,
                     target=goal,
                     provenance=proof,
@@ -281,6 +281,15 @@ def submit(
                 )
             )
     return results
+
+
+def _position(ids: list[str], known: dict[str, QueueEntry], goal: str) -> int:
+    """The place of ``ids``' last among its target's pending items (``integrate status``'s
+    ``position``): the finished ones ahead of it do not count."""
+    pending = [
+        i for i in ids[:-1] if known[i].state not in FINAL and known[i].target in (None, goal)
+    ]
+    return len(pending) + 1
 
 
 def origin_of(envelope: Envelope, item: str, source: Path) -> dict[str, Any]:
