@@ -173,3 +173,43 @@ def test_without_a_seed_the_callers_in_place_install_is_named_not_left_to_guess(
     result = integrate(repo=calc, env=env, window=1)
     said = [w for w in result.warnings if "[[worktrees.seed]]" in w]
     assert said and str(calc.resolve() / "src") in said[0], result.warnings
+
+
+REFUSING = """
+[env]
+pass = ["PATH"]
+
+[[worktrees.seed]]
+path = ".venv"
+key = ["lock"]
+build = "grep -qx good lock && mkdir .venv"
+
+[gates.check]
+run = ["true"]
+"""
+
+
+def test_a_tree_whose_own_seed_does_not_build_does_not_land(repo: Path) -> None:
+    """Round 16b (pallets/werkzeug): a worker's ``pyproject.toml`` change without its lock made
+    ``uv sync --locked`` refuse the tree's seed, as the project's CI would; the gates then ran
+    without it (on the caller's PATH), and a tree whose gates did not need it landed (here:
+    ``true``).  A seed built from the tree's own key files that fails fails the tree; the
+    worker beside it lands."""
+    (repo / ".gitignore").write_text("reports/\n.venv/\n")
+    (repo / "lock").write_text("good\n")
+    commit_release_manifest(repo, REFUSING)
+    envelopes = []
+    for name, change in (("bad", "lock"), ("fine", "README")):
+        path = Path(wt.allocate(mission="m", worker=name, repo=repo)["path"])
+        (path / change).write_text("bad\n" if change == "lock" else "more words\n")
+        out = path.parent / f"{name}.json"
+        exporting.export(f"m/{name}", output=out, repo=repo)
+        envelopes.append(out)
+    submit(repo_info(repo), envelopes)
+    result = integrate(repo=repo, window=1)
+    states = {o.worker: o.state for o in result.envelopes}
+    assert states == {"bad": "gates-failed", "fine": "landed"}, result
+    assert git(repo, "show", "main:lock") == "good\n"
+    (bad,) = [o for o in result.envelopes if o.worker == "bad"]
+    assert bad.details.failed_gates == ("check",), bad.details
+    assert any("seed-build-failed" in w for w in result.warnings), result.warnings

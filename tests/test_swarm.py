@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import check, gate_results, git, run_json, write_manifest
+from conftest import check, commit_release_manifest, gate_results, git, run_json, write_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,3 +158,43 @@ def test_verdict_names_envelopes_that_did_not_land(
     assert run_cli(argv) == 0
     out = capsys.readouterr().out
     assert "PASSED: 7 passed in " in out and "; envelopes: 3 landed, 1 conflict" in out
+
+
+def test_an_integrated_tree_whose_own_seed_does_not_build_does_not_land(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round 16b, in the swarm's own integrate node: a worker's change of the seed's key file
+    that its build refuses (``uv sync --locked`` on a stale lock) fails the integrate node,
+    and its envelopes end ``gates-failed`` -- its gates ran without the seed, on the
+    caller's tools, and passed."""
+    (repo / ".gitignore").write_text("reports/\n.venv/\n")
+    (repo / "lock").write_text("good\n")
+    commit_release_manifest(
+        repo,
+        '[env]\npass = ["PATH"]\n[[worktrees.seed]]\npath = ".venv"\nkey = ["lock"]\n'
+        'build = "grep -qx good lock && mkdir .venv"\n[gates.check]\nrun = ["true"]\n',
+    )
+    start = git(repo, "rev-parse", "main").strip()
+    code, body, run_dir = check(
+        capsys,
+        repo,
+        """
+        [workers.bump]
+        run = "echo bad > lock"
+        [integrate.main]
+        needs = ["bump"]
+        [gates.verify]
+        run = "true"
+        needs = ["main"]
+        [land.main]
+        needs = ["verify"]
+    """,
+    )
+    assert code == 1, body
+    results = gate_results(run_dir)
+    assert results["main"]["status"] == "failed", results["main"]
+    assert "seed-build-failed" in results["main"]["reason"], results["main"]
+    assert results["land:main"]["status"] == "skipped"
+    assert git(repo, "rev-parse", "main").strip() == start
+    states = {e["worker"]: e["state"] for e in body["integration"]["envelopes"]}
+    assert states == {"bump": "gates-failed"}, states

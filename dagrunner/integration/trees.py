@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -171,7 +172,7 @@ class Trees:
                 await trio.to_thread.run_sync(self.it.reset, run.commit, slot)
             self.executor.fresh(slot)
             trusted = await trio.to_thread.run_sync(self.it.head)
-            said = await trio.to_thread.run_sync(
+            said, own = await trio.to_thread.run_sync(
                 seed_tree, self.it, self.manifest, run.commit, slot, trusted
             )
             if said and said not in self.warnings:
@@ -197,7 +198,7 @@ class Trees:
                 self.executor,
                 self.governor,
             )
-            return record
+            return unseeded(record, said) if own else record
         finally:
             if slot is not None:
                 self.give(slot)  # the run is over (a cancelled one ended its trees)
@@ -294,22 +295,37 @@ class Trees:
         )
 
 
-def seed_tree(it: Integrator, manifest: Manifest, commit: str, tree: Path, trusted: str) -> str:
+def seed_tree(
+    it: Integrator, manifest: Manifest, commit: str, tree: Path, trusted: str
+) -> tuple[str, bool]:
     """The target manifest's seeds in ``tree`` (exactly ``commit``, reset since its last
     gate run: ``Integrator.reset`` releases them), each this tree's own copy with this tree's
     paths, as a worker's worktree gets them (``seeds.for_tree``: a seed whose key files the
     tree changed is built from the tree and serves nothing else).  '' or why a seed is
-    missing: its gates then run without it and fail where they need it."""
+    missing, and whether the tree's own build failed (its key files, as the tree changed
+    them: the project's CI fails there too -- the tree fails, ``unseeded``); a trusted seed
+    missing, its gates run without it and fail where they need it."""
     if not manifest.worktrees.seeds:
-        return ""
+        return "", False
     root = it.ctx.root
     try:
         built = seeds.for_tree(root, it.repo, commit, trusted, manifest, it.env, hide=cache_root())
         how = share.choose(seeds.seeds_dir(root), it.env)
         provision_seeds(root, tree.relative_to(root).as_posix(), tree, built, how)
     except DagrunnerError as exc:
-        return f"the tree at {commit[:12]} was gated without its seeds: {exc.code}: {exc.message}"
-    return ""
+        said = f"the tree at {commit[:12]} was gated without its seeds: {exc.code}: {exc.message}"
+        return said, exc.details.get("from_tree") is True
+    return "", False
+
+
+def unseeded(record: RunRecord, why: str) -> RunRecord:
+    """``record`` of a tree whose own seed did not build: no gate of it passed (what passed
+    without the seed ran on tools the tree's lock does not say, round 16b)."""
+    gates = [
+        replace(g, status=Status.FAILED, reason=why[:300]) if g.status.ok else g
+        for g in record.gates
+    ]
+    return replace(record, status=RunStatus.FAILED, gates=gates, warnings=[*record.warnings, why])
 
 
 def editable_from(env: Mapping[str, str], checkout: Path) -> str:

@@ -152,9 +152,11 @@ class Swarm:
                 integrator.queue.record(envelope_id, EnvelopeState.GATING, Details(run=self.run_id))
         if state.applied and (seeding := base_manifest(ctx.info.root, head)) is not None:
             # the gates that judge the integrated tree use its own dependencies (issue 35)
-            said = seed_tree(integrator, seeding, state.applied[-1][1], integrator.wt, head)
+            said, own = seed_tree(integrator, seeding, state.applied[-1][1], integrator.wt, head)
             if said:
                 integrator.result.warnings.append(said)
+            if own:  # the tree's own lock does not build: nothing of it may land (round 16b)
+                return Status.FAILED, said
         return Status.PASSED, (
             f"applied {len(state.applied)} envelope(s) on {target} at {head[:12]}; "
             f"{conflicts} conflict(s), {len(ids) - len(state.applied) - conflicts} rejected"
@@ -208,8 +210,8 @@ class Swarm:
                 failing = [
                     r.id
                     for r in results
-                    if node in integrations_above(self.graph, r.id)
-                    and r.status in (Status.FAILED, Status.TIMED_OUT)
+                    if (r.id == node or node in integrations_above(self.graph, r.id))
+                    and r.status in (Status.FAILED, Status.TIMED_OUT)  # (itself: its own seed)
                 ]
                 for envelope, _ in state.applied:
                     if interrupted or state.moved or not failing:

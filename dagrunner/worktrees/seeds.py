@@ -193,8 +193,12 @@ def for_tree(
         key = key_of(repo, commit, spec, prints)
         if key == key_of(repo, trusted, spec, prints):
             found.append(_ensure_one(trusted_builds, trusted, spec, key))
-        else:
+            continue
+        try:
             found.append(_ensure_one(contained, commit, spec, scoped(key, commit)))
+        except DagrunnerError as exc:  # the tree's own key files: its failure is the tree's
+            exc.details["from_tree"] = True
+            raise
     return found
 
 
