@@ -185,13 +185,8 @@ def test_a_failure_seen_whole_suspects_only_the_envelopes_that_changed_what_it_r
     assert landed != "0"
 
 
-def test_a_gate_that_changed_a_tracked_file_names_the_envelope_that_changed_it(
-    project: Path, tmp_path: Path
-) -> None:
-    """Found on python-humanize/humanize: its ruff gate (``fix = true``) rewrote one
-    envelope's new ``tests/conftest.py``; the gate failed ``tree-modified`` naming that file,
-    yet the batch was halved like a failure that names nothing: ``named`` read the logs and
-    test cases only.  The file the guard saw changed (dagrunner's own words) names it."""
+def eight_edits(project: Path, mark: str) -> None:
+    """Eight envelopes queued, each editing a file of its own; n06 writes ``mark`` in its."""
     for i in range(1, 9):
         (project / f"n{i:02d}.txt").write_text(f"{i}\n")
     git(project, "add", "-A")
@@ -199,11 +194,21 @@ def test_a_gate_that_changed_a_tracked_file_names_the_envelope_that_changed_it(
 
     def edit(i: int) -> Callable[[Path], None]:
         def change(path: Path) -> None:
-            (path / f"n{i:02d}.txt").write_text("FIXME\n" if i == 6 else f"{i}, edited\n")
+            (path / f"n{i:02d}.txt").write_text(f"{mark}\n" if i == 6 else f"{i}, edited\n")
 
         return change
 
     submit(repo_info(project), [worker(project, f"n{i:02d}", edit(i)) for i in range(1, 9)])
+
+
+def test_a_gate_that_changed_a_tracked_file_names_the_envelope_that_changed_it(
+    project: Path, tmp_path: Path
+) -> None:
+    """Found on python-humanize/humanize: its ruff gate (``fix = true``) rewrote one
+    envelope's new ``tests/conftest.py``; the gate failed ``tree-modified`` naming that file,
+    yet the batch was halved like a failure that names nothing: ``named`` read the logs and
+    test cases only.  The file the guard saw changed (dagrunner's own words) names it."""
+    eight_edits(project, "FIXME")
     gate = tmp_path / "fixer.toml"  # a fixer: says nothing, rewrites what it fixes
     gate.write_text(
         '[gates.fix]\ninputs = ["**"]\n'
@@ -226,18 +231,7 @@ def test_a_formatter_check_names_the_envelope_whose_file_it_would_reformat(
     saying ``would reformat rich/errors.py`` (ruff format: ``Would reformat: x.py``), one
     envelope's file, yet the batch was halved like a failure that names nothing: the line
     was not one that says what failed (``failing_lines``)."""
-    for i in range(1, 9):
-        (project / f"n{i:02d}.txt").write_text(f"{i}\n")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "files to edit")
-
-    def edit(i: int) -> Callable[[Path], None]:
-        def change(path: Path) -> None:
-            (path / f"n{i:02d}.txt").write_text("UNFORMATTED\n" if i == 6 else f"{i}, edited\n")
-
-        return change
-
-    submit(repo_info(project), [worker(project, f"n{i:02d}", edit(i)) for i in range(1, 9)])
+    eight_edits(project, "UNFORMATTED")
     check = (
         f'for f in n*.txt; do grep -q UNFORMATTED $f && echo "{says.format(f="$f")}" && bad=1; '
         'done; [ -z "$bad" ] || { echo "Oh no!"; '
