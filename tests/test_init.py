@@ -715,12 +715,8 @@ def test_a_venv_that_does_not_import_the_project_is_no_seed(
     assert dry(capsys, repo)["seeds"] == []
 
 
-def test_the_tests_are_run_here_while_cis_runner_for_them_is_missing(
-    repo: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """CI runs the tests through nox, which this machine lacks: the nox gate is written
-    commented out, and the pytest gate runs the tests here meanwhile (on pypa/packaging no
-    active gate ran them, and a test-breaking change would have landed)."""
+def tests_by_nox_missing_here(repo: Path) -> None:
+    """A project whose CI runs its tests by ``nox -s tests``; nox is not on this machine."""
     python_project(repo)
     (repo / "noxfile.py").write_text(
         "import nox\n\n@nox.session\ndef tests(session):\n    session.run('pytest')\n"
@@ -730,6 +726,15 @@ def test_the_tests_are_run_here_while_cis_runner_for_them_is_missing(
         "jobs:\n  t:\n    steps:\n    - run: nox -s tests\n"
     )
     assert shutil.which("nox") is None  # what this test is about
+
+
+def test_the_tests_are_run_here_while_cis_runner_for_them_is_missing(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CI runs the tests through nox, which this machine lacks: the nox gate is written
+    commented out, and the pytest gate runs the tests here meanwhile (on pypa/packaging no
+    active gate ran them, and a test-breaking change would have landed)."""
+    tests_by_nox_missing_here(repo)
     gates = gates_of(dry(capsys, repo))
     assert gates["nox-tests"]["commented_out"] is True
     here = [g for g in gates.values() if g["run"][:3] == ["python", "-m", "pytest"]]
@@ -743,15 +748,7 @@ def test_what_the_stand_in_for_a_missing_runner_runs_is_said_to_be_run_by_it(
     here and ``tox-py311`` is written commented out; yet the tool table's tests and the
     envs of missing Pythons were listed as run by ``tox-py311``, a gate that runs nothing.
     They are run by the stand-in, and the left-out line says the runner's gate is off."""
-    python_project(repo)
-    (repo / "noxfile.py").write_text(
-        "import nox\n\n@nox.session\ndef tests(session):\n    session.run('pytest')\n"
-    )
-    (repo / ".github" / "workflows").mkdir(parents=True)
-    (repo / ".github" / "workflows" / "ci.yml").write_text(
-        "jobs:\n  t:\n    steps:\n    - run: nox -s tests\n"
-    )
-    assert shutil.which("nox") is None  # what this test is about
+    tests_by_nox_missing_here(repo)
     body = dry(capsys, repo)
     (stand_in,) = [g["id"] for g in body["gates"] if g["id"] in ("tests", "make-test")]
     whys = {s["id"]: s["why"] for s in body["skipped"]}
