@@ -184,7 +184,6 @@ def why(b: Binding, item: str) -> dict[str, Any]:
 
 def _failures(run_dir: Path) -> list[dict[str, Any]]:
     from dagrunner.records.failures import case_name
-    from dagrunner.records.run import Status
     from dagrunner.report.logtail import failure_excerpt, read_log, strip_ansi
     from dagrunner.report.rundir import read_run_dir
 
@@ -194,7 +193,7 @@ def _failures(run_dir: Path) -> list[dict[str, Any]]:
         return []
     found = []
     for gate in record.gates:
-        if gate.status not in (Status.FAILED, Status.TIMED_OUT) or not gate.attempts:
+        if not gate.status.failed or not gate.attempts:
             continue
         log = strip_ansi(read_log(run_dir, gate.attempts[-1].log, limit=64 * 1024))
         tests = [

@@ -32,7 +32,7 @@ from dagrunner.integration.items import Finished, Item
 from dagrunner.integration.queue import Queue
 from dagrunner.records.failures import WHOLE, Failures, named
 from dagrunner.records.integration import Details, EnvelopeState, PipelineTally
-from dagrunner.records.run import RunRecord, Status
+from dagrunner.records.run import RunRecord
 
 if TYPE_CHECKING:  # trio at run time only in a run: `red_now` serves status and serve's tools
     import trio
@@ -148,7 +148,7 @@ class Baseline:
             item.excused_on = head if done.passed else ""
         elif done.record is not None:
             record = done.record
-            failed = [g for g in record.gates if g.status in (Status.FAILED, Status.TIMED_OUT)]
+            failed = [g for g in record.gates if g.status.failed]
             ran = {g.id for g in failed}
             asked = tuple(sorted({g.shard_of or g.id for g in failed}))
             mine = Failures.of(record)
@@ -233,7 +233,7 @@ class Baseline:
 
 def failed(record: RunRecord) -> set[str]:
     """The gates of ``record`` that ran and failed (not skipped, cancelled, interrupted)."""
-    return {g.id for g in record.gates if g.status in (Status.FAILED, Status.TIMED_OUT)}
+    return {g.id for g in record.gates if g.status.failed}
 
 
 def red_targets(queue: Queue) -> dict[str, dict[str, Any]]:

@@ -41,9 +41,6 @@ if TYPE_CHECKING:
     from dagrunner.integration.needs import IntegratorLike as Integrator
 
 
-FAILED = (Status.FAILED, Status.TIMED_OUT)  # what failed a tree (not what was skipped or stopped)
-
-
 class Trees:
     def __init__(
         self, it: Integrator, executor: Executor, governor: Governor, manifest: Manifest
@@ -216,7 +213,7 @@ class Trees:
         tally.gates_waited = self.flights.waited
         if record.gates and cached == len(record.gates):
             tally.cached_runs += 1
-        failed = tuple(g.id for g in record.gates if g.status in FAILED)
+        failed = tuple(g.id for g in record.gates if g.status.failed)
         return Finished(
             run.item,
             run.generation,

@@ -115,7 +115,7 @@ def rerunnable(record: RunRecord) -> bool:
     """Whether a re-run of ``record``'s failed gates could end otherwise: not when each of
     them failed for a program that is not there (could not start, or the shell's exit 127,
     ``command not found``) -- the same tree, seeds and PATH fail the same way."""
-    failed = [g for g in record.gates if g.status in (Status.FAILED, Status.TIMED_OUT)]
+    failed = [g for g in record.gates if g.status.failed]
     return not failed or not all(
         gate.attempts
         and (

@@ -29,6 +29,11 @@ class Status(enum.StrEnum):
     def ok(self) -> bool:
         return self in (Status.PASSED, Status.FLAKY, Status.CACHED)
 
+    @property
+    def failed(self) -> bool:
+        """It ran and failed (not skipped, cancelled or interrupted: those did not judge)."""
+        return self in (Status.FAILED, Status.TIMED_OUT)
+
 
 # Reports list gates failures first: what needs a person's eyes, then what did not run, then passes.
 REPORT_ORDER = {

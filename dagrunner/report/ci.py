@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from dagrunner.records.run import RunRecord, Status
+from dagrunner.records.run import RunRecord
 from dagrunner.report.logtail import read_log, strip_ansi
 from dagrunner.units import format_duration
 
@@ -110,7 +110,7 @@ def publish(record: RunRecord, run_dir: Path, env: Mapping[str, str], stream: Te
     if summary:
         with Path(summary).open("a", encoding="utf-8") as handle:
             handle.write(markdown_summary(record, run_dir))
-    failed = [g for g in record.gates if g.status in (Status.FAILED, Status.TIMED_OUT)]
+    failed = [g for g in record.gates if g.status.failed]
     for gate in failed:
         title = _escape_property(f"gate {gate.id} {gate.status}")
         stream.write(f"::error title={title}::{_escape_data(gate.reason or str(gate.status))}\n")

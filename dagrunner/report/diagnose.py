@@ -9,7 +9,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from dagrunner.records.run import RunRecord, Status
+from dagrunner.records.run import RunRecord
 from dagrunner.report.logtail import read_log, strip_ansi
 
 NOT_FOUND = re.compile(r"([^\s:'\"]+): (?:command )?not found\s*$", re.M)  # dash and bash
@@ -111,7 +111,7 @@ def why_failed(record: RunRecord, run_dir: Path, checkout: Path | None = None) -
     marked = network_marked(Path(said_in)) if isinstance(said_in, str) else frozenset()
     lines: dict[str, str] = {}
     for gate in record.gates:
-        if gate.status not in (Status.FAILED, Status.TIMED_OUT) or not gate.attempts:
+        if not gate.status.failed or not gate.attempts:
             continue
         text = strip_ansi(read_log(run_dir, gate.attempts[-1].log, limit=64 * 1024))
         on = (gate.shard_of or gate.id) in marked

@@ -48,7 +48,7 @@ def render_junit(record: RunRecord, run_dir: Path) -> bytes:
         if gate.status is Status.PASSED:
             continue  # a plain pass carries no text: do not read its log
         tail = "" if gate.status is Status.SKIPPED else _tail(run_dir, gate.log)
-        if gate.status in (Status.FAILED, Status.TIMED_OUT):
+        if gate.status.failed:
             element = ET.SubElement(
                 case, "failure", message=gate.reason or str(gate.status), type=str(gate.status)
             )
